@@ -1,0 +1,232 @@
+"""Training loop for DeepFM on a raw table: split, FG, tf.data, Adam/Adagrad, held-out metrics."""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+import yaml
+from tqdm import tqdm
+
+from dense_model import losses_impl, metrics_impl
+from dense_model.inputs import Encoded, encode_table
+from dense_model.model import CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_FILE, DeepFM, build_deepfm
+from dense_model.splits import held_out_mask
+from features.spec import FeatureSpec
+
+log = logging.getLogger("offgraph.train")
+
+LOSSES = ("pointwise", "listwise", "both")
+OPTIMIZERS = {
+    "adam": lambda lr: tf.keras.optimizers.Adam(lr),
+    "adagrad": lambda lr: tf.keras.optimizers.Adagrad(lr, initial_accumulator_value=0.1),
+}
+SCHEDULES = {
+    "constant": lambda lr, steps: lr,
+    "cosine": lambda lr, steps: tf.keras.optimizers.schedules.CosineDecay(lr, decay_steps=max(steps, 1)),
+}
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 6
+    batch_size: int = 512
+    lr: float = 0.001
+    optimizer: str = "adam"
+    loss: str = "pointwise"
+    split: str = "per-key-time"
+    held_out: float = 0.2
+    seed: int = 0
+    eval_batch_size: int = 8192
+    schedule: str = "constant"
+
+    def validate(self, spec: FeatureSpec) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}: expected one of {sorted(OPTIMIZERS)}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown lr schedule {self.schedule!r}: expected one of {sorted(SCHEDULES)}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"unknown loss {self.loss!r}: expected one of {LOSSES}")
+        if self.loss != "pointwise" and not spec.group:
+            raise ValueError(f"loss {self.loss!r} needs request groups: the spec has no 'group' column")
+        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ValueError("epochs and batch size must be >= 1 and lr > 0")
+
+
+def _batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator, listwise: bool):
+    """Yields (x, labels, segments). Listwise batches hold whole request groups."""
+    n = data.n
+    if not listwise:
+        order = rng.permutation(n)
+        for s in range(0, n, cfg.batch_size):
+            idx = order[s:s + cfg.batch_size]
+            yield {k: v[idx] for k, v in data.x.items()}, data.labels[idx], np.zeros(len(idx), np.int32)
+        return
+    _, gid = np.unique(data.groups, return_inverse=True)
+    by_group = np.argsort(gid, kind="stable")
+    starts = np.r_[0, np.flatnonzero(np.diff(gid[by_group])) + 1]
+    ends = np.r_[starts[1:], n]
+    perm = rng.permutation(len(starts))
+    chunk: list[np.ndarray] = []
+    size = 0
+    for g in perm:
+        chunk.append(by_group[starts[g]:ends[g]])
+        size += ends[g] - starts[g]
+        if size >= cfg.batch_size:
+            yield _group_batch(data, chunk)
+            chunk, size = [], 0
+    if chunk:
+        yield _group_batch(data, chunk)
+
+
+def _group_batch(data: Encoded, chunk: list[np.ndarray]):
+    idx = np.concatenate(chunk)
+    seg = np.repeat(np.arange(len(chunk), dtype=np.int32), [len(c) for c in chunk])
+    return {k: v[idx] for k, v in data.x.items()}, data.labels[idx], seg
+
+
+class Trainer:
+    def __init__(self, spec: FeatureSpec, cfg: TrainConfig):
+        cfg.validate(spec)
+        self.spec, self.cfg = spec, cfg
+        tf.keras.utils.set_random_seed(cfg.seed)
+        self.model: DeepFM = build_deepfm(spec)
+        self.opt = None
+        self._step = None
+        self._predict = None
+
+    def _signature(self, x: dict[str, np.ndarray]):
+        return {k: tf.TensorSpec([None] + list(v.shape[1:]), tf.as_dtype(v.dtype)) for k, v in x.items()}
+
+    def _build_fns(self, x: dict[str, np.ndarray]):
+        sig = self._signature(x)
+        model, opt, spec, loss = self.model, self.opt, self.spec, self.cfg.loss
+        l2_emb = spec.model.l2_embedding
+
+        @tf.function(input_signature=[sig, tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32)])
+        def step(xb, yb, seg):
+            with tf.GradientTape() as tape:
+                logits, sq = model.logit_and_l2(xb, training=True)
+                total = 0.0
+                if loss in ("pointwise", "both"):
+                    total += losses_impl.pointwise_loss(yb, logits)
+                if loss in ("listwise", "both"):
+                    total += losses_impl.listwise_loss(yb, logits, seg, tf.reduce_max(seg) + 1)
+                bs = tf.cast(tf.shape(yb)[0], tf.float32)
+                reg = l2_emb * sq / bs
+                if model.head.losses:
+                    reg += tf.add_n(model.head.losses)
+                obj = total + reg
+            grads = tape.gradient(obj, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return total
+
+        @tf.function(input_signature=[sig])
+        def predict(xb):
+            logits, _ = model.logit_and_l2(xb, training=False)
+            return tf.sigmoid(logits)
+
+        self._step, self._predict = step, predict
+
+    def predict(self, data: Encoded) -> np.ndarray:
+        if self._predict is None:
+            self._build_fns(data.x)
+        out = []
+        bs = self.cfg.eval_batch_size
+        for s in range(0, data.n, bs):
+            out.append(self._predict({k: v[s:s + bs] for k, v in data.x.items()}).numpy())
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def evaluate(self, data: Encoded) -> dict:
+        p = self.predict(data)
+        res = {"auc": metrics_impl.auc(data.labels, p), "logloss": metrics_impl.logloss(data.labels, p),
+               "rows": int(data.n), "positive_rate": float(data.labels.mean())}
+        if data.groups is not None:
+            res["ndcg@10"] = metrics_impl.ndcg_at_k(data.labels, p, data.groups, 10)
+        return res
+
+    def fit(self, train: Encoded, held_out: Encoded, progress: bool = True) -> dict:
+        cfg = self.cfg
+        total_steps = cfg.epochs * int(np.ceil(train.n / cfg.batch_size))
+        self.opt = OPTIMIZERS[cfg.optimizer](SCHEDULES[cfg.schedule](cfg.lr, total_steps))
+        self._build_fns(train.x)
+        rng = np.random.default_rng(cfg.seed)
+        listwise = cfg.loss != "pointwise"
+        sig = (self._signature(train.x), tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32))
+        history = []
+        t0 = time.perf_counter()
+        for epoch in range(1, cfg.epochs + 1):
+            ds = tf.data.Dataset.from_generator(lambda: _batches(train, cfg, rng, listwise),
+                                                output_signature=sig).prefetch(4)
+            steps = int(np.ceil(train.n / cfg.batch_size))
+            bar = tqdm(ds, total=steps, desc=f"epoch {epoch}/{cfg.epochs}", disable=not progress, unit="step")
+            losses = []
+            for xb, yb, seg in bar:
+                losses.append(float(self._step(xb, yb, seg)))
+                if len(losses) % 20 == 0:
+                    bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+            ev = self.evaluate(held_out)
+            ev.update(epoch=epoch, train_loss=float(np.mean(losses)), seconds=time.perf_counter() - t0)
+            history.append(ev)
+            log.info("epoch %d: held-out AUC %.4f logloss %.4f%s (%.1fs)", epoch, ev["auc"], ev["logloss"],
+                     f" NDCG@10 {ev['ndcg@10']:.4f}" if "ndcg@10" in ev else "", ev["seconds"])
+            print(f"epoch {epoch}: held-out AUC {ev['auc']:.4f}  logloss {ev['logloss']:.4f}"
+                  + (f"  NDCG@10 {ev['ndcg@10']:.4f}" if "ndcg@10" in ev else "")
+                  + f"  ({ev['seconds']:.1f}s)", flush=True)
+        return {"history": history, "train_seconds": time.perf_counter() - t0}
+
+
+def split_encoded(spec: FeatureSpec, data: Encoded, cfg: TrainConfig) -> tuple[Encoded, Encoded]:
+    test = held_out_mask(cfg.split, data.n, cfg.held_out, cfg.seed, time=data.time, key=data.key)
+    return data.take(np.flatnonzero(~test)), data.take(np.flatnonzero(test))
+
+
+def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | None,
+              source: str = "<table>", progress: bool = True) -> tuple[DeepFM, dict]:
+    """Encode, split, train, evaluate; write RUN (weights, spec, config, metrics) when out_dir is given."""
+    t0 = time.perf_counter()
+    cfg.validate(spec)
+    data = encode_table(spec, table, source)
+    train, held = split_encoded(spec, data, cfg)
+    fg_seconds = time.perf_counter() - t0
+    print(f"data {source}: {data.n} rows -> {train.n} train / {held.n} held-out ({cfg.split} split); "
+          f"FG {fg_seconds:.1f}s", flush=True)
+    trainer = Trainer(spec, cfg)
+    fit = trainer.fit(train, held, progress)
+    final = fit["history"][-1]
+    metrics = {
+        "held_out": {k: final[k] for k in ("auc", "logloss", "ndcg@10", "rows", "positive_rate") if k in final},
+        "history": fit["history"],
+        "train_rows": int(train.n),
+        "held_out_rows": int(held.n),
+        "train_seconds": fit["train_seconds"],
+        "fg_seconds": fg_seconds,
+        "fg_version": spec.fg_version,
+        "table_rows": {f.name: f.rows for f in spec.fields},
+        "config": asdict(cfg),
+        "source": source,
+    }
+    if out_dir is not None:
+        write_run(out_dir, trainer.model, spec, cfg, metrics)
+    return trainer.model, metrics
+
+
+def write_run(out_dir: str | Path, model: DeepFM, spec: FeatureSpec, cfg: TrainConfig, metrics: dict) -> Path:
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_weights(tmp / WEIGHTS_FILE)
+    (tmp / SPEC_FILE).write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    (tmp / CONFIG_FILE).write_text(json.dumps(asdict(cfg), indent=2))
+    (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2, default=float))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out

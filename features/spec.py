@@ -1,0 +1,306 @@
+"""Feature spec: the one declaration of a model's fields, loaded from YAML and validated.
+
+A spec names the model's shape (embedding dim, hash, MLP), the label, optional
+request-group / time / split-key / item-key columns, and the fields. Every
+problem is reported as a ``SpecError`` (a ``ValueError``) naming the field and
+what is wrong with it.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from features.hashing import check_hash_name
+
+FG_VERSION = "offgraph-fg-1"
+"""Semantics version of feature generation + hashing. Bump on any change that
+changes a value's row; stored with every trained run and exported model."""
+
+SCOPES = ("request", "item", "cross")
+POOLINGS = ("mean", "sum")
+RAW_OPS = ("id", "tokenize", "bucketize", "log_bucket")
+DERIVED_OPS = ("cross", "match_count")
+OPS = RAW_OPS + DERIVED_OPS
+
+# parameters each op accepts besides name/scope/op/input(s)/rows/pooling
+_OP_PARAMS: dict[str, set[str]] = {
+    "id": {"separator"},
+    "tokenize": {"separator", "lowercase"},
+    "bucketize": {"boundaries"},
+    "log_bucket": {"base"},
+    "cross": {"separator", "max_values"},
+    "match_count": {"boundaries"},
+}
+_COMMON = {"name", "scope", "op", "input", "inputs", "rows", "pooling"}
+_TOP = {"model", "label", "group", "time", "split_key", "item_key", "fields"}
+_MODEL_KEYS = {
+    "embedding_dim", "hash", "mlp", "pooling", "dropout", "l2_embedding", "l2_dense",
+    "cross_separator", "cross_max_values", "calibration",
+}
+_CALIB_KEYS = {"negative_rate", "scale", "power"}
+
+
+class SpecError(ValueError):
+    """A feature spec that cannot be used; the message names the field and the problem."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    negative_rate: float = 1.0  # kept negative rate r of down-sampling: p' = p / (p + (1-p)/r)
+    scale: float = 1.0          # then p'' = min(1, scale * p'^power)
+    power: float = 1.0
+
+    @property
+    def identity(self) -> bool:
+        return self.negative_rate == 1.0 and self.scale == 1.0 and self.power == 1.0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    embedding_dim: int = 16
+    hash: str = "xxh64"
+    mlp: tuple[int, ...] = (256, 128, 64)
+    pooling: str = "mean"
+    dropout: float = 0.0
+    l2_embedding: float = 0.0
+    l2_dense: float = 0.0
+    cross_separator: str = "_"
+    cross_max_values: int = 64
+    calibration: Calibration = field(default_factory=Calibration)
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str
+    scope: str
+    op: str
+    rows: int
+    pooling: str
+    input: str | None = None
+    inputs: tuple[str, ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    model: ModelConfig
+    label: str
+    fields: tuple[FieldSpec, ...]
+    group: str | None = None
+    time: str | None = None
+    split_key: str | None = None
+    item_key: str | None = None
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+    fg_version: str = FG_VERSION
+
+    @property
+    def field_names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+    def field_index(self, name: str) -> int:
+        for i, f in enumerate(self.fields):
+            if f.name == name:
+                return i
+        raise KeyError(name)
+
+    def raw_inputs(self, scope: str) -> list[str]:
+        """Raw input columns read by fields of one scope ('request' or 'item')."""
+        out: list[str] = []
+        for f in self.fields:
+            if f.scope == scope and f.input is not None and f.input not in out:
+                out.append(f.input)
+        return out
+
+    def to_dict(self) -> dict:
+        return copy.deepcopy(self.raw)
+
+    def fingerprint(self) -> str:
+        """Stable JSON of the spec, for comparisons between a run and a model."""
+        return json.dumps(self.raw, sort_keys=True, separators=(",", ":"))
+
+
+def load_spec(path: str | Path) -> FeatureSpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"spec {path}: cannot read: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(f"spec {path}: not valid YAML: {e}") from None
+    return parse_spec(raw, source=str(path))
+
+
+def parse_spec(raw: Any, source: str = "<spec>") -> FeatureSpec:
+    def fail(msg: str):
+        raise SpecError(f"spec {source}: {msg}")
+
+    if not isinstance(raw, dict):
+        fail("top level must be a mapping with 'model', 'label' and 'fields'")
+    unknown = set(raw) - _TOP
+    if unknown:
+        fail(f"unknown top-level key(s) {sorted(unknown)}; allowed: {sorted(_TOP)}")
+    model = _parse_model(raw.get("model") or {}, fail)
+    label = raw.get("label")
+    if not isinstance(label, str) or not label:
+        fail("'label' must name the label column")
+    opt = {}
+    for key in ("group", "time", "split_key", "item_key"):
+        v = raw.get(key)
+        if v is not None and (not isinstance(v, str) or not v):
+            fail(f"'{key}' must be a column name, got {v!r}")
+        opt[key] = v
+    fields_raw = raw.get("fields")
+    if not isinstance(fields_raw, list) or not fields_raw:
+        fail("'fields' must be a non-empty list")
+    fields: list[FieldSpec] = []
+    by_name: dict[str, FieldSpec] = {}
+    for i, fr in enumerate(fields_raw):
+        f = _parse_field(fr, i, model, by_name, fail)
+        by_name[f.name] = f
+        fields.append(f)
+    normalized = copy.deepcopy(raw)
+    return FeatureSpec(model=model, label=label, fields=tuple(fields), raw=normalized, **opt)
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _parse_model(m: Any, fail) -> ModelConfig:
+    if not isinstance(m, dict):
+        fail("'model' must be a mapping")
+    unknown = set(m) - _MODEL_KEYS
+    if unknown:
+        fail(f"model: unknown key(s) {sorted(unknown)}; allowed: {sorted(_MODEL_KEYS)}")
+    d = ModelConfig()
+    dim = m.get("embedding_dim", d.embedding_dim)
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+        fail(f"model.embedding_dim must be an integer >= 1, got {dim!r}")
+    h = m.get("hash", d.hash)
+    try:
+        check_hash_name(h)
+    except ValueError as e:
+        fail(f"model.hash: {e}")
+    mlp = m.get("mlp", list(d.mlp))
+    if not isinstance(mlp, list) or not all(isinstance(u, int) and not isinstance(u, bool) and u >= 1 for u in mlp):
+        fail(f"model.mlp must be a list of positive layer sizes, got {mlp!r}")
+    pooling = m.get("pooling", d.pooling)
+    if pooling not in POOLINGS:
+        fail(f"model.pooling must be one of {POOLINGS}, got {pooling!r}")
+    floats = {}
+    for k in ("dropout", "l2_embedding", "l2_dense"):
+        v = m.get(k, getattr(d, k))
+        if not _num(v) or v < 0 or (k == "dropout" and v >= 1):
+            fail(f"model.{k} must be a number >= 0{' and < 1' if k == 'dropout' else ''}, got {v!r}")
+        floats[k] = float(v)
+    sep = m.get("cross_separator", d.cross_separator)
+    if not isinstance(sep, str) or not sep:
+        fail("model.cross_separator must be a non-empty string")
+    cap = m.get("cross_max_values", d.cross_max_values)
+    if not isinstance(cap, int) or cap < 1:
+        fail(f"model.cross_max_values must be an integer >= 1, got {cap!r}")
+    c = m.get("calibration") or {}
+    if not isinstance(c, dict) or set(c) - _CALIB_KEYS:
+        fail(f"model.calibration must be a mapping with keys among {sorted(_CALIB_KEYS)}")
+    r = c.get("negative_rate", 1.0)
+    if not _num(r) or not 0 < r <= 1:
+        fail(f"model.calibration.negative_rate must be in (0, 1], got {r!r}")
+    for k in ("scale", "power"):
+        if not _num(c.get(k, 1.0)) or c.get(k, 1.0) <= 0:
+            fail(f"model.calibration.{k} must be a number > 0")
+    calib = Calibration(float(r), float(c.get("scale", 1.0)), float(c.get("power", 1.0)))
+    return ModelConfig(dim, h, tuple(mlp), pooling, cross_separator=sep, cross_max_values=cap,
+                       calibration=calib, **floats)
+
+
+def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec], fail) -> FieldSpec:
+    if not isinstance(fr, dict):
+        fail(f"fields[{i}] must be a mapping, got {fr!r}")
+    name = fr.get("name")
+    if not isinstance(name, str) or not name:
+        fail(f"fields[{i}] has no 'name'")
+    where = f"field '{name}'"
+    if name in known:
+        fail(f"{where}: duplicate field name")
+    op = fr.get("op")
+    if op not in OPS:
+        fail(f"{where}: unknown op {op!r}; known ops: {list(OPS)}")
+    unknown = set(fr) - _COMMON - _OP_PARAMS[op]
+    if unknown:
+        fail(f"{where}: unknown parameter(s) {sorted(unknown)} for op '{op}'")
+    scope = fr.get("scope")
+    if scope not in SCOPES:
+        fail(f"{where}: scope must be one of {SCOPES}, got {scope!r}")
+    rows = fr.get("rows")
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        fail(f"{where}: rows must be an integer >= 1, got {rows!r}")
+    if rows >= 2**63:
+        fail(f"{where}: rows must be < 2**63")
+    pooling = fr.get("pooling", model.pooling)
+    if pooling not in POOLINGS:
+        fail(f"{where}: pooling must be one of {POOLINGS}, got {pooling!r}")
+    params = {k: fr[k] for k in _OP_PARAMS[op] if k in fr}
+    inp, inputs = fr.get("input"), fr.get("inputs")
+    if op in RAW_OPS:
+        if inputs is not None:
+            fail(f"{where}: op '{op}' reads one raw column: use 'input', not 'inputs'")
+        if not isinstance(inp, str) or not inp:
+            fail(f"{where}: missing 'input' (the raw column op '{op}' reads)")
+        if scope == "cross":
+            fail(f"{where}: a raw-column op reads either the request or the candidate: scope must be "
+                 "'request' or 'item' ('cross' is for cross/match_count fields)")
+        inputs_t: tuple[str, ...] = ()
+    else:
+        if inp is not None:
+            fail(f"{where}: op '{op}' combines other fields: use 'inputs: [field, field]', not 'input'")
+        if not isinstance(inputs, list) or len(inputs) < 2 or not all(isinstance(x, str) for x in inputs):
+            fail(f"{where}: 'inputs' must list at least two field names")
+        if op == "match_count" and len(inputs) != 2:
+            fail(f"{where}: match_count takes exactly two inputs, got {len(inputs)}")
+        for x in inputs:
+            if x == name:
+                fail(f"{where}: cannot use itself as an input")
+            if x not in known:
+                fail(f"{where}: input '{x}' is not a field defined above it (a cross or match_count "
+                     "combines fields declared earlier in 'fields')")
+        parts = {known[x].scope for x in inputs}
+        derived = "cross" if ("cross" in parts or parts == {"request", "item"}) else parts.pop()
+        if scope != derived:
+            desc = ", ".join(f"{x} ({known[x].scope})" for x in inputs)
+            fail(f"{where}: declared scope '{scope}' but its inputs [{desc}] make it '{derived}'")
+        inputs_t = tuple(inputs)
+    if op in ("bucketize", "match_count") and "boundaries" in params:
+        b = params["boundaries"]
+        if not isinstance(b, list) or not b or not all(_num(x) for x in b):
+            fail(f"{where}: boundaries must be a non-empty list of numbers")
+        if any(b[j] >= b[j + 1] for j in range(len(b) - 1)):
+            fail(f"{where}: boundaries must be strictly increasing, got {b}")
+        params["boundaries"] = [float(x) for x in b]
+    if op == "bucketize" and "boundaries" not in params:
+        fail(f"{where}: op 'bucketize' needs 'boundaries'")
+    if op == "log_bucket":
+        base = params.setdefault("base", 2)
+        if not _num(base) or base <= 1:
+            fail(f"{where}: log_bucket base must be a number > 1, got {base!r}")
+        params["base"] = float(base)
+    for k in ("separator",):
+        if k in params and (not isinstance(params[k], str) or params[k] == ""):
+            fail(f"{where}: {k} must be a non-empty string")
+    if op == "cross":
+        params.setdefault("separator", model.cross_separator)
+        cap = params.setdefault("max_values", model.cross_max_values)
+        if not isinstance(cap, int) or cap < 1:
+            fail(f"{where}: max_values must be an integer >= 1")
+    if op == "tokenize":
+        params.setdefault("lowercase", True)
+        if not isinstance(params["lowercase"], bool):
+            fail(f"{where}: lowercase must be true or false")
+    return FieldSpec(name=name, scope=scope, op=op, rows=rows, pooling=pooling,
+                     input=inp, inputs=inputs_t, params=params)

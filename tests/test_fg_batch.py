@@ -1,0 +1,85 @@
+import numpy as np
+import pytest
+
+from features import FeatureGenerator, FeatureValueError, RaggedIds, parse_spec
+from features.hashing import row_of
+
+SPEC = parse_spec({
+    "model": {"embedding_dim": 4, "hash": "xxh64", "mlp": [8]},
+    "label": "label",
+    "fields": [
+        {"name": "user", "scope": "request", "op": "id", "input": "user_id", "rows": 1000},
+        {"name": "query", "scope": "request", "op": "tokenize", "input": "query", "rows": 500},
+        {"name": "price", "scope": "item", "op": "log_bucket", "input": "price", "base": 2, "rows": 64},
+        {"name": "title", "scope": "item", "op": "id", "input": "title_terms", "rows": 800, "pooling": "sum"},
+        {"name": "cat", "scope": "item", "op": "id", "input": "cat_id", "rows": 100},
+        {"name": "u_x_cat", "scope": "cross", "op": "cross", "inputs": ["user", "cat"], "rows": 5000},
+        {"name": "match", "scope": "cross", "op": "match_count", "inputs": ["query", "title"],
+         "boundaries": [1, 2, 3], "rows": 8},
+    ],
+})
+
+REQUEST = {"user_id": 42, "query": "Red running Shoes", "unknown_key": "ignored"}
+CANDS = [
+    {"price": 299, "title_terms": ["red", "shoes", "nike"], "cat_id": 7},
+    {"price": None, "title_terms": [], "cat_id": 3},
+    {"price": 12.5, "title_terms": ["running"]},
+    {"price": 299, "title_terms": ["red", "shoes", "nike"], "cat_id": 7},
+]
+
+
+def training_columns():
+    rows = [{**REQUEST, **c} for c in CANDS]
+    keys = {k for r in rows for k in r}
+    return {k: [r.get(k) for r in rows] for k in keys}
+
+
+def expand(rag: RaggedIds, n: int, broadcast: bool) -> list[list[int]]:
+    per = [rag.ids[rag.offsets[i]:rag.offsets[i + 1]].tolist() for i in range(rag.n)]
+    return per * n if broadcast else per
+
+
+@pytest.mark.parametrize("cache", [0, 100])
+def test_serving_transform_equals_training_transform(cache):
+    fg = FeatureGenerator(SPEC, item_cache_size=cache)
+    served = fg.transform(REQUEST, CANDS)
+    trained = FeatureGenerator(SPEC).transform_columns(training_columns(), len(CANDS))
+    assert served.n == trained.n == 4
+    for f, s, t, b in zip(SPEC.fields, served.fields, trained.fields, served.broadcast):
+        assert b == (f.scope == "request")
+        assert expand(s, 4, b) == expand(t, 4, False), f.name
+
+
+def test_request_fields_computed_once_and_ids_match_hash():
+    fg = FeatureGenerator(SPEC)
+    b = fg.transform(REQUEST, CANDS)
+    user = b.fields[0]
+    assert user.n == 1 and user.ids.tolist() == [row_of(42, "xxh64", 1000)]
+    cross = b.fields[5]
+    assert expand(cross, 4, False)[0] == [row_of("42_7", "xxh64", 5000)]
+    assert expand(cross, 4, False)[2] == []  # no cat -> no cross value
+    match = b.fields[6]
+    # "red","shoes" matched -> count 2 -> bucket index 2 with boundaries [1,2,3]
+    assert expand(match, 4, False)[0] == [row_of("2", "xxh64", 8)]
+
+
+def test_item_cache_hits_and_is_keyed_by_item_features():
+    fg = FeatureGenerator(SPEC, item_cache_size=10)
+    fg.transform(REQUEST, CANDS)
+    assert fg.cache_misses == 3 and fg.cache_hits == 1  # 4th candidate equals the 1st
+    changed = [dict(CANDS[0], cat_id=8)]
+    b = fg.transform(REQUEST, changed)
+    assert b.fields[4].ids.tolist() == [row_of(8, "xxh64", 100)]  # not served stale from the cache
+
+
+def test_bad_value_names_field():
+    fg = FeatureGenerator(SPEC)
+    with pytest.raises(FeatureValueError, match="field 'price', row 1: expected a number"):
+        fg.transform(REQUEST, [{"price": 1}, {"price": "cheap"}])
+
+
+def test_padded():
+    rag = RaggedIds(np.array([5, 6, 7], np.int64), np.array([0, 2, 2, 3], np.int64))
+    ids, mask = rag.padded()
+    assert ids.tolist() == [[5, 6], [0, 0], [7, 0]]
+    assert mask.tolist() == [[1, 1], [0, 0], [1, 0]]
