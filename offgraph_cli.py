@@ -10,6 +10,7 @@ import sys
 COMMANDS = [
     "dense_model.datasets",
     "dense_model.cli_train",
+    "exporter.cli",
 ]
 
 

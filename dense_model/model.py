@@ -42,6 +42,21 @@ class DeepFM(keras.Model):
         return self.head((emb, first), training=training), sq
 
 
+def predict_proba(model: DeepFM, x: dict, batch_size: int = 8192) -> "np.ndarray":
+    """Sigmoid outputs of the full Keras model on padded inputs ``x`` (ids_<i>/mask_<i>)."""
+    import numpy as np
+    import tensorflow as tf
+
+    fn = getattr(model, "_offgraph_predict", None)
+    if fn is None:
+        sig = {k: tf.TensorSpec([None] + list(v.shape[1:]), tf.as_dtype(v.dtype)) for k, v in x.items()}
+        fn = tf.function(lambda xb: ops.sigmoid(model.logit_and_l2(xb, training=False)[0]), input_signature=[sig])
+        model._offgraph_predict = fn
+    n = len(next(iter(x.values())))
+    out = [fn({k: v[s:s + batch_size] for k, v in x.items()}).numpy() for s in range(0, n, batch_size)]
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
 def build_deepfm(spec: FeatureSpec) -> DeepFM:
     return DeepFM(spec)
 

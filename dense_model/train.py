@@ -15,7 +15,8 @@ from tqdm import tqdm
 
 from dense_model import losses_impl, metrics_impl
 from dense_model.inputs import Encoded, encode_table
-from dense_model.model import CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_FILE, DeepFM, build_deepfm
+from dense_model.model import (CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_FILE, DeepFM, build_deepfm,
+                               predict_proba)
 from dense_model.splits import held_out_mask
 from features.spec import FeatureSpec
 
@@ -98,7 +99,6 @@ class Trainer:
         self.model: DeepFM = build_deepfm(spec)
         self.opt = None
         self._step = None
-        self._predict = None
 
     def _signature(self, x: dict[str, np.ndarray]):
         return {k: tf.TensorSpec([None] + list(v.shape[1:]), tf.as_dtype(v.dtype)) for k, v in x.items()}
@@ -126,21 +126,10 @@ class Trainer:
             opt.apply_gradients(zip(grads, model.trainable_variables))
             return total
 
-        @tf.function(input_signature=[sig])
-        def predict(xb):
-            logits, _ = model.logit_and_l2(xb, training=False)
-            return tf.sigmoid(logits)
-
-        self._step, self._predict = step, predict
+        self._step = step
 
     def predict(self, data: Encoded) -> np.ndarray:
-        if self._predict is None:
-            self._build_fns(data.x)
-        out = []
-        bs = self.cfg.eval_batch_size
-        for s in range(0, data.n, bs):
-            out.append(self._predict({k: v[s:s + bs] for k, v in data.x.items()}).numpy())
-        return np.concatenate(out) if out else np.zeros(0, np.float32)
+        return predict_proba(self.model, data.x, self.cfg.eval_batch_size)
 
     def evaluate(self, data: Encoded) -> dict:
         p = self.predict(data)

@@ -1,0 +1,30 @@
+"""offgraph embedding store: (table id, row) -> (vector, first-order weight), sharded,
+quantized, on disk (RocksDB through rocksdict).
+
+    from embstore import StoreConfig, open_store
+    with open_store("store/", StoreConfig(dim=16, quant="int8", shards=8), mode="w") as st:
+        st.bulk_load(table_id, chunks)          # (rows, vectors, first_order) chunks
+    with open_store("store/") as st:            # read-only
+        vectors, first_order = st.read(table_ids, rows)
+"""
+
+from .base import EmbeddingStore, ReadResult
+from .config import StoreConfig
+from .keys import SHARD_FN, decode_keys, encode_keys, shard_of
+from .open import BACKENDS, open_store, register_backend
+from .quant import codec_names, get_codec
+
+__all__ = [
+    "StoreConfig",
+    "open_store",
+    "get_codec",
+    "codec_names",
+    "EmbeddingStore",
+    "ReadResult",
+    "BACKENDS",
+    "register_backend",
+    "encode_keys",
+    "decode_keys",
+    "shard_of",
+    "SHARD_FN",
+]

@@ -1,0 +1,67 @@
+"""``open_store``: create or open a store directory with a registered backend."""
+
+from __future__ import annotations
+
+import os
+
+from .base import MODES, EmbeddingStore
+from .config import StoreConfig
+from .rocksdb_store import RocksDBStore
+from .store_file import STORE_FILE, read_store_file, write_store_file
+
+BACKENDS: dict[str, type[EmbeddingStore]] = {"rocksdb": RocksDBStore}
+
+
+def register_backend(name: str, cls: type[EmbeddingStore]) -> None:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"backend name must be a non-empty string, got {name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, EmbeddingStore)):
+        raise ValueError(f"backend {name!r} must be an EmbeddingStore subclass, got {cls!r}")
+    BACKENDS[name] = cls
+
+
+def open_store(
+    path: str | os.PathLike,
+    config: StoreConfig | None = None,
+    mode: str = "r",
+    *,
+    secondary_dir: str | None = None,
+) -> EmbeddingStore:
+    """Open the store at ``path``.
+
+    mode ``"w"``: read-write; creates the store (and its ``store.json``) when absent,
+        which needs ``config``. ``"r"``: read-only. ``"follow"``: a follower of a live
+        writer process (call ``catch_up()`` periodically); ``secondary_dir`` holds its
+        private files (a temporary directory by default).
+    ``config`` may be omitted to use the stored one; if given, its layout (dim, quant,
+    shards, shard_fn, key_format, backend) must equal the stored one (ValueError
+    otherwise), and its tuning settings (cache, bloom bits, threads...) are used.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if config is not None and not isinstance(config, StoreConfig):
+        raise ValueError(f"config must be a StoreConfig, got {type(config).__name__}")
+    path = os.fspath(path)
+    stored = read_store_file(path) if os.path.isdir(path) else None
+    if stored is None:
+        if mode != "w":
+            raise ValueError(f"{path!r} is not an embedding store (no {STORE_FILE})")
+        if config is None:
+            raise ValueError(f"creating a store at {path!r} needs a StoreConfig")
+        if config.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {config.backend!r}; known: {sorted(BACKENDS)}")
+        if os.path.isdir(path) and os.listdir(path):
+            raise ValueError(f"{path!r} exists, is not empty and has no {STORE_FILE}")
+        os.makedirs(path, exist_ok=True)
+        write_store_file(path, config)
+        effective = config
+    else:
+        if config is not None:
+            stored.check_same_layout(config)
+        effective = config or stored
+    try:
+        cls = BACKENDS[effective.backend]
+    except KeyError:
+        raise ValueError(f"unknown backend {effective.backend!r}; known: {sorted(BACKENDS)}") from None
+    kwargs = {"secondary_dir": secondary_dir} if mode == "follow" else {}
+    return cls(path, effective, mode, **kwargs)

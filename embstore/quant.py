@@ -1,0 +1,33 @@
+"""Record formats by name: ``get_codec("fp32" | "fp16" | "int8", dim)``.
+
+Each codec has a fixed ``record_bytes`` and fully vectorized
+``encode(vectors [K, D] f32, first_order [K] f32) -> uint8 [K, record_bytes]`` and
+``decode(uint8 [K, record_bytes]) -> (vectors [K, D] f32, first_order [K] f32)``.
+Layouts and error bounds are documented in ``embstore.quant_impl``.
+"""
+
+from __future__ import annotations
+
+from .quant_impl import Codec, Fp16Codec, Fp32Codec, Int8RowwiseCodec
+
+CODECS: dict[str, type[Codec]] = {
+    "fp32": Fp32Codec,
+    "fp16": Fp16Codec,
+    "int8": Int8RowwiseCodec,
+}
+
+
+def get_codec(name: str, dim: int) -> Codec:
+    """The codec called ``name`` for embedding width ``dim``."""
+    try:
+        cls = CODECS[name]
+    except KeyError:
+        raise ValueError(f"unknown quantization {name!r}; known: {sorted(CODECS)}") from None
+    return cls(dim)
+
+
+def codec_names() -> list[str]:
+    return sorted(CODECS)
+
+
+__all__ = ["Codec", "get_codec", "codec_names", "CODECS"]

@@ -1,0 +1,164 @@
+"""RocksDB backend (rocksdict, raw mode): shard ``s`` is the DB at ``<store>/shard-<s:03d>``.
+
+Modes: ``w`` read-write (the one writer process), ``r`` read-only (a snapshot as of
+open), ``follow`` a RocksDB *secondary* instance that sees a live writer's rows after
+:meth:`catch_up` (``try_catch_up_with_primary``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+from typing import Any, Iterable
+
+from rocksdict import (
+    AccessType,
+    Cache,
+    IngestExternalFileOptions,
+    Rdict,
+    ReadOptions,
+    SstFileWriter,
+    WriteBatch,
+    WriteOptions,
+)
+
+from .base import EmbeddingStore
+from .sst_run import SstWriter
+from .config import StoreConfig
+from .keys import META_PREFIX
+from .rocksdb_options import make_cache, make_options
+
+
+def shard_dir(path: str, shard: int) -> str:
+    return os.path.join(path, f"shard-{shard:03d}")
+
+
+class _RocksSstWriter(SstWriter):
+    def __init__(self, options, path: str) -> None:
+        self._w = SstFileWriter(options)
+        self._w.open(path)
+        self._options = options  # must outlive the writer
+
+    def add(self, keys: list[bytes], values: list[bytes]) -> None:
+        w = self._w
+        for k, v in zip(keys, values):
+            w[k] = v
+
+    def finish(self) -> None:
+        self._w.finish()
+
+
+class RocksDBStore(EmbeddingStore):
+    backend = "rocksdb"
+
+    def __init__(
+        self, path: str, config: StoreConfig, mode: str, *, secondary_dir: str | None = None
+    ) -> None:
+        super().__init__(path, config, mode)
+        self._cache = make_cache(config)
+        self._opts = make_options(config, self._cache)
+        self._own_secondary = False
+        self._secondary_dir = None
+        if mode == "follow":
+            if secondary_dir is None:
+                secondary_dir = tempfile.mkdtemp(prefix="embstore-follow-")
+                self._own_secondary = True
+            self._secondary_dir = os.fspath(secondary_dir)
+            os.makedirs(self._secondary_dir, exist_ok=True)
+        self._dbs: list[Rdict] = []
+        try:
+            for s in range(config.shards):
+                self._dbs.append(self._open_shard(s))
+        except BaseException:
+            self._close()
+            raise
+
+    def _open_shard(self, s: int) -> Rdict:
+        d = shard_dir(self.path, s)
+        if self.mode == "w":
+            access = AccessType.read_write()
+        else:
+            if not os.path.isdir(d):
+                raise ValueError(f"store {self.path!r} has no shard directory {d!r}")
+            if self.mode == "r":
+                access = AccessType.read_only(False)
+            else:
+                access = AccessType.secondary(os.path.join(self._secondary_dir, f"shard-{s:03d}"))
+        try:
+            return Rdict(d, self._opts, column_families={"default": self._opts}, access_type=access)
+        except Exception as e:  # rocksdict raises plain Exception
+            raise RuntimeError(f"cannot open shard {d!r} with mode={self.mode!r}: {e}") from e
+
+    # primitives
+    def _multi_get(self, shard: int, keys: list[bytes]) -> list[bytes | None]:
+        return self._dbs[shard].get(keys)
+
+    def _write_batch(self, shard: int, keys: list[bytes], values: list[bytes], sync: bool) -> None:
+        wb = WriteBatch(raw_mode=True)
+        for k, v in zip(keys, values):
+            wb.put(k, v)
+        wo = WriteOptions()
+        wo.sync = sync
+        self._dbs[shard].write(wb, wo)
+
+    def _sst_writer_factory(self):
+        return functools.partial(_make_sst_writer, self.config)
+
+    def _ingest(self, shard: int, paths: list[str]) -> None:
+        opts = IngestExternalFileOptions()
+        opts.set_move_files(True)
+        self._dbs[shard].ingest_external_file(paths, opts)
+
+    def _iter_row_keys(self, shard: int) -> Iterable[bytes]:
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(META_PREFIX)
+        return self._dbs[shard].keys(read_opt=ro)
+
+    def _shard_info(self, shard: int) -> dict[str, Any]:
+        db = self._dbs[shard]
+        return {
+            "bytes_on_disk": _dir_bytes(shard_dir(self.path, shard)),
+            "sst_bytes": int(db.property_int_value("rocksdb.total-sst-files-size") or 0),
+            "estimated_keys": int(db.property_int_value("rocksdb.estimate-num-keys") or 0),
+        }
+
+    def _catch_up(self, shard: int) -> None:
+        self._dbs[shard].try_catch_up_with_primary()
+
+    def _flush(self, shard: int) -> None:
+        self._dbs[shard].flush(True)
+
+    def _close(self) -> None:
+        for db in self._dbs:
+            db.close()
+        self._dbs = []
+        if self._own_secondary and self._secondary_dir:
+            shutil.rmtree(self._secondary_dir, ignore_errors=True)
+
+    # backend-specific
+    def property_value(self, shard: int, name: str) -> str | None:
+        """A RocksDB property of ``shard`` (e.g. ``rocksdb.block-cache-capacity``)."""
+        return self._dbs[self._check_shard(shard)].property_value(name)
+
+    def cache_usage(self) -> int:
+        """Bytes now held by the shared block cache."""
+        return self._cache.get_usage()
+
+
+def _make_sst_writer(config: StoreConfig, shard: int, path: str) -> SstWriter:
+    """An SST writer with exactly the store's table options (bloom filter, partitioned
+    index, block size, compression); picklable for worker processes."""
+    return _RocksSstWriter(make_options(config, Cache(1 << 20)), path)
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total

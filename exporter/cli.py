@@ -1,0 +1,57 @@
+"""`offgraph export` and `offgraph check`."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from embstore.quant import codec_names
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="split a trained run into a store + dense SavedModel version")
+    p.add_argument("--run", required=True, help="run directory written by `offgraph train`")
+    p.add_argument("--out", required=True, help="version directory MODELS/NAME/VERSION")
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--quant", choices=codec_names(), default="int8")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_export)
+
+    c = sub.add_parser("check", help="skew check: trained Keras model vs the out-of-graph scorer")
+    c.add_argument("--model", required=True, help="MODELS/NAME/VERSION (or MODELS/NAME: newest version)")
+    c.add_argument("--run", required=True)
+    c.add_argument("--data", required=True)
+    c.add_argument("--limit", type=int, default=10000, help="rows to score (0: all)")
+    c.add_argument("--rows", choices=["held-out", "all"], default="held-out")
+    c.add_argument("--max-diff", type=float, default=1e-5, help="fail above this max |dp|")
+    c.add_argument("--json", help="also write the figures to this file")
+    c.set_defaults(func=run_check_cli)
+
+
+def run_export(args) -> int:
+    from exporter.export import export_run
+
+    m = export_run(args.run, args.out, shards=args.shards, quant=args.quant, progress=not args.no_progress)
+    rows = sum(m["store"]["row_counts"].values())
+    secs = m["export_seconds"]["store"]
+    print(f"exported {args.run} -> {args.out}: {len(m['fields'])} tables, {rows:,} rows, {m['store']['quant']} "
+          f"x {m['store']['shards']} shards, {m['store']['bytes_on_disk'] / 2**20:.1f} MiB on disk, "
+          f"store {secs:.1f}s ({rows / max(secs, 1e-9):,.0f} rows/s)")
+    return 0
+
+
+def run_check_cli(args) -> int:
+    from exporter.check import run_check
+    from features.tables import read_table
+
+    res = run_check(args.model, args.run, read_table(args.data), args.limit, args.rows, source=args.data)
+    print(f"check {res['version']} ({res['quant']}): {res['rows']} {args.rows} rows in {res['requests']} requests: "
+          f"max |dp| {res['max_abs_dp']:.3g}, mean |dp| {res['mean_abs_dp']:.3g}; "
+          f"AUC keras {res['auc_keras']:.5f} served {res['auc_served']:.5f} (delta {res['auc_delta']:+.5f})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    if res["max_abs_dp"] > args.max_diff:
+        print(f"FAIL: max |dp| {res['max_abs_dp']:.3g} > --max-diff {args.max_diff:g}")
+        return 1
+    print(f"OK: max |dp| <= {args.max_diff:g}")
+    return 0

@@ -1,0 +1,108 @@
+"""`offgraph export`: split a trained run into store/ (tables) + dense/ (head) + manifest.json."""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from dense_model.model import load_run
+from embstore import StoreConfig, open_store
+from exporter.dense_saved_model import save_dense
+from exporter.manifest import (DENSE_DIR, FORMAT_VERSION, MANIFEST, STORE_DIR, ModelDirError, digest,
+                               tree_checksums, write_manifest)
+from features.spec import FG_VERSION
+
+log = logging.getLogger("offgraph.export")
+
+CHUNK_ROWS = 1 << 18
+
+
+def _check_run(model, spec, metrics, run_dir: Path) -> None:
+    d = spec.model.embedding_dim
+    for i, f in enumerate(spec.fields):
+        e = tuple(model.front.emb_tables[i].embeddings.shape)
+        w = tuple(model.front.w_tables[i].embeddings.shape)
+        if e != (f.rows, d) or w != (f.rows, 1):
+            raise ValueError(f"run {run_dir}: field '{f.name}': the model's tables are {e} and {w} but the spec "
+                             f"says rows={f.rows}, embedding_dim={d}")
+    trained_rows = metrics.get("table_rows")
+    if trained_rows is not None and trained_rows != {f.name: f.rows for f in spec.fields}:
+        raise ValueError(f"run {run_dir}: spec.yaml's fields differ from the ones the model was trained with "
+                         f"({trained_rows})")
+    fgv = metrics.get("fg_version")
+    if fgv is not None and fgv != FG_VERSION:
+        raise ValueError(f"run {run_dir}: trained with FG version {fgv!r}, this offgraph hashes with "
+                         f"{FG_VERSION!r}: refusing to export rows that would be looked up differently")
+
+
+def _chunks(emb_var, w_var, rows: int):
+    for s in range(0, rows, CHUNK_ROWS):
+        e = min(rows, s + CHUNK_ROWS)
+        yield (np.arange(s, e, dtype=np.int64), np.asarray(emb_var[s:e], dtype=np.float32),
+               np.asarray(w_var[s:e], dtype=np.float32)[:, 0])
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant: str = "int8",
+               block_cache_mb: int = 64, progress: bool = True) -> dict:
+    """Export RUN into a version directory MODELS/NAME/VERSION; returns the manifest."""
+    run_dir, out = Path(run_dir), Path(out_dir)
+    if not out.name.isdigit():
+        raise ValueError(f"--out must end in an integer version directory (MODELS/NAME/VERSION), got {out}")
+    if (out / MANIFEST).exists():
+        raise ValueError(f"{out} is already a complete version; versions are immutable, export to a new one")
+    model, spec, metrics = load_run(run_dir)
+    _check_run(model, spec, metrics, run_dir)
+    if out.exists():
+        log.warning("removing %s: an incomplete version left by an interrupted export", out)
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    t0 = time.perf_counter()
+    d = spec.model.embedding_dim
+    config = StoreConfig(dim=d, quant=quant, shards=shards, block_cache_mb=block_cache_mb)
+    fields, row_counts = [], {}
+    with open_store(out / STORE_DIR, config, mode="w") as store:
+        tables = [(i, _chunks(model.front.emb_tables[i].embeddings.value,
+                              model.front.w_tables[i].embeddings.value, f.rows))
+                  for i, f in enumerate(spec.fields)]
+        loaded = store.bulk_load_tables(tables, total_rows=sum(f.rows for f in spec.fields), progress=progress)
+        for i, f in enumerate(spec.fields):
+            row_counts[f.name] = loaded[i]
+            fields.append({"name": f.name, "table_id": i, "rows": f.rows, "scope": f.scope, "op": f.op,
+                           "pooling": f.pooling})
+        store.flush()
+        store_stats = store.stats()
+    store_seconds = time.perf_counter() - t0
+    signature = save_dense(model.head, len(spec.fields), d, out / DENSE_DIR)
+    checksums = {"dense": tree_checksums(out / DENSE_DIR)}
+    checksums["dense_digest"] = digest(checksums["dense"])
+    checksums["store_at_export"] = {
+        p.name: digest(tree_checksums(p)) for p in sorted((out / STORE_DIR).glob("shard-*"))}
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "fg_version": FG_VERSION,
+        "hash": spec.model.hash,
+        "embedding_dim": d,
+        "fields": fields,
+        "spec": spec.to_dict(),
+        "calibration": vars(spec.model.calibration),
+        "store": {**config.to_dict(), "path": STORE_DIR, "row_counts": row_counts,
+                  "bytes_on_disk": store_stats["bytes_on_disk"]},
+        "dense": {"path": DENSE_DIR, "signature": signature},
+        "training": {"held_out": metrics.get("held_out"), "train_rows": metrics.get("train_rows"),
+                     "config": metrics.get("config"), "run": str(run_dir.resolve())},
+        "checksums": checksums,
+        "created_at": datetime.now(timezone.utc).isoformat(),
+        "export_seconds": {"store": store_seconds, "total": time.perf_counter() - t0},
+    }
+    write_manifest(out, manifest)
+    total_rows = sum(row_counts.values())
+    log.info("exported %s -> %s: %d rows in %d tables, %s x %d shards, %.1fs (%.0f rows/s)", run_dir, out,
+             total_rows, len(fields), quant, shards, store_seconds, total_rows / max(store_seconds, 1e-9))
+    return manifest
+
+
+__all__ = ["export_run", "ModelDirError"]

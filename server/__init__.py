@@ -1,0 +1,1 @@
+"""HTTP scoring server (FastAPI + uvicorn) over the library scorer."""

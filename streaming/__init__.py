@@ -1,0 +1,1 @@
+"""Streaming row updates into the live store."""

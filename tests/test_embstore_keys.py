@@ -1,0 +1,119 @@
+"""Keys and the shard function of embstore (no RocksDB needed)."""
+
+import random
+import struct
+
+import numpy as np
+import pytest
+
+from embstore.keys import (
+    META_PREFIX,
+    decode_keys,
+    encode_keys,
+    shard_of,
+    splitmix64,
+    unique_keys,
+)
+
+MASK = (1 << 64) - 1
+
+
+def ref_splitmix64(x: int) -> int:
+    """Reference SplitMix64 (first output for seed x), in Python ints."""
+    z = (x + 0x9E3779B97F4A7C15) & MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def test_encode_keys_matches_struct_big_endian():
+    rng = random.Random(1)
+    pairs = [(0, 0), (0, 1), (1, 0), (0xFEFFFFFF, MASK), (7, 2**40), (3, 256)]
+    pairs += [(rng.randrange(2**24), rng.randrange(2**64)) for _ in range(200)]
+    t = np.array([p[0] for p in pairs], dtype=np.uint64)
+    r = np.array([p[1] for p in pairs], dtype=np.uint64)
+    keys = encode_keys(t, r)
+    assert keys == [struct.pack(">IQ", a, b) for a, b in pairs]
+    assert all(len(k) == 12 for k in keys)  # trailing zero bytes are kept
+    dt, dr = decode_keys(keys)
+    assert dt.tolist() == [p[0] for p in pairs]
+    assert dr.tolist() == [p[1] for p in pairs]
+
+
+def test_key_bytes_order_is_numeric_order():
+    rng = np.random.default_rng(2)
+    t = rng.integers(0, 5, 1000)
+    r = rng.integers(0, 2**40, 1000)
+    keys = encode_keys(t, r)
+    by_bytes = sorted(range(1000), key=lambda i: keys[i])
+    by_value = sorted(range(1000), key=lambda i: (int(t[i]), int(r[i])))
+    assert [keys[i] for i in by_bytes] == [keys[i] for i in by_value]
+    assert all(not k.startswith(META_PREFIX) for k in keys)
+
+
+def test_scalar_table_id_broadcasts():
+    assert encode_keys(5, [1, 2]) == [struct.pack(">IQ", 5, 1), struct.pack(">IQ", 5, 2)]
+
+
+@pytest.mark.parametrize(
+    "t, r, msg",
+    [
+        (0, [-1], "rows must be >= 0"),
+        (-2, [1], "table_ids must be >= 0"),
+        (0xFF000000, [1], "meta key space"),
+        ([1, 2, 3], [1, 2], "broadcast"),
+        (0, [[1, 2]], "1-D"),
+        (0, [1.5], "integers"),
+    ],
+)
+def test_bad_keys_raise(t, r, msg):
+    with pytest.raises(ValueError, match=msg):
+        encode_keys(t, r)
+
+
+def test_splitmix64_matches_reference():
+    assert ref_splitmix64(0) == 0xE220A8397B1DCDAF  # published first output, seed 0
+    rng = random.Random(3)
+    xs = [0, 1, MASK, 2**63] + [rng.randrange(2**64) for _ in range(500)]
+    got = splitmix64(np.array(xs, dtype=np.uint64)).tolist()
+    assert got == [ref_splitmix64(x) for x in xs]
+
+
+def test_shard_of_is_the_documented_function():
+    rng = random.Random(4)
+    pairs = [(rng.randrange(2**32 - 2**24), rng.randrange(2**64)) for _ in range(500)]
+    for shards in (1, 3, 8):
+        want = [ref_splitmix64((((a << 40) & MASK) ^ b)) % shards for a, b in pairs]
+        got = shard_of(
+            np.array([p[0] for p in pairs], dtype=np.uint64),
+            np.array([p[1] for p in pairs], dtype=np.uint64),
+            shards,
+        )
+        assert got.tolist() == want
+
+
+@pytest.mark.parametrize("table", [0, 1, 12345])
+def test_consecutive_rows_spread_evenly(table):
+    n, shards = 100_000, 8
+    counts = np.bincount(shard_of(table, np.arange(n), shards), minlength=shards)
+    expected = n / shards
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 24.32, counts  # chi-square critical value, 7 dof, p = 0.001
+    assert counts.max() / counts.min() < 1.05, counts
+
+
+def test_tables_do_not_share_one_shard_pattern():
+    # the same rows of two tables must not map to the same shards (else hot rows collide)
+    rows = np.arange(10_000)
+    same = (shard_of(1, rows, 8) == shard_of(2, rows, 8)).mean()
+    assert 0.09 < same < 0.16  # about 1/8 by chance
+
+
+def test_unique_keys_both_paths():
+    rng = np.random.default_rng(5)
+    for hi in (2**20, 2**63):  # packed-uint64 path and structured fallback
+        t = rng.integers(0, 3, 5000).astype(np.uint32)
+        r = rng.integers(0, 50, 5000).astype(np.uint64) * np.uint64(hi // 64)
+        ut, ur, inv = unique_keys(t, r)
+        assert (ut[inv] == t).all() and (ur[inv] == r).all()
+        assert len(set(zip(ut.tolist(), ur.tolist()))) == len(ur) == len(set(zip(t.tolist(), r.tolist())))
