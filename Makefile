@@ -18,6 +18,11 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/offgraph data movielens-100k --out $(DEMO)/data
 	$(VENV)/bin/offgraph train --spec examples/movielens.yaml --data $(DEMO)/data/movielens.parquet --out $(DEMO)/run --split per-key-time
+	rm -rf $(DEMO)/models
+	$(VENV)/bin/offgraph export --run $(DEMO)/run --out $(DEMO)/models/movielens/1 --quant fp32 --shards 4
+	$(VENV)/bin/offgraph check --model $(DEMO)/models/movielens/1 --run $(DEMO)/run --data $(DEMO)/data/movielens.parquet --limit 20000 --max-diff 1e-5
+	$(VENV)/bin/offgraph export --run $(DEMO)/run --out $(DEMO)/models/movielens/2 --quant int8 --shards 4
+	$(VENV)/bin/offgraph check --model $(DEMO)/models/movielens/2 --run $(DEMO)/run --data $(DEMO)/data/movielens.parquet --limit 20000 --max-diff 0.01
 
 test: setup
 	$(PY) -m pytest -q

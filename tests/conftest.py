@@ -17,3 +17,16 @@ def movielens_table(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("ml")
     return pq.read_table(build("movielens-100k", out))
+
+
+@pytest.fixture(scope="session")
+def small_run(movielens_table, tmp_path_factory):
+    """A DeepFM trained for 1 epoch on the first 30k MovieLens ratings: (run_dir, table)."""
+    from dense_model.train import TrainConfig, train_run
+    from features import load_spec
+
+    spec = load_spec(REPO / "examples" / "movielens.yaml")
+    table = movielens_table.slice(0, 30000)
+    run = tmp_path_factory.mktemp("run") / "run"
+    train_run(spec, table, TrainConfig(epochs=1, split="per-key-time"), run, progress=False)
+    return run, table
