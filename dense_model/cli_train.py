@@ -12,6 +12,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spec", required=True, help="feature spec YAML")
     p.add_argument("--data", required=True, help="raw table: Parquet, CSV/TSV or JSON lines")
     p.add_argument("--out", required=True, help="run directory to write")
+    add_table_args(p)
     d = TrainConfig()
     p.add_argument("--epochs", type=int, default=d.epochs)
     p.add_argument("--batch-size", type=int, default=d.batch_size)
@@ -25,15 +26,27 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def add_table_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--columns", help="comma-separated column names of a CSV/TSV file without a header line")
+    p.add_argument("--sep", help="CSV/TSV field separator (default: ',' for .csv, tab for .tsv)")
+
+
+def read_table_args(args: argparse.Namespace):
+    """The --data table, honouring --columns / --sep."""
+    from features.tables import read_table
+
+    names = [c.strip() for c in args.columns.split(",")] if args.columns else None
+    return read_table(args.data, names=names, header=False if names else None, sep=args.sep)
+
+
 def run(args: argparse.Namespace) -> int:
     from features.spec import load_spec
-    from features.tables import read_table
 
     spec = load_spec(args.spec)
     cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
                       loss=args.loss, split=args.split, held_out=args.held_out, seed=args.seed)
     cfg.validate(spec)
-    table = read_table(args.data)
+    table = read_table_args(args)
     _, metrics = train_run(spec, table, cfg, args.out, source=str(args.data), progress=not args.no_progress)
     h = metrics["held_out"]
     print(f"held-out: AUC {h['auc']:.4f}  logloss {h['logloss']:.4f}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from dense_model.cli_train import add_table_args, read_table_args
 from embstore.quant import codec_names
 
 
@@ -20,6 +21,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--model", required=True, help="MODELS/NAME/VERSION (or MODELS/NAME: newest version)")
     c.add_argument("--run", required=True)
     c.add_argument("--data", required=True)
+    add_table_args(c)
     c.add_argument("--limit", type=int, default=10000, help="rows to score (0: all)")
     c.add_argument("--rows", choices=["held-out", "all"], default="held-out")
     c.add_argument("--max-diff", type=float, default=1e-5, help="fail above this max |dp|")
@@ -41,9 +43,7 @@ def run_export(args) -> int:
 
 def run_check_cli(args) -> int:
     from exporter.check import run_check
-    from features.tables import read_table
-
-    res = run_check(args.model, args.run, read_table(args.data), args.limit, args.rows, source=args.data)
+    res = run_check(args.model, args.run, read_table_args(args), args.limit, args.rows, source=args.data)
     print(f"check {res['version']} ({res['quant']}): {res['rows']} {args.rows} rows in {res['requests']} requests: "
           f"max |dp| {res['max_abs_dp']:.3g}, mean |dp| {res['mean_abs_dp']:.3g}; "
           f"AUC keras {res['auc_keras']:.5f} served {res['auc_served']:.5f} (delta {res['auc_delta']:+.5f})")

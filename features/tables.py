@@ -160,6 +160,10 @@ def _read_csv(p, columns, header, names, sep) -> pa.Table:
         raise _csv_error(p, e, read_options, parse) from e
     except StopIteration:  # empty file
         file_names = list(names or [])
+    dup = sorted({c for c in file_names if file_names.count(c) > 1})
+    if dup:
+        raise DataError(f"{p}: column name(s) {dup} appear more than once in the header line; a file without "
+                        "a header line needs its column names given (names=..., `--columns` on the command line)")
     if columns is not None:
         _check_columns(p, file_names, columns)
 

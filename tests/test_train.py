@@ -98,3 +98,16 @@ def test_cli_malformed_rows_name_the_line(tmp_path):
     lab.write_text("y,p\n1,2\n7,3\n")
     r = run_cli("train", "--spec", str(spec), "--data", str(lab), "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and "row 1: label 'y' must be 0 or 1" in r.stderr
+
+
+def test_cli_headerless_file_needs_columns(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("label: y\nmodel: {mlp: [4]}\nfields:\n  - {name: c, scope: item, op: id, input: c, rows: 16}\n")
+    data = tmp_path / "d.tsv"
+    data.write_text("1\t1\n" + "".join(f"{i % 2}\tv{i % 3}\n" for i in range(40)))  # first row read as a header
+    r = run_cli("train", "--spec", str(spec), "--data", str(data), "--out", str(tmp_path / "run"), "--epochs", "1")
+    assert r.returncode == 2 and "appear more than once" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("train", "--spec", str(spec), "--data", str(data), "--columns", "y,c", "--out", str(tmp_path / "run"),
+                "--epochs", "1", "--split", "random", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["held_out_rows"] > 0
