@@ -8,11 +8,12 @@ quantized, on disk (RocksDB through rocksdict).
         vectors, first_order = st.read(table_ids, rows)
 """
 
-from .base import EmbeddingStore, ReadResult
+from .base import EmbeddingStore, ReadResult, WriteResult
 from .config import StoreConfig
 from .keys import SHARD_FN, decode_keys, encode_keys, shard_of
 from .open import BACKENDS, open_store, register_backend
 from .quant import codec_names, get_codec
+from .row_cache import RowCache
 
 __all__ = [
     "StoreConfig",
@@ -21,6 +22,8 @@ __all__ = [
     "codec_names",
     "EmbeddingStore",
     "ReadResult",
+    "WriteResult",
+    "RowCache",
     "BACKENDS",
     "register_backend",
     "encode_keys",

@@ -30,8 +30,22 @@ from .keys import (
     shard_of,
     unique_keys,
 )
+from .internal_keys import (
+    CHANGE_END,
+    LAST_CHANGE_KEY,
+    RESERVED_META,
+    change_id_of,
+    change_key,
+    decode_change_id,
+    decode_change_keys,
+    decode_seqs,
+    encode_change_id,
+    seq_key_list,
+    seq_value_list,
+)
 from .quant import get_codec
 from .sst_run import SstRuns, WriterFactory
+from .write_plan_impl import check_seqs, winners
 
 MODES = ("r", "w", "follow")
 
@@ -45,6 +59,14 @@ class ReadResult:
     rows_read: int  # rows.size
     unique_rows: int  # distinct (table, row) pairs looked up
     found_rows: int  # distinct pairs present in the store
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What :meth:`EmbeddingStore.write` returns."""
+
+    applied: int  # distinct (table, row) keys written
+    skipped_stale: int  # input rows not written: a newer-or-equal seq won (stored, or in the same call)
 
 
 class EmbeddingStore(abc.ABC):
@@ -64,6 +86,8 @@ class EmbeddingStore(abc.ABC):
         self.codec = get_codec(config.quant, config.dim)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._last_change: dict[int, int] = {}  # writer: last change id per shard (loaded lazily)
         self._closed = False
 
     # ------------------------------------------------------------------ primitives
@@ -102,6 +126,14 @@ class EmbeddingStore(abc.ABC):
     @abc.abstractmethod
     def _close(self) -> None:
         """Release the backend."""
+
+    def _iter_items(self, shard: int, lower: bytes, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        """At most ``limit`` pairs of ``shard`` with ``lower <= key < upper``, ascending."""
+        raise NotImplementedError(f"backend {self.backend!r} has no range iteration (change log)")
+
+    def _delete_range(self, shard: int, begin: bytes, end: bytes) -> None:
+        """Delete the keys of ``shard`` in ``[begin, end)``."""
+        raise NotImplementedError(f"backend {self.backend!r} has no range deletion (change log)")
 
     # ------------------------------------------------------------------ reads
     def read(self, table_ids, rows) -> tuple[np.ndarray, np.ndarray]:
@@ -183,25 +215,47 @@ class EmbeddingStore(abc.ABC):
         vectors,
         first_order,
         *,
+        seqs=None,
         meta: dict[bytes, bytes] | None = None,
         meta_shards: str | int = "all",
+        changelog: bool = False,
         sync: bool = False,
-    ) -> None:
+    ) -> WriteResult:
         """Quantize and put rows; ONE atomic batch per shard.
+
+        ``seqs`` (int >= 0 per row, optional): per-row sequence numbers, kept in the
+        store (same shard, same atomic batch as the row). Last write wins by seq: a row
+        whose stored seq is >= its new seq is skipped (``skipped_stale``), and of
+        duplicates of one key in a call the highest seq wins (equal: the later one).
+        Without ``seqs`` the stored seqs are neither read nor changed and a later
+        duplicate in the call wins. The read-compare-write of seqs assumes ONE writer
+        (one process, writes serialized by a lock), which is what mode ``"w"`` gives.
+
+        ``changelog``: each shard's batch also appends one change-log record listing
+        the keys it applied (see :meth:`changes_since`): followers invalidate their
+        row caches from it, so a writer feeding followers must set it on every write.
 
         ``meta`` records (small ``bytes -> bytes``, kept in the meta key space, see
         :meth:`get_meta`) go into the SAME atomic batch of the shards named by
         ``meta_shards``: ``"all"`` (every shard, even one without rows: each shard
         then records how far it got), ``"touched"`` (shards that got rows) or a shard
-        index. A later duplicate of a (table, row) in one call wins.
+        index.
         """
         self._check_writable()
         t, r = as_key_arrays(table_ids, rows)
         records = self.codec.encode(vectors, first_order)
         if len(records) != len(r):
             raise ValueError(f"got {len(r)} rows but {len(records)} vectors")
+        sq = None if seqs is None else check_seqs(seqs, len(r))
+        if not isinstance(changelog, bool):
+            raise ValueError(f"changelog must be a bool, got {changelog!r}")
         meta_items = self._meta_items(meta)
         S = self.config.shards
+        win = winners(t, r, sq)
+        skipped = len(r) - len(win) if sq is not None else 0
+        t, r, records = t[win], r[win], records[win]
+        if sq is not None:
+            sq = sq[win]
         groups = self._group_by_shard(shard_of(t, r, S)) if len(r) else []
         if not meta_items:
             meta_targets: set[int] = set()
@@ -212,17 +266,103 @@ class EmbeddingStore(abc.ABC):
         else:
             meta_targets = {self._check_shard(meta_shards)}
         rows_by_shard = dict(groups)
-        for s in sorted(set(rows_by_shard) | meta_targets):
-            keys: list[bytes] = []
-            values: list[bytes] = []
-            idx = rows_by_shard.get(s)
-            if idx is not None:
-                keys = key_list(key_array(t[idx], r[idx]))
-                values = _record_list(records[idx])
-            if s in meta_targets:
-                keys = keys + [k for k, _ in meta_items]
-                values = values + [v for _, v in meta_items]
-            self._write_batch(s, keys, values, sync)
+        applied = 0
+        with self._write_lock:
+            for s in sorted(set(rows_by_shard) | meta_targets):
+                keys: list[bytes] = []
+                values: list[bytes] = []
+                change_id = None
+                idx = rows_by_shard.get(s)
+                if idx is not None:
+                    ka = key_array(t[idx], r[idx])
+                    if sq is not None:
+                        sk = seq_key_list(ka)
+                        fresh = sq[idx] > decode_seqs(self._multi_get(s, sk))
+                        skipped += len(idx) - int(fresh.sum())
+                        if not fresh.all():
+                            idx, ka = idx[fresh], ka[fresh]
+                            sk = [k for k, f in zip(sk, fresh.tolist()) if f]
+                        keys += sk
+                        values += seq_value_list(sq[idx])
+                    if len(idx):
+                        keys += key_list(ka)
+                        values += _record_list(records[idx])
+                        if changelog:
+                            change_id = self._last_change_id_w(s) + 1
+                            keys += [change_key(change_id), LAST_CHANGE_KEY]
+                            values += [ka.tobytes(), encode_change_id(change_id)]
+                if s in meta_targets:
+                    keys += [k for k, _ in meta_items]
+                    values += [v for _, v in meta_items]
+                if not keys:
+                    continue
+                self._write_batch(s, keys, values, sync)
+                if change_id is not None:
+                    self._last_change[s] = change_id
+                applied += 0 if idx is None else len(idx)
+        return WriteResult(applied, skipped)
+
+    def row_seqs(self, table_ids, rows) -> np.ndarray:
+        """Stored sequence numbers of ``(table_ids[i], rows[i])`` (int64 [K]; -1 where
+        none is stored). One ``multi_get`` per shard."""
+        self._check_open()
+        t, r = as_key_arrays(table_ids, rows)
+        out = np.full(len(r), -1, dtype=np.int64)
+        if len(r) == 0:
+            return out
+        for s, idx in self._group_by_shard(shard_of(t, r, self.config.shards)):
+            out[idx] = decode_seqs(self._multi_get(s, seq_key_list(key_array(t[idx], r[idx]))))
+        return out
+
+    # ------------------------------------------------------------------ change log
+    def last_change_id(self, shard: int) -> int:
+        """Id of ``shard``'s newest change-log record (0 if none was ever written)."""
+        self._check_open()
+        return decode_change_id(self._multi_get(self._check_shard(shard), [LAST_CHANGE_KEY])[0])
+
+    def oldest_change_id(self, shard: int) -> int:
+        """Id of ``shard``'s oldest change-log record still kept (0 if none). A reader
+        whose last seen id is below ``oldest_change_id - 1`` missed trimmed changes."""
+        self._check_open()
+        items = self._iter_items(self._check_shard(shard), change_key(0), CHANGE_END, 1)
+        return change_id_of(items[0][0]) if items else 0
+
+    def changes_since(self, shard: int, after: int, *, max_records: int = 100_000):
+        """Keys changed in ``shard`` by change-log records with id > ``after``.
+
+        Returns ``(newest id read, table_ids uint32 [K], rows int64 [K])``; the newest id
+        is ``after`` when there is nothing newer. At most ``max_records`` records are read
+        (continue from the returned id). Keys may repeat across records. Change ids of a
+        shard are consecutive (1, 2, ...), so records were trimmed before they were read
+        when ``oldest_change_id(shard) > after + 1``.
+        """
+        self._check_open()
+        s = self._check_shard(shard)
+        if isinstance(after, bool) or not isinstance(after, (int, np.integer)) or after < 0:
+            raise ValueError(f"after must be an int >= 0, got {after!r}")
+        if isinstance(max_records, bool) or not isinstance(max_records, (int, np.integer)) or max_records < 1:
+            raise ValueError(f"max_records must be an int >= 1, got {max_records!r}")
+        items = self._iter_items(s, change_key(int(after) + 1), CHANGE_END, int(max_records))
+        if not items:
+            return int(after), np.zeros(0, np.uint32), np.zeros(0, np.int64)
+        tids, rows = decode_change_keys([v for _, v in items])
+        return change_id_of(items[-1][0]), tids, rows
+
+    def trim_changelog(self, keep: int = 100_000) -> None:
+        """Delete each shard's change-log records but its newest ``keep`` (writer only)."""
+        self._check_writable()
+        if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)) or keep < 0:
+            raise ValueError(f"keep must be an int >= 0, got {keep!r}")
+        with self._write_lock:
+            for s in range(self.config.shards):
+                upto = self._last_change_id_w(s) - int(keep)  # delete ids <= upto
+                if upto > 0:
+                    self._delete_range(s, change_key(0), change_key(upto + 1))
+
+    def _last_change_id_w(self, shard: int) -> int:
+        if shard not in self._last_change:
+            self._last_change[shard] = self.last_change_id(shard)
+        return self._last_change[shard]
 
     def put_meta(self, key: bytes, value: bytes, shard: int | None = None) -> None:
         """Put one meta record in ``shard`` (every shard if None)."""
@@ -440,6 +580,8 @@ class EmbeddingStore(abc.ABC):
         for k, v in (meta or {}).items():
             if not isinstance(k, bytes) or not k:
                 raise ValueError(f"meta keys must be non-empty bytes, got {k!r}")
+            if k.startswith(RESERVED_META):
+                raise ValueError(f"meta keys starting with byte 0x00 are reserved for the store, got {k!r}")
             if not isinstance(v, bytes):
                 raise ValueError(f"meta values must be bytes, got {type(v).__name__} for {k!r}")
             items.append((META_PREFIX + k, v))

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from features.fg import FGBatch
-from features.pooling import pool_numpy
 
 
 @dataclass(frozen=True)
@@ -36,18 +35,74 @@ def batch_keys(batch: FGBatch) -> Keys:
 
 def pool_batch(batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.ndarray, poolings: list[str],
                dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """Unique rows' vectors [U, D] / weights [U] -> emb [N, F, D], first_order [N, F]."""
+    """Unique rows' vectors [U, D] / weights [U] -> emb [N, F, D], first_order [N, F].
+
+    All fields at once, vectors and weights together as [U, D+1]. The lookups are in
+    (field, row) order, so each (field, row) segment is contiguous: the segments' first
+    values are gathered in one go, then the j-th values added for the segments longer
+    than j (a loop over positions, not values: as many steps as the longest segment;
+    the same summation order as ``features.pooling.pool_numpy``). Mean divides by the
+    count; one gather places each field's segments (one shared segment for a broadcast
+    request field) into [N, F].
+    """
     n, F = batch.n, len(batch.fields)
-    emb = np.empty((n, F, dim), dtype=np.float32)
-    fo = np.empty((n, F), dtype=np.float32)
-    for f, (rag, mode, bcast) in enumerate(zip(batch.fields, poolings, batch.broadcast)):
-        idx = keys.inverse[keys.field_bounds[f]:keys.field_bounds[f + 1]]
-        v = pool_numpy(vectors[idx], rag.offsets, mode)
-        w = pool_numpy(first_order[idx], rag.offsets, mode)
-        if bcast:
-            emb[:, f, :] = v[0]
-            fo[:, f] = w[0]
-        else:
-            emb[:, f, :] = v
-            fo[:, f] = w
-    return emb, fo
+    if len(poolings) != F:
+        raise ValueError(f"{len(poolings)} poolings for {F} fields")
+    bad = set(poolings) - {"mean", "sum"}
+    if bad:
+        raise ValueError(f"unknown pooling {sorted(bad)[0]!r}: expected 'mean' or 'sum'")
+    table = np.empty((len(vectors), dim + 1), dtype=np.float32)
+    table[:, :dim] = vectors
+    table[:, dim] = first_order
+    x = table[keys.inverse]  # [K, D+1]
+    if F:
+        lengths = np.concatenate([r.offsets[1:] - r.offsets[:-1] for r in batch.fields])
+    else:
+        lengths = np.zeros(0, np.int64)
+    nseg = np.fromiter((r.n for r in batch.fields), dtype=np.int64, count=F)
+    first_seg = np.zeros(F, dtype=np.int64)
+    np.cumsum(nseg[:-1], out=first_seg[1:])
+    bcast = np.array(batch.broadcast, dtype=bool)
+    seg = first_seg[None, :] + np.where(bcast, 0, np.arange(n)[:, None])  # [N, F] segment of each output
+    if len(lengths) == len(x) and (lengths == 1).all():
+        sums = x
+    else:
+        # segments by length, longest first: those longer than j are a prefix
+        starts = np.zeros(len(lengths), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        order = np.argsort(-lengths, kind="stable")
+        sl, st = lengths[order], starts[order]
+        longer = np.searchsorted(-sl, -np.arange(int(sl[0]) if len(sl) else 0), side="left")  # #segments > j
+        sums = np.zeros((len(lengths), dim + 1), dtype=np.float32)
+        if len(longer):
+            sums[:longer[0]] = x[st[:longer[0]]]
+        for j in range(1, len(longer)):
+            c = longer[j]
+            sums[:c] += x[st[:c] + j]
+        mean = np.repeat(np.array([p == "mean" for p in poolings]), nseg)[order] & (sl > 1)
+        if mean.any():
+            sums[mean] /= sl[mean, None].astype(np.float32)
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        seg = rank[seg]
+    pooled = sums[seg]  # [N, F, D+1]
+    return np.ascontiguousarray(pooled[..., :dim]), np.ascontiguousarray(pooled[..., dim])
+
+
+def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray):
+    """Rows ``(tables, rows)`` (unique) through the row cache: lookup, read the misses
+    from the store, insert them with the lookup's epoch. Returns ``(vectors [U, D],
+    first_order [U], cache hits, rows read from the store, of which found)``."""
+    if cache is None:
+        vec, w, found = store.read_unique(tables, rows)
+        return vec, w, 0, len(rows), int(found.sum())
+    hit, vec, w, epoch = cache.lookup(tables, rows)
+    miss = np.flatnonzero(~hit)
+    if len(miss) == 0:
+        return vec, w, len(rows), 0, 0
+    mt, mr = tables[miss], rows[miss]
+    mv, mw, found = store.read_unique(mt, mr)
+    vec[miss] = mv
+    w[miss] = mw
+    cache.insert(mt, mr, mv, mw, epoch)
+    return vec, w, len(rows) - len(miss), len(miss), int(found.sum())

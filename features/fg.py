@@ -75,6 +75,15 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
     return out
 
 
+def _ragged_gather(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> RaggedIds:
+    """Row i = ``flat[starts[i]:starts[i] + lengths[i]]`` (vectorized)."""
+    offsets = _offsets(lengths)
+    if len(lengths) and (lengths == 1).all():
+        return RaggedIds(flat[starts], offsets)
+    idx = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+    return RaggedIds(flat[idx], offsets)
+
+
 def _freeze(v: Any):
     if isinstance(v, (list, tuple, np.ndarray)):
         return tuple(_freeze(x) for x in v)
@@ -82,13 +91,32 @@ def _freeze(v: Any):
         return ("__dict__",)  # invalid anyway: FG reports it on a miss
     if isinstance(v, float) and v != v:
         return None
+    if isinstance(v, (bool, np.bool_)):
+        return ("__bool__", bool(v))  # True == 1 in Python, but "true" != "1" when hashed
     return v
+
+
+def _fast_key(values) -> tuple:
+    """Item-cache key of plain values (lists -> tuples, NaN -> None); TypeError for anything
+    needing the exact ``_freeze`` key: nested or non-plain values, and bools (True == 1)."""
+    out = []
+    for v in values:
+        t = type(v)
+        if t is list:
+            if True in v or False in v:  # also catches 0/1: they then take the exact key
+                raise TypeError
+            out.append(tuple(v))
+        elif t is bool:
+            raise TypeError
+        else:
+            out.append(None if t is float and v != v else v)
+    return tuple(out)
 
 
 class FeatureGenerator:
     """Runs a spec's FG. ``item_cache_size`` > 0 caches item-scope results per item."""
 
-    def __init__(self, spec: FeatureSpec, item_cache_size: int = 0):
+    def __init__(self, spec: FeatureSpec, item_cache_size: int = 0, cross_memo_size: int = 50_000):
         self.spec = spec
         self.hash = spec.model.hash
         self._fields = spec.fields
@@ -97,9 +125,36 @@ class FeatureGenerator:
         self._cross = [f for f in spec.fields if f.scope == "cross"]
         self._item_inputs = spec.raw_inputs("item")
         self._cache_size = item_cache_size
-        self._cache: OrderedDict[tuple, tuple[Values, list[np.ndarray]]] = OrderedDict()
+        # item cache entry: (values per item field, ids of all item fields back to back,
+        # (ids count per item field..., value-set id per item field...))
+        self._cache: OrderedDict[tuple, tuple[Values, np.ndarray, tuple[int, ...]]] = OrderedDict()
         self.cache_hits = 0
         self.cache_misses = 0
+        # Serving cross fields are computed once per distinct (request values, item value
+        # sets) and memoized. A value-set id names one item field's value list; ids are
+        # never reused (the intern table may be cleared, the counter is not), so a memo
+        # key can never name another value set.
+        self._item_pos = {f.name: j for j, f in enumerate(self._item)}
+        self._vid_intern: dict[tuple, int] = {}
+        self._vid_next = 0
+        self._vid_limit = max(4 * item_cache_size, 100_000)
+        self._memo_size = cross_memo_size
+        self._cross_memo: list[dict] = [{} for _ in self._cross]
+        self._cross_memo_len = [0] * len(self._cross)
+        deps: dict[str, tuple[frozenset, frozenset]] = {}
+        self._cross_deps: list[tuple[tuple[str, ...], np.ndarray]] = []
+        for f in self._cross:
+            req, item = set(), set()
+            for x in f.inputs:
+                if x in deps:
+                    req |= deps[x][0]
+                    item |= deps[x][1]
+                elif x in self._item_pos:
+                    item.add(self._item_pos[x])
+                else:
+                    req.add(x)
+            deps[f.name] = (frozenset(req), frozenset(item))
+            self._cross_deps.append((tuple(sorted(req)), np.array(sorted(item), dtype=np.int64)))
 
     # -- values ---------------------------------------------------------------------------
     def _values(self, fields: Sequence[FieldSpec], columns: Mapping[str, Sequence[Any]], n: int,
@@ -137,35 +192,111 @@ class FeatureGenerator:
 
     # -- serving ----------------------------------------------------------------------------
     def transform(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> FGBatch:
-        """One request + N candidates; request-scope fields computed once (n == 1, broadcast)."""
+        """One request + N candidates; request-scope fields computed once (n == 1, broadcast).
+
+        Item-scope fields come from the per-item cache; a cross field is computed once
+        per distinct (request values, values of the item fields it depends on) and
+        memoized, then scattered to the candidates (same ids as ``transform_columns``).
+        """
         n = len(candidates)
         req_cols = {f.input: [request.get(f.input)] for f in self._request}
         req_vals = self._values(self._request, req_cols, 1, {})
         out: dict[str, RaggedIds] = {f.name: self._ragged(f, req_vals[f.name]) for f in self._request}
-        item_vals, item_ids = self._items(candidates)
-        for j, f in enumerate(self._item):
-            out[f.name] = item_ids[j]
-        if self._cross:
-            known = {name: v * n for name, v in req_vals.items()}
-            known.update({f.name: item_vals[j] for j, f in enumerate(self._item)})
-            self._values(self._cross, {}, n, known)
-            for f in self._cross:
-                out[f.name] = self._ragged(f, known[f.name])
+        Fi = len(self._item)
+        if Fi:
+            entries = self._entries(candidates)
+            meta = np.array([e[2] for e in entries], dtype=np.int64).reshape(n, 2 * Fi)
+            lengths, vids = meta[:, :Fi], meta[:, Fi:]
+            flat = np.concatenate([e[1] for e in entries]) if n else np.zeros(0, np.int64)
+            starts = np.zeros((n, Fi), dtype=np.int64)
+            if n:  # start of each (candidate, field) in flat: exclusive cumsum in row-major order
+                np.cumsum(lengths.reshape(-1)[:-1], out=starts.reshape(-1)[1:])
+            for j, f in enumerate(self._item):
+                out[f.name] = _ragged_gather(flat, starts[:, j], lengths[:, j])
+        else:
+            entries, vids = [], np.zeros((n, 0), np.int64)
+        groups: dict[str, tuple[np.ndarray, list[list[str]]]] = {}
+        for c, f in enumerate(self._cross):
+            out[f.name] = self._cross_field(c, f, req_vals, entries, vids, groups)
         fields = tuple(out[f.name] for f in self._fields)
         return FGBatch(n, fields, tuple(f.scope == "request" for f in self._fields))
 
-    def _items(self, candidates: Sequence[Mapping[str, Any]]) -> tuple[list[Values], list[RaggedIds]]:
-        """Item-scope values and ids per item field, through the per-item cache."""
+    def _cross_field(self, c: int, f: FieldSpec, req_vals: dict[str, Values], entries: list, vids: np.ndarray,
+                     groups: dict[str, tuple[np.ndarray, list[list[str]]]]) -> RaggedIds:
+        """Cross field ``f`` for all candidates: one computation per distinct group of
+        the value sets it depends on, through the memo; ``groups[f.name]`` gets
+        (group of each candidate, values of each group) for crosses built on ``f``."""
+        req_names, item_cols = self._cross_deps[c]
+        n = len(vids)
+        if len(item_cols) == 1:
+            ukeys, rep, inv = np.unique(vids[:, item_cols[0]], return_index=True, return_inverse=True)
+            gkeys = ukeys.tolist()
+        else:
+            ukeys, rep, inv = np.unique(vids[:, item_cols], axis=0, return_index=True, return_inverse=True)
+            gkeys = [tuple(k) for k in ukeys.tolist()]
+        inv = inv.reshape(-1)
+        req_key = tuple(tuple(req_vals[x][0]) for x in req_names)
+        table = self._cross_memo[c]
+        memo = table.get(req_key)
+        if memo is None:
+            memo = {}
+            if self._memo_size > 0:
+                if self._cross_memo_len[c] >= self._memo_size:
+                    table.clear()
+                    self._cross_memo_len[c] = 0
+                table[req_key] = memo
+                self._cross_memo_len[c] += 1
+        results = [memo.get(k) for k in gkeys]
+        missing = [g for g, r in enumerate(results) if r is None]
+        if missing:
+            reps = rep[missing].tolist()
+            parts = []
+            for x in f.inputs:
+                if x in groups:
+                    ginv, gvals = groups[x]
+                    parts.append([gvals[ginv[i]] for i in reps])
+                elif x in self._item_pos:
+                    j = self._item_pos[x]
+                    parts.append([entries[i][0][j] for i in reps])
+                else:
+                    parts.append(req_vals[x] * len(reps))
+            try:
+                vals = DERIVED_OPS[f.op](f.name, parts, f.params)
+            except TypeError as e:
+                raise FeatureValueError(f"field '{f.name}': {e}") from None
+            rag = self._ragged(f, vals)
+            if self._memo_size > 0 and self._cross_memo_len[c] + len(missing) > self._memo_size:
+                table.clear()
+                memo = table[req_key] = {}
+                self._cross_memo_len[c] = 1
+            for m, g in enumerate(missing):
+                results[g] = (vals[m], rag.ids[rag.offsets[m]:rag.offsets[m + 1]])
+                memo[gkeys[g]] = results[g]
+            self._cross_memo_len[c] += len(missing) if self._memo_size > 0 else 0
+        groups[f.name] = (inv, [r[0] for r in results])
+        glen = np.fromiter((len(r[1]) for r in results), dtype=np.int64, count=len(results))
+        gflat = np.concatenate([r[1] for r in results]) if results else np.zeros(0, np.int64)
+        gstart = _offsets(glen)[:-1]
+        return _ragged_gather(gflat, gstart[inv], glen[inv]) if n else RaggedIds(gflat[:0], np.zeros(1, np.int64))
+
+    def _entries(self, candidates: Sequence[Mapping[str, Any]]) -> list[tuple]:
+        """One item-cache entry per candidate (through the cache when it is on)."""
         n = len(candidates)
-        if not self._item:
-            return [], []
         if self._cache_size <= 0:
-            cols = {c: [cand.get(c) for cand in candidates] for c in self._item_inputs}
-            vals = self._values(self._item, cols, n, {})
-            return ([vals[f.name] for f in self._item],
-                    [self._ragged(f, vals[f.name]) for f in self._item])
-        keys = [tuple(_freeze(cand.get(c)) for c in self._item_inputs) for cand in candidates]
-        entries: list = [self._cache.get(k) for k in keys]
+            return self._new_entries(candidates, range(n))
+        inputs = self._item_inputs
+        cache = self._cache
+        keys = []
+        entries: list = []
+        for cand in candidates:
+            try:
+                k = _fast_key(map(cand.get, inputs))
+                e = cache.get(k)
+            except TypeError:  # a nested or non-plain value: the slow, exact key
+                k = tuple(_freeze(cand.get(c)) for c in inputs)
+                e = cache.get(k)
+            keys.append(k)
+            entries.append(e)
         miss_keys: dict[tuple, int] = {}
         for i, e in enumerate(entries):
             if e is None:
@@ -174,20 +305,34 @@ class FeatureGenerator:
         self.cache_hits += n - len(miss_keys)
         if miss_keys:
             first = list(miss_keys.values())
-            cols = {c: [candidates[i].get(c) for i in first] for c in self._item_inputs}
-            vals = self._values(self._item, cols, len(first), {})
-            per_field = [self._ragged(f, vals[f.name]) for f in self._item]
-            for r, i in enumerate(first):
-                self._cache[keys[i]] = ([vals[f.name][r] for f in self._item],
-                                        [rg.ids[rg.offsets[r]:rg.offsets[r + 1]] for rg in per_field])
-            entries = [e if e is not None else self._cache[k] for e, k in zip(entries, keys)]
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        item_vals = [[e[0][j] for e in entries] for j in range(len(self._item))]
-        item_ids = []
-        for j in range(len(self._item)):
-            arrs = [e[1][j] for e in entries]
-            lengths = np.fromiter((len(a) for a in arrs), dtype=np.int64, count=n)
-            ids = np.concatenate(arrs) if n else np.zeros(0, np.int64)
-            item_ids.append(RaggedIds(ids, _offsets(lengths)))
-        return item_vals, item_ids
+            for i, e in zip(first, self._new_entries(candidates, first)):
+                cache[keys[i]] = e
+            entries = [e if e is not None else cache[k] for e, k in zip(entries, keys)]
+            while len(cache) > self._cache_size:
+                cache.popitem(last=False)
+        return entries
+
+    def _new_entries(self, candidates: Sequence[Mapping[str, Any]], which) -> list[tuple]:
+        """Item fields of ``candidates[i] for i in which``, as cache entries."""
+        m = len(which)
+        cols = {c: [candidates[i].get(c) for i in which] for c in self._item_inputs}
+        vals = self._values(self._item, cols, m, {})
+        per_field = [vals[f.name] for f in self._item]
+        rags = [self._ragged(f, vals[f.name]) for f in self._item]
+        if len(self._vid_intern) > self._vid_limit:
+            self._vid_intern.clear()
+        intern = self._vid_intern
+        out = []
+        for r in range(m):
+            lens, vid = [], []
+            for j in range(len(per_field)):
+                key = (j, tuple(per_field[j][r]))
+                v = intern.get(key)
+                if v is None:
+                    v = intern[key] = self._vid_next
+                    self._vid_next += 1
+                vid.append(v)
+                lens.append(int(rags[j].offsets[r + 1] - rags[j].offsets[r]))
+            ids = np.concatenate([rg.ids[rg.offsets[r]:rg.offsets[r + 1]] for rg in rags])
+            out.append(([pf[r] for pf in per_field], ids, tuple(lens + vid)))
+        return out

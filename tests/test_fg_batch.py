@@ -83,3 +83,15 @@ def test_padded():
     ids, mask = rag.padded()
     assert ids.tolist() == [[5, 6], [0, 0], [7, 0]]
     assert mask.tolist() == [[1, 1], [0, 0], [1, 0]]
+
+
+def test_item_cache_tells_bools_from_ints():
+    spec = parse_spec({"label": "y", "model": {"mlp": [4]}, "fields": [
+        {"name": "flag", "scope": "item", "op": "id", "input": "flag", "rows": 1000},
+        {"name": "flags", "scope": "item", "op": "id", "input": "flags", "rows": 1000}]})
+    fg = FeatureGenerator(spec, item_cache_size=10)
+    a = fg.transform({}, [{"flag": 1, "flags": [1]}])
+    b = fg.transform({}, [{"flag": True, "flags": [True]}])
+    assert a.fields[0].ids.tolist() == [row_of(1, "xxh64", 1000)]
+    assert b.fields[0].ids.tolist() == [row_of("true", "xxh64", 1000)]
+    assert b.fields[1].ids.tolist() == [row_of("true", "xxh64", 1000)]

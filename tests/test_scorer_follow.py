@@ -1,0 +1,207 @@
+"""Scorer with a row cache following a live writer: a row written by ANOTHER process
+shows up in scores within seconds, through the change log (not a cache flush)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dense_model.train import TrainConfig, train_run
+from exporter.calibration import calibrate
+from exporter.export import export_run
+from exporter.scorer import Scorer
+from features import parse_spec
+from features.hashing import row_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+D = 8
+
+SPEC = {
+    "model": {"embedding_dim": D, "hash": "xxh64", "mlp": [16], "calibration": {"negative_rate": 0.5}},
+    "label": "label",
+    "fields": [
+        {"name": "user", "scope": "request", "op": "id", "input": "user_id", "rows": 200},
+        {"name": "item", "scope": "item", "op": "id", "input": "item_id", "rows": 300},
+        {"name": "tags", "scope": "item", "op": "id", "input": "tags", "rows": 50},
+        {"name": "user_x_tags", "scope": "cross", "op": "cross", "inputs": ["user", "tags"], "rows": 500},
+    ],
+}
+ITEM_FIELD = 1
+
+
+def synthetic_table(n=3000, seed=0):
+    rng = np.random.default_rng(seed)
+    users = rng.integers(0, 100, n)
+    items = rng.integers(0, 150, n)
+    tags = [[f"t{(i * 7 + k) % 20}" for k in range(1 + i % 3)] for i in items.tolist()]
+    p = 1 / (1 + np.exp(-((users % 5) - 2 + (items % 3) - 1) * 0.8))
+    label = (rng.random(n) < p).astype(np.int64)
+    return pa.table({"user_id": users, "item_id": items, "tags": tags, "label": label})
+
+
+@pytest.fixture(scope="module")
+def version_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("follow")
+    spec = parse_spec(SPEC)
+    train_run(spec, synthetic_table(), TrainConfig(epochs=1, batch_size=256, split="random"), root / "run",
+              progress=False)
+    out = root / "models" / "m" / "1"
+    export_run(root / "run", out, shards=3, quant="fp32", block_cache_mb=8, progress=False)
+    return out
+
+
+REQUEST = {"user_id": 7}
+CANDS = [{"item_id": i, "tags": [f"t{(i * 7 + k) % 20}" for k in range(1 + i % 3)]} for i in (3, 10, 42, 3, 99)]
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time, numpy as np
+    sys.path.insert(0, {root!r})
+    from embstore import open_store
+    st = open_store({path!r}, mode="w")
+    print("ready", flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        if cmd[0] != "write":
+            break
+        table, row, seq, value = int(cmd[1]), int(cmd[2]), int(cmd[3]), float(cmd[4])
+        v = np.linspace(-1, 1, {dim}).astype(np.float32) * value
+        st.write(table, [row], v[None, :], np.array([value / 2], np.float32), seqs=[seq], changelog=True,
+                 meta={{b"offset": cmd[3].encode()}})
+        print("written", time.time(), flush=True)
+    st.close()
+    """
+)
+
+
+def expected_after_write(scorer, emb0, fo0, cand_idx, value):
+    """By hand: the pooled inputs from before, with the item field of the candidates
+    showing that item replaced by the new row, through the dense head and calibration."""
+    emb, fo = emb0.copy(), fo0.copy()
+    emb[cand_idx, ITEM_FIELD] = np.linspace(-1, 1, D).astype(np.float32) * value
+    fo[cand_idx, ITEM_FIELD] = value / 2
+    return calibrate(scorer.dense(emb, fo), scorer.calibration)
+
+
+def start_writer(version_dir):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER.format(root=ROOT, path=str(version_dir / "store"), dim=D)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def write_row(proc, table, row, seq, value) -> float:
+    proc.stdin.write(f"write {table} {row} {seq} {value}\n")
+    proc.stdin.flush()
+    out = proc.stdout.readline().split()
+    assert out and out[0] == "written", out
+    return float(out[1])
+
+
+def stop_writer(proc):
+    if proc.poll() is None:
+        proc.stdin.write("quit\n")
+        proc.stdin.flush()
+        try:
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def wait_for_change(scorer, before, timeout_s=2.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        s = scorer.score(REQUEST, CANDS)
+        if not np.array_equal(s, before):
+            return s, time.time()
+        time.sleep(0.005)
+    return scorer.score(REQUEST, CANDS), None
+
+
+def test_row_cache_scores_equal_uncached_scores(version_dir):
+    with Scorer(version_dir) as plain, Scorer(version_dir, row_cache_mb=4) as cached:
+        want = plain.score(REQUEST, CANDS)
+        assert np.array_equal(cached.score(REQUEST, CANDS), want)  # cold
+        st = cached.stats()
+        assert st["cache_hits"] == 0 and st["cache_misses"] == st["store_rows_read"] > 0
+        assert np.array_equal(cached.score(REQUEST, CANDS), want)  # warm: all from the cache
+        st2 = cached.stats()
+        assert st2["store_rows_read"] == st["store_rows_read"] and st2["cache_hits"] == st["cache_misses"]
+        assert st2["cache_entries"] == st["store_rows_read"]
+        other = [{"item_id": 5, "tags": ["t1", "zzz"]}]
+        assert np.array_equal(cached.score({"user_id": 8}, other), plain.score({"user_id": 8}, other))
+        assert plain.stats()["cache_hits"] == 0 and plain.stats()["catch_ups"] == 0
+
+
+def test_follow_sees_a_row_written_by_another_process_within_2s(version_dir):
+    spec = parse_spec(SPEC)
+    rows = spec.fields[ITEM_FIELD].rows
+    item_row = row_of(42, spec.model.hash, rows)
+    showing = [i for i, c in enumerate(CANDS) if row_of(c["item_id"], spec.model.hash, rows) == item_row]
+    assert showing == [2]
+    scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=16, follow_interval_s=0.05)
+    proc = None
+    try:
+        assert scorer._follower is not None and scorer._follower._thread.is_alive()
+        base = scorer.score(REQUEST, CANDS)
+        emb0, fo0, _ = scorer.pooled(REQUEST, CANDS)  # warm cache: no store read
+        warm = scorer.stats()
+        assert warm["cache_hits"] > 0 and warm["cache_entries"] == warm["store_rows_read"] > 0
+        proc = start_writer(version_dir)
+        t_write = write_row(proc, ITEM_FIELD, item_row, seq=1, value=0.75)
+        new, t_seen = wait_for_change(scorer, base)
+        assert t_seen is not None, "the written row did not reach the scores within 2 s"
+        want = expected_after_write(scorer, emb0, fo0, showing, 0.75)
+        np.testing.assert_allclose(new, want, rtol=1e-6, atol=1e-7)
+        assert not np.allclose(want, base)
+        after = scorer.stats()
+        # only the changed key was dropped and read again: the cache was not flushed
+        assert after["changes_applied"] >= 1 and after["cache_clears"] == 0
+        assert after["store_rows_read"] == warm["store_rows_read"] + 1
+        assert after["catch_ups"] > warm["catch_ups"] >= 0 and after["last_catch_up_unix"] >= t_write - 1
+        assert sum(after["last_change_ids"]) == 1
+        print(f"\nwrite -> visible in score: {1e3 * (t_seen - t_write):.0f} ms")
+        # an older seq for the same row is ignored; a newer one lands too
+        write_row(proc, ITEM_FIELD, item_row, seq=0, value=-5.0)
+        write_row(proc, ITEM_FIELD, item_row, seq=2, value=-0.5)
+        new2, t2 = wait_for_change(scorer, new)
+        assert t2 is not None
+        np.testing.assert_allclose(new2, expected_after_write(scorer, emb0, fo0, showing, -0.5), rtol=1e-6, atol=1e-7)
+        time.sleep(0.2)
+        np.testing.assert_allclose(scorer.score(REQUEST, CANDS), new2, rtol=0, atol=0)
+    finally:
+        if proc is not None:
+            stop_writer(proc)
+        scorer.close()
+    assert not scorer._follower._thread.is_alive()
+
+
+def test_follow_starts_after_existing_history_and_validates_args(version_dir):
+    # history written before the scorer opened is not replayed into its counters
+    from embstore import open_store
+
+    with open_store(version_dir / "store", mode="w") as st:
+        v, w = st.read(3, [1, 2, 3])
+        st.write(3, [1, 2, 3], v, w, changelog=True)  # same values, new change records
+        assert sum(st.last_change_id(i) for i in range(st.config.shards)) >= 1
+    with Scorer(version_dir, store_mode="follow", row_cache_mb=1, follow_interval_s=0.02) as s:
+        ids = s.stats()["last_change_ids"]
+        assert ids == [s.store.last_change_id(i) for i in range(s.store.config.shards)]
+        t0 = time.time()
+        while s.stats()["catch_ups"] < 2 and time.time() - t0 < 5:
+            time.sleep(0.01)
+        st = s.stats()
+        assert st["catch_ups"] >= 2 and st["changes_applied"] == 0 and st["last_change_ids"] == ids
+        assert st["follow_errors"] == 0
+    with pytest.raises(ValueError, match="row_cache_mb"):
+        Scorer(version_dir, row_cache_mb=-1)
+    with pytest.raises(ValueError, match="follow_interval_s"):
+        Scorer(version_dir, store_mode="follow", follow_interval_s=0)
