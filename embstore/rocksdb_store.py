@@ -68,8 +68,15 @@ class RocksDBStore(EmbeddingStore):
             self._secondary_dir = os.fspath(secondary_dir)
             os.makedirs(self._secondary_dir, exist_ok=True)
         self._dbs: list[Rdict] = []
+        # follow mode: which primary MANIFEST each shard's secondary follows (CURRENT's
+        # content), how many times it was reopened, and the instance it replaced last
+        self._current: list[str | None] = []
+        self._generation = [0] * config.shards
+        self._retired: dict[int, Rdict] = {}
+        self.reopens = 0  # follow mode: secondaries reopened after a writer restart
         try:
             for s in range(config.shards):
+                self._current.append(self._read_current(s))
                 self._dbs.append(self._open_shard(s))
         except BaseException:
             self._close()
@@ -85,7 +92,8 @@ class RocksDBStore(EmbeddingStore):
             if self.mode == "r":
                 access = AccessType.read_only(False)
             else:
-                access = AccessType.secondary(os.path.join(self._secondary_dir, f"shard-{s:03d}"))
+                access = AccessType.secondary(
+                    os.path.join(self._secondary_dir, f"shard-{s:03d}-{self._generation[s]}"))
         try:
             return Rdict(d, self._opts, column_families={"default": self._opts}, access_type=access)
         except Exception as e:  # rocksdict raises plain Exception
@@ -142,16 +150,39 @@ class RocksDBStore(EmbeddingStore):
             "estimated_keys": int(db.property_int_value("rocksdb.estimate-num-keys") or 0),
         }
 
+    def _read_current(self, shard: int) -> str | None:
+        try:
+            with open(os.path.join(shard_dir(self.path, shard), "CURRENT")) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
     def _catch_up(self, shard: int) -> None:
+        """Follow the primary. When the primary process reopened the shard (a restarted
+        writer: CURRENT names a new MANIFEST), ``try_catch_up_with_primary`` on the old
+        secondary can stay behind for good (seen here: rows written after a writer
+        restart never became visible), so the shard's secondary is opened afresh instead.
+        The replaced instance stays open until the next reopen: readers may hold it."""
+        current = self._read_current(shard)
+        if self.mode == "follow" and current is not None and current != self._current[shard]:
+            self._generation[shard] += 1
+            fresh = self._open_shard(shard)
+            old = self._retired.pop(shard, None)
+            self._retired[shard], self._dbs[shard] = self._dbs[shard], fresh
+            self._current[shard] = current
+            if old is not None:
+                old.close()
+            self.reopens += 1
         self._dbs[shard].try_catch_up_with_primary()
 
     def _flush(self, shard: int) -> None:
         self._dbs[shard].flush(True)
 
     def _close(self) -> None:
-        for db in self._dbs:
+        for db in list(self._dbs) + list(self._retired.values()):
             db.close()
         self._dbs = []
+        self._retired = {}
         if self._own_secondary and self._secondary_dir:
             shutil.rmtree(self._secondary_dir, ignore_errors=True)
 

@@ -3,8 +3,26 @@
     models/<name>/<version>/manifest.json   (written last, by atomic rename)
                            /dense/          (SavedModel of the dense head only)
                            /store/          (sharded, quantized RocksDB tables)
-"""
-from exporter.manifest import ModelDirError, complete_versions, load_manifest
-from exporter.scorer import Scorer, load
 
-__all__ = ["ModelDirError", "Scorer", "complete_versions", "load", "load_manifest"]
+Names are imported lazily: ``exporter.manifest`` (used by the streaming updater)
+must not pay for importing TensorFlow.
+"""
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "ModelDirError": "exporter.manifest",
+    "complete_versions": "exporter.manifest",
+    "load_manifest": "exporter.manifest",
+    "Scorer": "exporter.scorer",
+    "load": "exporter.scorer",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'exporter' has no attribute {name!r}")

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -322,3 +323,46 @@ def test_rows_seqs_and_change_records_are_one_atomic_batch_under_kill(tmp_path, 
             for row in rows[shard == s].tolist():
                 writers = [i + 1 for i, m in enumerate(mine) if row in m]
                 assert seqs[row] == (max(writers) if writers else -1), (s, row)
+
+
+_WRITER_SESSION = textwrap.dedent("""
+    import sys, numpy as np
+    from embstore import open_store
+    s = open_store(sys.argv[1], mode="w")
+    rows = np.arange(200, dtype=np.int64)
+    s.write(np.zeros(200, np.uint32), rows, np.full((200, 4), float(sys.argv[2]), np.float32),
+            np.zeros(200, np.float32), changelog=True)
+    s.close()
+""")
+
+
+def test_follower_keeps_up_when_the_writer_process_restarts(tmp_path, cfg):
+    """Each round is a NEW writer process (an updater restart) while the follower catches
+    up continuously in a thread: every round's rows must become visible in every shard."""
+    path = str(tmp_path / "st")
+    open_store(path, cfg, mode="w").close()
+    follower = open_store(path, mode="follow")
+    stop = threading.Event()
+
+    def catch_up_loop():
+        while not stop.is_set():
+            follower.catch_up()
+            stop.wait(0.005)
+
+    t = threading.Thread(target=catch_up_loop, daemon=True)
+    t.start()
+    try:
+        for rnd in range(1, 7):
+            subprocess.run([sys.executable, "-c", _WRITER_SESSION, path, str(rnd)], check=True, timeout=60)
+            deadline = time.monotonic() + 3.0
+            while True:
+                v, _ = follower.read(np.zeros(200, np.uint32), np.arange(200))
+                stale = int((v[:, 0] != rnd).sum())
+                if stale == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            assert stale == 0, f"round {rnd}: {stale} of 200 rows still stale 3 s after the writer closed"
+    finally:
+        stop.set()
+        t.join(5)
+        follower.close()

@@ -1,0 +1,378 @@
+"""Streaming-update freshness and throughput against a live server.
+
+    python -m bench.update_freshness [--model-src /tmp/og/models/sfp32/1] [--data /tmp/og/data/movielens.parquet]
+                                     [--trials 200] [--requests 200] [--push-deltas 3000000] [--out FILE.json]
+
+Copies an exported MovieLens version into a scratch MODELS/ml/1, then runs
+`offgraph serve` and `offgraph update` as subprocesses (falls back to an in-process
+``Scorer(store_mode="follow", row_cache_mb=64)`` when the server does not come up).
+
+(a) freshness: ``--trials`` times, publish a one-row delta file changing the user_id
+    row of a fixed request, then poll the server until that request's scores change;
+    latency = publish start -> first changed answer (p50/p99; acceptance p99 <= 1 s).
+(b) throughput: pre-written delta files (``--push-deltas`` rows) are renamed into the
+    spool at once; deltas/s = rows consumed by the updater (its Prometheus counter) over
+    the time to drain. Meanwhile a client sends requests back to back; its p50/p99 are
+    compared to ``--requests`` requests without the update load (acceptance: >= 200k
+    rows/s and a p99 rise <= 25%).
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+NAME = "ml"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pct(xs) -> dict:
+    a = np.asarray(xs, dtype=np.float64) * 1000.0
+    return {"n": int(a.size), "p50_ms": float(np.percentile(a, 50)), "p90_ms": float(np.percentile(a, 90)),
+            "p99_ms": float(np.percentile(a, 99)), "max_ms": float(a.max()), "mean_ms": float(a.mean())}
+
+
+# ------------------------------------------------------------------------------ requests
+def build_requests(spec, data: Path, n_requests: int, n_candidates: int, seed: int = 0):
+    """``n_requests`` (request, candidates) pairs from the data: distinct users, movies drawn at random."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(data)
+    req_cols, item_cols = spec.raw_inputs("request"), spec.raw_inputs("item")
+    rows = t.select(sorted(set(req_cols) | set(item_cols))).to_pylist()
+    rng = np.random.default_rng(seed)
+    users, items, seen_u, seen_i = [], [], set(), set()
+    for r in rows:
+        u = tuple(json.dumps(r[c]) for c in req_cols)
+        i = tuple(json.dumps(r[c]) for c in item_cols)
+        if u not in seen_u:
+            seen_u.add(u)
+            users.append({c: r[c] for c in req_cols})
+        if i not in seen_i:
+            seen_i.add(i)
+            items.append({c: r[c] for c in item_cols})
+    out = []
+    for k in range(n_requests):
+        cands = [items[j] for j in rng.choice(len(items), n_candidates, replace=False)]
+        out.append((users[k % len(users)], cands))
+    return out
+
+
+def user_row(spec, request, candidate) -> tuple[int, int]:
+    """(table id, row) of the request's first request-scope field value (the user_id row)."""
+    from exporter.scorer_impl import batch_keys
+    from features.fg import FeatureGenerator
+
+    batch = FeatureGenerator(spec).transform(request, [candidate])
+    keys = batch_keys(batch)
+    tid = [f.scope for f in spec.fields].index("request")
+    rows = keys.unique_rows[keys.unique_tables == tid]
+    if len(rows) != 1:
+        raise ValueError(f"expected one row of field {spec.fields[tid].name}, got {rows}")
+    return tid, int(rows[0])
+
+
+class HttpScorer:
+    def __init__(self, port: int):
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def score(self, request, candidates) -> list[float]:
+        body = json.dumps({"request": request, "candidates": candidates})
+        self.conn.request("POST", f"/v1/models/{NAME}:score", body, {"Content-Type": "application/json"})
+        resp = self.conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"score: HTTP {resp.status}: {data[:300]!r}")
+        return json.loads(data)["scores"]
+
+
+    def stats(self) -> dict:
+        self.conn.request("GET", f"/v1/models/{NAME}")
+        resp = self.conn.getresponse()
+        data = json.loads(resp.read())
+        return (data.get("loaded") or {}).get("store") or data
+
+
+class LocalScorer:
+    def __init__(self, version_dir: Path):
+        from exporter.scorer import Scorer
+
+        self.scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=64)
+
+    def score(self, request, candidates) -> list[float]:
+        return self.scorer.score(request, candidates).tolist()
+
+    def stats(self) -> dict:
+        return self.scorer.stats()
+
+
+# ------------------------------------------------------------------------------ processes
+def _start(cmd, log_path: Path, env) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
+
+
+def _wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> bool:
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _counter(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+# ------------------------------------------------------------------------------ phases
+def freshness(scorer, spool: Path, spec, request, cands, trials: int, version: int, dim: int, seq0: int) -> dict:
+    from streaming.delta_format import publish_delta
+
+    tid, row = user_row(spec, request, cands[0])
+    rng = np.random.default_rng(1)
+    prev = scorer.score(request, cands)
+    lat, timeouts = [], 0
+    for i in range(trials):
+        vec = (rng.standard_normal((1, dim)) * 0.3).astype(np.float32)
+        t0 = time.perf_counter()
+        publish_delta(spool, model=NAME, model_version=version, table_ids=[tid], rows=[row], vectors=vec,
+                      first_order=rng.standard_normal(1).astype(np.float32) * 0.1, seqs=[seq0 + i],
+                      event_time_ms=int(time.time() * 1000))
+        while True:
+            s = scorer.score(request, cands)
+            dt = time.perf_counter() - t0
+            if s != prev or dt > 10.0:
+                break
+        timeouts += s == prev
+        prev = s
+        lat.append(dt)
+    return {"table_id": tid, "row": row, "timeouts_10s": int(timeouts), **_pct(lat), "latencies_s": lat}
+
+
+def write_load_files(stage: Path, total: int, per_file: int, table_rows: np.ndarray, version: int, dim: int,
+                     seq0: int) -> int:
+    from streaming.delta_format import spool_file_name, write_delta_file
+
+    rng = np.random.default_rng(2)
+    p_table = table_rows / table_rows.sum()  # uniform over all rows of all tables
+    stage.mkdir(parents=True, exist_ok=True)
+    n, seq = 0, seq0
+    while n < total:
+        k = min(per_file, total - n)
+        t = rng.choice(len(table_rows), k, p=p_table).astype(np.uint32)
+        r = (rng.random(k) * table_rows[t]).astype(np.int64)
+        write_delta_file(stage / spool_file_name(), model=NAME, model_version=version, table_ids=t, rows=r,
+                         vectors=(rng.standard_normal((k, dim)) * 0.05).astype(np.float32),
+                         first_order=(rng.standard_normal(k) * 0.01).astype(np.float32),
+                         seqs=np.arange(seq, seq + k), event_time_ms=int(time.time() * 1000), fsync=False)
+        n, seq = n + k, seq + k
+    return n
+
+
+def latencies(scorer, reqs, stop: threading.Event | None = None, minimum: int = 0) -> list[float]:
+    out, i = [], 0
+    while True:
+        if stop is None and i >= len(reqs):
+            break
+        if stop is not None and stop.is_set() and i >= minimum:
+            break
+        request, cands = reqs[i % len(reqs)]
+        t0 = time.perf_counter()
+        scorer.score(request, cands)
+        out.append(time.perf_counter() - t0)
+        i += 1
+    return out
+
+
+def throughput(scorer, spool: Path, stage: Path, reqs, metrics_port: int, total: int) -> dict:
+    latencies(scorer, reqs)  # warm up: every request once
+    base = latencies(scorer, reqs)
+    c0 = _counter(metrics_port, "offgraph_update_deltas_total")
+    files = sorted(stage.iterdir())
+    done = threading.Event()
+    under_load: list[float] = []
+    client = threading.Thread(target=lambda: under_load.extend(latencies(scorer, reqs, done)), daemon=True)
+    t0 = time.perf_counter()
+    client.start()
+    for f in files:  # renames: the producer costs nothing inside the window
+        os.replace(f, spool / f.name)
+    t_push = time.perf_counter() - t0
+    consumed = 0.0
+    t_end = time.monotonic() + 600
+    while time.monotonic() < t_end:
+        consumed = _counter(metrics_port, "offgraph_update_deltas_total") - c0
+        if consumed >= total:
+            break
+        time.sleep(0.02)
+    t_drain = time.perf_counter() - t0
+    done.set()
+    client.join()
+    rows_written = _counter(metrics_port, "offgraph_update_rows_applied_total")
+    b, l_ = _pct(base), _pct(under_load)
+    return {"deltas": int(consumed), "files": len(files), "push_seconds": t_push, "drain_seconds": t_drain,
+            "deltas_per_s": consumed / t_drain, "rows_written_total": rows_written,
+            "latency_no_load": b, "latency_under_load": l_,
+            "p99_rise": l_["p99_ms"] / b["p99_ms"] - 1.0, "p50_rise": l_["p50_ms"] / b["p50_ms"] - 1.0}
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    lat = np.asarray(report["freshness"]["latencies_s"]) * 1000
+    ax[0].hist(lat, bins=40)
+    ax[0].axvline(report["freshness"]["p99_ms"], color="r", ls="--", label="p99")
+    ax[0].set(title="delta published -> score changed", xlabel="ms", ylabel="trials")
+    ax[0].legend()
+    tp = report["throughput"]
+    names = ["no load p50", "no load p99", "load p50", "load p99"]
+    vals = [tp["latency_no_load"]["p50_ms"], tp["latency_no_load"]["p99_ms"], tp["latency_under_load"]["p50_ms"],
+            tp["latency_under_load"]["p99_ms"]]
+    ax[1].bar(names, vals, color=["C0", "C0", "C1", "C1"])
+    ax[1].set(title=f"score latency, {tp['deltas_per_s']:,.0f} deltas/s applied", ylabel="ms")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+# ------------------------------------------------------------------------------ main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-src", default="/tmp/og/models/sfp32/1")
+    ap.add_argument("--data", default="/tmp/og/data/movielens.parquet")
+    ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--candidates", type=int, default=100)
+    ap.add_argument("--fresh-candidates", type=int, default=20)
+    ap.add_argument("--push-deltas", type=int, default=3_000_000)
+    ap.add_argument("--file-rows", type=int, default=20_000)
+    ap.add_argument("--batch-files", type=int, default=16)
+    ap.add_argument("--cache-mb", type=float, default=64.0)
+    ap.add_argument("--update-args", default="", help="extra `offgraph update` flags, e.g. '--nice 10'")
+    ap.add_argument("--in-process", action="store_true", help="skip `offgraph serve`; use the in-process scorer")
+    ap.add_argument("--work", help="scratch folder (default: a temporary one, removed)")
+    ap.add_argument("--out", default="update_freshness.json")
+    ap.add_argument("--png", default=None, help="also plot here (default: OUT with .png)")
+    args = ap.parse_args(argv)
+
+    from exporter.manifest import load_manifest
+    from features.spec import parse_spec
+
+    src = Path(args.model_src)
+    manifest = load_manifest(src, verify_dense=False)
+    spec, dim = parse_spec(manifest["spec"]), int(manifest["embedding_dim"])
+    table_rows = np.array([f["rows"] for f in sorted(manifest["fields"], key=lambda f: f["table_id"])])
+    work = Path(args.work or tempfile.mkdtemp(prefix="og-fresh-"))
+    models, spool, stage = work / "models", work / "spool", work / "stage"
+    vdir = models / NAME / "1"
+    shutil.rmtree(work / "models", ignore_errors=True)
+    shutil.copytree(src, vdir, ignore=shutil.ignore_patterns("manifest.json"))
+    shutil.copy(src / "manifest.json", vdir / "manifest.json")
+    spool.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    py = [sys.executable, "-m", "offgraph_cli"]
+    server = updater = None
+    report: dict = {"model_src": str(src), "quant": manifest["store"]["quant"], "shards": manifest["store"]["shards"],
+                    "cpus": os.cpu_count(), "trials": args.trials, "requests": args.requests,
+                    "candidates": args.candidates}
+    try:
+        mport = _free_port()
+        updater = _start(py + ["update", "--models", str(models), "--model", NAME, "--source", f"spool:{spool}",
+                               "--metrics-port", str(mport), "--delete-applied", "--batch-files",
+                               str(args.batch_files), "--log-every", "2", *args.update_args.split()],
+                         work / "update.log", env)
+        report["update_args"] = args.update_args
+        scorer, report["target"] = None, "in-process Scorer(store_mode='follow', row_cache_mb=64) (fallback)"
+        if not args.in_process:
+            port = _free_port()
+            server = _start(py + ["serve", "--models", str(models), "--port", str(port), "--cache-mb",
+                                  str(args.cache_mb), "--log-level", "warning"], work / "serve.log", env)
+            if _wait_http(f"http://127.0.0.1:{port}/readyz", 240, server):
+                scorer, report["target"] = HttpScorer(port), f"offgraph serve --cache-mb {args.cache_mb:g}"
+            else:
+                print("offgraph serve did not become ready: falling back to the in-process scorer", flush=True)
+                _stop(server)
+                server = None
+        if scorer is None:
+            scorer = LocalScorer(vdir)
+        if not _wait_http(f"http://127.0.0.1:{mport}/metrics", 120, updater):
+            raise RuntimeError(f"offgraph update did not start; see {work / 'update.log'}")
+        reqs = build_requests(spec, Path(args.data), args.requests, args.candidates)
+        print(f"target: {report['target']}; freshness: {args.trials} trials", flush=True)
+        f_req, f_cands = reqs[0][0], reqs[0][1][: args.fresh_candidates]
+        report["store_stats_before"] = scorer.stats()
+        report["freshness"] = freshness(scorer, spool, spec, f_req, f_cands, args.trials, 1, dim, 10**12)
+        fr = report["freshness"]
+        report["store_stats_after_freshness"] = scorer.stats()
+        print(f"freshness: p50 {fr['p50_ms']:.0f} ms, p99 {fr['p99_ms']:.0f} ms, max {fr['max_ms']:.0f} ms, "
+              f"{fr['timeouts_10s']} timeouts", flush=True)
+        n = write_load_files(stage, args.push_deltas, args.file_rows, table_rows, 1, dim, 2 * 10**12)
+        report["throughput"] = throughput(scorer, spool, stage, reqs, mport, n)
+        tp = report["throughput"]
+        report["store_stats_after_load"] = scorer.stats()
+        print(f"throughput: {tp['deltas']:,} deltas in {tp['drain_seconds']:.1f}s = {tp['deltas_per_s']:,.0f}/s; "
+              f"score p50/p99 {tp['latency_no_load']['p50_ms']:.1f}/{tp['latency_no_load']['p99_ms']:.1f} ms "
+              f"without load, {tp['latency_under_load']['p50_ms']:.1f}/{tp['latency_under_load']['p99_ms']:.1f} "
+              f"ms under load ({tp['latency_under_load']['n']} requests): p99 {tp['p99_rise']:+.0%}", flush=True)
+        report["acceptance"] = {"freshness_p99_le_1s": fr["p99_ms"] <= 1000.0,
+                                "deltas_per_s_ge_200k": tp["deltas_per_s"] >= 200_000,
+                                "p99_rise_le_25pct": tp["p99_rise"] <= 0.25}
+        print("acceptance:", report["acceptance"], flush=True)
+    finally:
+        _stop(updater)
+        _stop(server)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    try:
+        plot(report, Path(args.png or str(Path(args.out).with_suffix(".png"))))
+    except Exception as e:  # the PNG is a convenience
+        print(f"no plot: {e}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""`offgraph update`: the streaming updater process (this module registers only `update`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+
+log = logging.getLogger("offgraph.update")
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("update", help="apply streaming row deltas to the live model version's store")
+    p.add_argument("--models", required=True, help="models directory (MODELS/NAME/VERSION)")
+    p.add_argument("--model", required=True, help="model name NAME")
+    p.add_argument("--source", required=True, help="delta source, e.g. spool:DIR")
+    p.add_argument("--dead-letter", help="folder for refused files (default: DIR/dead for spool:DIR)")
+    p.add_argument("--delete-applied", action="store_true",
+                   help="delete applied spool files instead of moving them to DIR/applied/")
+    p.add_argument("--batch-files", type=int, default=64, help="delta files per store write (default 64)")
+    p.add_argument("--max-batch-rows", type=int, default=1_000_000, help="rows per store write at most")
+    p.add_argument("--wait-timeout", type=float, default=600.0,
+                   help="seconds a file for a not-yet-complete version may wait before it is dead-lettered")
+    p.add_argument("--poll-interval", type=float, default=0.05, help="seconds between polls when idle")
+    p.add_argument("--sync", action="store_true", help="fsync every write batch (survives power loss)")
+    p.add_argument("--max-deltas-per-s", type=float, default=0.0,
+                   help="apply at most this many deltas per second (0: unlimited), to leave CPU to serving")
+    p.add_argument("--nice", type=int, default=0,
+                   help="raise the process's nice value by this much (e.g. 10: serving gets the CPU first)")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--log-every", type=float, default=5.0, help="seconds between progress log lines")
+    p.add_argument("--once", action="store_true", help="apply what can be applied now, then exit")
+    p.add_argument("--max-seconds", type=float, help="exit after this many seconds")
+    p.set_defaults(func=run_update)
+
+
+def run_update(args) -> int:
+    from streaming.metrics import UpdaterMetrics
+    from streaming.sources import open_source
+    from streaming.updater import Updater
+
+    if args.batch_files < 1:
+        raise ValueError(f"--batch-files must be >= 1, got {args.batch_files}")
+    if args.nice:
+        if args.nice < 0:
+            raise ValueError(f"--nice must be >= 0, got {args.nice}")
+        os.nice(args.nice)  # before the store opens: RocksDB's threads inherit it
+    source = open_source(args.source, dead_letter_dir=args.dead_letter, delete_applied=args.delete_applied)
+    metrics = UpdaterMetrics(args.model, port=args.metrics_port, log_every_s=args.log_every)
+    up = Updater(args.models, args.model, source, batch_files=args.batch_files,
+                 max_batch_rows=args.max_batch_rows, wait_timeout_s=args.wait_timeout,
+                 poll_interval_s=args.poll_interval, sync=args.sync, max_deltas_per_s=args.max_deltas_per_s,
+                 metrics=metrics)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: up.stop())
+    up.start()
+    summary = up.run(once=args.once, max_seconds=args.max_seconds)
+    print(json.dumps({"update": summary}), flush=True)
+    return 0

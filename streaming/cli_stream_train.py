@@ -1,0 +1,65 @@
+"""`offgraph stream-train`: fresh labelled events -> gradient steps on the rows they touch ->
+delta files in a spool (applied to the live store by `offgraph update`)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from streaming.stream_train_impl import OPTIMIZERS, TIME_UNITS
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stream-train", help="incremental trainer: labelled events -> row deltas into a spool")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="exported MODELS/NAME/VERSION (or MODELS/NAME: newest complete version); "
+                                     "rows from its store, gradient through its dense SavedModel")
+    src.add_argument("--run", help="training run directory (Keras tables and head); needs --model-name and "
+                                   "--model-version")
+    p.add_argument("--events", required=True, help="labelled events: Parquet, CSV/TSV or JSON lines, with the "
+                                                   "spec's input and label columns (time order by its time column)")
+    p.add_argument("--emit", required=True, help="delta sink: spool:DIR")
+    p.add_argument("--lr", type=float, default=0.003,
+                   help="embedding step size (the loss is summed over a batch: keep lr x batch small)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="sgd or row-wise adagrad")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr-first-order", type=float, default=None,
+                   help="learning rate of the first-order weights (default: --lr)")
+    p.add_argument("--fields", default=None,
+                   help="comma-separated fields whose rows are trained (default: all); e.g. user_id,movie_id: "
+                        "shared side-feature tables stay frozen")
+    p.add_argument("--l2", type=float, default=0.0, help="L2 on the touched rows (l2/2 |row|^2 per batch)")
+    p.add_argument("--adagrad-init", type=float, default=0.1, help="initial row-wise Adagrad accumulator")
+    p.add_argument("--every-events", type=int, default=None, help="emit one delta file every K events")
+    p.add_argument("--every-seconds", type=float, default=None, help="... or every T seconds (and at the end)")
+    p.add_argument("--model-name", help="model name in the deltas (default: the model directory's name)")
+    p.add_argument("--model-version", type=int, help="model version in the deltas (default: the version dir)")
+    p.add_argument("--seq-start", type=int, default=None, help="first sequence number (default: time_ns now)")
+    p.add_argument("--time-unit", choices=["auto"] + sorted(TIME_UNITS), default="auto",
+                   help="unit of the spec's time column")
+    p.add_argument("--json", help="also write the summary to this file")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from features.tables import read_table
+    from streaming.stream_train import StreamTrainConfig, open_trainer, parse_emit, stream_train_table
+
+    spool = parse_emit(args.emit)
+    fields = None if args.fields is None else tuple(f.strip() for f in args.fields.split(",") if f.strip())
+    cfg = StreamTrainConfig(lr=args.lr, optimizer=args.optimizer, batch_size=args.batch_size, l2=args.l2,
+                            lr_first_order=args.lr_first_order, fields=fields,
+                            adagrad_init=args.adagrad_init, every_events=args.every_events,
+                            every_seconds=args.every_seconds, seq_start=args.seq_start, time_unit=args.time_unit)
+    cfg.validate()
+    table = read_table(args.events)
+    with open_trainer(model_dir=args.model, run_dir=args.run, config=cfg, model_name=args.model_name,
+                      model_version=args.model_version) as trainer:
+        s = stream_train_table(trainer, table, spool, progress=not args.no_progress, source=str(args.events))
+    print(f"stream-train {s['model']}/{s['model_version']}: {s['events']} events, {s['rows_touched']} rows touched, "
+          f"{s['files_emitted']} delta file(s) -> {spool}, {s['seconds']:.1f}s ({s['events_per_second']:,.0f} ev/s); "
+          f"progressive AUC {s['progressive_auc']:.4f} logloss {s['progressive_logloss']:.4f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(s, f, indent=2, default=float)
+    return 0

@@ -1,0 +1,47 @@
+"""The live version of a model: the newest complete version under MODELS/NAME."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from embstore import StoreConfig, open_store
+from exporter.manifest import STORE_DIR, check_model_name, complete_versions, load_manifest
+from streaming.updater_impl import ModelLimits
+
+log = logging.getLogger("offgraph.update")
+
+
+class LiveModel:
+    """Finds and opens (mode "w") the newest complete version of MODELS/NAME."""
+
+    def __init__(self, models_dir: str | Path, name: str) -> None:
+        self.models_dir = Path(models_dir)
+        self.name = check_model_name(name)
+        self.model_dir = self.models_dir / name
+        self.version: int | None = None
+        self.store = None
+        self.limits: ModelLimits | None = None
+
+    def newest(self) -> int | None:
+        v = complete_versions(self.model_dir)
+        return v[-1] if v else None
+
+    def open(self, version: int) -> None:
+        """Close the current store (if any) and open ``version``'s for writing."""
+        vdir = self.model_dir / str(version)
+        manifest = load_manifest(vdir, verify_dense=False)
+        limits = ModelLimits.from_manifest(self.name, version, manifest)
+        cfg = StoreConfig.from_dict({k: v for k, v in manifest["store"].items()
+                                     if k in StoreConfig.__dataclass_fields__})
+        store = open_store(vdir / STORE_DIR, cfg, mode="w")
+        if store.config.dim != limits.dim:
+            store.close()
+            raise ValueError(f"{vdir}: store dim {store.config.dim} differs from the manifest's {limits.dim}")
+        self.close()
+        self.version, self.store, self.limits = int(version), store, limits
+        log.info("live version of %s: %d (%s, %d shards)", self.name, version, cfg.quant, cfg.shards)
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None

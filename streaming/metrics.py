@@ -1,0 +1,101 @@
+"""Updater metrics: counters, lag, a log line every few seconds, optional Prometheus."""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+log = logging.getLogger("offgraph.update")
+
+
+class UpdaterMetrics:
+    def __init__(self, model: str, *, port: int | None = None, log_every_s: float = 5.0) -> None:
+        self.model = model
+        self.deltas = 0  # input rows consumed (applied + stale + duplicates in a batch)
+        self.rows_applied = 0
+        self.rows_stale = 0
+        self.files_applied = 0
+        self.files_dead = 0
+        self.batches = 0
+        self.newest_event_ms: int | None = None
+        self.waiting = 0
+        self.version: int | None = None
+        self.log_every_s = log_every_s
+        self._last_log = time.monotonic()
+        self._last_deltas = 0
+        self.deltas_per_s = 0.0
+        self._prom = None
+        if port is not None:
+            self._start_prometheus(port)
+
+    def _start_prometheus(self, port: int) -> None:
+        from prometheus_client import Counter, Gauge, start_http_server
+
+        lbl = ["model"]
+        self._prom = {
+            "deltas": Counter("offgraph_update_deltas", "deltas consumed (written or skipped)", lbl),
+            "rows": Counter("offgraph_update_rows_applied", "rows written to the store", lbl),
+            "stale": Counter("offgraph_update_rows_skipped_stale", "deltas skipped: a newer seq was stored", lbl),
+            "files": Counter("offgraph_update_files_applied", "delta files applied", lbl),
+            "dead": Counter("offgraph_update_files_dead_lettered", "delta files refused", lbl),
+            "lag": Gauge("offgraph_update_lag_seconds", "now - newest applied event time", lbl),
+            "waiting": Gauge("offgraph_update_files_waiting", "delta files not yet applied", lbl),
+            "rate": Gauge("offgraph_update_deltas_per_second", "deltas consumed per second (last interval)", lbl),
+            "version": Gauge("offgraph_update_live_version", "model version being updated", lbl),
+        }
+        self._prom["lag"].labels(self.model).set_function(self.lag_s)
+        start_http_server(port)
+        log.info("metrics on :%d/metrics", port)
+
+    def restart_clock(self) -> None:
+        """Start the rate interval now (not at construction: startup is not apply time)."""
+        self._last_log, self._last_deltas = time.monotonic(), self.deltas
+
+    def lag_s(self) -> float:
+        if self.newest_event_ms is None:
+            return math.nan
+        return max(0.0, time.time() - self.newest_event_ms / 1000.0)
+
+    def applied(self, files: int, deltas: int, rows: int, stale: int, newest_event_ms: int | None) -> None:
+        self.files_applied += files
+        self.deltas += deltas
+        self.rows_applied += rows
+        self.rows_stale += stale
+        self.batches += 1
+        if newest_event_ms is not None:
+            self.newest_event_ms = max(self.newest_event_ms or newest_event_ms, newest_event_ms)
+        if self._prom:
+            self._prom["deltas"].labels(self.model).inc(deltas)
+            self._prom["rows"].labels(self.model).inc(rows)
+            self._prom["stale"].labels(self.model).inc(stale)
+            self._prom["files"].labels(self.model).inc(files)
+
+    def dead(self) -> None:
+        self.files_dead += 1
+        if self._prom:
+            self._prom["dead"].labels(self.model).inc()
+
+    def tick(self, waiting: int, version: int | None, force: bool = False) -> None:
+        self.waiting, self.version = waiting, version
+        now = time.monotonic()
+        dt = now - self._last_log
+        if self._prom:
+            self._prom["waiting"].labels(self.model).set(waiting)
+            if version is not None:
+                self._prom["version"].labels(self.model).set(version)
+        if dt < self.log_every_s and not force:
+            return
+        self.deltas_per_s = (self.deltas - self._last_deltas) / max(dt, 1e-9)
+        self._last_deltas, self._last_log = self.deltas, now
+        if self._prom:
+            self._prom["rate"].labels(self.model).set(self.deltas_per_s)
+        log.info("update %s v%s: %d deltas (%.0f/s over %.1fs) -> %d rows written, %d stale skipped, %d files, "
+                 "%d dead-lettered, lag %.2fs, %d files waiting", self.model, version, self.deltas,
+                 self.deltas_per_s, dt, self.rows_applied, self.rows_stale, self.files_applied, self.files_dead,
+                 self.lag_s(), waiting)
+
+    def summary(self) -> dict:
+        return {"deltas": self.deltas, "rows_applied": self.rows_applied, "rows_skipped_stale": self.rows_stale,
+                "files_applied": self.files_applied, "files_dead_lettered": self.files_dead,
+                "batches": self.batches, "lag_s": self.lag_s(), "files_waiting": self.waiting,
+                "version": self.version}

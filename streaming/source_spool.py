@@ -1,0 +1,137 @@
+"""``spool:DIR``: delta files that appear in a local directory by atomic rename.
+
+- Consumed: regular files named ``*.delta.arrow`` not starting with ``.``, in name
+  order (``spool_file_name`` names sort in creation order). Everything else
+  (``*.tmp``, hidden publish files, ``applied/``, ``dead/``) is ignored.
+- Position = the file name. After an apply (``ack``) the file moves to ``DIR/applied/``
+  (or is deleted with ``delete_applied``); correctness does not depend on that move:
+  the updater records the position in the store, and ``seek`` treats every file at or
+  before it as consumed (it only tidies such leftovers into ``applied/``).
+- Rejected files go to ``dead_letter_dir`` (default ``DIR/dead/``) with
+  ``<name>.reason.txt`` (the reason is written first, then the file is moved).
+- Ordering: a file that appears after a later-named one was delivered (two producers
+  naming files before a slow write, clock steps) is delivered anyway with
+  ``late=True`` (per-row seqs keep last-write-wins); only a crash of the updater
+  between its arrival and its apply can skip it (its name is at or before the
+  recorded position). ``publish_delta`` names files at rename time to avoid it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from streaming.delta_format import SUFFIX
+from streaming.sources import DeltaSource, SourceItem
+
+log = logging.getLogger("offgraph.update.spool")
+
+APPLIED_DIR = "applied"
+DEAD_DIR = "dead"
+
+
+class SpoolSource(DeltaSource):
+    scheme = "spool"
+
+    def __init__(self, directory: str | Path, *, dead_letter_dir: str | Path | None = None,
+                 delete_applied: bool = False) -> None:
+        directory = Path(directory)
+        if directory.exists() and not directory.is_dir():
+            raise ValueError(f"spool {directory} exists and is not a directory")
+        directory.mkdir(parents=True, exist_ok=True)
+        super().__init__(dead_letter_dir or directory / DEAD_DIR)
+        self.dir = directory
+        self.applied_dir = directory / APPLIED_DIR
+        self.delete_applied = bool(delete_applied)
+        self._cursor: str | None = None
+        self._handled: set[str] = set()  # acked/rejected here, maybe still listed
+        self._pending = 0
+
+    # -- DeltaSource ----------------------------------------------------------------
+    @property
+    def position(self) -> str | None:
+        return self._cursor
+
+    def seek(self, position: str | None) -> None:
+        self._cursor = position
+        if position is None:
+            return
+        leftovers = [n for n in self._list() if n <= position]
+        for name in leftovers:  # applied before a restart, not yet moved
+            self._handled.add(name)
+            self._retire(self.dir / name)
+        if leftovers:
+            log.info("spool %s: %d file(s) at or before the recorded position %s were applied before; "
+                     "tidied into %s/", self.dir, len(leftovers), position, APPLIED_DIR)
+
+    def poll(self, max_items: int) -> list[SourceItem]:
+        if max_items < 1:
+            raise ValueError(f"max_items must be >= 1, got {max_items}")
+        names = self._list()
+        self._handled.intersection_update(names)
+        todo = [n for n in names if n not in self._handled]
+        self._pending = len(todo)
+        out = []
+        for name in todo[:max_items]:
+            path = self.dir / name
+            try:
+                mtime = path.stat().st_mtime
+            except FileNotFoundError:  # taken away meanwhile
+                continue
+            late = self._cursor is not None and name <= self._cursor
+            out.append(SourceItem(position=name, path=path, late=late, mtime=mtime))
+        return out
+
+    def ack(self, item: SourceItem) -> None:
+        self._advance(item)
+        self._retire(item.path)
+
+    def reject(self, item: SourceItem, reason: str) -> Path | None:
+        dead = self.dead_letter_dir
+        dead.mkdir(parents=True, exist_ok=True)
+        target = dead / item.name
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        (dead / (item.name + ".reason.txt")).write_text(f"{stamp} {item.name}: {reason}\n")
+        try:
+            os.replace(item.path, target)
+        except FileNotFoundError:
+            log.warning("spool %s: %s vanished before it could be dead-lettered", self.dir, item.name)
+        self._advance(item)
+        return target
+
+    def pending(self) -> int:
+        return self._pending
+
+    def describe(self) -> str:
+        return f"spool:{self.dir}"
+
+    # -- helpers ----------------------------------------------------------------------
+    def _advance(self, item: SourceItem) -> None:
+        self._handled.add(item.name)
+        if self._cursor is None or item.position > self._cursor:
+            self._cursor = item.position
+
+    def _list(self) -> list[str]:
+        out = []
+        with os.scandir(self.dir) as it:
+            for e in it:
+                n = e.name
+                if n.endswith(SUFFIX) and not n.startswith(".") and e.is_file(follow_symlinks=False):
+                    out.append(n)
+        out.sort()
+        return out
+
+    def _retire(self, path: Path | None) -> None:
+        if path is None:
+            return
+        try:
+            if self.delete_applied:
+                path.unlink()
+            else:
+                self.applied_dir.mkdir(exist_ok=True)
+                os.replace(path, self.applied_dir / path.name)
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # harmless: the position recorded in the store decides
+            log.warning("spool %s: could not retire %s: %s", self.dir, path.name, e)

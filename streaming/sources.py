@@ -1,0 +1,140 @@
+"""Delta sources: one interface, one module per backend, opened by a string URL.
+
+    src = open_source("spool:/data/spool")        # scheme -> backend (SOURCES registry)
+    src.seek(position_recorded_in_the_store)      # None: from the beginning
+    for item in src.poll(max_items=64):           # in position order, after the cursor
+        batch = item.read()                       # DeltaBatch (DeltaFormatError if malformed)
+        ... store.write(..., meta={b"spool_position": item.position.encode()})
+        src.ack(item)                             # applied and recorded: clean up, advance
+
+Semantics (every backend):
+
+- A **position** is a string; positions of one source compare (as strings) in
+  delivery order. The updater records the position of the last item of each applied
+  batch IN THE STORE, in the same atomic batch as the rows; that record, never the
+  source, decides what was applied.
+- ``seek(p)``: items at or before ``p`` are consumed; the source may clean them up
+  (the spool moves leftover files to ``applied/``). ``poll`` then starts after ``p``.
+- ``poll(n)`` returns up to ``n`` items after the cursor in position order, without
+  consuming them: polling again returns the same items until they are acked or
+  rejected. An item the caller does not ack (e.g. one waiting for its model version)
+  blocks the items behind it, so positions stay a valid high-water mark.
+- ``ack(item)``: the item is applied and its position durably recorded; the source
+  advances its cursor and cleans up (spool: move to ``applied/`` or delete). A crash
+  before ``ack`` is harmless: after a restart ``seek`` skips what the store recorded.
+- ``reject(item, reason)``: the item is not appliable; it goes to ``dead_letter_dir``
+  (the item's bytes + ``<name>.reason.txt``) and the cursor moves past it.
+- ``pending()``: how many items wait after the cursor (for the lag metric).
+
+A message broker backend (Kafka/Pulsar partition offsets as positions, zero-padded)
+plugs in with :func:`register_source`.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from streaming.delta_format import DeltaBatch, read_delta_bytes, read_delta_file
+
+
+@dataclass(frozen=True)
+class SourceItem:
+    """One unit of delivery: a delta file (spool) or a message payload (broker)."""
+
+    position: str
+    path: Path | None = None
+    payload: bytes | None = None
+    late: bool = False  # it arrived after a later position was delivered (see the spool's notes)
+    mtime: float = 0.0  # when it appeared (Unix seconds; for the wait timeout)
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.name if self.path is not None else self.position
+
+    def read(self) -> DeltaBatch:
+        if self.path is not None:
+            return read_delta_file(self.path)
+        return read_delta_bytes(self.payload or b"")
+
+
+class DeltaSource(abc.ABC):
+    """Where deltas come from (see the module docstring for the contract)."""
+
+    scheme = ""
+
+    def __init__(self, dead_letter_dir: str | Path | None = None) -> None:
+        self.dead_letter_dir = Path(dead_letter_dir) if dead_letter_dir else None
+
+    @abc.abstractmethod
+    def seek(self, position: str | None) -> None:
+        """Resume after ``position`` (None: from the beginning)."""
+
+    @abc.abstractmethod
+    def poll(self, max_items: int) -> list[SourceItem]:
+        """Up to ``max_items`` items after the cursor, in position order."""
+
+    @abc.abstractmethod
+    def ack(self, item: SourceItem) -> None:
+        """``item`` is applied and recorded: advance and clean up."""
+
+    @abc.abstractmethod
+    def reject(self, item: SourceItem, reason: str) -> Path | None:
+        """Dead-letter ``item`` with ``reason``; returns where it went."""
+
+    @abc.abstractmethod
+    def pending(self) -> int:
+        """Items waiting after the cursor (as of the last poll)."""
+
+    @property
+    @abc.abstractmethod
+    def position(self) -> str | None:
+        """The cursor: the last position consumed (None: nothing yet)."""
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return self.scheme
+
+
+SOURCES: dict[str, Callable[..., DeltaSource]] = {}
+
+
+def register_source(scheme: str, factory: Callable[..., DeltaSource]) -> None:
+    if not isinstance(scheme, str) or not scheme.isidentifier():
+        raise ValueError(f"source scheme must be an identifier, got {scheme!r}")
+    SOURCES[scheme] = factory
+
+
+def open_source(url: str, **kwargs) -> DeltaSource:
+    """``"spool:DIR"`` (or any registered ``scheme:rest``) -> a DeltaSource.
+    kwargs go to the backend (spool: ``dead_letter_dir``, ``delete_applied``)."""
+    if not isinstance(url, str) or ":" not in url:
+        raise ValueError(f"source must be 'scheme:location' (e.g. 'spool:/data/spool'), got {url!r}")
+    scheme, rest = url.split(":", 1)
+    if scheme not in SOURCES:
+        _load_builtin(scheme)
+    if scheme not in SOURCES:
+        raise ValueError(f"unknown source scheme {scheme!r} in {url!r}; known: {sorted(set(SOURCES) | set(_BUILTIN))}")
+    if not rest:
+        raise ValueError(f"source {url!r} names no location after '{scheme}:'")
+    return SOURCES[scheme](rest, **kwargs)
+
+
+_BUILTIN = {"spool": "streaming.source_spool"}  # scheme -> module defining its DeltaSource (loaded on use)
+
+
+def _load_builtin(scheme: str) -> None:
+    if scheme in _BUILTIN:
+        import importlib
+
+        mod = importlib.import_module(_BUILTIN[scheme])
+        cls = next(v for v in vars(mod).values()
+                   if isinstance(v, type) and issubclass(v, DeltaSource) and v.scheme == scheme)
+        register_source(scheme, cls)
+
+
+__all__ = ["DeltaSource", "SourceItem", "open_source", "register_source", "SOURCES"]

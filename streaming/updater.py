@@ -1,0 +1,245 @@
+"""`offgraph update`: apply delta files to the live model version's store, exactly once.
+
+    up = Updater("models", "ml", open_source("spool:/data/spool"))
+    up.run()                      # until stop() (SIGTERM); run(once=True): until drained
+
+Exactly once (see streaming/README.md): every store write carries, in the SAME atomic
+batch of every shard, the position (file name) of the last delta file it holds. On
+start the per-shard positions are read back: files at or before the lowest are done;
+a file between a shard's position and the highest (a crash between the shard batches
+of one write) is re-applied to the shards that lack it only.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from streaming.delta_format import DeltaBatch, DeltaFormatError
+from streaming.live_version import LiveModel
+from streaming.metrics import UpdaterMetrics
+from streaming.sources import DeltaSource, SourceItem
+from streaming.updater_impl import (POSITION_KEY, check_batch, concat, lagging_shards, positions_from_meta,
+                                    shard_subset)
+
+log = logging.getLogger("offgraph.update")
+
+APPLY, WAIT, SWITCH = "apply", "wait", "switch"
+
+
+class Updater:
+    def __init__(self, models_dir: str | Path, model: str, source: DeltaSource, *, batch_files: int = 64,
+                 max_batch_rows: int = 1_000_000, wait_timeout_s: float = 600.0, poll_interval_s: float = 0.05,
+                 version_check_s: float = 1.0, sync: bool = False, trim_every_s: float = 10.0,
+                 changelog_keep: int = 2000, max_deltas_per_s: float = 0.0,
+                 metrics: UpdaterMetrics | None = None) -> None:
+        for name, val in (("batch_files", batch_files), ("max_batch_rows", max_batch_rows),
+                          ("changelog_keep", changelog_keep)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {val!r}")
+        if not wait_timeout_s >= 0:
+            raise ValueError(f"wait_timeout_s must be >= 0, got {wait_timeout_s!r}")
+        self.live = LiveModel(models_dir, model)
+        self.source = source
+        self.batch_files, self.max_batch_rows = batch_files, max_batch_rows
+        self.wait_timeout_s, self.poll_interval_s = float(wait_timeout_s), float(poll_interval_s)
+        self.version_check_s, self.sync = float(version_check_s), bool(sync)
+        self.trim_every_s, self.changelog_keep = float(trim_every_s), changelog_keep
+        if not max_deltas_per_s >= 0:
+            raise ValueError(f"max_deltas_per_s must be >= 0 (0: unlimited), got {max_deltas_per_s!r}")
+        self.max_deltas_per_s = float(max_deltas_per_s)
+        self._budget_t, self._budget_n = time.monotonic(), 0
+        self.metrics = metrics or UpdaterMetrics(model)
+        self.positions: list[str] = []
+        self.blocked: SourceItem | None = None
+        self._stop = threading.Event()
+        self._last_version_check = self._last_trim = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        v = self.live.newest()
+        if v is None:
+            raise ValueError(f"{self.live.model_dir}: no complete version to update (a version is complete "
+                             "once its manifest.json exists)")
+        self.live.open(v)
+        self._read_positions()
+        lo = min(self.positions) or None
+        log.info("recorded spool positions of %s v%d: lowest %s, highest %s", self.live.name, v, lo,
+                 max(self.positions) or None)
+        self.source.seek(lo)
+        self._last_version_check = time.monotonic()
+        self.metrics.restart_clock()
+
+    def run(self, once: bool = False, max_seconds: float | None = None) -> dict:
+        """Apply until :meth:`stop` (or, with ``once``, until nothing more can be applied now)."""
+        if self.live.store is None:
+            self.start()
+        t_end = None if max_seconds is None else time.monotonic() + max_seconds
+        try:
+            while not self._stop.is_set():
+                if t_end is not None and time.monotonic() > t_end:
+                    break
+                if self.step() == 0:
+                    if once:
+                        break
+                    self._stop.wait(self.poll_interval_s)
+        finally:
+            self.metrics.tick(self.source.pending(), self.live.version, force=True)
+            self.close()
+        return self.metrics.summary()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self.live.close()
+        self.source.close()
+
+    # ------------------------------------------------------------------ one round
+    def step(self) -> int:
+        """Poll once and apply what can be applied; returns the files handled."""
+        now = time.monotonic()
+        if now - self._last_version_check >= self.version_check_s:
+            self._last_version_check = now
+            self._maybe_switch()
+        items = self.source.poll(self.batch_files)
+        self.blocked = None
+        pending: list[tuple[SourceItem, DeltaBatch]] = []
+        handled = rows = 0
+        for item in items:
+            try:
+                batch = item.read()
+            except DeltaFormatError as e:
+                self._reject(item, f"malformed delta file: {e}")
+                handled += 1
+                continue
+            except FileNotFoundError:
+                continue
+            verdict = self._route(item, batch)
+            if verdict == SWITCH:
+                self._flush(pending)
+                pending, rows = [], 0
+                self._maybe_switch()
+                verdict = self._route(item, batch)
+            if verdict == WAIT:
+                self.blocked = item
+                break
+            if verdict != APPLY:
+                self._reject(item, verdict)
+                handled += 1
+                continue
+            handled += 1
+            lag = lagging_shards(self.positions, item.position)
+            if not item.late and len(lag) < len(self.positions):
+                self._flush(pending)  # recovery: some shards already hold this file
+                pending, rows = [], 0
+                self._apply_to_shards(item, batch, lag)
+                continue
+            pending.append((item, batch))
+            rows += len(batch)
+            if rows >= self.max_batch_rows:
+                self._flush(pending)
+                pending, rows = [], 0
+        self._flush(pending)
+        self.metrics.tick(self.source.pending(), self.live.version)
+        return handled
+
+    def _route(self, item: SourceItem, b: DeltaBatch) -> str:
+        """APPLY, WAIT, SWITCH, or the reason to refuse ``item``."""
+        live = self.live.version
+        if b.model != self.live.name:
+            return f"addressed to model {b.model!r}; this updater serves {self.live.name!r}"
+        if b.model_version < live:
+            return (f"addressed to model version {b.model_version}, but version {live} is live: deltas for an "
+                    "old version are refused, not re-targeted (a retrained version has another embedding "
+                    "space and other rows; the producer must compute deltas against the live version)")
+        if b.model_version > live:
+            newest = self.live.newest()
+            if newest is not None and newest > live:
+                return SWITCH
+            age = time.time() - item.mtime
+            if age > self.wait_timeout_s:
+                return (f"addressed to model version {b.model_version}, which is not complete (no manifest) "
+                        f"after waiting {age:.0f}s > --wait-timeout {self.wait_timeout_s:g}s; live is {live}")
+            return WAIT
+        return check_batch(b, self.live.limits) or APPLY
+
+    # ------------------------------------------------------------------ writes
+    def _flush(self, pending: list[tuple[SourceItem, DeltaBatch]]) -> None:
+        if not pending:
+            return
+        b = concat([x for _, x in pending])
+        pos = max(max(self.positions), max(item.position for item, _ in pending))
+        res = self.live.store.write(b.table_ids, b.rows, b.vectors, b.first_order, seqs=b.seqs,
+                                    meta={POSITION_KEY: pos.encode()}, meta_shards="all", changelog=True,
+                                    sync=self.sync)
+        self.positions = [pos] * len(self.positions)
+        for item, _ in pending:
+            self.source.ack(item)
+        self._applied(len(pending), res, b)
+
+    def _apply_to_shards(self, item: SourceItem, b: DeltaBatch, shards: list[int]) -> None:
+        """Catch-up after a crash between shard batches: only ``shards`` lack ``item``."""
+        if shards:
+            log.info("%s: re-applying to shards %s only (the others recorded it before a restart)",
+                     item.name, shards)
+        applied = stale = 0
+        for s, idx in shard_subset(b, len(self.positions), shards).items():
+            res = self.live.store.write(b.table_ids[idx], b.rows[idx], b.vectors[idx], b.first_order[idx],
+                                        seqs=b.seqs[idx], meta={POSITION_KEY: item.position.encode()},
+                                        meta_shards=s, changelog=True, sync=self.sync)
+            self.positions[s] = item.position
+            applied, stale = applied + res.applied, stale + res.skipped_stale
+        self.metrics.applied(1, len(b), applied, stale, _newest(b))
+        self.source.ack(item)
+
+    def _applied(self, files: int, res, b: DeltaBatch) -> None:
+        self.metrics.applied(files, len(b), res.applied, res.skipped_stale, _newest(b))
+        self._throttle(len(b))
+        now = time.monotonic()
+        if now - self._last_trim >= self.trim_every_s:
+            self._last_trim = now
+            self.live.store.trim_changelog(keep=self.changelog_keep)
+
+    def _throttle(self, n: int) -> None:
+        """With ``max_deltas_per_s``: sleep so that deltas / time stays under it (the
+        budget restarts after an idle second, so a burst is not paid for later)."""
+        if self.max_deltas_per_s <= 0:
+            return
+        now = time.monotonic()
+        if now - self._budget_t > 1.0 + self._budget_n / self.max_deltas_per_s:
+            self._budget_t, self._budget_n = now, 0
+        self._budget_n += n
+        ahead = self._budget_t + self._budget_n / self.max_deltas_per_s - now
+        if ahead > 0:
+            self._stop.wait(ahead)
+
+    def _reject(self, item: SourceItem, reason: str) -> None:
+        where = self.source.reject(item, reason)
+        self.metrics.dead()
+        log.warning("dead-lettered %s -> %s: %s", item.name, where, reason)
+
+    # ------------------------------------------------------------------ versions
+    def _read_positions(self) -> None:
+        self.positions = positions_from_meta(self.live.store.get_meta_per_shard(POSITION_KEY))
+
+    def _maybe_switch(self) -> None:
+        newest = self.live.newest()
+        if newest is None or newest <= self.live.version:
+            return
+        old, done = self.live.version, max(max(self.positions), self.source.position or "")
+        self.live.open(newest)
+        self._read_positions()
+        if done and not any(self.positions):
+            # everything at or before `done` was applied to the old version or refused
+            self.live.store.put_meta(POSITION_KEY, done.encode())
+            self.positions = [done] * len(self.positions)
+        log.info("switched %s from version %d to %d; deltas for version %d are refused from now on",
+                 self.live.name, old, newest, old)
+
+
+def _newest(b: DeltaBatch) -> int | None:
+    return int(np.max(b.event_time_ms)) if len(b) else None

@@ -1,0 +1,271 @@
+"""`offgraph update` on a real export (tiny DeepFM, 1 epoch, fp32, 4 shards, real RocksDB):
+kill -9 exactly-once, stale seqs, dead letters, version switches, per-shard crash recovery."""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+NAME = "tiny"
+DIM = 8
+ROWS = np.array([20000, 8000, 500])
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory):
+    """MODELS/tiny/1: a 3-field DeepFM trained 1 epoch on a synthetic table, exported fp32 x 4 shards."""
+    import pyarrow as pa
+
+    from dense_model.train import TrainConfig, train_run
+    from exporter.export import export_run
+    from features.spec import parse_spec
+
+    spec = parse_spec({"model": {"embedding_dim": DIM, "mlp": [8]}, "label": "label", "fields": [
+        {"name": "user", "scope": "request", "op": "id", "input": "user", "rows": int(ROWS[0])},
+        {"name": "item", "scope": "item", "op": "id", "input": "item", "rows": int(ROWS[1])},
+        {"name": "cat", "scope": "item", "op": "id", "input": "cat", "rows": int(ROWS[2])}]})
+    rng = np.random.default_rng(0)
+    n = 1000
+    table = pa.table({"user": rng.integers(0, 300, n), "item": rng.integers(0, 200, n),
+                      "cat": rng.integers(0, 10, n), "label": rng.integers(0, 2, n)})
+    root = tmp_path_factory.mktemp("tiny")
+    train_run(spec, table, TrainConfig(epochs=1, split="random", batch_size=1024), root / "run", progress=False)
+    export_run(root / "run", root / "models" / NAME / "1", shards=4, quant="fp32", progress=False)
+    return root / "models" / NAME / "1"
+
+
+def _version(src: Path, models: Path, version: int) -> Path:
+    """Copy an exported version into MODELS/tiny/VERSION, manifest last (as the exporter does)."""
+    dst = models / NAME / str(version)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("manifest.json"))
+    shutil.copy(src / "manifest.json", dst / "manifest.json.tmp")
+    os.replace(dst / "manifest.json.tmp", dst / "manifest.json")
+    return dst
+
+
+def _deltas(rng, k, *, seq0, tables=None, hot=None):
+    t = rng.integers(0, 3, k).astype(np.uint32) if tables is None else np.full(k, tables, np.uint32)
+    r = (rng.random(k) * (ROWS[t] if hot is None else np.minimum(ROWS[t], hot))).astype(np.int64)
+    return dict(table_ids=t, rows=r, vectors=rng.standard_normal((k, DIM)).astype(np.float32),
+                first_order=rng.standard_normal(k).astype(np.float32), seqs=seq0 + np.arange(k),
+                event_time_ms=int(time.time() * 1000))
+
+
+def _publish(spool, version, d, model=NAME):
+    from streaming.delta_format import publish_delta
+
+    return publish_delta(spool, model=model, model_version=version, fsync=False, **d)
+
+
+def _last_write_wins(deltas):
+    """Expected final (table, row) -> newest-seq delta, computed independently of the updater."""
+    t = np.concatenate([d["table_ids"] for d in deltas]).astype(np.int64)
+    r = np.concatenate([d["rows"] for d in deltas])
+    s = np.concatenate([d["seqs"] for d in deltas])
+    v = np.concatenate([d["vectors"] for d in deltas])
+    w = np.concatenate([d["first_order"] for d in deltas])
+    order = np.lexsort((s, r, t))
+    t, r, s, v, w = t[order], r[order], s[order], v[order], w[order]
+    last = np.append((t[1:] != t[:-1]) | (r[1:] != r[:-1]), True)
+    return t[last], r[last], s[last], v[last], w[last]
+
+
+def _open(vdir, mode="r"):
+    from embstore import open_store
+
+    return open_store(vdir / "store", mode=mode)
+
+
+def _updater(models, spool, **kw):
+    from streaming.sources import open_source
+    from streaming.updater import Updater
+
+    return Updater(models, NAME, open_source(f"spool:{spool}"), poll_interval_s=0.01, **kw)
+
+
+def _files(d: Path):
+    return sorted(p.name for p in d.glob("*.delta.arrow")) if d.exists() else []
+
+
+# --------------------------------------------------------------------------- kill -9
+def test_kill9_restarts_apply_every_delta_exactly_once(tiny_export, tmp_path):
+    models, spool = tmp_path / "models", tmp_path / "spool"
+    vdir = _version(tiny_export, models, 1)
+    rng = np.random.default_rng(7)
+    deltas, seq = [], 1_000_000
+    for i in range(440):  # 110k deltas on a hot set of rows: many repeats with increasing seqs
+        d = _deltas(rng, 250, seq0=seq, hot=3000)
+        seq += 250
+        if i % 5 == 4:  # OLD seqs, published late: they must lose to what is stored
+            d["seqs"] = rng.integers(0, 1_000_000, 250)
+        deltas.append(d)
+        _publish(spool, 1, d)
+    names = _files(spool)
+    et, er, es, ev, ew = _last_write_wins(deltas)
+    untouched_t = np.zeros(500, np.uint32)
+    untouched_r = np.setdiff1d(np.arange(5000, 20000), er[et == 0])[:500]
+    with _open(vdir) as st:
+        before_v, before_w = st.read(untouched_t, untouched_r)
+
+    cmd = [sys.executable, "-m", "offgraph_cli", "update", "--models", str(models), "--model", NAME,
+           "--source", f"spool:{spool}", "--batch-files", "4", "--once", "--log-every", "1",
+           "--max-deltas-per-s", "50000"]  # >= 2.2 s of applying: room for 3 kills on a fast machine
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    log = open(tmp_path / "update.log", "ab")
+    kills, rnd = 0, random.Random(3)
+    for attempt in range(8):
+        if kills >= 3 or not _files(spool):
+            break
+        done_before = len(_files(spool / "applied"))
+        p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
+        t_end = time.monotonic() + 60
+        while p.poll() is None and len(_files(spool / "applied")) == done_before and time.monotonic() < t_end:
+            time.sleep(0.01)
+        time.sleep(rnd.uniform(0.0, 0.5))
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            kills += 1
+        p.wait()
+    assert kills >= 3, f"the updater finished before it could be killed 3 times ({kills})"
+    p = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, timeout=120)
+    assert p.returncode == 0
+    summary = json.loads(p.stdout.decode().strip().splitlines()[-1])["update"]
+    assert summary["files_dead_lettered"] == 0
+    assert _files(spool) == [] and _files(spool / "applied") == names and _files(spool / "dead") == []
+
+    with _open(vdir) as st:
+        v, w = st.read(et, er)
+        np.testing.assert_array_equal(v, ev)  # fp32 store: exact
+        np.testing.assert_array_equal(w, ew)
+        np.testing.assert_array_equal(st.row_seqs(et, er), es)
+        v0, w0 = st.read(untouched_t, untouched_r)
+        np.testing.assert_array_equal(v0, before_v)
+        np.testing.assert_array_equal(w0, before_w)
+        assert (st.row_seqs(untouched_t, untouched_r) == -1).all()
+        assert st.get_meta_per_shard(b"spool_position") == [names[-1].encode()] * 4
+
+
+# --------------------------------------------------------------------------- in-process behaviour
+def test_stale_seqs_lose_and_bad_files_go_to_dead_letters(tiny_export, tmp_path):
+    from streaming.delta_format import write_delta_file
+
+    models, spool = tmp_path / "models", tmp_path / "spool"
+    vdir = _version(tiny_export, models, 1)
+    rng = np.random.default_rng(1)
+    fresh = _deltas(rng, 100, seq0=100)
+    stale = {**_deltas(rng, 100, seq0=0), "table_ids": fresh["table_ids"], "rows": fresh["rows"]}
+    good2 = _deltas(rng, 50, seq0=500)
+    _publish(spool, 1, fresh)
+    (spool / "00000000000000000002-garbage.delta.arrow").write_bytes(b"not arrow at all")
+    os.rename(write_delta_file(tmp_path / "x", model="tiny", model_version=1, fsync=False,
+                               **{**good2, "vectors": np.zeros((50, 4), np.float32)}), spool / spool_name(3))
+    bad_row = _deltas(rng, 10, seq0=900, tables=2)
+    bad_row["rows"][4] = 500  # the cat table has 500 rows
+    _publish(spool, 1, bad_row)
+    _publish(spool, 1, {**_deltas(rng, 10, seq0=900), "table_ids": np.full(10, 3, np.uint32)})
+    _publish(spool, 1, good2, model="other")
+    _publish(spool, 1, stale)  # after the fresh one: every row has seq < the stored one
+    _publish(spool, 1, good2)
+    up = _updater(models, spool)
+    summary = up.run(once=True)
+    assert summary["files_dead_lettered"] == 5 and summary["files_applied"] == 3
+    assert summary["rows_skipped_stale"] >= 100
+    reasons = {p.name: p.read_text() for p in (spool / "dead").glob("*.reason.txt")}
+    assert len(reasons) == 5 and len(_files(spool / "dead")) == 5
+    text = "\n".join(reasons.values())
+    for want in ("malformed delta file: not an Arrow IPC file", "dim 4 but model tiny version 1 has embedding_dim 8",
+                 "table 2 row 500 >= 500 rows", "table ids >= 3", "addressed to model 'other'"):
+        assert want in text, (want, text)
+    et, er, es, ev, ew = _last_write_wins([fresh, good2])
+    with _open(vdir) as st:
+        v, w = st.read(et, er)
+        np.testing.assert_array_equal(v, ev)
+        np.testing.assert_array_equal(st.row_seqs(et, er), es)
+
+
+def spool_name(i):
+    return f"{i:020d}-0000000-000000.delta.arrow"
+
+
+def test_old_version_refused_new_version_applied_future_version_waits(tiny_export, tmp_path):
+    models, spool = tmp_path / "models", tmp_path / "spool"
+    v1 = _version(tiny_export, models, 1)
+    rng = np.random.default_rng(2)
+    a = _deltas(rng, 40, seq0=10)
+    _publish(spool, 1, a)
+    up = _updater(models, spool, version_check_s=0.0)
+    up.start()
+    up.step()
+    assert up.live.version == 1 and _files(spool) == []
+    v2 = _version(tiny_export, models, 2)  # a new complete version appears
+    b, c = _deltas(rng, 40, seq0=100), _deltas(rng, 40, seq0=200)
+    _publish(spool, 1, b)
+    fc = _publish(spool, 2, c)
+    fut = _publish(spool, 3, _deltas(rng, 5, seq0=300))
+    up.run(once=True)
+    assert _files(spool) == [fut.name]  # version 3 is not complete: it waits, unconsumed
+    dead = _files(spool / "dead")
+    assert len(dead) == 1
+    reason = (spool / "dead" / (dead[0] + ".reason.txt")).read_text()
+    assert "addressed to model version 1, but version 2 is live" in reason and "not re-targeted" in reason
+    et, er, _, ev, _ = _last_write_wins([c])
+    with _open(v2) as st:
+        np.testing.assert_array_equal(st.read(et, er)[0], ev)
+        assert st.get_meta_per_shard(b"spool_position") == [fc.name.encode()] * 4
+        bt, br, *_ = _last_write_wins([b])
+        assert (st.row_seqs(bt, br)[~np.isin(br, er)] == -1).all()
+    with _open(v1) as st:  # b went nowhere; a is there
+        at, ar, as_, av, _ = _last_write_wins([a])
+        np.testing.assert_array_equal(st.read(at, ar)[0], av)
+        keep = ~np.isin(br, ar)
+        assert (st.row_seqs(bt[keep], br[keep]) == -1).all()
+    # past the wait timeout, the future-version file is dead-lettered
+    up2 = _updater(models, spool, wait_timeout_s=0.0)
+    up2.run(once=True)
+    assert _files(spool) == []
+    assert "not complete" in (spool / "dead" / (fut.name + ".reason.txt")).read_text()
+
+
+def test_crash_between_shard_batches_reapplies_only_missing_shards(tiny_export, tmp_path):
+    from embstore import shard_of
+    from streaming.delta_format import read_delta_file
+
+    models, spool = tmp_path / "models", tmp_path / "spool"
+    vdir = _version(tiny_export, models, 1)
+    rng = np.random.default_rng(4)
+    d1, d2 = _deltas(rng, 400, seq0=10), _deltas(rng, 400, seq0=1000)
+    f1 = _publish(spool, 1, d1)
+    _publish(spool, 1, d2)
+    # the state a crash leaves after shards 0 and 1 got f1's batch and shards 2, 3 did not
+    b = read_delta_file(f1)
+    sh = shard_of(b.table_ids, b.rows, 4)
+    with _open(vdir, "w") as st:
+        for s in (0, 1):
+            i = sh == s
+            st.write(b.table_ids[i], b.rows[i], b.vectors[i], b.first_order[i], seqs=b.seqs[i],
+                     meta={b"spool_position": f1.name.encode()}, meta_shards=s, changelog=True)
+    up = _updater(models, spool)
+    up.start()
+    calls = []
+    real = up.live.store.write
+
+    def spy(*a, **kw):
+        calls.append((kw["meta_shards"], len(a[1])))
+        return real(*a, **kw)
+
+    up.live.store.write = spy
+    up.run(once=True)
+    assert [c[0] for c in calls] == [2, 3, "all"]
+    assert calls[0][1] == int((sh == 2).sum()) and calls[1][1] == int((sh == 3).sum())
+    et, er, es, ev, _ = _last_write_wins([d1, d2])
+    with _open(vdir) as st:
+        np.testing.assert_array_equal(st.read(et, er)[0], ev)
+        np.testing.assert_array_equal(st.row_seqs(et, er), es)
