@@ -103,12 +103,14 @@ class RocksDBStore(EmbeddingStore):
     def _multi_get(self, shard: int, keys: list[bytes]) -> list[bytes | None]:
         return self._dbs[shard].get(keys)
 
-    def _write_batch(self, shard: int, keys: list[bytes], values: list[bytes], sync: bool) -> None:
+    def _write_batch(self, shard: int, keys: list[bytes], values: list[bytes], sync: bool,
+                     wal: bool = True) -> None:
         wb = WriteBatch(raw_mode=True)
         for k, v in zip(keys, values):
             wb.put(k, v)
         wo = WriteOptions()
         wo.sync = sync
+        wo.disable_wal = not wal
         self._dbs[shard].write(wb, wo)
 
     def _sst_writer_factory(self):

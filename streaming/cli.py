@@ -23,7 +23,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wait-timeout", type=float, default=600.0,
                    help="seconds a file for a not-yet-complete version may wait before it is dead-lettered")
     p.add_argument("--poll-interval", type=float, default=0.05, help="seconds between polls when idle")
-    p.add_argument("--sync", action="store_true", help="fsync every write batch (survives power loss)")
+    p.add_argument("--sync", action="store_true", help="fsync every write batch (survives power loss; WAL only)")
+    p.add_argument("--durability", choices=["flush", "wal"], default="flush",
+                   help="flush: no WAL, memtables flushed to SST after every batch (followers pick up files "
+                        "instead of replaying the WAL while holding their GIL); wal: the write-ahead log")
     p.add_argument("--max-deltas-per-s", type=float, default=0.0,
                    help="apply at most this many deltas per second (0: unlimited), to leave CPU to serving")
     p.add_argument("--nice", type=int, default=0,
@@ -50,7 +53,7 @@ def run_update(args) -> int:
     metrics = UpdaterMetrics(args.model, port=args.metrics_port, log_every_s=args.log_every)
     up = Updater(args.models, args.model, source, batch_files=args.batch_files,
                  max_batch_rows=args.max_batch_rows, wait_timeout_s=args.wait_timeout,
-                 poll_interval_s=args.poll_interval, sync=args.sync, max_deltas_per_s=args.max_deltas_per_s,
+                 poll_interval_s=args.poll_interval, sync=args.sync, durability=args.durability, max_deltas_per_s=args.max_deltas_per_s,
                  metrics=metrics)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: up.stop())

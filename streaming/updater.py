@@ -35,7 +35,7 @@ class Updater:
                  max_batch_rows: int = 1_000_000, wait_timeout_s: float = 600.0, poll_interval_s: float = 0.05,
                  version_check_s: float = 1.0, sync: bool = False, trim_every_s: float = 10.0,
                  changelog_keep: int = 2000, max_deltas_per_s: float = 0.0,
-                 metrics: UpdaterMetrics | None = None) -> None:
+                 durability: str = "flush", metrics: UpdaterMetrics | None = None) -> None:
         for name, val in (("batch_files", batch_files), ("max_batch_rows", max_batch_rows),
                           ("changelog_keep", changelog_keep)):
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
@@ -47,6 +47,7 @@ class Updater:
         self.batch_files, self.max_batch_rows = batch_files, max_batch_rows
         self.wait_timeout_s, self.poll_interval_s = float(wait_timeout_s), float(poll_interval_s)
         self.version_check_s, self.sync = float(version_check_s), bool(sync)
+        self.durability = durability  # "flush": no WAL, flush per batch (cheap for followers)
         self.trim_every_s, self.changelog_keep = float(trim_every_s), changelog_keep
         if not max_deltas_per_s >= 0:
             raise ValueError(f"max_deltas_per_s must be >= 0 (0: unlimited), got {max_deltas_per_s!r}")
@@ -175,7 +176,7 @@ class Updater:
         pos = max(max(self.positions), max(item.position for item, _ in pending))
         res = self.live.store.write(b.table_ids, b.rows, b.vectors, b.first_order, seqs=b.seqs,
                                     meta={POSITION_KEY: pos.encode()}, meta_shards="all", changelog=True,
-                                    sync=self.sync)
+                                    sync=self.sync, durability=self.durability)
         self.positions = [pos] * len(self.positions)
         for item, _ in pending:
             self.source.ack(item)
@@ -190,7 +191,8 @@ class Updater:
         for s, idx in shard_subset(b, len(self.positions), shards).items():
             res = self.live.store.write(b.table_ids[idx], b.rows[idx], b.vectors[idx], b.first_order[idx],
                                         seqs=b.seqs[idx], meta={POSITION_KEY: item.position.encode()},
-                                        meta_shards=s, changelog=True, sync=self.sync)
+                                        meta_shards=s, changelog=True, sync=self.sync,
+                                        durability=self.durability)
             self.positions[s] = item.position
             applied, stale = applied + res.applied, stale + res.skipped_stale
         self.metrics.applied(1, len(b), applied, stale, _newest(b))

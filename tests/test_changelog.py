@@ -366,3 +366,25 @@ def test_follower_keeps_up_when_the_writer_process_restarts(tmp_path, cfg):
         stop.set()
         t.join(5)
         follower.close()
+
+
+def test_flush_durability_persists_without_wal_and_reaches_followers(tmp_path, cfg):
+    path = str(tmp_path / "st")
+    st = open_store(path, cfg, mode="w")
+    follower = open_store(path, mode="follow")
+    v, w = vecs([1.5, 2.5, 3.5])
+    st.write(np.zeros(3, np.uint32), np.array([4, 5, 6]), v, w, seqs=np.array([1, 1, 1]), changelog=True,
+             durability="flush")
+    with pytest.raises(ValueError, match="durability must be one of"):
+        st.write(np.zeros(1, np.uint32), np.array([1]), v[:1], w[:1], durability="fast")
+    follower.catch_up()
+    got, _ = follower.read(np.zeros(3, np.uint32), np.array([4, 5, 6]))
+    np.testing.assert_array_equal(got, v)
+    # nothing is in the WAL: the rows are in SST files already
+    wal_bytes = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(path) for f in fs
+                    if f.endswith(".log"))
+    assert wal_bytes == 0
+    follower.close()
+    st.close()
+    with open_store(path, mode="r") as ro:
+        np.testing.assert_array_equal(ro.read(np.zeros(3, np.uint32), np.array([4, 5, 6]))[0], v)
