@@ -11,6 +11,9 @@ COMMANDS = [
     "dense_model.datasets",
     "dense_model.cli_train",
     "exporter.cli",
+    "server.cli",
+    "streaming.cli",
+    "streaming.cli_stream_train",
 ]
 
 

@@ -514,13 +514,15 @@ class EmbeddingStore(abc.ABC):
         return r, records
 
     # ------------------------------------------------------------------ admin
-    def catch_up(self) -> None:
+    def catch_up(self, shard: int | None = None) -> None:
         """Follow mode: see rows the live writer process has written since the last
-        call (about a few ms; call it from a background thread, not per request)."""
+        call, in every shard or in ``shard`` only (about a few ms for all shards, and
+        RocksDB holds the GIL meanwhile: call it from a background thread, shard by
+        shard, never per request)."""
         self._check_open()
         if self.mode != "follow":
             raise ValueError(f"catch_up needs a store opened with mode='follow', not {self.mode!r}")
-        for s in range(self.config.shards):
+        for s in range(self.config.shards) if shard is None else [self._check_shard(shard)]:
             self._catch_up(s)
 
     def flush(self) -> None:

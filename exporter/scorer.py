@@ -175,9 +175,12 @@ class _Follower:
 
     def step(self) -> None:
         t0 = time.perf_counter()
-        self.store.catch_up()
         keys = records = clears = 0
         for s in range(self.shards):
+            # one shard at a time, yielding in between: a catch-up holds the GIL, so
+            # requests run between shards instead of waiting for all of them
+            time.sleep(0)
+            self.store.catch_up(s)
             last = self.last_ids[s]
             newest = self.store.last_change_id(s)
             if newest == last:
@@ -200,7 +203,7 @@ class _Follower:
                 keys += len(rows)
                 last = got
             self.last_ids[s] = last
-        done = time.time()  # rows written before the catch-up are now visible to score()
+        done = time.time()  # rows written before the catch-up started are now visible to score()
         with self._lock:
             self._n["catch_ups"] += 1
             self._n["changes_applied"] += keys

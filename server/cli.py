@@ -1,0 +1,58 @@
+"""`offgraph serve`: the HTTP scoring server under uvicorn."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from server.config import ADMIN_TOKEN_ENV
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    cpus = os.cpu_count() or 1
+    p = sub.add_parser("serve", help="serve every model under MODELS over HTTP (FastAPI + uvicorn)")
+    p.add_argument("--models", required=True, help="MODELS directory: serves every MODELS/<name>/ at its newest "
+                                                   "complete version")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8500)
+    p.add_argument("--cache-mb", type=float, default=256.0,
+                   help="row-cache budget in MiB, split between the models (default 256)")
+    p.add_argument("--max-candidates", type=int, default=2000, help="most candidates per request (default 2000)")
+    p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
+    p.add_argument("--intra-threads", type=int, default=1,
+                   help="TensorFlow intra-op threads (default 1: per-request graphs are small; concurrency "
+                        "comes from --score-threads)")
+    p.add_argument("--inter-threads", type=int, default=1, help="TensorFlow inter-op threads (default 1)")
+    p.add_argument("--score-threads", type=int, default=max(2, min(cpus, 8)),
+                   help=f"threads running the scorer (default {max(2, min(cpus, 8))})")
+    p.add_argument("--admin-token", default=None,
+                   help=f"bearer token of the admin actions (default: ${ADMIN_TOKEN_ENV}; none: admin disabled)")
+    p.add_argument("--poll-seconds", type=float, default=2.0, help="how often MODELS is scanned (default 2)")
+    p.add_argument("--follow-seconds", type=float, default=0.25,
+                   help="how often each store catches up with the live updater: the freshness of streamed "
+                        "rows (default 0.25; shards catch up one at a time)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # TF's pools first, before anything can run a TF op
+    from server.tf_threads import configure_tf_threads
+
+    configure_tf_threads(args.intra_threads, args.inter_threads)
+
+    import uvicorn
+
+    from server.app import create_app
+    from server.config import ServerConfig
+
+    config = ServerConfig(
+        models_dir=args.models, cache_mb=args.cache_mb, max_candidates=args.max_candidates,
+        max_body_bytes=int(args.max_body_mb * 2**20), poll_seconds=args.poll_seconds,
+        admin_token=args.admin_token or ServerConfig.admin_token_from_env(), score_threads=args.score_threads,
+        follow_interval_s=args.follow_seconds,
+        intra_threads=args.intra_threads, inter_threads=args.inter_threads)
+    app = create_app(config)
+    uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools", workers=1,
+                access_log=False, log_level=args.log_level, timeout_graceful_shutdown=10)
+    return 0

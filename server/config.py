@@ -1,0 +1,72 @@
+"""ServerConfig: everything ``create_app`` needs, validated once."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ADMIN_TOKEN_ENV = "OFFGRAPH_ADMIN_TOKEN"
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of one server process.
+
+    models_dir: MODELS; every ``MODELS/<name>/`` with a complete version is served.
+    cache_mb: row-cache budget (MiB) of the whole server, split evenly between the models
+        (each scorer gets ``cache_mb / number of models`` as ``row_cache_mb``).
+    max_candidates: most candidates in one score request.
+    max_body_bytes: largest request body (Content-Length and streamed size).
+    poll_seconds: how often MODELS is scanned for new versions.
+    admin_token: bearer token of the admin actions; None disables them (403).
+    score_threads: size of the thread pool running ``Scorer.score``.
+    intra_threads / inter_threads: TensorFlow thread pools; None leaves TF's default
+        (the CLI always sets them).
+    follow_interval_s: how often a scorer's store catches up with the live writer (1 s: each catch-up
+        holds the GIL ~5 ms for 8 shards, which showed in p99 at 0.2 s).
+    item_cache_size: per-model FG item cache (items).
+    warmup_candidates: candidates in the warm-up request of a freshly loaded version.
+    verify: check the dense model's checksums when a version loads.
+    tune_gc: ``gc.freeze()`` the objects alive when the app is built (TF's ~400k) and raise the
+        young-generation threshold (see ``server.gc_tuning``).
+    """
+
+    models_dir: Path
+    cache_mb: float = 256.0
+    max_candidates: int = 2000
+    max_body_bytes: int = 8 * MiB
+    poll_seconds: float = 2.0
+    admin_token: str | None = None
+    score_threads: int = 4
+    intra_threads: int | None = None
+    inter_threads: int | None = None
+    follow_interval_s: float = 1.0
+    item_cache_size: int = 100_000
+    warmup_candidates: int = 200
+    verify: bool = True
+    tune_gc: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "models_dir", Path(self.models_dir))
+        if not self.models_dir.is_dir():
+            raise ValueError(f"--models {self.models_dir}: not a directory")
+        if self.admin_token is not None and not self.admin_token.strip():
+            object.__setattr__(self, "admin_token", None)
+        checks = [
+            ("cache_mb", self.cache_mb, 0), ("max_candidates", self.max_candidates, 1),
+            ("max_body_bytes", self.max_body_bytes, 1024), ("poll_seconds", self.poll_seconds, 0.01),
+            ("score_threads", self.score_threads, 1), ("follow_interval_s", self.follow_interval_s, 0.001),
+            ("item_cache_size", self.item_cache_size, 0), ("warmup_candidates", self.warmup_candidates, 1),
+        ]
+        for name, value, low in checks:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+                raise ValueError(f"ServerConfig.{name} must be a number >= {low}, got {value!r}")
+        for name in ("intra_threads", "inter_threads"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"ServerConfig.{name} must be an integer >= 1 or None, got {v!r}")
+
+    @staticmethod
+    def admin_token_from_env() -> str | None:
+        return os.environ.get(ADMIN_TOKEN_ENV) or None

@@ -1,0 +1,78 @@
+"""`python -m server.demo_request`: start `offgraph serve` on loopback, score one real
+MovieLens request over HTTP, print it, stop the server (the serving step of `make demo`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pyarrow.parquet as pq
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def real_request(data: str, n: int) -> dict:
+    """The first request group's user features + the items of that user's next n ratings."""
+    t = pq.read_table(data).to_pylist()
+    first = t[0]
+    user = {k: first[k] for k in ("user_id", "age", "gender", "occupation", "zip_prefix")}
+    items = [{k: r[k] for k in ("movie_id", "genres", "title_words", "release_year")}
+             for r in t if r["user_id"] == first["user_id"]][:n]
+    return {"request": user, "candidates": items}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--models", required=True)
+    ap.add_argument("--model", default="movielens")
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--candidates", type=int, default=5)
+    ap.add_argument("--timeout", type=float, default=120.0)
+    args = ap.parse_args(argv)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "offgraph_cli", "serve", "--models", args.models,
+                               "--host", "127.0.0.1", "--port", str(port)])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + args.timeout
+        with httpx.Client(base_url=base, timeout=10.0) as client:
+            while True:
+                if server.poll() is not None:
+                    print("server exited before it was ready", file=sys.stderr)
+                    return 1
+                try:
+                    if client.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    print(f"server not ready after {args.timeout:.0f}s", file=sys.stderr)
+                    return 1
+                time.sleep(0.2)
+            body = real_request(args.data, args.candidates)
+            r = client.post(f"/v1/models/{args.model}:score", json=body)
+            print(f"POST {base}/v1/models/{args.model}:score -> {r.status_code}")
+            print("request:", json.dumps(body["request"]))
+            out = r.json()
+            for cand, score in zip(body["candidates"], out.get("scores", [])):
+                print(f"  movie {cand['movie_id']:>5}  {score:.4f}  {' '.join(cand['title_words'])}")
+            print(f"model {out.get('model')} version {out.get('version')}")
+            return 0 if r.status_code == 200 else 1
+    finally:
+        server.terminate()
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

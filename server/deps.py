@@ -1,0 +1,61 @@
+"""FastAPI dependencies: the app's shared state, model lookup and admin authorization.
+
+They are ``async def`` on purpose: FastAPI runs plain ``def`` dependencies in its thread
+pool, which would cost a thread hop each on the request path; these never block.
+"""
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from exporter.manifest import ModelDirError, check_model_name
+from server.config import ADMIN_TOKEN_ENV
+from server.errors import ApiError
+from server.served import ModelHolder
+from server.state import ServerState
+
+
+async def get_state(request: Request) -> ServerState:
+    return request.state.server
+
+
+State = Annotated[ServerState, Depends(get_state)]
+
+
+async def model_name(name: Annotated[str, Path(description="Model name: the directory MODELS/<name>/.")]) -> str:
+    """A syntactically valid model name (no path separators, no '..'); 400 otherwise."""
+    try:
+        return check_model_name(name)
+    except ModelDirError as e:
+        raise ApiError(400, str(e)) from None
+
+
+ModelName = Annotated[str, Depends(model_name)]
+
+
+async def get_holder(name: ModelName, state: State) -> ModelHolder:
+    holder = state.models.holders.get(name)
+    if holder is None:
+        raise ApiError(404, f"unknown model '{name}' (served models: {sorted(state.models.holders)})")
+    return holder
+
+
+Holder = Annotated[ModelHolder, Depends(get_holder)]
+
+_bearer = HTTPBearer(auto_error=False, description="Admin token (--admin-token or " + ADMIN_TOKEN_ENV + ")")
+
+
+async def require_admin(state: State,
+                  credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    token = state.config.admin_token
+    if token is None:
+        raise ApiError(403, f"admin actions are disabled: start the server with --admin-token or "
+                            f"{ADMIN_TOKEN_ENV}")
+    if credentials is None:
+        raise ApiError(401, "admin action needs 'Authorization: Bearer <token>'",
+                       headers={"WWW-Authenticate": "Bearer"})
+    if not hmac.compare_digest(credentials.credentials.encode(), token.encode()):
+        raise ApiError(401, "wrong admin token", headers={"WWW-Authenticate": "Bearer"})

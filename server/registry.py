@@ -1,0 +1,212 @@
+"""The models a server serves: discovery under MODELS, background loads, hot swaps, admin actions.
+
+Every load runs in ONE loader thread (so two versions never load at once): the
+poll task submits ``poll_once`` to it every ``poll_seconds``, admin actions submit
+``load`` / ``rollback`` / ``unload``. A version that fails to load is refused with
+its reason and not retried until its manifest changes (mtime); the version being
+served keeps serving.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from exporter.manifest import MANIFEST, ModelDirError, check_model_name, complete_versions
+from server.config import ServerConfig
+from server.loader import open_version
+from server.served import ModelHolder, Refusal, scorer_stats
+
+log = logging.getLogger("offgraph.server")
+
+
+class AdminError(Exception):
+    """An admin action that cannot be done; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+def _manifest_mtime(version_dir: Path) -> int | None:
+    try:
+        return (version_dir / MANIFEST).stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+class ModelRegistry:
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.models_dir = config.models_dir.resolve()
+        self.holders: dict[str, ModelHolder] = {}
+        self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offgraph-loader")
+        self.initial_scan_done = False
+        self.load_failures: dict[str, int] = {}
+        self._closed = False
+
+    # -- discovery and polling (loader thread) --------------------------------------------------
+    def discover(self) -> None:
+        """Add a holder for every valid model name under MODELS that has a complete version."""
+        try:
+            entries = sorted(os.scandir(self.models_dir), key=lambda e: e.name)
+        except OSError as e:
+            log.error("cannot list %s: %s", self.models_dir, e)
+            return
+        for entry in entries:
+            if entry.name in self.holders or not entry.is_dir():
+                continue
+            try:
+                check_model_name(entry.name)
+            except ModelDirError:
+                log.warning("ignoring %s: not a valid model name", entry.path)
+                continue
+            if complete_versions(entry.path):
+                self.holders[entry.name] = ModelHolder(entry.name, self.models_dir / entry.name)
+                log.info("found model %s", entry.name)
+
+    def poll_once(self) -> None:
+        """One scan: new models, and for models that follow the newest version, swap in a newer one."""
+        if self._closed:
+            return
+        self.discover()
+        for holder in self.all():
+            versions = holder.versions_on_disk = complete_versions(holder.dir)
+            if holder.policy != "latest":
+                continue
+            current = holder.current.version if holder.current is not None else -1
+            for v in reversed(versions):
+                if v <= current:
+                    break
+                refusal = holder.refused.get(v)
+                if refusal is not None and refusal.manifest_mtime_ns == _manifest_mtime(holder.dir / str(v)):
+                    continue  # refused before and unchanged since
+                if self._load(holder, v):
+                    break
+            holder.attempted = True
+        self.initial_scan_done = True
+
+    def _row_cache_mb(self) -> float:
+        return self.config.cache_mb / max(1, len(self.holders))
+
+    def _load(self, holder: ModelHolder, version: int) -> bool:
+        """Load, warm up and swap in one version; on failure refuse it (logged, reported) and return False."""
+        vdir = holder.dir / str(version)
+        mtime = _manifest_mtime(vdir)
+        holder.loading_version = version
+        log.info("model %s: loading version %d", holder.name, version)
+        try:
+            sv = open_version(vdir, self.config, self._row_cache_mb())
+        except Exception as e:  # noqa: BLE001 - whatever it is, this version must not serve
+            reason = f"{type(e).__name__}: {e}"
+            holder.refused[version] = Refusal(reason, mtime)
+            holder.last_error = f"version {version} refused: {reason}"
+            self.load_failures[holder.name] = self.load_failures.get(holder.name, 0) + 1
+            log.error("model %s: version %d refused, %s keeps serving: %s", holder.name, version,
+                      f"version {holder.current.version}" if holder.current else "nothing", reason)
+            return False
+        finally:
+            holder.loading_version = None
+        holder.refused.pop(version, None)
+        holder.last_error = None
+        holder.swap(sv)
+        log.info("model %s: serving version %d (loaded and warmed up in %.2fs)", holder.name, version,
+                 sv.load_seconds)
+        return True
+
+    # -- admin actions (loader thread) ---------------------------------------------------------
+    def holder(self, name: str) -> ModelHolder:
+        h = self.holders.get(name)
+        if h is None:
+            raise AdminError(404, f"unknown model '{name}' (models: {sorted(self.holders)})")
+        return h
+
+    def load(self, name: str, version: int | None) -> None:
+        h = self.holder(name)
+        if version is None:  # back to following the newest version
+            h.policy = "latest"
+            self.poll_once()
+            if h.current is None:
+                raise AdminError(409, f"model '{name}': no version could be loaded: {h.last_error}")
+            return
+        versions = h.versions_on_disk = complete_versions(h.dir)
+        if version not in versions:
+            raise AdminError(404, f"model '{name}' has no complete version {version} (complete versions: "
+                                  f"{versions})")
+        if h.current is None or h.current.version != version:
+            if not self._load(h, version):
+                raise AdminError(409, f"model '{name}': {h.last_error}")
+        h.policy = "pinned"
+
+    def rollback(self, name: str) -> None:
+        h = self.holder(name)
+        if h.previous_version is None:
+            raise AdminError(409, f"model '{name}' has no previous version to roll back to")
+        self.load(name, h.previous_version)
+
+    def unload(self, name: str) -> None:
+        h = self.holder(name)
+        h.policy = "unloaded"
+        h.swap(None)
+
+    # -- async wrappers ----------------------------------------------------------------------------
+    async def run_in_loader(self, fn, *args) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.loader, fn, *args)
+
+    async def poll_forever(self) -> None:
+        while True:
+            try:
+                await self.run_in_loader(self.poll_once)
+            except Exception:  # noqa: BLE001 - the poller must survive anything
+                log.exception("polling %s failed", self.models_dir)
+            await asyncio.sleep(self.config.poll_seconds)
+
+    def close(self) -> None:
+        self._closed = True
+        self.loader.shutdown(wait=True, cancel_futures=True)
+        for h in self.all():
+            h.close()
+
+    # -- status ---------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.initial_scan_done and all(h.current is not None or h.policy == "unloaded"
+                                              for h in self.all())
+
+    def all(self) -> list[ModelHolder]:
+        """The holders, by name (a copy: the loader thread may add models meanwhile)."""
+        return [h for _, h in sorted(self.holders.copy().items())]
+
+    def status(self, h: ModelHolder) -> dict[str, Any]:
+        """What GET /v1/models/{name} answers (no filesystem access: versions on disk are as of the last poll)."""
+        sv = h.current
+        loaded = None
+        if sv is not None:
+            m = sv.scorer.manifest
+            store = m.get("store", {})
+            row_counts = {k: int(v) for k, v in store.get("row_counts", {}).items()}
+            stats = scorer_stats(sv.scorer)
+            hits, misses = stats.get("cache_hits"), stats.get("cache_misses")
+            if isinstance(hits, (int, float)) and isinstance(misses, (int, float)):
+                stats["cache_hit_ratio"] = hits / (hits + misses) if hits + misses else None
+            last = stats.get("last_catch_up_unix")
+            stats["freshness_seconds"] = time.time() - last if isinstance(last, (int, float)) and last else None
+            training = m.get("training") or None
+            loaded = {"version": sv.version, "loaded_at_unix": sv.loaded_at, "load_seconds": sv.load_seconds,
+                      "in_flight": sv.in_flight, "quantization": store.get("quant"), "shards": store.get("shards"),
+                      "embedding_dim": m.get("embedding_dim"), "row_counts": row_counts,
+                      "total_rows": sum(row_counts.values()), "row_cache_mb": sv.row_cache_mb,
+                      "created_at": m.get("created_at"), "training": training, "store": stats}
+        spec = sv.scorer.spec if sv is not None else None
+        return {
+            "name": h.name, "state": h.state, "policy": h.policy, "versions_on_disk": list(h.versions_on_disk),
+            "loaded": loaded, "loading_version": h.loading_version, "previous_version": h.previous_version,
+            "refused": [{"version": v, "reason": r.reason, "at_unix": r.at}
+                        for v, r in sorted(list(h.refused.items()))],
+            "inputs": {s: spec.raw_inputs(s) for s in ("request", "item")} if spec is not None else {},
+            "last_error": h.last_error,
+        }

@@ -1,0 +1,37 @@
+"""GET /healthz, /readyz, /metrics."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from server.deps import State
+from server.schemas import Health, Readiness
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="Liveness")
+async def healthz() -> Health:
+    """The process is up and its event loop answers."""
+    return Health()
+
+
+@router.get("/readyz", summary="Readiness", responses={503: {"model": Readiness}})
+async def readyz(state: State) -> Readiness:
+    """200 once every model is loaded and warmed up (or unloaded by an admin), 503 before."""
+    models = {h.name: h.state for h in state.models.all()}
+    if state.models.ready:
+        return Readiness(ready=True, models=models, detail="every model is serving")
+    if not state.models.initial_scan_done:
+        detail = "the first load of the models is in progress"
+    else:
+        waiting = [f"{h.name} ({h.state}: {h.last_error or 'loading'})" for h in state.models.all()
+                   if h.current is None and h.policy != "unloaded"]
+        detail = "not serving: " + "; ".join(waiting)
+    return JSONResponse(Readiness(ready=False, models=models, detail=detail).model_dump(), status_code=503)
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics(state: State) -> Response:
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,52 @@
+"""POST /v1/models/{name}:score — the request path.
+
+The router is built per app: its request model carries the app's --max-candidates as the
+list's max_length, so pydantic refuses an oversized candidate list before validating it.
+(No ``from __future__ import annotations`` here: the endpoint's body type is a local class.)
+"""
+import time
+
+from fastapi import APIRouter, Request
+from pydantic import Field, create_model
+
+from server.config import ServerConfig
+from server.deps import Holder, State
+from server.errors import ApiError
+from server.metrics import START_KEY
+from server.schemas import CANDIDATES_DOC, ErrorResponse, Features, ScoreRequest, ScoreResponse
+from server.served import NotServing
+
+_ERRORS = {
+    400: {"model": ErrorResponse, "description": "Invalid model name."},
+    404: {"model": ErrorResponse, "description": "Unknown model, or the version asked for is not loaded."},
+    413: {"model": ErrorResponse, "description": "Body larger than the server's limit."},
+    422: {"model": ErrorResponse, "description": "Invalid body: the message names each problem "
+                                                  "(NaN/Infinity, nested objects, no candidates, too many "
+                                                  "candidates, a value the feature generation cannot use)."},
+}
+
+
+def build_router(config: ServerConfig) -> APIRouter:
+    router = APIRouter(tags=["scoring"])
+    Body = create_model(  # noqa: N806 - a class
+        "ScoreRequest", __base__=ScoreRequest, __doc__=ScoreRequest.__doc__,
+        candidates=(list[Features], Field(min_length=1, max_length=config.max_candidates,
+                                          description=CANDIDATES_DOC)))
+
+    @router.post("/v1/models/{name}:score", responses=_ERRORS, summary="Score candidates")
+    async def score(body: Body, holder: Holder, state: State, request: Request) -> ScoreResponse:
+        """CTRs of the candidates for one request, in candidate order, and the model version that made them.
+
+        Feature names are the model's raw input names (`GET /v1/models/{name}` lists them under `inputs`).
+        Values are strings, finite numbers, booleans, null, or lists of those. A missing key, null, "" or []
+        is *no value* (a zero embedding); keys the model does not read are **ignored**.
+        """
+        try:
+            version, scores = await state.run_scoring(holder.score, body.request, body.candidates, body.version)
+        except NotServing as e:
+            raise ApiError(404, str(e)) from None
+        n = len(body.candidates)
+        state.metrics.observe_score(holder.name, n, time.perf_counter() - request.scope.get(START_KEY, 0.0))
+        return ScoreResponse(model=holder.name, version=version, scores=scores.tolist())
+
+    return router

@@ -1,0 +1,153 @@
+"""Request and response models of the HTTP API (pydantic v2)."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
+
+FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+def _kind(v: Any) -> str | None:
+    """Union branch of a raw feature value, by its JSON type (None: not a feature value)."""
+    if v is None:
+        return "null"
+    t = type(v)
+    if t is str:
+        return "str"
+    if t is bool:
+        return "bool"
+    if t is int:
+        return "int"
+    if t is float:
+        return "float"
+    if t is list:
+        return "list"
+    return None
+
+
+_SCALARS = (Annotated[StrictStr, Tag("str")], Annotated[StrictBool, Tag("bool")],
+            Annotated[StrictInt, Tag("int")], Annotated[FiniteFloat, Tag("float")], Annotated[None, Tag("null")])
+
+Scalar = Annotated[Union[_SCALARS], Discriminator(
+    _kind, custom_error_type="feature_value",
+    custom_error_message="a list item must be a string, a finite number, a boolean or null (no nested lists "
+                         "or objects)")]
+
+FeatureValue = Annotated[Union[(*_SCALARS, Annotated[list[Scalar], Tag("list")])], Discriminator(
+    _kind, custom_error_type="feature_value",
+    custom_error_message="a feature value must be a string, a finite number, a boolean, null or a list of "
+                         "those (no nested objects)")]
+"""One raw feature value: a scalar or a list of scalars. NaN and Infinity are refused."""
+
+Features = dict[str, FeatureValue]
+
+_FEATURES_DOC = ("Raw features by input name (the feature spec's `input` columns, listed by "
+                 "`GET /v1/models/{name}` under `inputs`). A missing key, null, \"\" or [] is *no value* (a zero "
+                 "embedding); keys the model does not read are ignored.")
+
+
+CANDIDATES_DOC = ("Candidates (item-scope raw features), scored in this order; at least one, at most the "
+                  "server's --max-candidates. " + _FEATURES_DOC)
+
+
+class ScoreRequest(BaseModel):
+    """One request: its request-level features and the candidates to score."""
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "request": {"user_id": 259, "age": 21, "gender": "M", "occupation": "student", "zip_prefix": "488"},
+        "candidates": [{"movie_id": 255, "genres": ["Comedy", "Romance"],
+                        "title_words": ["my", "best", "friend", "s", "wedding"], "release_year": 1997}],
+    }]})
+
+    request: Features = Field(default_factory=dict, description="Request-scope raw features. " + _FEATURES_DOC)
+    candidates: list[Features] = Field(min_length=1, description=CANDIDATES_DOC)
+    version: Annotated[int, Field(strict=True, ge=0)] | None = Field(
+        default=None, description="Model version that must score the request (404 unless it is the one "
+                                  "served); omitted: the served version.")
+
+
+class ScoreResponse(BaseModel):
+    model: str = Field(description="Model name.")
+    version: int = Field(description="Model version that computed the scores.")
+    scores: list[float] = Field(description="Calibrated CTRs, one per candidate, in candidate order.")
+
+
+class ErrorResponse(BaseModel):
+    detail: str = Field(description="What is wrong, in words.")
+    errors: list[dict[str, Any]] | None = Field(default=None, description="Validation errors: location and "
+                                                "message of each problem.")
+
+
+class LoadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: Annotated[int, Field(strict=True, ge=0)] | None = Field(
+        default=None, description="Version to load and pin; omitted: follow the newest complete version again.")
+
+
+class RefusedVersion(BaseModel):
+    version: int
+    reason: str
+    at_unix: float
+
+
+class StoreStatus(BaseModel):
+    """Cumulative counters of the loaded version's scorer (``Scorer.stats()``) and its freshness."""
+    model_config = ConfigDict(extra="allow")
+    store_rows_read: int | None = None
+    cache_hits: int | None = None
+    cache_misses: int | None = None
+    cache_hit_ratio: float | None = None
+    cache_entries: int | None = None
+    catch_ups: int | None = None
+    last_catch_up_unix: float | None = None
+    freshness_seconds: float | None = Field(default=None, description="Seconds since the store last caught up "
+                                            "with the live writer.")
+    changes_applied: int | None = None
+    last_change_ids: Any = None
+
+
+class LoadedVersion(BaseModel):
+    version: int
+    state: Literal["serving"] = "serving"
+    loaded_at_unix: float
+    load_seconds: float
+    in_flight: int
+    quantization: str | None
+    shards: int | None
+    embedding_dim: int | None
+    row_counts: dict[str, int]
+    total_rows: int
+    row_cache_mb: float
+    created_at: str | None
+    training: dict[str, Any] | None = Field(description="Held-out metrics and config of the training run.")
+    store: StoreStatus
+
+
+class ModelStatus(BaseModel):
+    name: str
+    state: Literal["new", "loading", "serving", "unloaded", "failed"]
+    policy: Literal["latest", "pinned", "unloaded"] = Field(
+        description="latest: new versions are swapped in when they appear; pinned: an admin chose the version; "
+                    "unloaded: an admin unloaded the model.")
+    versions_on_disk: list[int] = Field(description="Complete versions (with a manifest).")
+    loaded: LoadedVersion | None
+    loading_version: int | None
+    previous_version: int | None = Field(description="Version served before the current one (:rollback target).")
+    refused: list[RefusedVersion]
+    inputs: dict[str, list[str]] = Field(default_factory=dict,
+                                         description="Raw feature names read per scope (request, item).")
+    last_error: str | None
+
+
+class ModelList(BaseModel):
+    models: list[ModelStatus]
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(BaseModel):
+    ready: bool
+    models: dict[str, str] = Field(description="State of each model.")
+    detail: str

@@ -1,0 +1,171 @@
+"""A loaded version (scorer + in-flight count) and the per-model holder that swaps them atomically.
+
+A request takes a reference on the holder's ``current`` version, scores on it and
+drops the reference; a swap replaces ``current`` and retires the old version, which
+is closed once its last in-flight request has finished.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("offgraph.server")
+
+# cumulative Scorer.stats() counters, summed over a model's retired versions for /metrics
+COUNTERS = ("store_rows_read", "cache_hits", "cache_misses", "catch_ups", "changes_applied")
+
+
+class NotServing(LookupError):
+    """The model has no loaded version, or not the one asked for."""
+
+
+def scorer_stats(scorer) -> dict[str, Any]:
+    return dict(scorer.stats())
+
+
+class ServedVersion:
+    """One loaded model version. ``acquire``/``release`` go through the holder's lock."""
+
+    def __init__(self, scorer, load_seconds: float, row_cache_mb: float):
+        self.scorer = scorer
+        self.version: int = int(scorer.version)
+        self.loaded_at = time.time()
+        self.load_seconds = load_seconds
+        self.row_cache_mb = row_cache_mb
+        self.in_flight = 0
+        self.retired = False
+        self.closed = False
+
+    def close(self) -> dict[str, Any]:
+        """Close the scorer; returns its final stats."""
+        if self.closed:
+            return {}
+        self.closed = True
+        stats = scorer_stats(self.scorer)
+        try:
+            self.scorer.close()
+        except Exception:  # noqa: BLE001 - closing must not take the server down
+            log.exception("closing version %s failed", self.version)
+        log.info("closed version %d of %s", self.version, self.scorer.version_dir.parent.name)
+        return stats
+
+
+@dataclass
+class Refusal:
+    reason: str
+    manifest_mtime_ns: int | None
+    at: float = field(default_factory=time.time)
+
+
+class ModelHolder:
+    """Everything the server knows about one model ``MODELS/<name>/``."""
+
+    def __init__(self, name: str, model_dir: Path):
+        self.name = name
+        self.dir = model_dir
+        self._lock = threading.Lock()
+        self.current: ServedVersion | None = None
+        self.previous_version: int | None = None
+        self.loading_version: int | None = None
+        self.policy = "latest"  # latest | pinned | unloaded
+        self.refused: dict[int, Refusal] = {}
+        self.versions_on_disk: list[int] = []  # complete versions, as of the last poll
+        self.last_error: str | None = None
+        self.attempted = False  # a load has been tried (readiness)
+        self.retired_totals: Counter = Counter()
+        self.closed = False
+
+    # -- request path ------------------------------------------------------------------------
+    def acquire(self, version: int | None = None) -> ServedVersion:
+        with self._lock:
+            sv = self.current
+            if sv is None:
+                raise NotServing(f"model '{self.name}' has no loaded version"
+                                 + (" (unloaded by an admin)" if self.policy == "unloaded" else ""))
+            if version is not None and version != sv.version:
+                raise NotServing(f"version {version} of model '{self.name}' is not loaded (it serves version "
+                                 f"{sv.version})")
+            sv.in_flight += 1
+            return sv
+
+    def release(self, sv: ServedVersion) -> None:
+        with self._lock:
+            sv.in_flight -= 1
+            drained = sv.retired and sv.in_flight == 0
+        if drained:
+            self._close(sv)
+
+    def score(self, request: dict, candidates: list[dict], version: int | None) -> tuple[int, np.ndarray]:
+        """Score on the current version (or the one asked for); runs in a scoring thread."""
+        sv = self.acquire(version)
+        try:
+            return sv.version, sv.scorer.score(request, candidates)
+        finally:
+            self.release(sv)
+
+    # -- swaps -------------------------------------------------------------------------------
+    def swap(self, new: ServedVersion | None) -> ServedVersion | None:
+        """Make ``new`` current (None: unload); the old version drains, then closes."""
+        with self._lock:
+            if self.closed and new is not None:
+                old, new_closed = None, True
+            else:
+                old, self.current, new_closed = self.current, new, False
+                if old is not None:
+                    self.previous_version = old.version
+                    old.retired = True
+            drained = old is not None and old.in_flight == 0
+        if new_closed:
+            self._close(new)
+            return None
+        if old is not None:
+            log.info("model %s: version %s -> %s (old version drains %d in-flight requests)", self.name,
+                     old.version, new.version if new else "unloaded", old.in_flight)
+        if drained:
+            self._close(old)
+        return old
+
+    def _close(self, sv: ServedVersion) -> None:
+        stats = sv.close()
+        with self._lock:
+            for k in COUNTERS:
+                v = stats.get(k)
+                if isinstance(v, (int, float)):
+                    self.retired_totals[k] += v
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+        self.swap(None)
+
+    # -- reporting ----------------------------------------------------------------------------
+    def counters(self) -> tuple[int | None, dict[str, float]]:
+        """(loaded version, cumulative counters over every version this process served)."""
+        with self._lock:
+            sv = self.current
+            totals = dict(self.retired_totals)
+        stats = scorer_stats(sv.scorer) if sv is not None and not sv.closed else {}
+        for k in COUNTERS:
+            v = stats.get(k)
+            if isinstance(v, (int, float)):
+                totals[k] = totals.get(k, 0) + v
+        if "last_catch_up_unix" in stats:
+            totals["last_catch_up_unix"] = stats["last_catch_up_unix"]
+        return (sv.version if sv is not None else None), totals
+
+    @property
+    def state(self) -> str:
+        if self.policy == "unloaded" and self.current is None:
+            return "unloaded"
+        if self.current is not None:
+            return "serving"
+        if self.loading_version is not None:
+            return "loading"
+        return "failed" if self.attempted else "new"

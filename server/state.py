@@ -1,0 +1,47 @@
+"""ServerState: the shared objects of one app (config, models, metrics, scoring pool)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from server.config import ServerConfig
+from server.metrics import ServerMetrics
+from server.registry import ModelRegistry
+
+log = logging.getLogger("offgraph.server")
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    models: ModelRegistry
+    metrics: ServerMetrics
+    pool: ThreadPoolExecutor | None = None
+    _poll_task: asyncio.Task | None = field(default=None, repr=False)
+
+    @classmethod
+    def build(cls, config: ServerConfig) -> "ServerState":
+        models = ModelRegistry(config)
+        return cls(config, models, ServerMetrics(models))
+
+    async def run_scoring(self, fn: Callable[..., Any], *args) -> Any:
+        """Run ``fn(*args)`` in the bounded scoring pool, without blocking the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def start(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=self.config.score_threads, thread_name_prefix="offgraph-score")
+        self._poll_task = asyncio.create_task(self.models.poll_forever(), name="offgraph-poll")
+
+    async def stop(self) -> None:
+        if self._poll_task is not None:
+            self._poll_task.cancel()
+            try:
+                await self._poll_task
+            except asyncio.CancelledError:
+                pass
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.shutdown, wait=True)
+        await asyncio.to_thread(self.models.close)

@@ -1,0 +1,442 @@
+"""The HTTP scoring server, through a real uvicorn on 127.0.0.1 and a real HTTP client (httpx).
+
+A tiny DeepFM (MovieLens spec with small tables) is trained on a MovieLens slice and
+exported once per session; each server gets its own copy of MODELS.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+TOKEN = "test-admin-token"
+MAX_CANDIDATES = 300
+MAX_BODY = 1 << 20
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def tiny_model(movielens_table, tmp_path_factory):
+    """(pristine MODELS dir holding ml/1, the table slice): a 1-epoch DeepFM with tables 1/50 of the example's."""
+    from dense_model.train import TrainConfig, train_run
+    from exporter.export import export_run
+    from features import parse_spec
+
+    raw = yaml.safe_load((REPO / "examples" / "movielens.yaml").read_text())
+    for f in raw["fields"]:
+        f["rows"] = max(16, f["rows"] // 50)
+    spec = parse_spec(raw, source="tiny movielens")
+    table = movielens_table.slice(0, 8000)
+    root = tmp_path_factory.mktemp("server_model")
+    train_run(spec, table, TrainConfig(epochs=1, batch_size=512, split="per-key-time"), root / "run",
+              progress=False)
+    export_run(root / "run", root / "models" / "ml" / "1", shards=2, quant="fp32", progress=False)
+    return root / "models", table
+
+
+def _copy_models(pristine: Path, dest: Path) -> Path:
+    shutil.copytree(pristine, dest)
+    return dest
+
+
+class ThreadServer:
+    """uvicorn.Server (uvloop + httptools, like the CLI) in a thread, on a socket bound to a free port."""
+
+    def __init__(self, config):
+        import uvicorn
+
+        from server import create_app
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(create_app(config), loop="uvloop", http="httptools",
+                                                    access_log=False, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        wait_ready(self.url, 60)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+        self.sock.close()
+        assert not self.thread.is_alive(), "uvicorn did not stop"
+
+
+def wait_ready(url: str, timeout: float, proc=None) -> None:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}")
+        try:
+            r = httpx.get(url + "/readyz", timeout=2)
+            if r.status_code == 200:
+                return
+            last = r.text
+        except httpx.TransportError as e:
+            last = repr(e)
+        time.sleep(0.1)
+    raise AssertionError(f"server at {url} not ready after {timeout}s: {last}")
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _config(models: Path, **kw):
+    from server import ServerConfig
+
+    base = dict(models_dir=models, admin_token=TOKEN, poll_seconds=0.2, max_candidates=MAX_CANDIDATES,
+                max_body_bytes=MAX_BODY, score_threads=4, cache_mb=16, warmup_candidates=32)
+    base.update(kw)
+    return ServerConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    models = _copy_models(tiny_model[0], tmp_path_factory.mktemp("srv") / "models")
+    srv = ThreadServer(_config(models))
+    srv.models = models
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def requests_(tiny_model):
+    """Real requests: rows grouped by request_id -> (request features, candidates' item features)."""
+    _, table = tiny_model
+    cols = table.to_pydict()
+    req_in = ["user_id", "age", "gender", "occupation", "zip_prefix"]
+    item_in = ["movie_id", "genres", "title_words", "release_year"]
+    groups: dict[str, list[int]] = {}
+    for i, rid in enumerate(cols["request_id"]):
+        groups.setdefault(rid, []).append(i)
+    out = []
+    for rows in groups.values():
+        if len(rows) >= 3:
+            out.append(({c: cols[c][rows[0]] for c in req_in},
+                        [{c: cols[c][i] for c in item_in} for i in rows[:100]]))
+        if len(out) == 60:
+            break
+    return out
+
+
+@pytest.fixture(scope="module")
+def library(server):
+    from exporter.scorer import load
+
+    s = load(server.models / "ml")
+    yield s
+    s.close()
+
+
+def score(client, body, name="ml", **kw):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return client.post(f"/v1/models/{name}:score", content=content,
+                       headers={"content-type": "application/json", **kw.pop("headers", {})}, **kw)
+
+
+# -- scoring --------------------------------------------------------------------------------------
+def test_served_scores_equal_the_library_scorer(client, requests_, library):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    for req, cands in requests_[:20]:
+        r = score(client, {"request": req, "candidates": cands})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["model"] == "ml" and body["version"] == 1
+        want = library.score(req, cands)
+        np.testing.assert_array_equal(np.asarray(body["scores"], np.float32), want)
+    # unknown keys are ignored; candidate order is kept
+    req, cands = requests_[0]
+    noisy = {"request": {**req, "not_a_feature": [1, 2]}, "candidates": [{**c, "x": "y"} for c in cands[::-1]]}
+    got = score(client, noisy).json()["scores"]
+    np.testing.assert_array_equal(np.asarray(got, np.float32), library.score(req, cands[::-1]))
+    # a pinned version that is the served one
+    assert score(client, {"request": req, "candidates": cands, "version": 1}).status_code == 200
+
+
+def test_colon_routes_really_route(client):
+    r = client.get("/openapi.json").json()
+    assert {"/v1/models/{name}:score", "/v1/models/{name}:load", "/v1/models/{name}:unload",
+            "/v1/models/{name}:rollback", "/v1/models/{name}", "/v1/models"} <= set(r["paths"])
+    assert "ignored" in r["paths"]["/v1/models/{name}:score"]["post"]["description"]
+    assert client.get("/docs").status_code == 200
+    assert client.get("/v1/models/ml:score").status_code in (400, 405)  # GET on a POST route
+    assert client.post("/v1/models/ml:frobnicate", json={}).status_code in (404, 405)
+    m = client.get("/v1/models/ml").json()
+    assert m["name"] == "ml" and m["state"] == "serving" and m["versions_on_disk"] == [1]
+    assert m["loaded"]["version"] == 1 and m["loaded"]["quantization"] == "fp32"
+    assert m["loaded"]["total_rows"] > 0 and "auc" in m["loaded"]["training"]["held_out"]
+    assert m["inputs"]["item"] == ["movie_id", "genres", "title_words", "release_year"]
+    assert "store_rows_read" in m["loaded"]["store"] and "last_catch_up_unix" in m["loaded"]["store"]
+    assert [x["name"] for x in client.get("/v1/models").json()["models"]] == ["ml"]
+
+
+def test_concurrent_requests_all_succeed(server, requests_, library):
+    def one(i):
+        req, cands = requests_[i % len(requests_)]
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            r = score(c, {"request": req, "candidates": cands})
+        return r.status_code, r.json().get("scores"), library.score(req, cands)
+
+    with ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(one, range(50)))
+    assert [s for s, _, _ in results] == [200] * 50
+    for _, got, want in results:
+        np.testing.assert_array_equal(np.asarray(got, np.float32), want)
+
+
+# -- bad input: 4xx naming the problem, never a 5xx ---------------------------------------------------
+CAND = {"movie_id": 1, "genres": ["Comedy"]}
+BAD_BODIES = [
+    (b'{"candidates": [{"movie_id": NaN}]}', 422, "NaN and Infinity"),
+    (b'{"candidates": [{"movie_id": Infinity}]}', 422, "NaN and Infinity"),
+    (b'{"candidates": [{"genres": ["a", -Infinity]}]}', 422, "candidates[0].genres[1]"),
+    (b'{"candidates": [{"release_year": 1e999}]}', 422, "finite"),
+    (b'{"request": {"age": NaN}, "candidates": [{}]}', 422, "request.age"),
+    (b'{"candidates": [{"movie_id": {"nested": 1}}]}', 422, "no nested objects"),
+    (b'{"candidates": [{"genres": [["a"]]}]}', 422, "no nested lists"),
+    (b'{"candidates": []}', 422, "candidates: List should have at least 1 item"),
+    (b'{"request": {}}', 422, "candidates: Field required"),
+    (b'{"candidates": {"movie_id": 1}}', 422, "candidates"),
+    (b'{"candidates": [1, 2]}', 422, "candidates[0]"),
+    (b'{"request": [1], "candidates": [{}]}', 422, "request"),
+    (b'{"request": {"user_id": {"id": 1}}, "candidates": [{}]}', 422, "request.user_id"),
+    (b'{"candidates": [{"genres": ["a", {"b": 1}]}]}', 422, "candidates[0].genres[1]"),
+    (b'[1, 2]', 422, "invalid request"),
+    (b'{"candidates": [{"movie_id": 1}], "canddiates": []}', 422, "canddiates: unknown key"),
+    (b'{"candidates": [{"movie_id": 1}], "version": "two"}', 422, "version"),
+    (b'{"candidates": [{"movie_id": 1}], "version": -1}', 422, "version"),
+    (b'{"candidates": [{"movie_id": 1}', 422, "not valid JSON"),
+    (b'', 422, "Field required"),
+    (b'{"candidates": [{"release_year": "not a year"}]}', 422, "field 'release_year', row 0"),
+    (json.dumps({"candidates": [{}] * (MAX_CANDIDATES + 1)}).encode(), 422, f"at most {MAX_CANDIDATES}"),
+    (json.dumps({"candidates": [{"title_words": "x" * (MAX_BODY + 10)}]}).encode(), 413, "larger than the limit"),
+]
+
+
+@pytest.mark.parametrize("body,status,words", BAD_BODIES, ids=[f"bad{i}" for i in range(len(BAD_BODIES))])
+def test_bad_bodies_are_4xx_naming_the_problem(client, body, status, words):
+    r = score(client, body)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert words in r.json()["detail"], r.json()
+
+
+def test_bad_paths_and_versions(client, server, tiny_model):
+    # a real model just outside MODELS must never be reachable through the name
+    outside = server.models.parent / "outside"
+    if not outside.exists():
+        shutil.copytree(tiny_model[0] / "ml", outside)
+    body = json.dumps({"candidates": [CAND]}).encode()
+    cases = [
+        ("/v1/models/nope:score", 404, "unknown model 'nope'"),
+        ("/v1/models/%2e%2e:score", 400, "invalid model name"),
+        ("/v1/models/..:score", 400, "invalid model name"),
+        ("/v1/models/ml%2F..%2F..%2Foutside:score", 404, "no route"),
+        ("/v1/models/..%2Foutside:score", 404, "no route"),
+        ("/v1/models/%2E%2E%2Foutside:score", 404, "no route"),
+        ("/v1/models/outside:score", 404, "unknown model 'outside'"),
+        ("/v1/models/ml:x:score", 400, "invalid model name"),
+        ("/v1/models/.hidden:score", 400, "invalid model name"),
+        ("/v1/models/%00:score", 400, "invalid model name"),
+    ]
+    for path, status, words in cases:
+        r = client.post(httpx.URL(server.url + path), content=body, headers={"content-type": "application/json"})
+        assert r.status_code == status, (path, r.text)
+        assert words in r.json()["detail"], (path, r.json())
+    r = score(client, {"candidates": [CAND], "version": 7})
+    assert r.status_code == 404 and "version 7" in r.json()["detail"]
+    assert client.get("/v1/models/nope").status_code == 404
+    assert client.get("/v1/models/%2e%2e").status_code == 400
+
+
+def test_body_limit_streamed_and_by_content_length(server):
+    big = json.dumps({"candidates": [{"title_words": "x" * (MAX_BODY + 10)}]}).encode()
+
+    def chunks():  # no Content-Length: the streamed size is what trips the limit
+        for i in range(0, len(big), 64 << 10):
+            yield big[i:i + (64 << 10)]
+
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        r = c.post("/v1/models/ml:score", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "streamed" in r.json()["detail"], r.text
+        r = c.post("/v1/models/ml:score", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "Content-Length" in r.json()["detail"], r.text
+        # the same keep-alive connection still serves
+        assert score(c, {"candidates": [CAND]}).status_code == 200
+
+
+def test_metrics_and_no_5xx_after_bad_input(client, requests_):
+    req, cands = requests_[0]
+    assert score(client, {"request": req, "candidates": cands}).status_code == 200  # still serving
+    text = client.get("/metrics").text
+    for name in ("offgraph_request_latency_seconds_bucket", "offgraph_candidates_per_request_bucket",
+                 "offgraph_store_rows_read_total", "offgraph_row_cache_hit_ratio", "offgraph_row_cache_hits_total",
+                 "offgraph_http_errors_total", "offgraph_model_loaded_version", "offgraph_store_freshness_seconds"):
+        assert name in text, name
+    assert 'offgraph_model_loaded_version{model="ml"} 1.0' in text
+    assert 'offgraph_http_errors_total{code="422"}' in text and 'code="413"' in text
+    assert 'code="5' not in text, [ln for ln in text.splitlines() if 'code="5' in ln]
+
+
+def test_admin_needs_the_token(client):
+    r = client.post("/v1/models/ml:rollback")
+    assert r.status_code == 401 and "Bearer" in r.json()["detail"]
+    r = client.post("/v1/models/ml:unload", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and "wrong admin token" in r.json()["detail"]
+    r = client.post("/v1/models/ml:rollback", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 409 and "no previous version" in r.json()["detail"]
+    r = client.post("/v1/models/ml:load", json={"version": 5}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 404 and "no complete version 5" in r.json()["detail"]
+
+
+# -- hot swap, refusals, rollback ---------------------------------------------------------------------
+def _copy_version(src: Path, dst: Path, tamper=None, manifest_edit=None) -> None:
+    """Copy a version like an exporter writes one: everything but the manifest, then the manifest by rename."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("manifest.json"))
+    if tamper:
+        tamper(dst)
+    manifest = json.loads((src / "manifest.json").read_text())
+    if manifest_edit:
+        manifest_edit(manifest)
+    (dst / "manifest.json.tmp").write_text(json.dumps(manifest))
+    os.replace(dst / "manifest.json.tmp", dst / "manifest.json")
+
+
+def test_hot_swap_under_load_refusals_and_rollback(tiny_model, requests_, tmp_path):
+    models = _copy_models(tiny_model[0], tmp_path / "models")
+    srv = ThreadServer(_config(models))
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    stop = threading.Event()
+    seen: list[tuple[int, int | None]] = []
+
+    def hammer():
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            i = 0
+            while not stop.is_set():
+                req, cands = requests_[i % len(requests_)]
+                r = score(c, {"request": req, "candidates": cands})
+                seen.append((r.status_code, r.json().get("version")))
+                i += 1
+
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            threads = [threading.Thread(target=hammer) for _ in range(2)]
+            for t in threads:
+                t.start()
+            wait_for(lambda: len(seen) > 5, 20, "the first requests")
+            _copy_version(models / "ml" / "1", models / "ml" / "2")
+            wait_for(lambda: c.get("/v1/models/ml").json()["loaded"]["version"] == 2, 30, "version 2 served")
+            n_swap = len(seen)
+            wait_for(lambda: len(seen) > n_swap + 10, 20, "requests after the swap")
+            stop.set()
+            for t in threads:
+                t.join(30)
+            assert {s for s, _ in seen} == {200}, [x for x in seen if x[0] != 200][:5]
+            assert {v for _, v in seen} == {1, 2} and seen[-1][1] == 2
+            st = c.get("/v1/models/ml").json()
+            assert st["previous_version"] == 1 and st["loaded"]["in_flight"] == 0
+
+            # corrupt versions are refused with a reason; version 2 keeps serving
+            def tamper_dense(d):
+                pb = d / "dense" / "saved_model.pb"
+                pb.write_bytes(pb.read_bytes() + b"\0")
+
+            _copy_version(models / "ml" / "1", models / "ml" / "3", tamper=tamper_dense)
+            _copy_version(models / "ml" / "1", models / "ml" / "4",
+                          tamper=lambda d: shutil.rmtree(d / "store" / "shard-001"))
+            _copy_version(models / "ml" / "1", models / "ml" / "5",
+                          manifest_edit=lambda m: m.update(fg_version="offgraph-fg-0"))
+            st = wait_for(lambda: (lambda s: s if len(s["refused"]) == 3 else None)(c.get("/v1/models/ml").json()),
+                          30, "versions 3, 4 and 5 refused")
+            reasons = {x["version"]: x["reason"] for x in st["refused"]}
+            assert "checksum mismatch" in reasons[3] and "missing store shard 1" in reasons[4], reasons
+            assert "FG version 'offgraph-fg-0'" in reasons[5], reasons
+            assert st["loaded"]["version"] == 2 and st["state"] == "serving"
+            at = {x["version"]: x["at_unix"] for x in st["refused"]}
+            time.sleep(0.6)  # three polls: refused versions are not retried while their manifest is unchanged
+            assert {x["version"]: x["at_unix"] for x in c.get("/v1/models/ml").json()["refused"]} == at
+            req, cands = requests_[0]
+            assert score(c, {"request": req, "candidates": cands}).json()["version"] == 2
+            assert "offgraph_model_load_failures_total{model=\"ml\"} 3.0" in c.get("/metrics").text
+
+            # admin: rollback to 1 (pinned: the poller does not move it back to 2)
+            r = c.post("/v1/models/ml:rollback", headers=admin)
+            assert r.status_code == 200, r.text
+            assert r.json()["loaded"]["version"] == 1 and r.json()["policy"] == "pinned"
+            time.sleep(0.5)
+            assert score(c, {"request": req, "candidates": cands}).json()["version"] == 1
+            r = c.post("/v1/models/ml:load", json={"version": 3}, headers=admin)
+            assert r.status_code == 409 and "checksum mismatch" in r.json()["detail"]
+            assert score(c, {"request": req, "candidates": cands}).json()["version"] == 1
+            r = c.post("/v1/models/ml:unload", headers=admin)
+            assert r.status_code == 200 and r.json()["state"] == "unloaded"
+            r = score(c, {"request": req, "candidates": cands})
+            assert r.status_code == 404 and "no loaded version" in r.json()["detail"]
+            assert c.get("/readyz").status_code == 200  # unloaded on purpose
+            r = c.post("/v1/models/ml:load", json={}, headers=admin)  # back to the newest loadable version
+            assert r.status_code == 200 and r.json()["loaded"]["version"] == 2 and r.json()["policy"] == "latest"
+            assert 'code="5' not in c.get("/metrics").text
+    finally:
+        stop.set()
+        srv.stop()
+
+
+# -- the CLI -------------------------------------------------------------------------------------------------
+def test_offgraph_serve_cli(tiny_model, requests_, tmp_path):
+    models = _copy_models(tiny_model[0], tmp_path / "models")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "OFFGRAPH_ADMIN_TOKEN"}
+    proc = subprocess.Popen([sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port",
+                             str(port), "--intra-threads", "1", "--inter-threads", "1", "--cache-mb", "8",
+                             "--poll-seconds", "0.5"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, 90, proc)
+        with httpx.Client(base_url=url, timeout=30) as c:
+            req, cands = requests_[0]
+            r = score(c, {"request": req, "candidates": cands})
+            assert r.status_code == 200 and len(r.json()["scores"]) == len(cands)
+            r = c.post("/v1/models/ml:rollback", headers={"Authorization": "Bearer x"})
+            assert r.status_code == 403 and "admin actions are disabled" in r.json()["detail"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+    # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught
+    assert proc.returncode in (0, -signal.SIGTERM), out[-3000:]
+    assert "Application shutdown complete" in out and "closed version 1 of ml" in out, out[-3000:]
+    assert "TensorFlow threads: intra-op 1, inter-op 1" in out and "serving version 1" in out, out[-3000:]
