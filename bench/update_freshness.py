@@ -1,6 +1,6 @@
 """Streaming-update freshness and throughput against a live server.
 
-    python -m bench.update_freshness [--model-src /tmp/og/models/sfp32/1] [--data /tmp/og/data/movielens.parquet]
+    python -m bench.update_freshness --model-src out/demo/models/movielens/1 --data out/demo/data/movielens.parquet
                                      [--trials 200] [--requests 200] [--push-deltas 3000000] [--out FILE.json]
 
 Copies an exported MovieLens version into a scratch MODELS/ml/1, then runs
@@ -280,11 +280,12 @@ def plot(report: dict, path: Path) -> None:
 # ------------------------------------------------------------------------------ main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-src", default="/tmp/og/models/sfp32/1")
-    ap.add_argument("--data", default="/tmp/og/data/movielens.parquet")
+    ap.add_argument("--model-src", required=True,
+                    help="an exported MovieLens version directory (e.g. out/demo/models/movielens/1 after make demo)")
+    ap.add_argument("--data", required=True, help="the MovieLens parquet (e.g. out/demo/data/movielens.parquet)")
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--candidates", type=int, default=100)
+    ap.add_argument("--candidates", type=int, default=200)
     ap.add_argument("--fresh-candidates", type=int, default=20)
     ap.add_argument("--push-deltas", type=int, default=3_000_000)
     ap.add_argument("--file-rows", type=int, default=20_000)
