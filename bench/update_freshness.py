@@ -292,6 +292,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-files", type=int, default=16)
     ap.add_argument("--cache-mb", type=float, default=64.0)
     ap.add_argument("--update-args", default="", help="extra `offgraph update` flags, e.g. '--nice 10'")
+    ap.add_argument("--serve-args", default="", help="extra `offgraph serve` flags, e.g. '--follow-seconds 1'")
     ap.add_argument("--in-process", action="store_true", help="skip `offgraph serve`; use the in-process scorer")
     ap.add_argument("--work", help="scratch folder (default: a temporary one, removed)")
     ap.add_argument("--out", default="update_freshness.json")
@@ -329,7 +330,9 @@ def main(argv=None) -> int:
         if not args.in_process:
             port = _free_port()
             server = _start(py + ["serve", "--models", str(models), "--port", str(port), "--cache-mb",
-                                  str(args.cache_mb), "--log-level", "warning"], work / "serve.log", env)
+                                  str(args.cache_mb), "--log-level", "warning", *args.serve_args.split()],
+                            work / "serve.log", env)
+            report["serve_args"] = args.serve_args
             if _wait_http(f"http://127.0.0.1:{port}/readyz", 240, server):
                 scorer, report["target"] = HttpScorer(port), f"offgraph serve --cache-mb {args.cache_mb:g}"
             else:
