@@ -15,7 +15,7 @@ from dense_model.splits import held_out_mask
 from dense_model.train import TrainConfig
 from exporter.calibration import calibrate
 from exporter.scorer import Scorer, resolve_version
-from features.fg import _freeze
+from features.fg import freeze_value
 
 
 def requests_from_rows(spec, columns: dict[str, list], idx: np.ndarray):
@@ -23,7 +23,7 @@ def requests_from_rows(spec, columns: dict[str, list], idx: np.ndarray):
     req_inputs, item_inputs = spec.raw_inputs("request"), spec.raw_inputs("item")
     groups: dict[tuple, list[int]] = {}
     for pos, i in enumerate(idx.tolist()):
-        key = tuple(_freeze(columns[c][i]) for c in req_inputs)
+        key = tuple(freeze_value(columns[c][i]) for c in req_inputs)
         groups.setdefault(key, []).append(pos)
     for positions in groups.values():
         first = idx[positions[0]]

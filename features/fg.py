@@ -84,9 +84,11 @@ def _ragged_gather(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) ->
     return RaggedIds(flat[idx], offsets)
 
 
-def _freeze(v: Any):
+def freeze_value(v: Any):
+    """A hashable key for a raw value that tells apart values FG hashes differently
+    (lists -> tuples, NaN -> None, bools tagged since True == 1)."""
     if isinstance(v, (list, tuple, np.ndarray)):
-        return tuple(_freeze(x) for x in v)
+        return tuple(freeze_value(x) for x in v)
     if isinstance(v, dict):
         return ("__dict__",)  # invalid anyway: FG reports it on a miss
     if isinstance(v, float) and v != v:
@@ -98,7 +100,7 @@ def _freeze(v: Any):
 
 def _fast_key(values) -> tuple:
     """Item-cache key of plain values (lists -> tuples, NaN -> None); TypeError for anything
-    needing the exact ``_freeze`` key: nested or non-plain values, and bools (True == 1)."""
+    needing the exact ``freeze_value`` key: nested or non-plain values, and bools (True == 1)."""
     out = []
     for v in values:
         t = type(v)
@@ -293,7 +295,7 @@ class FeatureGenerator:
                 k = _fast_key(map(cand.get, inputs))
                 e = cache.get(k)
             except TypeError:  # a nested or non-plain value: the slow, exact key
-                k = tuple(_freeze(cand.get(c)) for c in inputs)
+                k = tuple(freeze_value(cand.get(c)) for c in inputs)
                 e = cache.get(k)
             keys.append(k)
             entries.append(e)

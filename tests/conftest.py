@@ -30,3 +30,18 @@ def small_run(movielens_table, tmp_path_factory):
     run = tmp_path_factory.mktemp("run") / "run"
     train_run(spec, table, TrainConfig(epochs=1, split="per-key-time"), run, progress=False)
     return run, table
+
+
+def run_then_kill(code: str, seconds: float = 1.0) -> None:
+    """Run ``python -c code`` until it prints "ready", let it work ``seconds``, then SIGKILL it."""
+    import subprocess
+    import sys
+    import threading
+
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        threading.Event().wait(seconds)
+    finally:
+        proc.kill()
+        proc.wait()

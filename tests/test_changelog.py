@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import run_then_kill
 
 from embstore import StoreConfig, WriteResult, open_store
 from embstore.keys import shard_of
@@ -294,14 +295,7 @@ def test_rows_seqs_and_change_records_are_one_atomic_batch_under_kill(tmp_path, 
     recorded source offset (all written in the same batches)."""
     path = str(tmp_path / "s")
     open_store(path, cfg, mode="w").close()
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER.format(root=ROOT, path=path, dim=D)],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        threading.Event().wait(1.0)
-    finally:
-        proc.kill()
-        proc.wait()
+    run_then_kill(KILLED_WRITER.format(root=ROOT, path=path, dim=D))
     with open_store(path, mode="r") as st:
         offsets = [int(x) for x in st.get_meta_per_shard(b"offset")]
         assert min(offsets) > 5

@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import run_then_kill
 
 from embstore import EmbeddingStore, StoreConfig, get_codec, open_store
 
@@ -265,14 +266,7 @@ def test_batches_are_atomic_under_kill(tmp_path, cfg):
     the batches up to that shard's recorded offset are there, and none after."""
     path = str(tmp_path / "s")
     open_store(path, cfg, mode="w").close()
-    code = WRITER_LOOP.format(root=ROOT, path=path, dim=D)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        threading.Event().wait(1.0)
-    finally:
-        proc.kill()
-        proc.wait()
+    run_then_kill(WRITER_LOOP.format(root=ROOT, path=path, dim=D))
     from embstore.keys import shard_of
 
     with open_store(path, mode="r") as st:
