@@ -5,7 +5,8 @@ FG, behind the same kind of FastAPI endpoint as ``offgraph serve``.
     python -m bench.ingraph_baseline --run RUN --export-dir DIR --port 8501
 
 ``POST /v1/models/{name}:score`` takes and answers exactly what the offgraph server does
-(``server.schemas.ScoreRequest`` / ``ScoreResponse``); the request path is
+(``server.schemas.ScoreRequest`` / ``ScoreResponse``, bodies parsed by the same
+``server.score_body.ScoreBodyParser``); the request path is
 FG (``FeatureGenerator.transform``, with the same per-item cache) -> padded ids/masks
 (request fields tiled to N rows) -> one SavedModel call (gather + pool + FM + MLP in TF)
 -> calibration, in a bounded thread pool. Only the name in the path is not checked.
@@ -19,11 +20,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Annotated, Any
 
 import numpy as np
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 
 from server.schemas import ScoreRequest, ScoreResponse
+from server.score_body import ScoreBodyParser
 
 SIGNATURE = "serving_default"
 MAX_VALUES_PER_FIELD = 64  # as dense_model.inputs pads for training
@@ -117,9 +120,13 @@ def create_baseline_app(scorer: InGraphScorer, score_threads: int, max_candidate
             pool.shutdown(wait=True)
 
     app = FastAPI(title="offgraph in-graph baseline", lifespan=lifespan)
+    parser = ScoreBodyParser(ScoreRequest, max_candidates)
+
+    async def score_body(request: Request) -> Any:
+        return parser.parse(await request.body())
 
     @app.post("/v1/models/{name}:score")
-    async def score(name: str, body: ScoreRequest, request: Request) -> ScoreResponse:
+    async def score(name: str, body: Annotated[Any, Depends(score_body)], request: Request) -> ScoreResponse:
         if len(body.candidates) > max_candidates:
             raise HTTPException(422, f"at most {max_candidates} candidates")
         scores = await asyncio.get_running_loop().run_in_executor(

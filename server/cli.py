@@ -8,7 +8,6 @@ from server.config import ADMIN_TOKEN_ENV
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
-    cpus = os.cpu_count() or 1
     p = sub.add_parser("serve", help="serve every model under MODELS over HTTP (FastAPI + uvicorn)")
     p.add_argument("--models", required=True, help="MODELS directory: serves every MODELS/<name>/ at its newest "
                                                    "complete version")
@@ -22,8 +21,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                    help="TensorFlow intra-op threads (default 1: per-request graphs are small; concurrency "
                         "comes from --score-threads)")
     p.add_argument("--inter-threads", type=int, default=1, help="TensorFlow inter-op threads (default 1)")
-    p.add_argument("--score-threads", type=int, default=max(2, min(cpus, 8)),
-                   help=f"threads running the scorer (default {max(2, min(cpus, 8))})")
+    p.add_argument("--workers", type=int, default=1,
+                   help="server processes sharing the port (default 1). One Python process scores on about one "
+                        "core; use about one worker per core the server may use. Admin actions reach every "
+                        "worker; metrics are summed; --cache-mb is split between the workers")
+    p.add_argument("--score-threads", type=int, default=2,
+                   help="threads running the scorer in each worker (default 2: the scorer holds the GIL for "
+                        "most of a request, so more threads mostly add contention)")
     p.add_argument("--admin-token", default=None,
                    help=f"bearer token of the admin actions (default: ${ADMIN_TOKEN_ENV}; none: admin disabled)")
     p.add_argument("--poll-seconds", type=float, default=2.0, help="how often MODELS is scanned (default 2)")
@@ -36,14 +40,6 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 def run(args) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # TF's pools first, before anything can run a TF op
-    from server.tf_threads import configure_tf_threads
-
-    configure_tf_threads(args.intra_threads, args.inter_threads)
-
-    import uvicorn
-
-    from server.app import create_app
     from server.config import ServerConfig
 
     config = ServerConfig(
@@ -52,6 +48,20 @@ def run(args) -> int:
         admin_token=args.admin_token or ServerConfig.admin_token_from_env(), score_threads=args.score_threads,
         follow_interval_s=args.follow_seconds,
         intra_threads=args.intra_threads, inter_threads=args.inter_threads)
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers > 1:
+        from server.workers import Supervisor
+
+        return Supervisor(config, args.host, args.port, args.workers, args.log_level).run()
+    # TF's pools first, before anything can run a TF op
+    from server.tf_threads import configure_tf_threads
+
+    configure_tf_threads(args.intra_threads, args.inter_threads)
+    import uvicorn
+
+    from server.app import create_app
+
     app = create_app(config)
     uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools", workers=1,
                 access_log=False, log_level=args.log_level, timeout_graceful_shutdown=10)

@@ -30,6 +30,10 @@ class ServerConfig:
     verify: check the dense model's checksums when a version loads.
     tune_gc: ``gc.freeze()`` the objects alive when the app is built (TF's ~400k) and raise the
         young-generation threshold (see ``server.gc_tuning``).
+    workers / worker_id / control_dir: set by ``server.workers`` when several worker processes
+        share the port: admin actions are recorded in ``control_dir`` and every worker follows
+        them (``server.control``); metrics are aggregated over the workers (Prometheus
+        multiprocess mode). One process (the default): ``workers=1`` and no control_dir.
     """
 
     models_dir: Path
@@ -46,11 +50,21 @@ class ServerConfig:
     warmup_candidates: int = 200
     verify: bool = True
     tune_gc: bool = True
+    workers: int = 1
+    worker_id: int = 0
+    control_dir: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models_dir", Path(self.models_dir))
         if not self.models_dir.is_dir():
             raise ValueError(f"--models {self.models_dir}: not a directory")
+        if self.control_dir is not None:
+            object.__setattr__(self, "control_dir", Path(self.control_dir))
+        if not (isinstance(self.workers, int) and self.workers >= 1 and 0 <= self.worker_id < self.workers):
+            raise ValueError(f"ServerConfig: workers must be >= 1 and 0 <= worker_id < workers, got workers="
+                             f"{self.workers!r}, worker_id={self.worker_id!r}")
+        if self.workers > 1 and self.control_dir is None:
+            raise ValueError("ServerConfig: several workers need a control_dir (admin actions are shared there)")
         if self.admin_token is not None and not self.admin_token.strip():
             object.__setattr__(self, "admin_token", None)
         checks = [

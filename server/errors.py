@@ -45,7 +45,9 @@ def _describe(err: dict[str, Any]) -> tuple[str, str]:
     kind, msg = err.get("type"), err.get("msg", "invalid")
     if kind == "json_invalid":
         ctx = err.get("ctx") or {}
-        return "body", f"not valid JSON: {ctx.get('error', msg)} at position {err['loc'][-1]}"
+        loc = err.get("loc") or ()
+        at = f" at position {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
+        return "body", f"not valid JSON: {ctx.get('error', msg)}{at}"
     where = _where(tuple(err.get("loc", ())))
     if kind == "finite_number":
         msg = "NaN and Infinity are not valid feature values (" + msg.lower() + ")"

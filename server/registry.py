@@ -4,7 +4,9 @@ Every load runs in ONE loader thread (so two versions never load at once): the
 poll task submits ``poll_once`` to it every ``poll_seconds``, admin actions submit
 ``load`` / ``rollback`` / ``unload``. A version that fails to load is refused with
 its reason and not retried until its manifest changes (mtime); the version being
-served keeps serving.
+served keeps serving. With several workers, admin decisions taken by another worker
+are read from the shared control directory (``server.control``) and applied by
+``sync_control``, in the same loader thread.
 """
 from __future__ import annotations
 
@@ -18,10 +20,14 @@ from typing import Any
 
 from exporter.manifest import MANIFEST, ModelDirError, check_model_name, complete_versions
 from server.config import ServerConfig
+from server.control import Control, Policy
 from server.loader import open_version
 from server.served import ModelHolder, Refusal, scorer_stats
 
 log = logging.getLogger("offgraph.server")
+
+CONTROL_TICK_S = 0.25
+"""With several workers: how often each applies the admin decisions of the others (and publishes metrics)."""
 
 
 class AdminError(Exception):
@@ -47,6 +53,9 @@ class ModelRegistry:
         self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offgraph-loader")
         self.initial_scan_done = False
         self.load_failures: dict[str, int] = {}
+        self.control = (Control(config.control_dir, config.worker_id, config.workers)
+                        if config.control_dir is not None else None)
+        self._applied: dict[str, int] = {}  # newest control generation applied, per model
         self._closed = False
 
     # -- discovery and polling (loader thread) --------------------------------------------------
@@ -153,17 +162,81 @@ class ModelRegistry:
         h.policy = "unloaded"
         h.swap(None)
 
+    # -- decisions shared between workers (loader thread) --------------------------------------------
+    def record_decision(self, name: str) -> Policy | None:
+        """After an admin action succeeded here: record the model's resulting policy for the other workers."""
+        if self.control is None:
+            return None
+        h = self.holder(name)
+        version = h.current.version if h.policy == "pinned" and h.current is not None else None
+        p = self.control.record(name, h.policy, version)
+        self._applied[name] = p.generation
+        self.control.ack(p, True)
+        return p
+
+    def sync_control(self) -> None:
+        """Apply the decisions other workers recorded since the last call, and acknowledge each."""
+        if self.control is None or self._closed:
+            return
+        for name, p in self.control.policies().items():
+            if p.generation <= self._applied.get(name, 0):
+                continue
+            self._applied[name] = p.generation
+            if name not in self.holders:
+                self.discover()
+            try:
+                if p.policy == "unloaded":
+                    self.unload(name)
+                elif p.policy == "latest":
+                    self.load(name, None)
+                else:
+                    self.load(name, p.version)
+            except AdminError as e:
+                log.error("worker %d: model %s: cannot follow the admin decision %s %s: %s", self.config.worker_id,
+                          name, p.policy, p.version if p.version is not None else "", e.detail)
+                self.control.ack(p, False, e.detail)
+                continue
+            log.info("worker %d: model %s follows the admin decision: %s %s", self.config.worker_id, name, p.policy,
+                     p.version if p.version is not None else "")
+            self.control.ack(p, True)
+
+    async def wait_for_workers(self, p: Policy, timeout_s: float) -> None:
+        """Until every worker acknowledged ``p``; AdminError naming those that failed or did not answer."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            acks = self.control.acks(p)
+            failed = [f"worker {a.worker}: {a.detail}" for a in acks.values() if not a.ok]
+            if failed:
+                raise AdminError(409, f"model '{p.model}': done by this worker, but " + "; ".join(failed))
+            if len(acks) == self.config.workers:
+                return
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(self.config.workers)) - set(acks))
+                raise AdminError(504, f"model '{p.model}': done by {len(acks)} of {self.config.workers} workers; "
+                                      f"workers {missing} did not follow within {timeout_s:g}s (they still may)")
+            await asyncio.sleep(0.05)
+
     # -- async wrappers ----------------------------------------------------------------------------
     async def run_in_loader(self, fn, *args) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.loader, fn, *args)
 
-    async def poll_forever(self) -> None:
+    async def poll_forever(self, on_tick=None) -> None:
+        """Scan MODELS every ``poll_seconds``; with a control directory, apply the other workers'
+        admin decisions (first, then every ``CONTROL_TICK_S``) and call ``on_tick`` as often."""
+        tick = min(self.config.poll_seconds, CONTROL_TICK_S) if self.control is not None else self.config.poll_seconds
+        next_poll = 0.0
         while True:
             try:
-                await self.run_in_loader(self.poll_once)
+                if self.control is not None:
+                    await self.run_in_loader(self.sync_control)
+                if time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + self.config.poll_seconds
+                    await self.run_in_loader(self.poll_once)
+                if on_tick is not None:
+                    on_tick()
             except Exception:  # noqa: BLE001 - the poller must survive anything
                 log.exception("polling %s failed", self.models_dir)
-            await asyncio.sleep(self.config.poll_seconds)
+            await asyncio.sleep(tick)
 
     def close(self) -> None:
         self._closed = True

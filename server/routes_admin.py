@@ -1,4 +1,5 @@
-"""Admin actions (bearer token): :load, :unload, :rollback. They wait for the loader thread."""
+"""Admin actions (bearer token): :load, :unload, :rollback. They wait for the loader thread, and with
+several workers, until every worker has followed the decision (``server.control``)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
@@ -14,12 +15,20 @@ router = APIRouter(tags=["admin"], dependencies=[Depends(require_admin)], respon
     404: {"model": ErrorResponse, "description": "Unknown model or version."},
     409: {"model": ErrorResponse, "description": "The version was refused (the reason is given) or there is "
                                                   "nothing to roll back to."},
+    504: {"model": ErrorResponse, "description": "Several workers: not every worker followed in time."},
 })
+
+WORKERS_WAIT_S = 300.0
+"""How long an admin call waits for the other workers (each may have a version to load and warm up)."""
 
 
 async def _run(state, name: str, fn, *args) -> ModelStatus:
+    models = state.models
     try:
-        await state.models.run_in_loader(fn, name, *args)
+        await models.run_in_loader(fn, name, *args)
+        decision = await models.run_in_loader(models.record_decision, name)
+        if decision is not None:
+            await models.wait_for_workers(decision, WORKERS_WAIT_S)
     except AdminError as e:
         raise ApiError(e.status, e.detail) from None
     return ModelStatus(**state.models.status(state.models.holders[name]))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from server.deps import State
 from server.schemas import Health, Readiness
@@ -34,4 +34,4 @@ async def readyz(state: State) -> Readiness:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(state: State) -> Response:
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

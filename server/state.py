@@ -25,7 +25,7 @@ class ServerState:
     @classmethod
     def build(cls, config: ServerConfig) -> "ServerState":
         models = ModelRegistry(config)
-        return cls(config, models, ServerMetrics(models))
+        return cls(config, models, ServerMetrics(models, multiprocess=config.workers > 1))
 
     async def run_scoring(self, fn: Callable[..., Any], *args) -> Any:
         """Run ``fn(*args)`` in the bounded scoring pool, without blocking the event loop."""
@@ -33,7 +33,8 @@ class ServerState:
 
     async def start(self) -> None:
         self.pool = ThreadPoolExecutor(max_workers=self.config.score_threads, thread_name_prefix="offgraph-score")
-        self._poll_task = asyncio.create_task(self.models.poll_forever(), name="offgraph-poll")
+        self._poll_task = asyncio.create_task(self.models.poll_forever(on_tick=self.metrics.publish),
+                                             name="offgraph-poll")
 
     async def stop(self) -> None:
         if self._poll_task is not None:

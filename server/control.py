@@ -1,0 +1,89 @@
+"""Admin decisions shared by the worker processes of one server (``serve --workers N``).
+
+An admin call reaches ONE worker. That worker applies it, then records the resulting
+policy of the model in ``CONTROL/policy/<model>.json`` (atomic rename); every worker
+checks these records a few times a second, applies a newer one (same code as the admin
+call) and acknowledges it in ``CONTROL/acks/<worker>/<model>.json``. The worker that
+took the call answers once every worker has acknowledged (or the wait times out), so
+after a 200 every worker serves what the admin asked for. A worker that starts (or is
+restarted) applies the recorded policies before it reports ready.
+
+A record is ``{"policy": "latest" | "pinned" | "unloaded", "version": int | null,
+"generation": int}``; generations are nanosecond timestamps, a later decision wins.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+POLICIES = ("latest", "pinned", "unloaded")
+
+
+@dataclass(frozen=True)
+class Policy:
+    model: str
+    policy: str
+    version: int | None
+    generation: int
+
+
+@dataclass(frozen=True)
+class Ack:
+    worker: int
+    generation: int
+    ok: bool
+    detail: str
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class Control:
+    def __init__(self, root: str | Path, worker: int, workers: int):
+        self.root, self.worker, self.workers = Path(root), worker, workers
+        (self.root / "policy").mkdir(parents=True, exist_ok=True)
+        (self.root / "acks" / str(worker)).mkdir(parents=True, exist_ok=True)
+
+    def record(self, model: str, policy: str, version: int | None) -> Policy:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        p = Policy(model, policy, version, time.time_ns())
+        _write_json(self.root / "policy" / f"{model}.json",
+                    {"policy": policy, "version": version, "generation": p.generation})
+        return p
+
+    def policies(self) -> dict[str, Policy]:
+        out = {}
+        for path in sorted((self.root / "policy").glob("*.json")):
+            d = _read_json(path)
+            if d is None or d.get("policy") not in POLICIES:
+                continue
+            out[path.stem] = Policy(path.stem, d["policy"], d.get("version"), int(d.get("generation", 0)))
+        return out
+
+    def ack(self, p: Policy, ok: bool, detail: str = "") -> None:
+        _write_json(self.root / "acks" / str(self.worker) / f"{p.model}.json",
+                    {"generation": p.generation, "ok": ok, "detail": detail})
+
+    def acks(self, p: Policy) -> dict[int, Ack]:
+        """Acknowledgements of ``p`` (or of a later decision) by worker."""
+        out = {}
+        for w in range(self.workers):
+            d = _read_json(self.root / "acks" / str(w) / f"{p.model}.json")
+            if d is not None and int(d.get("generation", 0)) >= p.generation:
+                out[w] = Ack(w, int(d["generation"]), bool(d.get("ok")), str(d.get("detail", "")))
+        return out
