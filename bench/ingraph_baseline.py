@@ -20,7 +20,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -126,7 +126,7 @@ def create_baseline_app(scorer: InGraphScorer, score_threads: int, max_candidate
         return parser.parse(await request.body())
 
     @app.post("/v1/models/{name}:score")
-    async def score(name: str, body: Annotated[Any, Depends(score_body)], request: Request) -> ScoreResponse:
+    async def score(name: str, request: Request, body: Any = Depends(score_body)) -> ScoreResponse:
         if len(body.candidates) > max_candidates:
             raise HTTPException(422, f"at most {max_candidates} candidates")
         scores = await asyncio.get_running_loop().run_in_executor(
@@ -140,6 +140,24 @@ def create_baseline_app(scorer: InGraphScorer, score_threads: int, max_candidate
     return app
 
 
+def _serve(run: str, export_dir: str, host: str, port: int, score_threads: int, intra: int, inter: int) -> None:
+    """One server process (the only one, or a worker of several): load, warm up, serve."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from server.tf_threads import configure_tf_threads
+
+    configure_tf_threads(intra, inter)
+    scorer = InGraphScorer(run, export_ingraph(run, export_dir))
+    warm = [{c: None for c in scorer.spec.raw_inputs("item")}] * 200
+    for n in (1, 16, 200):
+        scorer.score({}, warm[:n])
+    app = create_baseline_app(scorer, score_threads)
+    from server.gc_tuning import tune_gc
+    from server.workers import reuseport_socket, serve_on
+
+    tune_gc()  # the same GC settings as offgraph serve
+    serve_on(app, reuseport_socket(host, port), "warning")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, help="run directory (offgraph train)")
@@ -148,24 +166,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8501)
     p.add_argument("--intra-threads", type=int, default=1)
     p.add_argument("--inter-threads", type=int, default=1)
-    p.add_argument("--score-threads", type=int, default=max(2, min(os.cpu_count() or 1, 8)))
+    p.add_argument("--score-threads", type=int, default=2)
+    p.add_argument("--workers", type=int, default=1, help="server processes on the port (SO_REUSEPORT), as "
+                                                          "offgraph serve --workers")
     args = p.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from server.tf_threads import configure_tf_threads
+    from server.workers import check_port_free
 
-    configure_tf_threads(args.intra_threads, args.inter_threads)
-    import uvicorn
+    check_port_free(args.host, args.port)
+    serve_args = (args.run, args.export_dir, args.host, args.port, args.score_threads, args.intra_threads,
+                  args.inter_threads)
+    if args.workers <= 1:
+        _serve(*serve_args)
+        return 0
+    import multiprocessing
+    import signal
 
-    scorer = InGraphScorer(args.run, export_ingraph(args.run, args.export_dir))
-    warm = [{c: None for c in scorer.spec.raw_inputs("item")}] * 200
-    for n in (1, 16, 200):
-        scorer.score({}, warm[:n])
-    app = create_baseline_app(scorer, args.score_threads)
-    from server.gc_tuning import tune_gc
-
-    tune_gc()  # the same GC settings as offgraph serve
-    uvicorn.run(app, host=args.host, port=args.port, loop="uvloop",
-                http="httptools", workers=1, access_log=False, log_level="warning")
+    export_ingraph(args.run, args.export_dir)  # once, before the workers read it (this process does not serve)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_serve, args=serve_args) for _ in range(args.workers)]
+    for w in procs:
+        w.start()
+    signal.signal(signal.SIGTERM, lambda *_: [w.terminate() for w in procs])
+    for w in procs:
+        w.join()
     return 0
 
 

@@ -1,7 +1,8 @@
 """HTTP serving latency: ``offgraph serve`` (embeddings out of the graph) vs an in-graph baseline.
 
 Both servers run as subprocesses on free loopback ports, with the same uvicorn settings
-(uvloop, httptools, one worker), the same TF threads and the same scoring-pool size:
+(uvloop, httptools), the same number of worker processes (``--workers``, default one per
+core, sharing the port with SO_REUSEPORT), the same TF threads and scoring-pool size:
 
 * offgraph: ``offgraph serve`` over the exported versions (default models ``sint8`` and ``sfp32``,
   linked into a private MODELS directory);
@@ -98,11 +99,30 @@ class Conn:
         self.w.close()
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (from /proc)."""
+def _stat(pid: int) -> list[str]:
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time so far of a process and its live descendants (a server's workers), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                children.setdefault(int(_stat(int(entry))[1]), []).append(int(entry))
+            except OSError:  # gone meanwhile
+                pass
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = _stat(p)
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+        todo += children.get(p, [])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 async def run_cell(host: str, port: int, path: str, bodies: list[bytes], concurrency: int, max_requests: int,
@@ -299,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=40, help="warm-up requests per cell")
     ap.add_argument("--bodies", type=int, default=64, help="distinct requests per N")
     ap.add_argument("--score-threads", type=int, default=None, help="servers' scoring threads (default: theirs)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                    help="server processes of each server (--workers of offgraph serve and of the baseline; "
+                         "default: one per core)")
     ap.add_argument("--intra-threads", type=int, default=1)
     ap.add_argument("--inter-threads", type=int, default=1)
     ap.add_argument("--cache-mb", type=float, default=256.0)
@@ -325,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     (work / "models").mkdir()
     for n in names:
         os.symlink(models_src / n, work / "models" / n)
-    threads = ["--intra-threads", str(args.intra_threads), "--inter-threads", str(args.inter_threads)]
+    threads = ["--intra-threads", str(args.intra_threads), "--inter-threads", str(args.inter_threads),
+               "--workers", str(args.workers)]
     if args.score_threads:
         threads += ["--score-threads", str(args.score_threads)]
     og_port, ig_port = free_port(), free_port()
@@ -415,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"sizes": sizes, "concurrency": concs, "requests_per_cell": args.requests,
                      "seconds_per_cell": args.seconds, "warmup": args.warmup, "bodies_per_n": args.bodies,
                      "intra_threads": args.intra_threads, "inter_threads": args.inter_threads,
-                     "score_threads": args.score_threads, "cache_mb": args.cache_mb, "models": names,
+                     "score_threads": args.score_threads, "workers": args.workers, "cache_mb": args.cache_mb, "models": names,
                      "follow_seconds": args.follow_seconds,
                      "run": str(args.run), "data": str(args.data)},
         "results": results, "ratio_vs_ingraph": ratios, "acceptance_n200": acceptance,

@@ -49,6 +49,25 @@ def check_port_free(host: str, port: int) -> None:
             raise OSError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
 
 
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` in the port's SO_REUSEPORT group (one per worker)."""
+    sock = socket.socket(_family(host), socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
+
+
+def serve_on(app, sock: socket.socket, log_level: str) -> None:
+    """Run ``app`` under uvicorn (uvloop, httptools) on ``sock`` until SIGTERM / SIGINT."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, loop="uvloop", http="httptools", access_log=False,
+                                           log_level=log_level, timeout_graceful_shutdown=10))
+    server.run(sockets=[sock])
+
+
 def _worker_main(config: ServerConfig, host: str, port: int, log_level: str) -> None:
     """One worker process (spawned: nothing of the parent's TensorFlow state is inherited)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -57,19 +76,10 @@ def _worker_main(config: ServerConfig, host: str, port: int, log_level: str) -> 
     from server.tf_threads import configure_tf_threads
 
     configure_tf_threads(config.intra_threads, config.inter_threads)
-    import uvicorn
-
     from server.app import create_app
 
-    sock = socket.socket(_family(host), socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    app = create_app(config)
-    server = uvicorn.Server(uvicorn.Config(app, loop="uvloop", http="httptools", access_log=False,
-                                           log_level=log_level, timeout_graceful_shutdown=10))
-    server.run(sockets=[sock])
+    sock = reuseport_socket(host, port)
+    serve_on(create_app(config), sock, log_level)
 
 
 class Supervisor:

@@ -32,6 +32,47 @@ def small_run(movielens_table, tmp_path_factory):
     return run, table
 
 
+@pytest.fixture(scope="session")
+def tiny_model(movielens_table, tmp_path_factory):
+    """(pristine MODELS dir holding ml/1, the table slice): a 1-epoch DeepFM with tables 1/50 of the example's."""
+    from dense_model.train import TrainConfig, train_run
+    import yaml
+
+    from exporter.export import export_run
+    from features import parse_spec
+
+    raw = yaml.safe_load((REPO / "examples" / "movielens.yaml").read_text())
+    for f in raw["fields"]:
+        f["rows"] = max(16, f["rows"] // 50)
+    spec = parse_spec(raw, source="tiny movielens")
+    table = movielens_table.slice(0, 8000)
+    root = tmp_path_factory.mktemp("server_model")
+    train_run(spec, table, TrainConfig(epochs=1, batch_size=512, split="per-key-time"), root / "run",
+              progress=False)
+    export_run(root / "run", root / "models" / "ml" / "1", shards=2, quant="fp32", progress=False)
+    return root / "models", table
+
+
+@pytest.fixture(scope="session")
+def requests_(tiny_model):
+    """Real requests: rows grouped by request_id -> (request features, candidates' item features)."""
+    _, table = tiny_model
+    cols = table.to_pydict()
+    req_in = ["user_id", "age", "gender", "occupation", "zip_prefix"]
+    item_in = ["movie_id", "genres", "title_words", "release_year"]
+    groups: dict[str, list[int]] = {}
+    for i, rid in enumerate(cols["request_id"]):
+        groups.setdefault(rid, []).append(i)
+    out = []
+    for rows in groups.values():
+        if len(rows) >= 3:
+            out.append(({c: cols[c][rows[0]] for c in req_in},
+                        [{c: cols[c][i] for c in item_in} for i in rows[:100]]))
+        if len(out) == 60:
+            break
+    return out
+
+
 def run_then_kill(code: str, seconds: float = 1.0) -> None:
     """Run ``python -c code`` until it prints "ready", let it work ``seconds``, then SIGKILL it."""
     import subprocess

@@ -1,7 +1,7 @@
 """The HTTP scoring server, through a real uvicorn on 127.0.0.1 and a real HTTP client (httpx).
 
-A tiny DeepFM (MovieLens spec with small tables) is trained on a MovieLens slice and
-exported once per session; each server gets its own copy of MODELS.
+A tiny DeepFM (MovieLens spec with small tables, conftest's ``tiny_model``) is trained on a
+MovieLens slice and exported once per session; each server gets its own copy of MODELS.
 """
 import json
 import os
@@ -18,39 +18,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import yaml
+from server_helpers import TOKEN, copy_models, copy_version, score, wait_for, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
-TOKEN = "test-admin-token"
 MAX_CANDIDATES = 300
 MAX_BODY = 1 << 20
 
 
 # -- fixtures -----------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def tiny_model(movielens_table, tmp_path_factory):
-    """(pristine MODELS dir holding ml/1, the table slice): a 1-epoch DeepFM with tables 1/50 of the example's."""
-    from dense_model.train import TrainConfig, train_run
-    from exporter.export import export_run
-    from features import parse_spec
-
-    raw = yaml.safe_load((REPO / "examples" / "movielens.yaml").read_text())
-    for f in raw["fields"]:
-        f["rows"] = max(16, f["rows"] // 50)
-    spec = parse_spec(raw, source="tiny movielens")
-    table = movielens_table.slice(0, 8000)
-    root = tmp_path_factory.mktemp("server_model")
-    train_run(spec, table, TrainConfig(epochs=1, batch_size=512, split="per-key-time"), root / "run",
-              progress=False)
-    export_run(root / "run", root / "models" / "ml" / "1", shards=2, quant="fp32", progress=False)
-    return root / "models", table
-
-
-def _copy_models(pristine: Path, dest: Path) -> Path:
-    shutil.copytree(pristine, dest)
-    return dest
-
-
 class ThreadServer:
     """uvicorn.Server (uvloop + httptools, like the CLI) in a thread, on a socket bound to a free port."""
 
@@ -76,33 +51,6 @@ class ThreadServer:
         assert not self.thread.is_alive(), "uvicorn did not stop"
 
 
-def wait_ready(url: str, timeout: float, proc=None) -> None:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"server exited with {proc.returncode}")
-        try:
-            r = httpx.get(url + "/readyz", timeout=2)
-            if r.status_code == 200:
-                return
-            last = r.text
-        except httpx.TransportError as e:
-            last = repr(e)
-        time.sleep(0.1)
-    raise AssertionError(f"server at {url} not ready after {timeout}s: {last}")
-
-
-def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def _config(models: Path, **kw):
     from server import ServerConfig
 
@@ -114,7 +62,7 @@ def _config(models: Path, **kw):
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
-    models = _copy_models(tiny_model[0], tmp_path_factory.mktemp("srv") / "models")
+    models = copy_models(tiny_model[0], tmp_path_factory.mktemp("srv") / "models")
     srv = ThreadServer(_config(models))
     srv.models = models
     yield srv
@@ -128,38 +76,12 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def requests_(tiny_model):
-    """Real requests: rows grouped by request_id -> (request features, candidates' item features)."""
-    _, table = tiny_model
-    cols = table.to_pydict()
-    req_in = ["user_id", "age", "gender", "occupation", "zip_prefix"]
-    item_in = ["movie_id", "genres", "title_words", "release_year"]
-    groups: dict[str, list[int]] = {}
-    for i, rid in enumerate(cols["request_id"]):
-        groups.setdefault(rid, []).append(i)
-    out = []
-    for rows in groups.values():
-        if len(rows) >= 3:
-            out.append(({c: cols[c][rows[0]] for c in req_in},
-                        [{c: cols[c][i] for c in item_in} for i in rows[:100]]))
-        if len(out) == 60:
-            break
-    return out
-
-
-@pytest.fixture(scope="module")
 def library(server):
     from exporter.scorer import load
 
     s = load(server.models / "ml")
     yield s
     s.close()
-
-
-def score(client, body, name="ml", **kw):
-    content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return client.post(f"/v1/models/{name}:score", content=content,
-                       headers={"content-type": "application/json", **kw.pop("headers", {})}, **kw)
 
 
 # -- scoring --------------------------------------------------------------------------------------
@@ -318,20 +240,8 @@ def test_admin_needs_the_token(client):
 
 
 # -- hot swap, refusals, rollback ---------------------------------------------------------------------
-def _copy_version(src: Path, dst: Path, tamper=None, manifest_edit=None) -> None:
-    """Copy a version like an exporter writes one: everything but the manifest, then the manifest by rename."""
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("manifest.json"))
-    if tamper:
-        tamper(dst)
-    manifest = json.loads((src / "manifest.json").read_text())
-    if manifest_edit:
-        manifest_edit(manifest)
-    (dst / "manifest.json.tmp").write_text(json.dumps(manifest))
-    os.replace(dst / "manifest.json.tmp", dst / "manifest.json")
-
-
 def test_hot_swap_under_load_refusals_and_rollback(tiny_model, requests_, tmp_path):
-    models = _copy_models(tiny_model[0], tmp_path / "models")
+    models = copy_models(tiny_model[0], tmp_path / "models")
     srv = ThreadServer(_config(models))
     admin = {"Authorization": f"Bearer {TOKEN}"}
     stop = threading.Event()
@@ -352,7 +262,7 @@ def test_hot_swap_under_load_refusals_and_rollback(tiny_model, requests_, tmp_pa
             for t in threads:
                 t.start()
             wait_for(lambda: len(seen) > 5, 20, "the first requests")
-            _copy_version(models / "ml" / "1", models / "ml" / "2")
+            copy_version(models / "ml" / "1", models / "ml" / "2")
             wait_for(lambda: c.get("/v1/models/ml").json()["loaded"]["version"] == 2, 30, "version 2 served")
             n_swap = len(seen)
             wait_for(lambda: len(seen) > n_swap + 10, 20, "requests after the swap")
@@ -369,10 +279,10 @@ def test_hot_swap_under_load_refusals_and_rollback(tiny_model, requests_, tmp_pa
                 pb = d / "dense" / "saved_model.pb"
                 pb.write_bytes(pb.read_bytes() + b"\0")
 
-            _copy_version(models / "ml" / "1", models / "ml" / "3", tamper=tamper_dense)
-            _copy_version(models / "ml" / "1", models / "ml" / "4",
+            copy_version(models / "ml" / "1", models / "ml" / "3", tamper=tamper_dense)
+            copy_version(models / "ml" / "1", models / "ml" / "4",
                           tamper=lambda d: shutil.rmtree(d / "store" / "shard-001"))
-            _copy_version(models / "ml" / "1", models / "ml" / "5",
+            copy_version(models / "ml" / "1", models / "ml" / "5",
                           manifest_edit=lambda m: m.update(fg_version="offgraph-fg-0"))
             st = wait_for(lambda: (lambda s: s if len(s["refused"]) == 3 else None)(c.get("/v1/models/ml").json()),
                           30, "versions 3, 4 and 5 refused")
@@ -411,7 +321,7 @@ def test_hot_swap_under_load_refusals_and_rollback(tiny_model, requests_, tmp_pa
 
 # -- the CLI -------------------------------------------------------------------------------------------------
 def test_offgraph_serve_cli(tiny_model, requests_, tmp_path):
-    models = _copy_models(tiny_model[0], tmp_path / "models")
+    models = copy_models(tiny_model[0], tmp_path / "models")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pytest
 
 from exporter.calibration import calibrate
 from exporter.export import export_run

@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from dense_model.metrics_impl import auc, logloss, ndcg_at_k

@@ -1,0 +1,89 @@
+"""The score body's fast decoder (msgspec) accepts exactly what the documented pydantic model accepts."""
+import json
+
+import pytest
+from pydantic import Field, ValidationError, create_model
+
+from server.schemas import Features, ScoreRequest
+from server.score_body import ScoreBodyParser, fast_model
+
+MAX = 3
+Body = create_model("ScoreRequest", __base__=ScoreRequest,
+                    candidates=(list[Features], Field(min_length=1, max_length=MAX)))
+
+GOOD = [
+    b'{"candidates": [{}]}',
+    b'{"request": {"u": 1, "g": "F", "b": true, "x": null, "f": 0.5, "l": [1, "a", 2.5, false, null]},'
+    b' "candidates": [{"m": 3, "genres": ["a", "b"]}, {"m": -4, "genres": []}], "version": 7}',
+    b'{"candidates": [{"m": 1}], "version": null}',
+    b'{"candidates": [{"m": 1e300, "n": -0.0, "big": 9223372036854775807}], "request": {}}',
+    b'{"candidates": [{"m": 1}, {"m": 2}, {"m": 3}]}',
+    b'{"candidates": [{"\\u00e9t\\u00e9": "\\ud83d\\ude00"}]}',
+    b' {"candidates" : [ {"m" : "1"} ] } ',
+    b'{"candidates": [{"m": 123456789012345678901234567890}], "version": 123456789012345678901234567890}',
+    b'{"candidates": [{}], "candidates": [{"a": 1, "a": 2}], "version": 1, "version": 2}',  # the last one wins
+]
+BAD = [
+    b'', b'null', b'[]', b'[1, 2]', b'{}', b'{"request": {}}', b'{"candidates": []}',
+    b'{"candidates": [{}, {}, {}, {}]}',                       # more than MAX
+    b'{"candidates": [{"m": NaN}]}', b'{"candidates": [{"m": Infinity}]}', b'{"candidates": [{"m": 1e999}]}',
+    b'{"candidates": [{"m": {"x": 1}}]}', b'{"candidates": [{"m": [[1]]}]}', b'{"candidates": [{"m": [{}]}]}',
+    b'{"candidates": {"m": 1}}', b'{"candidates": [1]}', b'{"candidates": [{"m": 1}], "request": [1]}',
+    b'{"candidates": [{"m": 1}], "extra": 1}', b'{"candidates": [{"m": 1}], "version": -1}',
+    b'{"candidates": [{"m": 1}], "version": "2"}', b'{"candidates": [{"m": 1}], "version": true}',
+    b'{"candidates": [{"m": 1}], "version": 1.5}', b'{"candidates": [{"m": 1}]', b'{"candidates": [{"m": 1,}]}',
+    b'{"candidates": [{"m": 1}]} x', b'\xff\xfe', b'{"candidates": [{"m": "\\ud800"}]}',
+]
+
+
+def _pydantic(raw: bytes):
+    try:
+        return Body.model_validate_json(raw if raw.strip() else b"{}")
+    except ValidationError:
+        return None
+
+
+def _fast(raw: bytes):
+    import msgspec
+
+    try:
+        return msgspec.json.decode(raw, type=fast_model(MAX))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _as_dict(b) -> dict:
+    return {"request": b.request, "candidates": b.candidates, "version": b.version}
+
+
+@pytest.mark.parametrize("raw", GOOD)
+def test_valid_bodies_decode_the_same_both_ways(raw):
+    slow, fast = _pydantic(raw), _fast(raw)
+    assert slow is not None and fast is not None, raw
+    assert _as_dict(fast) == _as_dict(slow) == {"request": {}, "version": None, **json.loads(raw)}
+    # types too (1 stays an int, 1.0 a float, True a bool)
+    assert repr(_as_dict(fast)) == repr(_as_dict(slow))
+
+
+@pytest.mark.parametrize("raw", BAD)
+def test_invalid_bodies_are_refused_both_ways_with_the_documented_message(raw):
+    from fastapi.exceptions import RequestValidationError
+
+    assert _fast(raw) is None and _pydantic(raw) is None, raw
+    with pytest.raises(RequestValidationError) as e:
+        ScoreBodyParser(Body, MAX).parse(raw)
+    errs = e.value.errors()
+    assert errs and all(err["loc"][0] == "body" and err["msg"] for err in errs), errs
+
+
+def test_the_documented_model_decides_when_the_fast_decoder_refuses():
+    # a fast decoder stricter than the model (1 candidate vs MAX): the model's answer stands
+    raw = b'{"candidates": [{"m": 1}, {"m": 2}]}'
+    body = ScoreBodyParser(Body, max_candidates=1).parse(raw)
+    assert isinstance(body, Body) and body.candidates == [{"m": 1}, {"m": 2}]
+
+
+def test_openapi_documents_the_pydantic_schema():
+    schema = ScoreBodyParser(Body, MAX).openapi_extra()["requestBody"]["content"]["application/json"]["schema"]
+    assert schema["properties"]["candidates"]["maxItems"] == MAX
+    assert schema["required"] == ["candidates"] and schema["additionalProperties"] is False
