@@ -11,10 +11,12 @@ Copies an exported MovieLens version into a scratch MODELS/ml/1, then runs
     row of a fixed request, then poll the server until that request's scores change;
     latency = publish start -> first changed answer (p50/p99; acceptance p99 <= 1 s).
 (b) throughput: pre-written delta files (``--push-deltas`` rows) are renamed into the
-    spool at once; deltas/s = rows consumed by the updater (its Prometheus counter) over
-    the time to drain. Meanwhile a client sends requests back to back; its p50/p99 are
-    compared to ``--requests`` requests without the update load (acceptance: >= 200k
-    rows/s and a p99 rise <= 25%).
+    spool, all at once (``--rate 0``: a backlog, drained as fast as the updater can) or
+    at ``--rate`` deltas/s (a live stream); deltas/s = rows consumed by the updater (its
+    Prometheus counter) over the time from the first file to the last one applied.
+    Meanwhile a client sends requests back to back; its p50/p99 are compared to the
+    same client's over an equally long window just before, without the update load
+    (acceptance: >= 200k rows/s and a p99 rise <= 25%).
 """
 from __future__ import annotations
 
@@ -209,12 +211,17 @@ def write_load_files(stage: Path, total: int, per_file: int, table_rows: np.ndar
     return n
 
 
-def latencies(scorer, reqs, stop: threading.Event | None = None, minimum: int = 0) -> list[float]:
+def latencies(scorer, reqs, stop: threading.Event | None = None, minimum: int = 0,
+              seconds: float | None = None) -> list[float]:
+    """Score ``reqs`` in turn: once each, or until ``stop`` is set, or for ``seconds``."""
     out, i = [], 0
+    t_end = None if seconds is None else time.perf_counter() + seconds
     while True:
-        if stop is None and i >= len(reqs):
+        if stop is None and t_end is None and i >= len(reqs):
             break
         if stop is not None and stop.is_set() and i >= minimum:
+            break
+        if t_end is not None and time.perf_counter() >= t_end:
             break
         request, cands = reqs[i % len(reqs)]
         t0 = time.perf_counter()
@@ -224,9 +231,11 @@ def latencies(scorer, reqs, stop: threading.Event | None = None, minimum: int = 
     return out
 
 
-def throughput(scorer, spool: Path, stage: Path, reqs, metrics_port: int, total: int) -> dict:
+def throughput(scorer, spool: Path, stage: Path, reqs, metrics_port: int, total: int, file_rows: int,
+               rate: float, baseline_s: float) -> dict:
     latencies(scorer, reqs)  # warm up: every request once
-    base = latencies(scorer, reqs)
+    window = total / rate if rate > 0 else baseline_s
+    base = latencies(scorer, reqs, seconds=window)
     c0 = _counter(metrics_port, "offgraph_update_deltas_total")
     files = sorted(stage.iterdir())
     done = threading.Event()
@@ -234,7 +243,11 @@ def throughput(scorer, spool: Path, stage: Path, reqs, metrics_port: int, total:
     client = threading.Thread(target=lambda: under_load.extend(latencies(scorer, reqs, done)), daemon=True)
     t0 = time.perf_counter()
     client.start()
+    sent = 0
     for f in files:  # renames: the producer costs nothing inside the window
+        if rate > 0:  # a live stream: each file when its rows are due
+            time.sleep(max(0.0, t0 + sent / rate - time.perf_counter()))
+            sent += file_rows
         os.replace(f, spool / f.name)
     t_push = time.perf_counter() - t0
     consumed = 0.0
@@ -249,7 +262,8 @@ def throughput(scorer, spool: Path, stage: Path, reqs, metrics_port: int, total:
     client.join()
     rows_written = _counter(metrics_port, "offgraph_update_rows_applied_total")
     b, l_ = _pct(base), _pct(under_load)
-    return {"deltas": int(consumed), "files": len(files), "push_seconds": t_push, "drain_seconds": t_drain,
+    return {"deltas": int(consumed), "files": len(files), "offered_rate": rate or None, "window_seconds": window,
+            "push_seconds": t_push, "drain_seconds": t_drain,
             "deltas_per_s": consumed / t_drain, "rows_written_total": rows_written,
             "latency_no_load": b, "latency_under_load": l_,
             "p99_rise": l_["p99_ms"] / b["p99_ms"] - 1.0, "p50_rise": l_["p50_ms"] / b["p50_ms"] - 1.0}
@@ -288,11 +302,18 @@ def main(argv=None) -> int:
     ap.add_argument("--candidates", type=int, default=200)
     ap.add_argument("--fresh-candidates", type=int, default=20)
     ap.add_argument("--push-deltas", type=int, default=3_000_000)
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="deltas/s offered to the spool (a live stream); 0: all files at once (a backlog)")
+    ap.add_argument("--baseline-seconds", type=float, default=15.0,
+                    help="length of the no-load latency window with --rate 0 (with a rate: push-deltas / rate)")
     ap.add_argument("--file-rows", type=int, default=20_000)
     ap.add_argument("--batch-files", type=int, default=16)
     ap.add_argument("--cache-mb", type=float, default=64.0)
     ap.add_argument("--update-args", default="", help="extra `offgraph update` flags, e.g. '--nice 10'")
     ap.add_argument("--serve-args", default="", help="extra `offgraph serve` flags, e.g. '--follow-seconds 1'")
+    ap.add_argument("--client-cpus", default=None, metavar="LIST",
+                    help="pin this process (the load client) to these CPUs, e.g. '1' next to "
+                         "--serve-args '--cpus 0' (a client on another machine, as in production)")
     ap.add_argument("--in-process", action="store_true", help="skip `offgraph serve`; use the in-process scorer")
     ap.add_argument("--work", help="scratch folder (default: a temporary one, removed)")
     ap.add_argument("--out", default="update_freshness.json")
@@ -301,6 +322,7 @@ def main(argv=None) -> int:
 
     from exporter.manifest import load_manifest
     from features.spec import parse_spec
+    from offgraph_cli import pin_cpus
 
     src = Path(args.model_src)
     manifest = load_manifest(src, verify_dense=False)
@@ -318,7 +340,7 @@ def main(argv=None) -> int:
     server = updater = None
     report: dict = {"model_src": str(src), "quant": manifest["store"]["quant"], "shards": manifest["store"]["shards"],
                     "cpus": os.cpu_count(), "trials": args.trials, "requests": args.requests,
-                    "candidates": args.candidates}
+                    "candidates": args.candidates, "client_cpus": args.client_cpus, "rate": args.rate}
     try:
         mport = _free_port()
         updater = _start(py + ["update", "--models", str(models), "--model", NAME, "--source", f"spool:{spool}",
@@ -343,6 +365,7 @@ def main(argv=None) -> int:
             scorer = LocalScorer(vdir)
         if not _wait_http(f"http://127.0.0.1:{mport}/metrics", 120, updater):
             raise RuntimeError(f"offgraph update did not start; see {work / 'update.log'}")
+        pin_cpus(args.client_cpus)  # now: the server and the updater were started with all CPUs
         reqs = build_requests(spec, Path(args.data), args.requests, args.candidates)
         print(f"target: {report['target']}; freshness: {args.trials} trials", flush=True)
         f_req, f_cands = reqs[0][0], reqs[0][1][: args.fresh_candidates]
@@ -353,7 +376,8 @@ def main(argv=None) -> int:
         print(f"freshness: p50 {fr['p50_ms']:.0f} ms, p99 {fr['p99_ms']:.0f} ms, max {fr['max_ms']:.0f} ms, "
               f"{fr['timeouts_10s']} timeouts", flush=True)
         n = write_load_files(stage, args.push_deltas, args.file_rows, table_rows, 1, dim, 2 * 10**12)
-        report["throughput"] = throughput(scorer, spool, stage, reqs, mport, n)
+        report["throughput"] = throughput(scorer, spool, stage, reqs, mport, n, args.file_rows, args.rate,
+                                          args.baseline_seconds)
         tp = report["throughput"]
         report["store_stats_after_load"] = scorer.stats()
         print(f"throughput: {tp['deltas']:,} deltas in {tp['drain_seconds']:.1f}s = {tp['deltas_per_s']:,.0f}/s; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from offgraph_cli import add_cpus_argument, pin_cpus
 from server.config import ADMIN_TOKEN_ENV
 
 
@@ -35,11 +36,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                    help="how often each store catches up with the live updater: the freshness of streamed "
                         "rows (default 0.25; shards catch up one at a time)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_cpus_argument(p, "the server and its workers")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    pin_cpus(args.cpus)  # first: every thread and worker process inherits it
     from server.config import ServerConfig
 
     config = ServerConfig(

@@ -7,6 +7,8 @@ import logging
 import os
 import signal
 
+from offgraph_cli import add_cpus_argument, pin_cpus
+
 log = logging.getLogger("offgraph.update")
 
 
@@ -31,6 +33,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                    help="apply at most this many deltas per second (0: unlimited), to leave CPU to serving")
     p.add_argument("--nice", type=int, default=0,
                    help="raise the process's nice value by this much (e.g. 10: serving gets the CPU first)")
+    p.add_argument("--idle-priority", action="store_true",
+                   help="run at SCHED_IDLE (Linux): the updater only gets CPU time that nothing else wants, so "
+                        "on a machine shared with a server it never preempts serving")
+    add_cpus_argument(p, "the updater")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--log-every", type=float, default=5.0, help="seconds between progress log lines")
     p.add_argument("--once", action="store_true", help="apply what can be applied now, then exit")
@@ -45,16 +51,21 @@ def run_update(args) -> int:
 
     if args.batch_files < 1:
         raise ValueError(f"--batch-files must be >= 1, got {args.batch_files}")
+    pin_cpus(args.cpus)  # before the store opens: RocksDB's threads inherit it
     if args.nice:
         if args.nice < 0:
             raise ValueError(f"--nice must be >= 0, got {args.nice}")
         os.nice(args.nice)  # before the store opens: RocksDB's threads inherit it
+    if args.idle_priority:
+        if not hasattr(os, "SCHED_IDLE"):
+            raise ValueError("--idle-priority needs Linux (SCHED_IDLE)")
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # inherited by RocksDB's threads too
     source = open_source(args.source, dead_letter_dir=args.dead_letter, delete_applied=args.delete_applied)
     metrics = UpdaterMetrics(args.model, port=args.metrics_port, log_every_s=args.log_every)
     up = Updater(args.models, args.model, source, batch_files=args.batch_files,
                  max_batch_rows=args.max_batch_rows, wait_timeout_s=args.wait_timeout,
-                 poll_interval_s=args.poll_interval, sync=args.sync, durability=args.durability, max_deltas_per_s=args.max_deltas_per_s,
-                 metrics=metrics)
+                 poll_interval_s=args.poll_interval, sync=args.sync, durability=args.durability,
+                 max_deltas_per_s=args.max_deltas_per_s, metrics=metrics)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: up.stop())
     up.start()
