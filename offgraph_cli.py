@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 
 # subcommand modules, by name; each has register_cli(subparsers)
@@ -29,12 +30,11 @@ def pin_cpus(spec: str | None) -> set[int] | None:
     if spec is None:
         return None
     cpus: set[int] = set()
-    try:
-        for part in spec.split(","):
-            lo, _, hi = part.strip().partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise ValueError(f"--cpus {spec!r}: expected a list like '0' or '0-3,6'") from None
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        if m is None or (m[2] is not None and int(m[2]) < int(m[1])):
+            raise ValueError(f"--cpus {spec!r}: expected a list like '0' or '0-3,6'")
+        cpus.update(range(int(m[1]), int(m[2] or m[1]) + 1))
     allowed = os.sched_getaffinity(0)
     if not cpus or not cpus <= allowed:
         raise ValueError(f"--cpus {spec!r}: CPUs {sorted(cpus - allowed) or 'none'} are not available "
