@@ -2,7 +2,9 @@
 import json
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -65,3 +67,14 @@ def score(client, body, name="ml", **kw):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     return client.post(f"/v1/models/{name}:score", content=content,
                        headers={"content-type": "application/json", **kw.pop("headers", {})}, **kw)
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 60) -> str:
+    """SIGTERM a server process (killed if it does not stop in ``timeout``); returns its output."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from server_helpers import TOKEN, copy_models, copy_version, score, wait_for, wait_ready
+from server_helpers import TOKEN, copy_models, copy_version, score, stop_server, wait_for, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_CANDIDATES = 300
@@ -340,12 +340,7 @@ def test_offgraph_serve_cli(tiny_model, requests_, tmp_path):
             r = c.post("/v1/models/ml:rollback", headers={"Authorization": "Bearer x"})
             assert r.status_code == 403 and "admin actions are disabled" in r.json()["detail"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
+        out = stop_server(proc, 30)
     # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught
     assert proc.returncode in (0, -signal.SIGTERM), out[-3000:]
     assert "Application shutdown complete" in out and "closed version 1 of ml" in out, out[-3000:]

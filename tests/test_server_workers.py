@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from server_helpers import TOKEN, copy_models, copy_version, free_port, wait_for, wait_ready
+from server_helpers import TOKEN, copy_models, copy_version, free_port, stop_server, wait_for, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -119,12 +119,7 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
         assert re.search(r'offgraph_http_errors_total\{code="404"\} 20\.0', text), text[-3000:]
         assert 'offgraph_model_loaded_version{model="ml"} 2.0' in text
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
+        out = stop_server(proc, 60)
     assert proc.returncode == 0, out[-3000:]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in workers):
