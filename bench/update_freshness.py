@@ -3,6 +3,10 @@
     python -m bench.update_freshness --model-src out/demo/models/movielens/1 --data out/demo/data/movielens.parquet
                                      [--trials 200] [--requests 200] [--push-deltas 3000000] [--out FILE.json]
 
+    # a live stream at 230k deltas/s, server and updater on separate CPUs (as deployed)
+    python -m bench.update_freshness ... --rate 230000 --push-deltas 3450000 --serve-args "--cpus 0" \
+        --update-args "--cpus 1 --idle-priority --poll-interval 0.3" --client-cpus 1
+
 Copies an exported MovieLens version into a scratch MODELS/ml/1, then runs
 `offgraph serve` and `offgraph update` as subprocesses (falls back to an in-process
 ``Scorer(store_mode="follow", row_cache_mb=64)`` when the server does not come up).
