@@ -86,6 +86,8 @@ class Supervisor:
     def __init__(self, config: ServerConfig, host: str, port: int, workers: int, log_level: str):
         if workers < 2:
             raise ValueError(f"Supervisor runs 2 or more workers, got {workers}")
+        if port == 0:
+            raise ValueError("--port 0 (any free port) cannot be shared by several workers: give a port number")
         self.host, self.port, self.workers, self.log_level = host, port, workers, log_level
         self.tmp = Path(tempfile.mkdtemp(prefix="offgraph-serve-"))
         (self.tmp / "prometheus").mkdir()

@@ -125,3 +125,9 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in workers):
         time.sleep(0.1)
     assert not any(os.path.exists(f"/proc/{p}") for p in workers), "a worker outlived the supervisor"
+
+
+def test_several_workers_need_a_port_number(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "offgraph_cli", "serve", "--models", str(tmp_path), "--workers", "2",
+                        "--port", "0"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--port 0" in r.stderr and "give a port number" in r.stderr, r.stderr[-500:]
