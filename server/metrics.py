@@ -67,6 +67,30 @@ class ServerMetrics:
         self.candidates.labels(model).observe(n_candidates)
 
 
+MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) -> (metric name, help)
+    "store_rows_read": ("offgraph_store_rows_read",
+                        "Rows read from the embedding store (row-cache misses that went to RocksDB)"),
+    "cache_hits": ("offgraph_row_cache_hits", "Row-cache hits"),
+    "cache_misses": ("offgraph_row_cache_misses", "Row-cache misses"),
+    "catch_ups": ("offgraph_store_catch_ups", "Catch-ups of the store with the live writer"),
+    "changes_applied": ("offgraph_store_changes_applied", "Row changes seen by the served store"),
+    "load_failures": ("offgraph_model_load_failures", "Versions refused at load"),
+}
+
+
+def _model_figures(models: ModelRegistry):
+    """Per model: (name, loaded version or 0, {MODEL_COUNTERS key: value}, hit ratio, freshness s or None)."""
+    now = time.time()
+    for h in models.all():
+        v, c = h.counters()
+        counts = {k: c.get(k, 0) or 0 for k in MODEL_COUNTERS}
+        counts["load_failures"] = models.load_failures.get(h.name, 0)
+        total = counts["cache_hits"] + counts["cache_misses"]
+        ratio = counts["cache_hits"] / total if total else 0.0
+        fresh = now - c["last_catch_up_unix"] if c.get("last_catch_up_unix") else None
+        yield h.name, v or 0, counts, ratio, fresh
+
+
 class _ModelCollector:
     """Loaded versions and cumulative store counters, read from the registry at scrape time."""
 
@@ -79,54 +103,28 @@ class _ModelCollector:
     def collect(self):
         version = GaugeMetricFamily("offgraph_model_loaded_version", "Model version being served (0: none)",
                                     labels=["model"])
-        rows = CounterMetricFamily("offgraph_store_rows_read", "Rows read from the embedding store "
-                                   "(row-cache misses that went to RocksDB)", labels=["model"])
-        hits = CounterMetricFamily("offgraph_row_cache_hits", "Row-cache hits", labels=["model"])
-        misses = CounterMetricFamily("offgraph_row_cache_misses", "Row-cache misses", labels=["model"])
+        counters = {k: CounterMetricFamily(name, doc, labels=["model"]) for k, (name, doc) in MODEL_COUNTERS.items()}
         ratio = GaugeMetricFamily("offgraph_row_cache_hit_ratio", "Row-cache hits / lookups since start",
                                   labels=["model"])
-        catch_ups = CounterMetricFamily("offgraph_store_catch_ups", "Catch-ups of the store with the live writer",
-                                        labels=["model"])
-        changes = CounterMetricFamily("offgraph_store_changes_applied", "Row changes seen by the served store",
-                                      labels=["model"])
         fresh = GaugeMetricFamily("offgraph_store_freshness_seconds", "Seconds since the store last caught up "
                                   "with the live writer", labels=["model"])
-        failures = CounterMetricFamily("offgraph_model_load_failures", "Versions refused at load",
-                                       labels=["model"])
-        now = time.time()
-        for h in self.models.all():
-            v, c = h.counters()
-            version.add_metric([h.name], v or 0)
-            failures.add_metric([h.name], self.models.load_failures.get(h.name, 0))
-            rows.add_metric([h.name], c.get("store_rows_read", 0))
-            hits.add_metric([h.name], c.get("cache_hits", 0))
-            misses.add_metric([h.name], c.get("cache_misses", 0))
-            total = c.get("cache_hits", 0) + c.get("cache_misses", 0)
-            ratio.add_metric([h.name], c.get("cache_hits", 0) / total if total else 0.0)
-            catch_ups.add_metric([h.name], c.get("catch_ups", 0))
-            changes.add_metric([h.name], c.get("changes_applied", 0))
-            if c.get("last_catch_up_unix"):
-                fresh.add_metric([h.name], now - c["last_catch_up_unix"])
-        yield from (version, rows, hits, misses, ratio, catch_ups, changes, fresh, failures)
+        for name, v, counts, hit_ratio, freshness in _model_figures(self.models):
+            version.add_metric([name], v)
+            for k, family in counters.items():
+                family.add_metric([name], counts[k])
+            ratio.add_metric([name], hit_ratio)
+            if freshness is not None:
+                fresh.add_metric([name], freshness)
+        yield from (version, *counters.values(), ratio, fresh)
 
 
 class _ModelPublisher:
     """The figures of ``_ModelCollector`` as multiprocess-mode metrics, written by ``publish``."""
 
-    COUNTERS = {"store_rows_read": "Rows read from the embedding store (row-cache misses that went to RocksDB)",
-                "cache_hits": "Row-cache hits", "cache_misses": "Row-cache misses",
-                "catch_ups": "Catch-ups of the store with the live writer",
-                "changes_applied": "Row changes seen by the served store"}
-    NAMES = {"store_rows_read": "offgraph_store_rows_read", "cache_hits": "offgraph_row_cache_hits",
-             "cache_misses": "offgraph_row_cache_misses", "catch_ups": "offgraph_store_catch_ups",
-             "changes_applied": "offgraph_store_changes_applied"}
-
     def __init__(self, models: ModelRegistry, registry: CollectorRegistry):
         self.models = models
-        self.counters = {k: Counter(self.NAMES[k], doc, ["model"], registry=registry)
-                         for k, doc in self.COUNTERS.items()}
-        self.failures = Counter("offgraph_model_load_failures", "Versions refused at load", ["model"],
-                                registry=registry)
+        self.counters = {k: Counter(name, doc, ["model"], registry=registry)
+                         for k, (name, doc) in MODEL_COUNTERS.items()}
         self.version = Gauge("offgraph_model_loaded_version", "Model version being served (0: none; the highest "
                              "over the workers)", ["model"], multiprocess_mode="livemax", registry=registry)
         self.fresh = Gauge("offgraph_store_freshness_seconds", "Seconds since the store last caught up with the "
@@ -137,22 +135,17 @@ class _ModelPublisher:
         self._done: dict[tuple[str, str], float] = {}  # counts already added, per (model, counter)
 
     def publish(self) -> None:
-        now = time.time()
-        for h in self.models.all():
-            v, c = h.counters()
-            c = {**c, "load_failures": self.models.load_failures.get(h.name, 0)}
-            for k, counter in [*self.counters.items(), ("load_failures", self.failures)]:
-                value = float(c.get(k, 0) or 0)
-                delta = value - self._done.get((h.name, k), 0.0)
-                child = counter.labels(h.name)  # listed (at 0) from the start
+        for name, v, counts, hit_ratio, freshness in _model_figures(self.models):
+            for k, counter in self.counters.items():
+                delta = counts[k] - self._done.get((name, k), 0.0)
+                child = counter.labels(name)  # listed (at 0) from the start
                 if delta > 0:
                     child.inc(delta)
-                    self._done[(h.name, k)] = value
-            self.version.labels(h.name).set(v or 0)
-            total = c.get("cache_hits", 0) + c.get("cache_misses", 0)
-            self.ratio.labels(h.name).set(c.get("cache_hits", 0) / total if total else 0.0)
-            if c.get("last_catch_up_unix"):
-                self.fresh.labels(h.name).set(now - c["last_catch_up_unix"])
+                    self._done[(name, k)] = counts[k]
+            self.version.labels(name).set(v)
+            self.ratio.labels(name).set(hit_ratio)
+            if freshness is not None:
+                self.fresh.labels(name).set(freshness)
 
 
 class HttpMetricsMiddleware:

@@ -73,6 +73,60 @@ def requests_(tiny_model):
     return out
 
 
+class StdinWriter:
+    """``python -c code`` driven line by line over stdin (a store writer in another process).
+
+    The script prints "ready" first, answers each command with one line and exits on
+    "quit". As a context manager: on a clean exit it sends "quit" and asserts exit code
+    0; on an error (or ``kill()``) the process is killed.
+    """
+
+    def __init__(self, code: str):
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        try:
+            assert self.proc.stdout.readline().strip() == "ready"
+        except BaseException:
+            self.kill()
+            raise
+
+    def send(self, line: str, expect: str | None = None) -> list[str]:
+        """Send one command; its answer, split (its first word must be ``expect`` when given)."""
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        out = self.proc.stdout.readline().split()
+        if expect is not None:
+            assert out and out[0] == expect, out
+        return out
+
+    def quit(self) -> int:
+        """Ask the script to exit; its exit code (killed if it does not exit within 30 s)."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+            return self.proc.wait(timeout=30)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "StdinWriter":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:
+            self.kill()
+        else:
+            assert self.quit() == 0
+
+
 def run_then_kill(code: str, seconds: float = 1.0) -> None:
     """Run ``python -c code`` until it prints "ready", let it work ``seconds``, then SIGKILL it."""
     import subprocess

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import run_then_kill
+from conftest import StdinWriter, run_then_kill
 
 from embstore import StoreConfig, WriteResult, open_store
 from embstore.keys import shard_of
@@ -221,18 +221,8 @@ def test_follower_in_another_process_sees_changes_after_catch_up(tmp_path, cfg):
     path = str(tmp_path / "s")
     S = cfg.shards
     open_store(path, cfg, mode="w").close()
-    proc = subprocess.Popen([sys.executable, "-c", CHANGE_WRITER.format(root=ROOT, path=path, dim=D)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def send(line, expect):
-        proc.stdin.write(line + "\n")
-        proc.stdin.flush()
-        out = proc.stdout.readline().split()
-        assert out and out[0] == expect, out
-        return out
-
-    try:
-        assert proc.stdout.readline().strip() == "ready"
+    with StdinWriter(CHANGE_WRITER.format(root=ROOT, path=path, dim=D)) as writer:
+        send = writer.send
         with open_store(path, mode="follow", secondary_dir=str(tmp_path / "sec")) as fol:
             seen = [fol.last_change_id(s) for s in range(S)]
             assert seen == [0] * S
@@ -262,13 +252,6 @@ def test_follower_in_another_process_sees_changes_after_catch_up(tmp_path, cfg):
                 assert fol.oldest_change_id(s) == 3
                 got, t, r = fol.changes_since(s, 0)
                 assert got == 3 and keyset(t, r) == expected_per_shard(3, [k[1] for k in written[2]], S)[s]
-        proc.stdin.write("quit\n")
-        proc.stdin.flush()
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 KILLED_WRITER = textwrap.dedent(

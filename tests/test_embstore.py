@@ -5,14 +5,12 @@ import itertools
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 import threading
 
 import numpy as np
 import pytest
-from conftest import run_then_kill
+from conftest import StdinWriter, run_then_kill
 
 from embstore import EmbeddingStore, StoreConfig, get_codec, open_store
 
@@ -477,18 +475,11 @@ def test_follower_sees_live_writer_after_catch_up(tmp_path, cfg):
     v, w = data(50)
     with open_store(path, cfg, mode="w") as st:
         st.bulk_load(4, [(np.arange(50), v, w)])
-    code = FOLLOWED_WRITER.format(root=ROOT, path=path, dim=D)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout.readline().strip() == "ready"
+    with StdinWriter(FOLLOWED_WRITER.format(root=ROOT, path=path, dim=D)) as writer:
         with open_store(path, mode="follow", secondary_dir=str(tmp_path / "sec")) as fol:
             assert np.array_equal(fol.read(4, np.arange(50))[0], v)
             for k in (1, 2):
-                proc.stdin.write(f"{k}\n")
-                proc.stdin.flush()
-                assert proc.stdout.readline().strip() == "written"
+                assert writer.send(str(k)) == ["written"]
                 rows = np.arange(k * 100, k * 100 + 100)
                 assert not fol.read(4, rows)[0].any()  # not before catch_up
                 fol.catch_up()
@@ -497,13 +488,6 @@ def test_follower_sees_live_writer_after_catch_up(tmp_path, cfg):
                 assert fol.get_meta_per_shard(b"offset") == [str(k).encode()] * cfg.shards
             with pytest.raises(ValueError, match="read-only"):
                 fol.write(4, [1], v[:1], w[:1])
-        proc.stdin.write("quit\n")
-        proc.stdin.flush()
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_stats(tmp_path, cfg):

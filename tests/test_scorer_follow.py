@@ -2,14 +2,13 @@
 shows up in scores within seconds, through the change log (not a cache flush)."""
 
 import os
-import subprocess
-import sys
 import textwrap
 import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import StdinWriter
 
 from dense_model.train import TrainConfig, train_run
 from exporter.calibration import calibrate
@@ -88,32 +87,12 @@ def expected_after_write(scorer, emb0, fo0, cand_idx, value):
     return calibrate(scorer.dense(emb, fo), scorer.calibration)
 
 
-def start_writer(version_dir):
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER.format(root=ROOT, path=str(version_dir / "store"), dim=D)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
+def start_writer(version_dir) -> StdinWriter:
+    return StdinWriter(WRITER.format(root=ROOT, path=str(version_dir / "store"), dim=D))
 
 
-def write_row(proc, table, row, seq, value) -> float:
-    proc.stdin.write(f"write {table} {row} {seq} {value}\n")
-    proc.stdin.flush()
-    out = proc.stdout.readline().split()
-    assert out and out[0] == "written", out
-    return float(out[1])
-
-
-def stop_writer(proc):
-    if proc.poll() is None:
-        proc.stdin.write("quit\n")
-        proc.stdin.flush()
-        try:
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+def write_row(writer: StdinWriter, table, row, seq, value) -> float:
+    return float(writer.send(f"write {table} {row} {seq} {value}", "written")[1])
 
 
 def wait_for_change(scorer, before, timeout_s=2.0):
@@ -179,7 +158,7 @@ def test_follow_sees_a_row_written_by_another_process_within_2s(version_dir):
         np.testing.assert_allclose(scorer.score(REQUEST, CANDS), new2, rtol=0, atol=0)
     finally:
         if proc is not None:
-            stop_writer(proc)
+            proc.quit()
         scorer.close()
     assert not scorer._follower._thread.is_alive()
 
