@@ -43,6 +43,7 @@ from .internal_keys import (
     seq_key_list,
     seq_value_list,
 )
+from .feed import FeedReader, FeedWriter
 from .quant import get_codec
 from .sst_run import SstRuns, WriterFactory
 from .write_plan_impl import check_seqs, winners
@@ -89,6 +90,7 @@ class EmbeddingStore(abc.ABC):
         self._pool_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._last_change: dict[int, int] = {}  # writer: last change id per shard (loaded lazily)
+        self._feed: FeedWriter | None = None  # writer: opened by the first changelog write
         self._closed = False
 
     # ------------------------------------------------------------------ primitives
@@ -235,8 +237,10 @@ class EmbeddingStore(abc.ABC):
         (one process, writes serialized by a lock), which is what mode ``"w"`` gives.
 
         ``changelog``: each shard's batch also appends one change-log record listing
-        the keys it applied (see :meth:`changes_since`): followers invalidate their
-        row caches from it, so a writer feeding followers must set it on every write.
+        the keys it applied (see :meth:`changes_since`), and the applied rows of all
+        shards go, as ONE batch, to the store's write feed (``embstore.feed``) before
+        the first shard batch is written: followers serve fresh rows from the feed,
+        so a writer feeding followers must set it on every write.
 
         ``meta`` records (small ``bytes -> bytes``, kept in the meta key space, see
         :meth:`get_meta`) go into the SAME atomic batch of the shards named by
@@ -282,8 +286,12 @@ class EmbeddingStore(abc.ABC):
             meta_targets = {self._check_shard(meta_shards)}
         rows_by_shard = dict(groups)
         applied = 0
-        written: list[int] = []
         with self._write_lock:
+            # plan every shard's batch first (seq checks included), so that the feed frame
+            # holding exactly these rows is published BEFORE any of them is written
+            plans: list[tuple[int, list[bytes], list[bytes], int | None, int]] = []
+            fed_keys: list[bytes] = []
+            fed_records: list[np.ndarray] = []
             for s in sorted(set(rows_by_shard) | meta_targets):
                 keys: list[bytes] = []
                 values: list[bytes] = []
@@ -307,16 +315,22 @@ class EmbeddingStore(abc.ABC):
                             change_id = self._last_change_id_w(s) + 1
                             keys += [change_key(change_id), LAST_CHANGE_KEY]
                             values += [ka.tobytes(), encode_change_id(change_id)]
+                            fed_keys.append(ka.tobytes())
+                            fed_records.append(records[idx])
                 if s in meta_targets:
                     keys += [k for k, _ in meta_items]
                     values += [v for _, v in meta_items]
-                if not keys:
-                    continue
+                if keys:
+                    plans.append((s, keys, values, change_id, 0 if idx is None else len(idx)))
+            if fed_keys:
+                self._feed_writer().append(b"".join(fed_keys), np.concatenate(fed_records))
+            written: list[int] = []
+            for s, keys, values, change_id, n_rows in plans:
                 self._write_batch(s, keys, values, sync and wal, wal)
                 written.append(s)
                 if change_id is not None:
                     self._last_change[s] = change_id
-                applied += 0 if idx is None else len(idx)
+                applied += n_rows
             if not wal:
                 for s in written:
                     self._flush(s)
@@ -378,6 +392,16 @@ class EmbeddingStore(abc.ABC):
                 upto = self._last_change_id_w(s) - int(keep)  # delete ids <= upto
                 if upto > 0:
                     self._delete_range(s, change_key(0), change_key(upto + 1))
+
+    def _feed_writer(self) -> FeedWriter:
+        if self._feed is None:
+            self._feed = FeedWriter(self.path, self.codec.record_bytes)
+        return self._feed
+
+    def feed_reader(self) -> FeedReader:
+        """The write feed of this store, for a follower (see ``embstore.feed``)."""
+        self._check_open()
+        return FeedReader(self.path, self.codec.record_bytes)
 
     def _last_change_id_w(self, shard: int) -> int:
         if shard not in self._last_change:
@@ -559,6 +583,9 @@ class EmbeddingStore(abc.ABC):
         if self._closed:
             return
         self._closed = True
+        if self._feed is not None:
+            self._feed.close()
+            self._feed = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
