@@ -7,15 +7,14 @@ FG -> unique keys -> row cache -> store read of the misses -> pool into [N, F, D
 [N, F] -> one signature call -> calibration.
 
 ``store_mode="follow"`` opens the store as a RocksDB secondary of the live writer (the
-streaming updater) and starts one daemon thread that, every ``follow_interval_s``,
-catches the store up and invalidates the row-cache keys named by each shard's change
-log (never the whole cache, unless the log was trimmed past what it had read).
+streaming updater) and starts one daemon thread (``exporter.follower``) that, every
+``follow_interval_s``, reads the writer's feed of applied rows into an overlay read
+before the row cache (invalidating those keys in the cache), and catches the RocksDB
+secondary up every ``catch_up_s`` only (a catch-up holds the GIL for milliseconds).
 """
 from __future__ import annotations
 
-import logging
 import threading
-import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -26,19 +25,17 @@ from embstore import RowCache, StoreConfig, open_store
 from exporter import scorer_impl
 from exporter.calibration import calibrate
 from exporter.dense_saved_model import load_dense
+from exporter.follower import Activity, Follower
 from exporter.manifest import DENSE_DIR, STORE_DIR, ModelDirError, complete_versions, load_manifest
 from features.fg import FeatureGenerator
 from features.spec import parse_spec
-
-log = logging.getLogger("offgraph.scorer")
-
 
 class Scorer:
     """One loaded model version. Thread-safe for concurrent ``score`` calls."""
 
     def __init__(self, version_dir: str | Path, *, store_mode: str = "r", item_cache_size: int = 100_000,
-                 block_cache_mb: int | None = None, row_cache_mb: float = 0.0, follow_interval_s: float = 0.2,
-                 verify: bool = True):
+                 block_cache_mb: int | None = None, row_cache_mb: float = 0.0, follow_interval_s: float = 0.05,
+                 catch_up_s: float = 30.0, verify: bool = True):
         if isinstance(row_cache_mb, bool) or not isinstance(row_cache_mb, (int, float)) or row_cache_mb < 0:
             raise ValueError(f"row_cache_mb must be a number >= 0, got {row_cache_mb!r}")
         if (isinstance(follow_interval_s, bool) or not isinstance(follow_interval_s, (int, float))
@@ -69,11 +66,13 @@ class Scorer:
         self.row_cache = RowCache(row_cache_mb, self.dim) if row_cache_mb > 0 else None
         self._counts = {"store_rows_read": 0, "cache_hits": 0, "cache_misses": 0}
         self._counts_lock = threading.Lock()
-        self._follower: _Follower | None = None
+        self._follower: Follower | None = None
+        self.activity = Activity()
         try:
             self._loaded, self._serve = load_dense(self.version_dir / DENSE_DIR)
             if store_mode == "follow":
-                self._follower = _Follower(self.store, self.row_cache, float(follow_interval_s))
+                self._follower = Follower(self.store, self.row_cache, float(follow_interval_s),
+                                          catch_up_s=catch_up_s, idle=self.activity)
         except BaseException:
             self.store.close()
             raise
@@ -89,8 +88,9 @@ class Scorer:
         cache_hits, store_rows_read and found_rows (of the rows read from the store)."""
         batch = self.features(request, candidates)
         keys = scorer_impl.batch_keys(batch)
+        overlay = self._follower  # fresh rows from the writer's feed, looked up first
         vec, w, hits, read, found = scorer_impl.read_through_cache(self.row_cache, self.store, keys.unique_tables,
-                                                                   keys.unique_rows)
+                                                                   keys.unique_rows, overlay, keys.unique_keys)
         with self._counts_lock:
             c = self._counts
             c["store_rows_read"] += read
@@ -109,15 +109,20 @@ class Scorer:
     def score(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> np.ndarray:
         if len(candidates) == 0:
             return np.zeros(0, np.float32)
-        emb, fo, _ = self.pooled(request, candidates)
-        return calibrate(self.dense(emb, fo), self.calibration)
+        with self.activity:  # the follower defers its work while a score runs
+            emb, fo, _ = self.pooled(request, candidates)
+            return calibrate(self.dense(emb, fo), self.calibration)
 
     def stats(self) -> dict[str, Any]:
         """Cumulative counters (ints) and freshness of this scorer: ``store_rows_read``,
-        ``cache_hits``, ``cache_misses``, ``cache_entries``, ``catch_ups``,
-        ``last_catch_up_unix`` (0.0 before the first), ``changes_applied`` (change-log keys
-        invalidated), ``last_change_ids`` (per shard), ``cache_clears`` (change log trimmed
-        past what was read), ``follow_errors``, ``last_catch_up_seconds``."""
+        ``cache_hits``, ``cache_misses``, ``cache_entries``; when following:
+        ``last_catch_up_unix`` (rows the writer wrote before it are served; 0.0 before
+        the follower's first step), ``catch_ups`` (of the RocksDB secondary) and
+        ``last_catch_up_seconds``, ``epochs`` (feed epochs mapped now),
+        ``epochs_mapped`` / ``epochs_released``, ``overlay_rows`` (rows in them),
+        ``overlay_hits`` (rows served from them), ``changes_applied`` (keys invalidated
+        in the row cache when an epoch was released), ``cache_clears`` (whole-cache
+        drops: feed epochs went missing), ``follow_errors``, ``follow_cpu_seconds``."""
         with self._counts_lock:
             out: dict[str, Any] = dict(self._counts)
         cs = self.row_cache.stats() if self.row_cache is not None else None
@@ -128,8 +133,9 @@ class Scorer:
             out.update(self._follower.stats())
         else:
             out.update({"catch_ups": 0, "last_catch_up_unix": 0.0, "last_catch_up_seconds": 0.0,
-                        "changes_applied": 0, "change_records": 0, "cache_clears": 0, "follow_errors": 0,
-                        "last_change_ids": []})
+                        "changes_applied": 0, "cache_clears": 0, "follow_errors": 0, "epochs_mapped": 0,
+                        "epochs_released": 0, "overlay_hits": 0, "follow_cpu_seconds": 0.0, "overlay_rows": 0,
+                        "epochs": 0})
         return out
 
     def close(self) -> None:
@@ -142,84 +148,6 @@ class Scorer:
 
     def __exit__(self, *exc):
         self.close()
-
-
-class _Follower:
-    """The ONE background thread of a follow-mode scorer: catch up, read each shard's
-    change log past the last id seen, invalidate those keys in the row cache."""
-
-    def __init__(self, store, cache: RowCache | None, interval_s: float, max_records: int = 10_000):
-        self.store, self.cache, self.interval_s, self.max_records = store, cache, interval_s, max_records
-        self.shards = store.config.shards
-        # start from the current ids: history written before we opened is already in our view
-        self.last_ids = [store.last_change_id(s) for s in range(self.shards)]
-        self._lock = threading.Lock()
-        self._n = {"catch_ups": 0, "changes_applied": 0, "change_records": 0, "cache_clears": 0,
-                   "follow_errors": 0}
-        self.last_catch_up_unix = 0.0
-        self.last_catch_up_seconds = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="offgraph-follow", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.step()
-            except Exception:  # noqa: BLE001 - keep following; counted and logged
-                if self._stop.is_set():
-                    return
-                with self._lock:
-                    self._n["follow_errors"] += 1
-                log.exception("following %s failed", self.store.path)
-
-    def step(self) -> None:
-        t0 = time.perf_counter()
-        keys = records = clears = 0
-        for s in range(self.shards):
-            # one shard at a time, yielding in between: a catch-up holds the GIL, so
-            # requests run between shards instead of waiting for all of them
-            time.sleep(0)
-            self.store.catch_up(s)
-            last = self.last_ids[s]
-            newest = self.store.last_change_id(s)
-            if newest == last:
-                continue
-            oldest = self.store.oldest_change_id(s)
-            if newest < last or oldest == 0 or oldest > last + 1:
-                # the log was trimmed past what we read (or rebuilt): drop the whole cache
-                if self.cache is not None:
-                    self.cache.clear()
-                clears += 1
-                self.last_ids[s] = newest
-                continue
-            while last < newest:
-                got, tids, rows = self.store.changes_since(s, last, max_records=self.max_records)
-                if got == last:
-                    break
-                if self.cache is not None:
-                    self.cache.invalidate(tids, rows)
-                records += got - last
-                keys += len(rows)
-                last = got
-            self.last_ids[s] = last
-        done = time.time()  # rows written before the catch-up started are now visible to score()
-        with self._lock:
-            self._n["catch_ups"] += 1
-            self._n["changes_applied"] += keys
-            self._n["change_records"] += records
-            self._n["cache_clears"] += clears
-            self.last_catch_up_unix = done
-            self.last_catch_up_seconds = time.perf_counter() - t0
-
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {**self._n, "last_catch_up_unix": self.last_catch_up_unix,
-                    "last_catch_up_seconds": self.last_catch_up_seconds, "last_change_ids": list(self.last_ids)}
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
 
 
 def resolve_version(path: str | Path) -> Path:

@@ -18,6 +18,7 @@ class Keys:
     unique_tables: np.ndarray  # uint32 [U]
     unique_rows: np.ndarray    # int64 [U]
     inverse: np.ndarray        # int64 [K]: position in unique of each looked-up value
+    unique_keys: np.ndarray    # uint64 [U]: (table << 48) | row, ascending (the row cache's and overlay's key)
     field_bounds: np.ndarray   # int64 [F + 1]: field f owns lookups field_bounds[f]:field_bounds[f+1]
 
 
@@ -30,7 +31,7 @@ def batch_keys(batch: FGBatch) -> Keys:
     combined = (tables << np.uint64(48)) | rows.astype(np.uint64)  # rows < 2**48 checked by the scorer
     uniq, inverse = np.unique(combined, return_inverse=True)
     return Keys((uniq >> np.uint64(48)).astype(np.uint32), (uniq & np.uint64((1 << 48) - 1)).astype(np.int64),
-                inverse.astype(np.int64), bounds)
+                inverse.astype(np.int64), uniq, bounds)
 
 
 def pool_batch(batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.ndarray, poolings: list[str],
@@ -89,14 +90,36 @@ def pool_batch(batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.
     return np.ascontiguousarray(pooled[..., :dim]), np.ascontiguousarray(pooled[..., dim])
 
 
-def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray):
-    """Rows ``(tables, rows)`` (unique) through the row cache: lookup, read the misses
-    from the store, insert them with the lookup's epoch. Returns ``(vectors [U, D],
+def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray, overlay=None, keys=None):
+    """Rows ``(tables, rows)`` (unique): the follower's overlay of fresh rows first (if
+    any; ``keys``: their ``(table << 48) | row``, if the caller has them), then the row
+    cache, then a store read of the misses, inserted into the cache with the epoch
+    taken BEFORE the overlay lookup (so a row the follower puts in the overlay
+    meanwhile can never be cached at its older store value). Returns ``(vectors [U, D],
     first_order [U], cache hits, rows read from the store, of which found)``."""
+    epoch = cache.epoch if cache is not None else 0
+    found = overlay.lookup(tables, rows, keys) if overlay is not None else None
+    if found is None or len(found[0]) == 0:
+        return _cache_then_store(cache, store, tables, rows, epoch)
+    idx, ov_vec, ov_w = found
+    vec = np.empty((len(rows), ov_vec.shape[1]), dtype=np.float32)
+    w = np.empty(len(rows), dtype=np.float32)
+    vec[idx], w[idx] = ov_vec, ov_w
+    if len(idx) == len(rows):
+        return vec, w, 0, 0, 0
+    rest = np.ones(len(rows), dtype=bool)
+    rest[idx] = False
+    rest = np.flatnonzero(rest)
+    rv, rw, hits, read, n_found = _cache_then_store(cache, store, tables[rest], rows[rest], epoch)
+    vec[rest], w[rest] = rv, rw
+    return vec, w, hits, read, n_found
+
+
+def _cache_then_store(cache, store, tables: np.ndarray, rows: np.ndarray, epoch: int):
     if cache is None:
         vec, w, found = store.read_unique(tables, rows)
         return vec, w, 0, len(rows), int(found.sum())
-    hit, vec, w, epoch = cache.lookup(tables, rows)
+    hit, vec, w, _ = cache.lookup(tables, rows)
     miss = np.flatnonzero(~hit)
     if len(miss) == 0:
         return vec, w, len(rows), 0, 0

@@ -32,9 +32,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--admin-token", default=None,
                    help=f"bearer token of the admin actions (default: ${ADMIN_TOKEN_ENV}; none: admin disabled)")
     p.add_argument("--poll-seconds", type=float, default=2.0, help="how often MODELS is scanned (default 2)")
-    p.add_argument("--follow-seconds", type=float, default=0.25,
-                   help="how often each store catches up with the live updater: the freshness of streamed "
-                        "rows (default 0.25; shards catch up one at a time)")
+    p.add_argument("--follow-seconds", type=float, default=0.05,
+                   help="how often each model reads the live updater's feed of applied rows: the freshness of "
+                        "streamed rows (default 0.05; plain file reads)")
+    p.add_argument("--catch-up-seconds", type=float, default=30.0,
+                   help="how often each model's RocksDB view catches up with the updater (default 30; a "
+                        "catch-up holds the GIL for milliseconds per shard, the feed keeps rows fresh meanwhile)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_cpus_argument(p, "the server and its workers")
     p.set_defaults(func=run)
@@ -49,7 +52,7 @@ def run(args) -> int:
         models_dir=args.models, cache_mb=args.cache_mb, max_candidates=args.max_candidates,
         max_body_bytes=int(args.max_body_mb * 2**20), poll_seconds=args.poll_seconds,
         admin_token=args.admin_token or ServerConfig.admin_token_from_env(), score_threads=args.score_threads,
-        follow_interval_s=args.follow_seconds,
+        follow_interval_s=args.follow_seconds, catch_up_s=args.catch_up_seconds,
         intra_threads=args.intra_threads, inter_threads=args.inter_threads)
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")

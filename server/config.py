@@ -23,8 +23,10 @@ class ServerConfig:
     score_threads: size of the thread pool running ``Scorer.score``.
     intra_threads / inter_threads: TensorFlow thread pools; None leaves TF's default
         (the CLI always sets them).
-    follow_interval_s: how often a scorer's store catches up with the live writer (1 s: each catch-up
-        holds the GIL ~5 ms for 8 shards, which showed in p99 at 0.2 s).
+    follow_interval_s: how often a scorer reads its store's write feed (fresh rows from the live
+        writer: plain file reads, ``exporter.follower``).
+    catch_up_s: how often a scorer's RocksDB secondary catches up with the writer (each catch-up
+        holds the GIL for milliseconds per shard, so rarely; the feed keeps rows fresh meanwhile).
     item_cache_size: per-model FG item cache (items).
     warmup_candidates: candidates in the warm-up request of a freshly loaded version.
     verify: check the dense model's checksums when a version loads.
@@ -45,7 +47,8 @@ class ServerConfig:
     score_threads: int = 4
     intra_threads: int | None = None
     inter_threads: int | None = None
-    follow_interval_s: float = 1.0
+    follow_interval_s: float = 0.05
+    catch_up_s: float = 30.0
     item_cache_size: int = 100_000
     warmup_candidates: int = 200
     verify: bool = True
@@ -71,6 +74,7 @@ class ServerConfig:
             ("cache_mb", self.cache_mb, 0), ("max_candidates", self.max_candidates, 1),
             ("max_body_bytes", self.max_body_bytes, 1024), ("poll_seconds", self.poll_seconds, 0.01),
             ("score_threads", self.score_threads, 1), ("follow_interval_s", self.follow_interval_s, 0.001),
+            ("catch_up_s", self.catch_up_s, 0.01),
             ("item_cache_size", self.item_cache_size, 0), ("warmup_candidates", self.warmup_candidates, 1),
         ]
         for name, value, low in checks:

@@ -67,13 +67,17 @@ class ServerMetrics:
         self.candidates.labels(model).observe(n_candidates)
 
 
+FRESHNESS_HELP = "Seconds since the served rows last included everything the live writer had written"
 MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) -> (metric name, help)
     "store_rows_read": ("offgraph_store_rows_read",
                         "Rows read from the embedding store (row-cache misses that went to RocksDB)"),
     "cache_hits": ("offgraph_row_cache_hits", "Row-cache hits"),
     "cache_misses": ("offgraph_row_cache_misses", "Row-cache misses"),
-    "catch_ups": ("offgraph_store_catch_ups", "Catch-ups of the store with the live writer"),
-    "changes_applied": ("offgraph_store_changes_applied", "Row changes seen by the served store"),
+    "catch_ups": ("offgraph_store_catch_ups", "Catch-ups of the store's RocksDB view with the live writer"),
+    "changes_applied": ("offgraph_store_changes_applied",
+                        "Row-cache keys invalidated when a feed epoch the store view covers was released"),
+    "overlay_hits": ("offgraph_feed_rows_served", "Rows served from the live writer's feed (fresher than the "
+                     "store view)"),
     "load_failures": ("offgraph_model_load_failures", "Versions refused at load"),
 }
 
@@ -106,8 +110,7 @@ class _ModelCollector:
         counters = {k: CounterMetricFamily(name, doc, labels=["model"]) for k, (name, doc) in MODEL_COUNTERS.items()}
         ratio = GaugeMetricFamily("offgraph_row_cache_hit_ratio", "Row-cache hits / lookups since start",
                                   labels=["model"])
-        fresh = GaugeMetricFamily("offgraph_store_freshness_seconds", "Seconds since the store last caught up "
-                                  "with the live writer", labels=["model"])
+        fresh = GaugeMetricFamily("offgraph_store_freshness_seconds", FRESHNESS_HELP, labels=["model"])
         for name, v, counts, hit_ratio, freshness in _model_figures(self.models):
             version.add_metric([name], v)
             for k, family in counters.items():
@@ -127,9 +130,8 @@ class _ModelPublisher:
                          for k, (name, doc) in MODEL_COUNTERS.items()}
         self.version = Gauge("offgraph_model_loaded_version", "Model version being served (0: none; the highest "
                              "over the workers)", ["model"], multiprocess_mode="livemax", registry=registry)
-        self.fresh = Gauge("offgraph_store_freshness_seconds", "Seconds since the store last caught up with the "
-                           "live writer (the stalest worker)", ["model"], multiprocess_mode="livemax",
-                           registry=registry)
+        self.fresh = Gauge("offgraph_store_freshness_seconds", FRESHNESS_HELP + " (the stalest worker)", ["model"],
+                           multiprocess_mode="livemax", registry=registry)
         self.ratio = Gauge("offgraph_row_cache_hit_ratio", "Row-cache hits / lookups since start, per worker "
                            "(pid label)", ["model"], multiprocess_mode="liveall", registry=registry)
         self._done: dict[tuple[str, str], float] = {}  # counts already added, per (model, counter)

@@ -100,10 +100,9 @@ class StoreStatus(BaseModel):
     cache_entries: int | None = None
     catch_ups: int | None = None
     last_catch_up_unix: float | None = None
-    freshness_seconds: float | None = Field(default=None, description="Seconds since the store last caught up "
-                                            "with the live writer.")
+    freshness_seconds: float | None = Field(default=None, description="Seconds since the follower last saw "
+                                            "everything the live writer had written (feed epochs mapped).")
     changes_applied: int | None = None
-    last_change_ids: Any = None
 
 
 class LoadedVersion(BaseModel):

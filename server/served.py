@@ -19,7 +19,7 @@ import numpy as np
 log = logging.getLogger("offgraph.server")
 
 # cumulative Scorer.stats() counters, summed over a model's retired versions for /metrics
-COUNTERS = ("store_rows_read", "cache_hits", "cache_misses", "catch_ups", "changes_applied")
+COUNTERS = ("store_rows_read", "cache_hits", "cache_misses", "catch_ups", "changes_applied", "overlay_hits")
 
 
 class NotServing(LookupError):
