@@ -3,9 +3,11 @@
     python -m bench.update_freshness --model-src out/demo/models/movielens/1 --data out/demo/data/movielens.parquet
                                      [--trials 200] [--requests 200] [--push-deltas 3000000] [--out FILE.json]
 
-    # a live stream at 230k deltas/s, server and updater on separate CPUs (as deployed)
-    python -m bench.update_freshness ... --rate 230000 --push-deltas 3450000 --serve-args "--cpus 0" \
-        --update-args "--cpus 1 --idle-priority --poll-interval 0.3" --client-cpus 1
+    # a live stream at 230k deltas/s for 30 s; the updater on its own CPU, the server and this
+    # client on the other (the client shares the server's CPU: next to the updater, its own
+    # JSON work would be what slows down)
+    python -m bench.update_freshness ... --rate 230000 --push-deltas 6900000 --serve-args "--cpus 0" \
+        --update-args "--cpus 1 --idle-priority --poll-interval 0.3" --client-cpus 0
 
 Copies an exported MovieLens version into a scratch MODELS/ml/1, then runs
 `offgraph serve` and `offgraph update` as subprocesses (falls back to an in-process
@@ -21,6 +23,9 @@ Copies an exported MovieLens version into a scratch MODELS/ml/1, then runs
     Meanwhile a client sends requests back to back; its p50/p99 are compared to the
     same client's over an equally long window just before, without the update load
     (acceptance: >= 200k rows/s and a p99 rise <= 25%).
+(c) freshness under load: in both windows, every 0.5 s a one-row probe delta is published
+    and the probe request (whose rows the load never touches) is scored between the
+    client's requests, untimed, until it changes (``Probe``).
 """
 from __future__ import annotations
 
@@ -103,8 +108,13 @@ class HttpScorer:
 
     def score(self, request, candidates) -> list[float]:
         body = json.dumps({"request": request, "candidates": candidates})
-        self.conn.request("POST", f"/v1/models/{NAME}:score", body, {"Content-Type": "application/json"})
-        resp = self.conn.getresponse()
+        try:
+            self.conn.request("POST", f"/v1/models/{NAME}:score", body, {"Content-Type": "application/json"})
+            resp = self.conn.getresponse()
+        except (ConnectionError, http.client.HTTPException):  # the server closed an idle keep-alive
+            self.conn.close()
+            self.conn.request("POST", f"/v1/models/{NAME}:score", body, {"Content-Type": "application/json"})
+            resp = self.conn.getresponse()
         data = resp.read()
         if resp.status != 200:
             raise RuntimeError(f"score: HTTP {resp.status}: {data[:300]!r}")
@@ -195,8 +205,18 @@ def freshness(scorer, spool: Path, spec, request, cands, trials: int, version: i
     return {"table_id": tid, "row": row, "timeouts_10s": int(timeouts), **_pct(lat), "latencies_s": lat}
 
 
+def request_keys(spec, request, cands) -> np.ndarray:
+    """``(table << 48) | row`` of every row the request reads."""
+    from exporter.scorer_impl import batch_keys
+    from features.fg import FeatureGenerator
+
+    return batch_keys(FeatureGenerator(spec).transform(request, cands)).unique_keys
+
+
 def write_load_files(stage: Path, total: int, per_file: int, table_rows: np.ndarray, version: int, dim: int,
-                     seq0: int) -> int:
+                     seq0: int, exclude: np.ndarray) -> int:
+    """Load delta files of uniformly drawn rows, none of them in ``exclude`` (the probe
+    request's rows: its scores must change only when a probe delta lands)."""
     from streaming.delta_format import spool_file_name, write_delta_file
 
     rng = np.random.default_rng(2)
@@ -207,6 +227,8 @@ def write_load_files(stage: Path, total: int, per_file: int, table_rows: np.ndar
         k = min(per_file, total - n)
         t = rng.choice(len(table_rows), k, p=p_table).astype(np.uint32)
         r = (rng.random(k) * table_rows[t]).astype(np.int64)
+        keep = ~np.isin((t.astype(np.uint64) << np.uint64(48)) | r.astype(np.uint64), exclude)
+        t, r, k = t[keep], r[keep], int(keep.sum())
         write_delta_file(stage / spool_file_name(), model=NAME, model_version=version, table_ids=t, rows=r,
                          vectors=(rng.standard_normal((k, dim)) * 0.05).astype(np.float32),
                          first_order=(rng.standard_normal(k) * 0.01).astype(np.float32),
@@ -215,9 +237,61 @@ def write_load_files(stage: Path, total: int, per_file: int, table_rows: np.ndar
     return n
 
 
+class Probe:
+    """Freshness measured while the client runs (the same in both windows, so that its
+    requests and deltas are no difference between them): every ``every_s``, publish a
+    one-row delta for the probe request's user row; then, every ``check_s`` between
+    the client's timed requests, score the probe request (untimed) until its scores
+    change. Latency = publish start -> first changed answer."""
+
+    def __init__(self, scorer, spool: Path, spec, request, cands, version: int, dim: int, seq0: int,
+                 every_s: float = 0.5, check_s: float = 0.01):
+        self.scorer, self.spool, self.request, self.cands = scorer, spool, request, cands
+        self.tid, self.row = user_row(spec, request, cands[0])
+        self.version, self.dim, self.seq = version, dim, seq0
+        self.every_s, self.check_s = every_s, check_s
+        self.rng = np.random.default_rng(3)
+        self.prev = scorer.score(request, cands)
+        self.pending: float | None = None
+        self.next_t = time.perf_counter() + every_s
+        self.last_check = 0.0
+        self.lat: list[float] = []
+        self.timeouts = 0
+
+    def tick(self) -> None:
+        from streaming.delta_format import publish_delta
+
+        now = time.perf_counter()
+        if self.pending is None:
+            if now >= self.next_t:
+                self.pending = now
+                publish_delta(self.spool, model=NAME, model_version=self.version, table_ids=[self.tid],
+                              rows=[self.row], vectors=(self.rng.standard_normal((1, self.dim)) * 0.3).astype(np.float32),
+                              first_order=self.rng.standard_normal(1).astype(np.float32) * 0.1, seqs=[self.seq],
+                              event_time_ms=int(time.time() * 1000))
+                self.seq += 1
+            return
+        if now - self.last_check < self.check_s:
+            return
+        self.last_check = now
+        s = self.scorer.score(self.request, self.cands)
+        done = time.perf_counter()
+        if s != self.prev or done - self.pending > 10.0:
+            if s == self.prev:
+                self.timeouts += 1
+            self.lat.append(done - self.pending)
+            self.prev, self.pending, self.next_t = s, None, done + self.every_s
+
+    def report(self) -> dict:
+        return {"trials": len(self.lat), "timeouts_10s": self.timeouts, **(_pct(self.lat) if self.lat else {})}
+
+
 def latencies(scorer, reqs, stop: threading.Event | None = None, minimum: int = 0,
-              seconds: float | None = None) -> list[float]:
-    """Score ``reqs`` in turn: once each, or until ``stop`` is set, or for ``seconds``."""
+              seconds: float | None = None, starts: list[float] | None = None,
+              probe: Probe | None = None) -> list[float]:
+    """Score ``reqs`` in turn: once each, or until ``stop`` is set, or for ``seconds``
+    (``starts``: also collect each request's start, Unix seconds; ``probe``: its
+    :meth:`Probe.tick` between requests, untimed)."""
     out, i = [], 0
     t_end = None if seconds is None else time.perf_counter() + seconds
     while True:
@@ -228,23 +302,29 @@ def latencies(scorer, reqs, stop: threading.Event | None = None, minimum: int = 
         if t_end is not None and time.perf_counter() >= t_end:
             break
         request, cands = reqs[i % len(reqs)]
+        if starts is not None:
+            starts.append(time.time())
         t0 = time.perf_counter()
         scorer.score(request, cands)
         out.append(time.perf_counter() - t0)
         i += 1
+        if probe is not None:
+            probe.tick()
     return out
 
 
 def throughput(scorer, spool: Path, stage: Path, reqs, metrics_port: int, total: int, file_rows: int,
-               rate: float, baseline_s: float) -> dict:
+               rate: float, baseline_s: float, probes: tuple[Probe, Probe]) -> dict:
     latencies(scorer, reqs)  # warm up: every request once
     window = total / rate if rate > 0 else baseline_s
-    base = latencies(scorer, reqs, seconds=window)
+    base = latencies(scorer, reqs, seconds=window, probe=probes[0])
     c0 = _counter(metrics_port, "offgraph_update_deltas_total")
     files = sorted(stage.iterdir())
     done = threading.Event()
     under_load: list[float] = []
-    client = threading.Thread(target=lambda: under_load.extend(latencies(scorer, reqs, done)), daemon=True)
+    starts: list[float] = []
+    client = threading.Thread(target=lambda: under_load.extend(latencies(scorer, reqs, done, starts=starts,
+                                                                         probe=probes[1])), daemon=True)
     t0 = time.perf_counter()
     client.start()
     sent = 0
@@ -270,7 +350,9 @@ def throughput(scorer, spool: Path, stage: Path, reqs, metrics_port: int, total:
             "push_seconds": t_push, "drain_seconds": t_drain,
             "deltas_per_s": consumed / t_drain, "rows_written_total": rows_written,
             "latency_no_load": b, "latency_under_load": l_,
-            "p99_rise": l_["p99_ms"] / b["p99_ms"] - 1.0, "p50_rise": l_["p50_ms"] / b["p50_ms"] - 1.0}
+            "p99_rise": l_["p99_ms"] / b["p99_ms"] - 1.0, "p50_rise": l_["p50_ms"] / b["p50_ms"] - 1.0,
+            "freshness_no_load": probes[0].report(), "freshness_under_load": probes[1].report(),
+            "under_load_trace": {"start_unix": starts, "ms": [round(x * 1e3, 3) for x in under_load]}}
 
 
 def plot(report: dict, path: Path) -> None:
@@ -379,15 +461,21 @@ def main(argv=None) -> int:
         report["store_stats_after_freshness"] = scorer.stats()
         print(f"freshness: p50 {fr['p50_ms']:.0f} ms, p99 {fr['p99_ms']:.0f} ms, max {fr['max_ms']:.0f} ms, "
               f"{fr['timeouts_10s']} timeouts", flush=True)
-        n = write_load_files(stage, args.push_deltas, args.file_rows, table_rows, 1, dim, 2 * 10**12)
+        n = write_load_files(stage, args.push_deltas, args.file_rows, table_rows, 1, dim, 2 * 10**12,
+                             request_keys(spec, f_req, f_cands))
+        probes = tuple(Probe(scorer, spool, spec, f_req, f_cands, 1, dim, 10**12 + k * 10**6) for k in (1, 2))
         report["throughput"] = throughput(scorer, spool, stage, reqs, mport, n, args.file_rows, args.rate,
-                                          args.baseline_seconds)
+                                          args.baseline_seconds, probes)
         tp = report["throughput"]
         report["store_stats_after_load"] = scorer.stats()
         print(f"throughput: {tp['deltas']:,} deltas in {tp['drain_seconds']:.1f}s = {tp['deltas_per_s']:,.0f}/s; "
               f"score p50/p99 {tp['latency_no_load']['p50_ms']:.1f}/{tp['latency_no_load']['p99_ms']:.1f} ms "
               f"without load, {tp['latency_under_load']['p50_ms']:.1f}/{tp['latency_under_load']['p99_ms']:.1f} "
               f"ms under load ({tp['latency_under_load']['n']} requests): p99 {tp['p99_rise']:+.0%}", flush=True)
+        fu = tp["freshness_under_load"]
+        if fu.get("trials"):
+            print(f"freshness under load: p50 {fu['p50_ms']:.0f} ms, p99 {fu['p99_ms']:.0f} ms, max "
+                  f"{fu['max_ms']:.0f} ms over {fu['trials']} probes, {fu['timeouts_10s']} timeouts", flush=True)
         report["acceptance"] = {"freshness_p99_le_1s": fr["p99_ms"] <= 1000.0,
                                 "deltas_per_s_ge_200k": tp["deltas_per_s"] >= 200_000,
                                 "p99_rise_le_25pct": tp["p99_rise"] <= 0.25}
