@@ -181,19 +181,24 @@ def _counter(port: int, name: str) -> float:
 
 
 # ------------------------------------------------------------------------------ phases
-def freshness(scorer, spool: Path, spec, request, cands, trials: int, version: int, dim: int, seq0: int) -> dict:
+def publish_row(spool: Path, version: int, tid: int, row: int, dim: int, seq: int, rng) -> None:
+    """A one-row delta file with a random new vector for ``(tid, row)``."""
     from streaming.delta_format import publish_delta
 
+    publish_delta(spool, model=NAME, model_version=version, table_ids=[tid], rows=[row],
+                  vectors=(rng.standard_normal((1, dim)) * 0.3).astype(np.float32),
+                  first_order=rng.standard_normal(1).astype(np.float32) * 0.1, seqs=[seq],
+                  event_time_ms=int(time.time() * 1000))
+
+
+def freshness(scorer, spool: Path, spec, request, cands, trials: int, version: int, dim: int, seq0: int) -> dict:
     tid, row = user_row(spec, request, cands[0])
     rng = np.random.default_rng(1)
     prev = scorer.score(request, cands)
     lat, timeouts = [], 0
     for i in range(trials):
-        vec = (rng.standard_normal((1, dim)) * 0.3).astype(np.float32)
         t0 = time.perf_counter()
-        publish_delta(spool, model=NAME, model_version=version, table_ids=[tid], rows=[row], vectors=vec,
-                      first_order=rng.standard_normal(1).astype(np.float32) * 0.1, seqs=[seq0 + i],
-                      event_time_ms=int(time.time() * 1000))
+        publish_row(spool, version, tid, row, dim, seq0 + i, rng)
         while True:
             s = scorer.score(request, cands)
             dt = time.perf_counter() - t0
@@ -259,16 +264,11 @@ class Probe:
         self.timeouts = 0
 
     def tick(self) -> None:
-        from streaming.delta_format import publish_delta
-
         now = time.perf_counter()
         if self.pending is None:
             if now >= self.next_t:
                 self.pending = now
-                publish_delta(self.spool, model=NAME, model_version=self.version, table_ids=[self.tid],
-                              rows=[self.row], vectors=(self.rng.standard_normal((1, self.dim)) * 0.3).astype(np.float32),
-                              first_order=self.rng.standard_normal(1).astype(np.float32) * 0.1, seqs=[self.seq],
-                              event_time_ms=int(time.time() * 1000))
+                publish_row(self.spool, self.version, self.tid, self.row, self.dim, self.seq, self.rng)
                 self.seq += 1
             return
         if now - self.last_check < self.check_s:

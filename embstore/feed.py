@@ -62,13 +62,13 @@ def epoch_ids(feed_dir: str | Path) -> list[int]:
     return sorted(out)
 
 
-def combined_from_store_keys(keys: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(table_ids uint32, rows uint64, (table << 48) | row)`` of concatenated 12-byte row keys."""
+def combined_from_store_keys(keys: bytes) -> np.ndarray:
+    """``(table << 48) | row`` (uint64) of concatenated 12-byte row keys."""
     a = np.frombuffer(keys, dtype=KEY_DTYPE)
     t, r = a["table"].astype(np.uint32), a["row"].astype(np.uint64)
     if len(r) and int(r.max()) >= ROW_LIMIT:
         raise ValueError(f"the write feed holds rows < 2**48, got row {int(r.max())}")
-    return t, r, (t.astype(np.uint64) << np.uint64(48)) | r
+    return (t.astype(np.uint64) << np.uint64(48)) | r
 
 
 class Epoch:
@@ -106,7 +106,6 @@ class Epoch:
         k[:] = fi.EMPTY
         h[fi.H_RB], h[fi.H_SLOTS], h[fi.H_EPOCH] = rb, slots, epoch
         h[fi.H_FIRST_BATCH], h[fi.H_BEGUN] = first_batch, first_batch - 1
-        h[fi.H_CREATED_MS] = int(time.time() * 1000)
         if copy_of is not None:
             used = np.flatnonzero((copy_of.keys != fi.EMPTY) & (copy_of.vers > 0))
             ok, ov = copy_of.keys[used], copy_of.vers[used]
@@ -167,7 +166,6 @@ class FeedWriter:
         self._superseded: list[tuple[float, int]] = [(time.monotonic(), i) for i in ids]
         self._next_epoch = last + 1
         self._started = 0.0
-        self.rows = 0
         self._new_epoch(self.min_slots)
 
     def _new_epoch(self, slots: int, copy: bool = False) -> None:
@@ -177,7 +175,6 @@ class FeedWriter:
         new = Epoch.create(self.dir / epoch_name(ep), ep, slots, self.rb, self.batch + 1,
                            copy_of=old if copy else None)
         if old is not None:
-            old.header[fi.H_SEALED] = 1
             self._superseded.append((time.monotonic(), old.epoch))
             old.close()
         self.cur = new
@@ -189,7 +186,7 @@ class FeedWriter:
     def append(self, keys: bytes, records: np.ndarray) -> int:
         """Put one batch of rows (``keys``: the 12-byte row keys, concatenated, unique)
         into the feed; returns its batch number. Call it BEFORE writing them to the store."""
-        _, _, k = combined_from_store_keys(keys)
+        k = combined_from_store_keys(keys)
         recs = np.ascontiguousarray(records, dtype=np.uint8)
         if recs.shape != (len(k), self.rb):
             raise ValueError(f"feed batch of {len(k)} rows needs records [{len(k)}, {self.rb}], got {recs.shape}")
@@ -216,8 +213,6 @@ class FeedWriter:
             raise RuntimeError(f"feed: no room for a batch of {len(k)} rows")
         self.batch = b
         fi.write_rows(cur.vers, cur.values, slot, recs)
-        cur.header[fi.H_WRITES] = int(cur.header[fi.H_WRITES]) + len(k)
-        self.rows += len(k)
         return self.batch
 
     def _trim(self) -> None:

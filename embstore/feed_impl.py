@@ -32,8 +32,7 @@ from .row_cache_impl import EMPTY
 
 MAGIC = 0x3130_4C56_4F46_474F  # b"OGFOVL01" little-endian
 HEADER_WORDS = 512
-(H_MAGIC, H_RB, H_SLOTS, H_EPOCH, H_FIRST_BATCH, H_BEGUN, H_COUNT, H_WRITES, H_CREATED_MS, H_SEALED,
- H_COPY_OF) = range(11)
+H_MAGIC, H_RB, H_SLOTS, H_EPOCH, H_FIRST_BATCH, H_BEGUN, H_COUNT, H_COPY_OF = range(8)
 WINDOW = 8  # = the bytes of a uint64: a window's 8 bools are tested as one word
 PAD = 64
 _WAYS = np.arange(WINDOW, dtype=np.int64)

@@ -60,6 +60,13 @@ class Activity:
             return self._cond.wait_for(lambda: self._n == 0, timeout_s)
 
 
+COUNTERS = ("catch_ups", "changes_applied", "cache_clears", "follow_errors", "epochs_mapped", "epochs_released",
+            "overlay_hits")
+# what Follower.stats() says of a scorer that does not follow
+NOT_FOLLOWING = {**dict.fromkeys(COUNTERS, 0), "last_catch_up_unix": 0.0, "last_catch_up_seconds": 0.0,
+                 "follow_cpu_seconds": 0.0, "overlay_rows": 0, "epochs": 0}
+
+
 class Follower:
     def __init__(self, store, cache: RowCache | None, poll_s: float, *, catch_up_s: float = 30.0,
                  chunk_rows: int = 1024, pause_s: float = 0.001, max_defer_s: float = 0.005,
@@ -74,8 +81,7 @@ class Follower:
         self.feed = store.feed_reader()
         self.shards = store.config.shards
         self._lock = threading.Lock()
-        self._n = {"catch_ups": 0, "changes_applied": 0, "cache_clears": 0, "follow_errors": 0,
-                   "epochs_mapped": 0, "epochs_released": 0, "overlay_hits": 0}
+        self._n = dict.fromkeys(COUNTERS, 0)
         self.last_catch_up_unix = 0.0  # rows written before this time are served
         self.last_catch_up_seconds = 0.0
         self.cpu_seconds = 0.0  # CPU time of this thread (mapping, catch-ups, invalidations)
@@ -87,15 +93,14 @@ class Follower:
         self._thread.start()
 
     # ------------------------------------------------------------------ request path
-    def lookup(self, table_ids, rows, keys=None):
-        """The rows the feed holds: ``(positions int64 [H], vectors float32 [H, D],
-        first_order float32 [H])``, or None when no epoch is mapped. ``keys``: the
-        inputs' ``(table << 48) | row`` (required)."""
+    def lookup(self, keys: np.ndarray):
+        """The rows of ``keys`` (``(table << 48) | row``) the feed holds: ``(positions
+        int64 [H], vectors float32 [H, D], first_order float32 [H])``, or None if none."""
         if not self.feed.epochs:
             return None
         pos, recs = self.feed.lookup(keys)
         if len(pos) == 0:
-            return pos, None, None
+            return None
         vec, w = self.codec.decode(recs)
         with self._lock:
             self._n["overlay_hits"] += len(pos)

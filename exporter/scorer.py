@@ -25,7 +25,7 @@ from embstore import RowCache, StoreConfig, open_store
 from exporter import scorer_impl
 from exporter.calibration import calibrate
 from exporter.dense_saved_model import load_dense
-from exporter.follower import Activity, Follower
+from exporter.follower import NOT_FOLLOWING, Activity, Follower
 from exporter.manifest import DENSE_DIR, STORE_DIR, ModelDirError, complete_versions, load_manifest
 from features.fg import FeatureGenerator
 from features.spec import parse_spec
@@ -132,10 +132,7 @@ class Scorer:
         if self._follower is not None:
             out.update(self._follower.stats())
         else:
-            out.update({"catch_ups": 0, "last_catch_up_unix": 0.0, "last_catch_up_seconds": 0.0,
-                        "changes_applied": 0, "cache_clears": 0, "follow_errors": 0, "epochs_mapped": 0,
-                        "epochs_released": 0, "overlay_hits": 0, "follow_cpu_seconds": 0.0, "overlay_rows": 0,
-                        "epochs": 0})
+            out.update(NOT_FOLLOWING)
         return out
 
     def close(self) -> None:

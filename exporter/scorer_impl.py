@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from embstore.row_cache_impl import combined_keys
 from features.fg import FGBatch
 
 
@@ -92,14 +93,16 @@ def pool_batch(batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.
 
 def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray, overlay=None, keys=None):
     """Rows ``(tables, rows)`` (unique): the follower's overlay of fresh rows first (if
-    any; ``keys``: their ``(table << 48) | row``, if the caller has them), then the row
+    any; ``keys``: their ``(table << 48) | row``, computed when not given), then the row
     cache, then a store read of the misses, inserted into the cache with the epoch
     taken BEFORE the overlay lookup (so a row the follower puts in the overlay
     meanwhile can never be cached at its older store value). Returns ``(vectors [U, D],
     first_order [U], cache hits, rows read from the store, of which found)``."""
     epoch = cache.epoch if cache is not None else 0
-    found = overlay.lookup(tables, rows, keys) if overlay is not None else None
-    if found is None or len(found[0]) == 0:
+    found = None
+    if overlay is not None:
+        found = overlay.lookup(combined_keys(tables, rows) if keys is None else keys)
+    if found is None:
         return _cache_then_store(cache, store, tables, rows, epoch)
     idx, ov_vec, ov_w = found
     vec = np.empty((len(rows), ov_vec.shape[1]), dtype=np.float32)

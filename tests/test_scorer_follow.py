@@ -187,7 +187,7 @@ def test_follow_maps_existing_feed_releases_covered_epochs_and_validates_args(ve
         assert base["catch_ups"] >= 2 and base["epochs"] == 1 and base["overlay_rows"] == 3
         assert base["follow_errors"] == 0 and base["cache_clears"] == 0
         keys = (np.uint64(3) << np.uint64(48)) | np.array([1, 2, 3], np.uint64)
-        pos, vec, _ = s._follower.lookup(None, None, keys)
+        pos, vec, _ = s._follower.lookup(keys)
         assert sorted(pos.tolist()) == [0, 1, 2]
         np.testing.assert_array_equal(vec[np.argsort(pos)], want_v)
         # a cached copy of row 4 (read from the store), then a new writer: epoch 2, row 4 changed
