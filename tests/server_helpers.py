@@ -5,6 +5,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -78,3 +79,52 @@ def stop_server(proc: subprocess.Popen, timeout: float = 60) -> str:
         proc.kill()
         out, _ = proc.communicate()
     return out
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def server_config(models: Path, **kw):
+    """A ServerConfig for tests: the admin token ``TOKEN``, fast polls, small caches and warm-ups."""
+    from server import ServerConfig
+
+    base = dict(models_dir=models, admin_token=TOKEN, poll_seconds=0.2, score_threads=4, cache_mb=16,
+                warmup_candidates=32)
+    base.update(kw)
+    return ServerConfig(**base)
+
+
+class ThreadServer:
+    """uvicorn.Server (uvloop + httptools, like the CLI) in a thread, on a socket bound to a free port.
+
+    Serves ``create_app(config)``, or ``app`` when given (an app built from the config with extra routes).
+    Waits until /readyz answers 200, or with ``ready=False`` until /healthz does (a model may never load).
+    """
+
+    def __init__(self, config, app=None, ready: bool = True):
+        import uvicorn
+
+        from server import create_app
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app if app is not None else create_app(config), loop="uvloop",
+                                                    http="httptools", access_log=False, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        if ready:
+            wait_ready(self.url, 60)
+        else:
+            wait_for(lambda: _answers(self.url + "/healthz"), 60, f"{self.url}/healthz")
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+        self.sock.close()
+        assert not self.thread.is_alive(), "uvicorn did not stop"

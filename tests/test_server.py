@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from server_helpers import TOKEN, copy_models, copy_version, score, stop_server, wait_for, wait_ready
+from server_helpers import (TOKEN, ThreadServer, copy_models, copy_version, score, server_config, stop_server,
+                            wait_for, wait_ready)
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_CANDIDATES = 300
@@ -26,38 +27,8 @@ MAX_BODY = 1 << 20
 
 
 # -- fixtures -----------------------------------------------------------------------------------
-class ThreadServer:
-    """uvicorn.Server (uvloop + httptools, like the CLI) in a thread, on a socket bound to a free port."""
-
-    def __init__(self, config):
-        import uvicorn
-
-        from server import create_app
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(config), loop="uvloop", http="httptools",
-                                                    access_log=False, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        wait_ready(self.url, 60)
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=20)
-        self.sock.close()
-        assert not self.thread.is_alive(), "uvicorn did not stop"
-
-
 def _config(models: Path, **kw):
-    from server import ServerConfig
-
-    base = dict(models_dir=models, admin_token=TOKEN, poll_seconds=0.2, max_candidates=MAX_CANDIDATES,
-                max_body_bytes=MAX_BODY, score_threads=4, cache_mb=16, warmup_candidates=32)
-    base.update(kw)
-    return ServerConfig(**base)
+    return server_config(models, **{"max_candidates": MAX_CANDIDATES, "max_body_bytes": MAX_BODY, **kw})
 
 
 @pytest.fixture(scope="module")

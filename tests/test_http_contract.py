@@ -1,0 +1,273 @@
+"""The HTTP contract, through a real uvicorn on 127.0.0.1 and a real httpx client: numbers at and beyond the
+float64 range are 4xx naming the field, an unexpected error is a clean 500 the keep-alive connection survives,
+non-JSON bodies are 415, admin calls authenticate before they parse, the published OpenAPI schema describes what
+the server accepts, and absolute paths are only shown to the admin.
+"""
+import json
+import logging
+import re
+import shutil
+import sys
+
+import httpx
+import numpy as np
+import pytest
+from server_helpers import TOKEN, ThreadServer, copy_models, copy_version, score, server_config, wait_for
+
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+SECRET = "secret-text-of-the-exception"
+MAX_FLOAT = sys.float_info.max
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    """The tiny model, one broken version beside it (refused with a reason naming its directory), and two
+    test-only routes: one that raises, one that answers the client's port (to see the connection kept)."""
+    from fastapi import Request
+
+    from server import create_app
+
+    models = copy_models(tiny_model[0], tmp_path_factory.mktemp("contract") / "models")
+
+    def tamper_dense(d):
+        pb = d / "dense" / "saved_model.pb"
+        pb.write_bytes(pb.read_bytes() + b"\0")
+
+    copy_version(models / "ml" / "1", models / "ml" / "2", tamper=tamper_dense)
+    config = server_config(models, max_candidates=50)
+    app = create_app(config)
+
+    @app.get("/test-only/raise", include_in_schema=False)
+    async def raise_unexpected() -> dict:
+        raise RuntimeError(f"{SECRET} in {models}/ml/1/store")
+
+    @app.get("/test-only/port", include_in_schema=False)
+    async def client_port(request: Request) -> dict:
+        return {"port": request.client.port}
+
+    srv = ThreadServer(config, app=app)
+    srv.models = models
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        wait_for(lambda: c.get("/v1/models/ml").json()["refused"], 30, "version 2 refused")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c
+
+
+def _scores_ok(r: httpx.Response, n: int) -> None:
+    assert r.status_code == 200, r.text
+    scores = np.asarray(r.json()["scores"])
+    assert scores.shape == (n,) and np.all((scores >= 0) & (scores <= 1)), scores
+
+
+# -- item 3: big numbers ----------------------------------------------------------------------------------------
+BIG = [
+    (b'{"candidates": [{"release_year": 9' + b"0" * 399 + b'}]}', "candidates[0].release_year"),
+    (json.dumps({"request": {"age": 2 ** 1024}, "candidates": [{}]}).encode(), "request.age"),
+    (json.dumps({"request": {"age": -(2 ** 1024)}, "candidates": [{}]}).encode(), "request.age"),
+    (json.dumps({"request": {"user_id": 10 ** 400}, "candidates": [{}]}).encode(), "request.user_id"),
+    (json.dumps({"candidates": [{"movie_id": 1}, {"genres": ["Comedy", 2 ** 1100]}]}).encode(),
+     "candidates[1].genres[1]"),
+    (json.dumps({"candidates": [{"release_year": int(MAX_FLOAT) + 1}]}).encode(), "candidates[0].release_year"),
+]
+
+
+@pytest.mark.parametrize("body,where", BIG, ids=[f"big{i}" for i in range(len(BIG))])
+def test_numbers_beyond_float64_are_422_naming_the_field(client, body, where):
+    r = score(client, body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert where in detail and "float64" in detail, detail
+    assert len(detail) < 1000, detail  # the 400-digit number is not echoed back
+
+
+def test_an_integer_literal_too_long_to_parse_is_422(client):
+    r = score(client, b'{"candidates": [{"release_year": ' + b"7" * 5000 + b'}]}')
+    assert r.status_code == 422 and "not valid JSON" in r.json()["detail"], r.text
+
+
+@pytest.mark.parametrize("cand", [
+    {"release_year": 1e308}, {"release_year": -1e308}, {"release_year": MAX_FLOAT}, {"release_year": -0.0},
+    {"release_year": int(MAX_FLOAT)}, {"release_year": -(2 ** 1000)}, {"movie_id": 2 ** 64},
+    {"movie_id": -(2 ** 63) - 1}, {"movie_id": 10 ** 300}, {"movie_id": 5e-324}, {"genres": [2 ** 70, 1e300]},
+    {"movie_id": True}, {"genres": [False, None, -0.0]},
+], ids=lambda c: "-".join(f"{k}={str(v)[:12]}" for k, v in c.items()))
+def test_numbers_within_float64_are_scored(client, cand):
+    _scores_ok(score(client, {"request": {"age": 1e308, "user_id": 2 ** 100}, "candidates": [cand, {}]}), 2)
+
+
+def test_a_boolean_where_a_number_is_bucketized_is_422(client):
+    for body, where in [({"request": {"age": True}, "candidates": [{}]}, "age_bucket"),
+                        ({"candidates": [{"release_year": False}]}, "release_year")]:
+        r = score(client, body)
+        assert r.status_code == 422 and f"field '{where}'" in r.json()["detail"], r.text
+
+
+def test_version_may_be_an_integral_float(client):
+    _scores_ok(score(client, {"candidates": [{}], "version": 1.0}), 1)
+    for v, status in [(1.5, 422), (2.0, 404), (-1.0, 422), (True, 422), ("1", 422)]:
+        assert score(client, {"candidates": [{}], "version": v}).status_code == status, v
+
+
+# -- item 3: a 500 is clean and the connection survives ---------------------------------------------------------
+def test_unexpected_error_is_a_generic_500_on_a_connection_that_survives(server, caplog):
+    # one connection at most: the client's port before and after shows the connection was kept
+    with httpx.Client(base_url=server.url, timeout=30, limits=httpx.Limits(max_connections=1)) as c:
+        port = c.get("/test-only/port").json()["port"]
+        with caplog.at_level(logging.ERROR, logger="offgraph.server"):
+            r = c.get("/test-only/raise")
+        assert r.status_code == 500 and r.headers["content-type"] == "application/json", r.text
+        assert SECRET not in r.text and str(server.models) not in r.text and "RuntimeError" not in r.text, r.text
+        assert "internal error" in r.json()["detail"]
+        assert r.headers.get("connection", "").lower() != "close"
+        assert c.get("/test-only/port").json()["port"] == port  # the same keep-alive connection
+        assert score(c, {"candidates": [{}]}).status_code == 200
+        assert c.get("/test-only/port").json()["port"] == port
+        metrics = c.get("/metrics").text
+    assert SECRET in caplog.text and "Traceback" in caplog.text  # the traceback goes to the log
+    assert re.search(r'offgraph_http_errors_total\{code="500"\} 1\.0', metrics), \
+        [ln for ln in metrics.splitlines() if "code=" in ln]
+
+
+# -- item 10: content types ---------------------------------------------------------------------------------------
+def test_score_needs_a_json_content_type(client):
+    body = json.dumps({"candidates": [{"movie_id": 1}]}).encode()
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+                  "application/xml"):
+        r = client.post("/v1/models/ml:score", content=body, headers={"content-type": ctype})
+        assert r.status_code == 415, (ctype, r.text)
+        assert ctype.split(";")[0] in r.json()["detail"] and "application/json" in r.json()["detail"]
+    for ctype in ("application/json", "application/json; charset=utf-8", "application/problem+json"):
+        _scores_ok(client.post("/v1/models/ml:score", content=body, headers={"content-type": ctype}), 1)
+    # no Content-Type at all: read as JSON (as FastAPI does)
+    _scores_ok(client.post("/v1/models/ml:score", content=body, headers={"content-type": ""}), 1)
+
+
+# -- item 9: admin authenticates before it parses ------------------------------------------------------------------
+@pytest.mark.parametrize("content,ctype", [
+    (b'{"version": ', "application/json"), (b"\xff\xfe", "application/json"), (b'{"version": "x"}', "application/json"),
+    (b"version=1", "application/x-www-form-urlencoded"), (b"[]", "application/json"),
+])
+def test_admin_load_authenticates_before_parsing(client, content, ctype):
+    for headers, status in [({}, 401), ({"Authorization": "Bearer wrong"}, 401)]:
+        r = client.post("/v1/models/ml:load", content=content, headers={"content-type": ctype, **headers})
+        assert r.status_code == status, (headers, r.text)
+    r = client.post("/v1/models/ml:load", content=content, headers={"content-type": ctype, **ADMIN})
+    assert r.status_code in (415, 422), r.text
+    assert isinstance(r.json()["detail"], str) and r.json()["detail"], r.json()
+    if ctype == "application/json":
+        assert r.status_code == 422 and r.json()["detail"].startswith("invalid request"), r.text
+
+
+# -- item 9: the published schema ---------------------------------------------------------------------------------
+def _resolve(schema, root):
+    if isinstance(schema, dict):
+        if "$ref" in schema:
+            return _resolve(root["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]], root)
+        return {k: _resolve(v, root) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_resolve(v, root) for v in schema]
+    return schema
+
+
+def test_openapi_score_body_accepts_the_documented_example_and_integers(client):
+    import jsonschema
+
+    spec = client.get("/openapi.json").json()
+    op = spec["paths"]["/v1/models/{name}:score"]["post"]
+    schema = _resolve(op["requestBody"]["content"]["application/json"]["schema"], spec)
+    validator = jsonschema.Draft202012Validator(schema)
+    example = schema["examples"][0]
+    assert list(validator.iter_errors(example)) == []
+    _scores_ok(score(client, example), len(example["candidates"]))
+    for ok in ({"candidates": [{"m": 1}]}, {"candidates": [{"m": [1, 2.5, "a", None, True]}], "version": 3},
+               {"candidates": [{"m": MAX_FLOAT, "n": -MAX_FLOAT}]}):
+        assert list(validator.iter_errors(ok)) == [], ok
+    for bad in ({"candidates": [{"m": 2 ** 1024}]}, {"candidates": [{"m": [[1]]}]}, {"candidates": []},
+                {"candidates": [{"m": {"x": 1}}]}, {"candidates": [{}], "version": -1}):
+        assert list(validator.iter_errors(bad)) != [], bad
+
+
+def test_openapi_documents_the_error_bodies_the_server_sends(client):
+    spec = client.get("/openapi.json").json()
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            for code, resp in op["responses"].items():
+                if code[0] in "45":
+                    ref = resp["content"]["application/json"]["schema"]["$ref"]
+                    assert ref.endswith("/ErrorResponse") or (path, code) == ("/readyz", "503"), (path, method, code)
+    score_op = spec["paths"]["/v1/models/{name}:score"]["post"]
+    assert {"400", "404", "413", "415", "422"} <= set(score_op["responses"])
+    assert {"401", "403", "415", "422"} <= set(spec["paths"]["/v1/models/{name}:load"]["post"]["responses"])
+    # :load's 422 is a string detail, as sent
+    detail = _resolve(spec["paths"]["/v1/models/{name}:load"]["post"]["responses"]["422"]["content"]
+                      ["application/json"]["schema"], spec)["properties"]["detail"]
+    assert detail["type"] == "string"
+
+
+@pytest.mark.parametrize("name", ["ml", "a", "A.b_c-9", "x" * 128, "a.b.", "a..b", ".a", "-a", "a/b", "a:b", "",
+                                  "x" * 129, "é", "a b", "a\n"])
+def test_openapi_model_name_pattern_is_the_servers_rule(client, name):
+    from exporter.manifest import ModelDirError, check_model_name
+
+    spec = client.get("/openapi.json").json()
+    for path in ("/v1/models/{name}", "/v1/models/{name}:score", "/v1/models/{name}:load"):
+        op = next(iter(spec["paths"][path].values()))
+        param = next(p for p in op["parameters"] if p["name"] == "name")["schema"]
+        documented = (re.search(param["pattern"], name) is not None
+                      and param.get("minLength", 0) <= len(name) <= param["maxLength"])
+        try:
+            check_model_name(name)
+            valid = True
+        except ModelDirError:
+            valid = False
+        assert documented == valid, (path, name, param)
+
+
+# -- item 10: no absolute paths without the admin token -----------------------------------------------------------
+def _abs_paths(text: str, server) -> list[str]:
+    roots = {str(server.models), str(server.models.resolve()), str(server.models.parent.parent)}
+    return [r for r in roots if r in text]
+
+
+def test_model_status_shows_paths_relative_to_models_without_the_token(client, server):
+    for path in ("/v1/models", "/v1/models/ml"):
+        r = client.get(path)
+        assert r.status_code == 200 and _abs_paths(r.text, server) == [], r.text
+        ml = r.json()["models"][0] if path == "/v1/models" else r.json()
+        reason = ml["refused"][0]["reason"]
+        assert "ml/2: dense model checksum mismatch" in reason, reason
+        assert "ml/2" in ml["last_error"] and not re.search(r"(^|\s)/\w", ml["last_error"]), ml["last_error"]
+        assert ml["loaded"]["training"]["run"] == ".../run", ml["loaded"]["training"]
+        # the admin sees the full detail
+        full = client.get(path, headers=ADMIN)
+        assert str(server.models.resolve()) in full.text or str(server.models) in full.text, full.text
+        wrong = client.get(path, headers={"Authorization": "Bearer wrong"})
+        assert _abs_paths(wrong.text, server) == []
+
+
+def test_readiness_and_errors_show_no_absolute_paths(tiny_model, tmp_path):
+    models = copy_models(tiny_model[0], tmp_path / "models")
+    shutil.copytree(models / "ml", models / "broken")
+    pb = models / "broken" / "1" / "dense" / "saved_model.pb"
+    pb.write_bytes(pb.read_bytes() + b"\0")
+    srv = ThreadServer(server_config(models), ready=False)  # never ready: 'broken' does not load
+    srv.models = models
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            wait_for(lambda: "broken (failed" in c.get("/readyz").json()["detail"], 60, "model 'broken' refused")
+            r = c.get("/readyz")
+            assert r.status_code == 503 and "broken/1: dense model checksum mismatch" in r.json()["detail"], r.text
+            assert _abs_paths(r.text, srv) == [], r.text
+            r = c.post("/v1/models/broken:load", json={"version": 1}, headers=ADMIN)
+            assert r.status_code == 409 and "checksum mismatch" in r.json()["detail"], r.text
+            r = score(c, {"candidates": [{}]}, name="broken")
+            assert r.status_code == 404 and _abs_paths(r.text, srv) == [], r.text
+    finally:
+        srv.stop()
