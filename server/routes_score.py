@@ -15,18 +15,17 @@ from server.config import ServerConfig
 from server.deps import Holder, State
 from server.errors import ApiError
 from server.metrics import START_KEY
-from server.schemas import CANDIDATES_DOC, ErrorResponse, Features, ScoreRequest, ScoreResponse
+from server.schemas import CANDIDATES_DOC, Features, ScoreRequest, ScoreResponse, error_responses
 from server.score_body import ScoreBodyParser
 from server.served import NotServing
 
-_ERRORS = {
-    400: {"model": ErrorResponse, "description": "Invalid model name."},
-    404: {"model": ErrorResponse, "description": "Unknown model, or the version asked for is not loaded."},
-    413: {"model": ErrorResponse, "description": "Body larger than the server's limit."},
-    422: {"model": ErrorResponse, "description": "Invalid body: the message names each problem "
-                                                  "(NaN/Infinity, nested objects, no candidates, too many "
-                                                  "candidates, a value the feature generation cannot use)."},
-}
+_ERRORS = error_responses(
+    e400="Invalid model name.",
+    e404="Unknown model, or the version asked for is not loaded.",
+    e413="Body larger than the server's limit.",
+    e415="The body's Content-Type is not JSON.",
+    e422="Invalid body: the message names each problem (invalid JSON, NaN/Infinity, a number beyond the float64 "
+         "range, nested objects, no candidates, too many candidates, a value the feature generation cannot use).")
 
 
 def build_router(config: ServerConfig) -> APIRouter:
@@ -38,7 +37,7 @@ def build_router(config: ServerConfig) -> APIRouter:
     parser = ScoreBodyParser(Body, config.max_candidates)
 
     async def score_body(request: Request) -> Any:
-        return parser.parse(await request.body())
+        return await parser.parse(request)
 
     @router.post("/v1/models/{name}:score", responses=_ERRORS, summary="Score candidates",
                  openapi_extra=parser.openapi_extra())

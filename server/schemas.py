@@ -1,11 +1,27 @@
 """Request and response models of the HTTP API (pydantic v2)."""
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PlainValidator, StrictBool,
+                      StrictInt, StrictStr, Tag, WithJsonSchema)
+from pydantic_core import PydanticCustomError
+
+MAX_NUMBER = sys.float_info.max
+"""Largest magnitude of a numeric feature value: FG reads numbers as float64, so an integer must fit one."""
 
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+def _fits_float64(v: int) -> int:
+    if -MAX_NUMBER <= v <= MAX_NUMBER:  # int-float comparison is exact in Python
+        return v
+    raise PydanticCustomError("number_too_large", "integer of {bits} bits is beyond the float64 range "
+                              "(numbers must be within +-1.7976931348623157e308)", {"bits": v.bit_length()})
+
+
+FeatureInt = Annotated[StrictInt, AfterValidator(_fits_float64)]
 
 
 def _kind(v: Any) -> str | None:
@@ -27,7 +43,12 @@ def _kind(v: Any) -> str | None:
 
 
 _SCALARS = (Annotated[StrictStr, Tag("str")], Annotated[StrictBool, Tag("bool")],
-            Annotated[StrictInt, Tag("int")], Annotated[FiniteFloat, Tag("float")], Annotated[None, Tag("null")])
+            Annotated[FeatureInt, Tag("int")], Annotated[FiniteFloat, Tag("float")], Annotated[None, Tag("null")])
+
+# The published schema: JSON types, not the validator's tagged union (whose oneOf of integer and number
+# would make every integer match two branches, i.e. none). An integer literal is a number like any other.
+_SCALAR_SCHEMA = [{"type": "string"}, {"type": "number", "minimum": -MAX_NUMBER, "maximum": MAX_NUMBER},
+                  {"type": "boolean"}, {"type": "null"}]
 
 Scalar = Annotated[Union[_SCALARS], Discriminator(
     _kind, custom_error_type="feature_value",
@@ -37,8 +58,26 @@ Scalar = Annotated[Union[_SCALARS], Discriminator(
 FeatureValue = Annotated[Union[(*_SCALARS, Annotated[list[Scalar], Tag("list")])], Discriminator(
     _kind, custom_error_type="feature_value",
     custom_error_message="a feature value must be a string, a finite number, a boolean, null or a list of "
-                         "those (no nested objects)")]
-"""One raw feature value: a scalar or a list of scalars. NaN and Infinity are refused."""
+                         "those (no nested objects)"), WithJsonSchema({
+        "anyOf": [*_SCALAR_SCHEMA, {"type": "array", "items": {"anyOf": _SCALAR_SCHEMA}}],
+        "description": "A string, a number within the float64 range (no NaN or Infinity), a boolean, null, or a "
+                       "list of those."})]
+"""One raw feature value: a scalar or a list of scalars. NaN, Infinity and integers beyond float64 are refused."""
+
+
+def _version(v: Any) -> int:
+    t = type(v)
+    if t is float and v.is_integer():  # finite too: an integral float is neither NaN nor infinite
+        v = int(v)
+    elif t is not int:
+        raise PydanticCustomError("int_type", "Input should be a non-negative integer")
+    if v < 0:
+        raise PydanticCustomError("greater_than_equal", "Input should be greater than or equal to 0")
+    return v
+
+
+Version = Annotated[Any, PlainValidator(_version), WithJsonSchema({"type": "integer", "minimum": 0})]
+"""A model version: a non-negative integer (JSON ``2.0`` is the integer 2, as JSON Schema reads it)."""
 
 Features = dict[str, FeatureValue]
 
@@ -61,7 +100,7 @@ class ScoreRequest(BaseModel):
 
     request: Features = Field(default_factory=dict, description="Request-scope raw features. " + _FEATURES_DOC)
     candidates: list[Features] = Field(min_length=1, description=CANDIDATES_DOC)
-    version: Annotated[int, Field(strict=True, ge=0)] | None = Field(
+    version: Version | None = Field(
         default=None, description="Model version that must score the request (404 unless it is the one "
                                   "served); omitted: the served version.")
 
@@ -72,15 +111,21 @@ class ScoreResponse(BaseModel):
     scores: list[float] = Field(description="Calibrated CTRs, one per candidate, in candidate order.")
 
 
+class ErrorItem(BaseModel):
+    loc: str = Field(description="Where: `body`, `candidates[3].genres`, `request.age`, `version`...")
+    msg: str = Field(description="What is wrong there.")
+    type: str | None = Field(description="Kind of problem (pydantic's error type).")
+
+
 class ErrorResponse(BaseModel):
     detail: str = Field(description="What is wrong, in words.")
-    errors: list[dict[str, Any]] | None = Field(default=None, description="Validation errors: location and "
-                                                "message of each problem.")
+    errors: list[ErrorItem] | None = Field(default=None, description="Validation errors (422): location and "
+                                           "message of each problem.")
 
 
 class LoadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    version: Annotated[int, Field(strict=True, ge=0)] | None = Field(
+    version: Version | None = Field(
         default=None, description="Version to load and pin; omitted: follow the newest complete version again.")
 
 
@@ -150,3 +195,17 @@ class Readiness(BaseModel):
     ready: bool
     models: dict[str, str] = Field(description="State of each model.")
     detail: str
+
+
+VALIDATION_ERROR = "Invalid request: the message names each problem."
+
+
+def error_responses(**descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for error codes, each an ``ErrorResponse``: ``error_responses(e404="...")``.
+
+    A 422 is always listed: FastAPI would otherwise document its own validation error shape,
+    which this server never sends.
+    """
+    out = {int(code[1:]): {"model": ErrorResponse, "description": d} for code, d in descriptions.items()}
+    out.setdefault(422, {"model": ErrorResponse, "description": VALIDATION_ERROR})
+    return out

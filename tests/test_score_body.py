@@ -1,5 +1,7 @@
-"""The score body's fast decoder (msgspec) accepts exactly what the documented pydantic model accepts."""
+"""The score body's fast decoder (msgspec) accepts what the documented pydantic model accepts, refuses what it
+refuses, and leaves the rest (integers beyond 64 bits, integral floats as versions) to the model."""
 import json
+import sys
 
 import pytest
 from pydantic import Field, ValidationError, create_model
@@ -20,8 +22,15 @@ GOOD = [
     b'{"candidates": [{"m": 1}, {"m": 2}, {"m": 3}]}',
     b'{"candidates": [{"\\u00e9t\\u00e9": "\\ud83d\\ude00"}]}',
     b' {"candidates" : [ {"m" : "1"} ] } ',
-    b'{"candidates": [{"m": 123456789012345678901234567890}], "version": 123456789012345678901234567890}',
     b'{"candidates": [{}], "candidates": [{"a": 1, "a": 2}], "version": 1, "version": 2}',  # the last one wins
+    b'{"candidates": [{"m": -9223372036854775808, "n": 9223372036854775807}]}',
+]
+# valid bodies the fast decoder leaves to the model (integers beyond 64 bits, integral floats as versions)
+MODEL_ONLY = [
+    b'{"candidates": [{"m": 123456789012345678901234567890}], "version": 123456789012345678901234567890}',
+    b'{"candidates": [{"m": -9223372036854775809, "l": [18446744073709551616]}]}',
+    b'{"candidates": [{"m": %d, "n": -%d}]}' % (int(sys.float_info.max), int(sys.float_info.max)),  # float64's max
+    b'{"candidates": [{"m": 1}], "version": 2.0}',
 ]
 BAD = [
     b'', b'null', b'[]', b'[1, 2]', b'{}', b'{"request": {}}', b'{"candidates": []}',
@@ -33,6 +42,8 @@ BAD = [
     b'{"candidates": [{"m": 1}], "version": "2"}', b'{"candidates": [{"m": 1}], "version": true}',
     b'{"candidates": [{"m": 1}], "version": 1.5}', b'{"candidates": [{"m": 1}]', b'{"candidates": [{"m": 1,}]}',
     b'{"candidates": [{"m": 1}]} x', b'\xff\xfe', b'{"candidates": [{"m": "\\ud800"}]}',
+    b'{"candidates": [{"m": 1' + b'0' * 400 + b'}]}', b'{"candidates": [{"m": [1, -1' + b'0' * 400 + b']}]}',
+    b'{"candidates": [{"m": 1' + b'0' * 5000 + b'}]}', b'{"candidates": [{"m": 1}], "version": 2.5}',
 ]
 
 
@@ -65,13 +76,22 @@ def test_valid_bodies_decode_the_same_both_ways(raw):
     assert repr(_as_dict(fast)) == repr(_as_dict(slow))
 
 
+@pytest.mark.parametrize("raw", MODEL_ONLY)
+def test_the_model_accepts_what_the_fast_decoder_leaves_to_it(raw):
+    assert _fast(raw) is None and _pydantic(raw) is not None, raw
+    body = ScoreBodyParser(Body, MAX).validate(raw)
+    want = {"request": {}, "version": None, **json.loads(raw)}
+    want["version"] = None if want["version"] is None else int(want["version"])
+    assert _as_dict(body) == want and type(body.version) is type(want["version"])
+
+
 @pytest.mark.parametrize("raw", BAD)
 def test_invalid_bodies_are_refused_both_ways_with_the_documented_message(raw):
     from fastapi.exceptions import RequestValidationError
 
     assert _fast(raw) is None and _pydantic(raw) is None, raw
     with pytest.raises(RequestValidationError) as e:
-        ScoreBodyParser(Body, MAX).parse(raw)
+        ScoreBodyParser(Body, MAX).validate(raw)
     errs = e.value.errors()
     assert errs and all(err["loc"][0] == "body" and err["msg"] for err in errs), errs
 
@@ -79,7 +99,7 @@ def test_invalid_bodies_are_refused_both_ways_with_the_documented_message(raw):
 def test_the_documented_model_decides_when_the_fast_decoder_refuses():
     # a fast decoder stricter than the model (1 candidate vs MAX): the model's answer stands
     raw = b'{"candidates": [{"m": 1}, {"m": 2}]}'
-    body = ScoreBodyParser(Body, max_candidates=1).parse(raw)
+    body = ScoreBodyParser(Body, max_candidates=1).validate(raw)
     assert isinstance(body, Body) and body.candidates == [{"m": 1}, {"m": 2}]
 
 
