@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from server import routes_admin, routes_health, routes_models, routes_score
 from server.body_limit import BodySizeLimitMiddleware
 from server.config import ServerConfig
-from server.errors import install_error_handlers
+from server.errors import InternalErrorMiddleware, install_error_handlers
 from server.gc_tuning import tune_gc
 from server.metrics import HttpMetricsMiddleware
 from server.state import ServerState
@@ -43,7 +43,8 @@ def create_app(config: ServerConfig) -> FastAPI:
     app.include_router(routes_score.build_router(config))
     for module in (routes_models, routes_admin, routes_health):
         app.include_router(module.router)
-    install_error_handlers(app, state.metrics)
+    install_error_handlers(app)
+    app.add_middleware(InternalErrorMiddleware)  # innermost: its 500s are counted like any answer
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=config.max_body_bytes)
     app.add_middleware(HttpMetricsMiddleware, metrics=state.metrics)  # outermost: sees the 413s too
     if config.tune_gc:

@@ -5,7 +5,6 @@ pool, which would cost a thread hop each on the request path; these never block.
 """
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
@@ -14,6 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from exporter.manifest import ModelDirError, check_model_name
 from server.config import ADMIN_TOKEN_ENV
 from server.errors import ApiError
+from server.redact import token_matches
 from server.served import ModelHolder
 from server.state import ServerState
 
@@ -25,7 +25,14 @@ async def get_state(request: Request) -> ServerState:
 State = Annotated[ServerState, Depends(get_state)]
 
 
-async def model_name(name: Annotated[str, Path(description="Model name: the directory MODELS/<name>/.")]) -> str:
+# check_model_name's rule as a JSON Schema (documentation only: the dependency answers 400, not FastAPI's 422):
+# letters, digits, '.', '_' and '-', 128 at most, starting with a letter or digit, no '..'
+MODEL_NAME_SCHEMA = {"pattern": r"^[A-Za-z0-9](\.?[A-Za-z0-9_-])*\.?$", "minLength": 1, "maxLength": 128}
+
+
+async def model_name(name: Annotated[str, Path(description="Model name: the directory MODELS/<name>/ (letters, "
+                                               "digits, '.', '_' and '-'; no '..'). Any other name is a 400.",
+                                               json_schema_extra=MODEL_NAME_SCHEMA)]) -> str:
     """A syntactically valid model name (no path separators, no '..'); 400 otherwise."""
     try:
         return check_model_name(name)
@@ -57,5 +64,5 @@ async def require_admin(state: State,
     if credentials is None:
         raise ApiError(401, "admin action needs 'Authorization: Bearer <token>'",
                        headers={"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(credentials.credentials.encode(), token.encode()):
+    if not token_matches(token, credentials.credentials):
         raise ApiError(401, "wrong admin token", headers={"WWW-Authenticate": "Bearer"})

@@ -1,11 +1,18 @@
 """Error responses: every problem becomes ``{"detail": "<what is wrong>"[, "errors": [...]]}``.
 
 Validation errors name the location of each problem (``candidates[3].genres``);
-``features.FeatureValueError`` (a bad raw value found by FG) is a 422; only a bug
-in the server or the scorer can give a 500, and it is logged with its traceback.
+``features.FeatureValueError`` (a bad raw value found by FG) is a 422. Details are rendered
+without absolute paths unless the request holds the admin token (``server.redact``).
+
+Only a bug in the server or the scorer can give a 500: ``InternalErrorMiddleware`` logs its
+traceback and answers a generic 500 (no exception text, no paths). It is an ordinary
+middleware rather than an ``Exception`` handler on purpose: Starlette runs that handler in its
+outermost ``ServerErrorMiddleware``, which re-raises after the response, and uvicorn then drops
+the keep-alive connection without ``Connection: close``: the client's next request on it fails.
 """
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -13,9 +20,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from features import FeatureValueError
-from server.metrics import ServerMetrics
+from server.redact import view_for
 
 log = logging.getLogger("offgraph.server")
 
@@ -60,7 +68,7 @@ def _describe(err: dict[str, Any]) -> tuple[str, str]:
     return where, msg
 
 
-def install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         errs = list(exc.errors())
@@ -77,14 +85,46 @@ def install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
             detail = f"no route {request.method} {request.url.path}"
         elif exc.status_code == 405 and detail == "Method Not Allowed":
             detail = f"method {request.method} is not allowed on {request.url.path}"
+        else:  # messages from the registry and the scorer may name directories
+            detail = view_for(request)(detail)
         return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(FeatureValueError)
     async def feature_value_error(request: Request, exc: FeatureValueError) -> JSONResponse:
         return JSONResponse({"detail": f"bad feature value: {exc}"}, status_code=422)
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error on %s %s", request.method, request.url.path)
-        metrics.errors.labels("500").inc()  # sent outside the counting middleware
-        return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+
+INTERNAL_ERROR = json.dumps({"detail": "internal error: the server failed to answer this request; the "
+                                       "details are in its log"}).encode()
+
+
+class InternalErrorMiddleware:
+    """Pure ASGI, inside the user middlewares: an unexpected exception is logged with its traceback and
+    answered with a generic JSON 500, and the keep-alive connection stays usable. An exception after the
+    response has started cannot be answered: it is re-raised (uvicorn then closes the connection)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracking(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracking)
+        except Exception:
+            log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(INTERNAL_ERROR)).encode())]})
+            await send({"type": "http.response.body", "body": INTERNAL_ERROR})

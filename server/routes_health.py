@@ -1,11 +1,12 @@
 """GET /healthz, /readyz, /metrics."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from server.deps import State
+from server.redact import view_for
 from server.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
@@ -18,7 +19,7 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", summary="Readiness", responses={503: {"model": Readiness}})
-async def readyz(state: State) -> Readiness:
+async def readyz(state: State, request: Request) -> Readiness:
     """200 once every model is loaded and warmed up (or unloaded by an admin), 503 before."""
     models = {h.name: h.state for h in state.models.all()}
     if state.models.ready:
@@ -28,7 +29,7 @@ async def readyz(state: State) -> Readiness:
     else:
         waiting = [f"{h.name} ({h.state}: {h.last_error or 'loading'})" for h in state.models.all()
                    if h.current is None and h.policy != "unloaded"]
-        detail = "not serving: " + "; ".join(waiting)
+        detail = view_for(request)("not serving: " + "; ".join(waiting))  # reasons may name directories
     return JSONResponse(Readiness(ready=False, models=models, detail=detail).model_dump(), status_code=503)
 
 

@@ -1,23 +1,33 @@
-"""GET /v1/models and /v1/models/{name}: what is on disk, what is served, how fresh."""
+"""GET /v1/models and /v1/models/{name}: what is on disk, what is served, how fresh.
+
+Without the admin token, absolute paths are shown relative to MODELS (``server.redact``).
+"""
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated, Any, Callable
+
+from fastapi import APIRouter, Depends
 
 from server.deps import Holder, State
-from server.schemas import ErrorResponse, ModelList, ModelStatus
+from server.redact import path_view
+from server.schemas import ModelList, ModelStatus, error_responses
 
 router = APIRouter(tags=["models"])
 
+PathView = Annotated[Callable[[Any], Any], Depends(path_view)]
+
 
 @router.get("/v1/models", summary="List the models")
-async def list_models(state: State) -> ModelList:
-    """Every model under MODELS with its versions on disk, the loaded version and its state."""
-    return ModelList(models=[ModelStatus(**state.models.status(h)) for h in state.models.all()])
+async def list_models(state: State, view: PathView) -> ModelList:
+    """Every model under MODELS with its versions on disk, the loaded version and its state.
+    Paths are relative to MODELS unless the request holds the admin bearer token."""
+    return ModelList(models=[ModelStatus(**view(state.models.status(h))) for h in state.models.all()])
 
 
 @router.get("/v1/models/{name}", summary="One model's status",
-            responses={400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}})
-async def get_model(holder: Holder, state: State) -> ModelStatus:
+            responses=error_responses(e400="Invalid model name.", e404="Unknown model."))
+async def get_model(holder: Holder, state: State, view: PathView) -> ModelStatus:
     """Versions on disk, the loaded version (quantization, row counts, training metrics, store counters and
-    freshness), the version being loaded, refused versions with their reasons."""
-    return ModelStatus(**state.models.status(holder))
+    freshness), the version being loaded, refused versions with their reasons. Paths are relative to MODELS
+    unless the request holds the admin bearer token."""
+    return ModelStatus(**view(state.models.status(holder)))
