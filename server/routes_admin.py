@@ -2,21 +2,31 @@
 several workers, until every worker has followed the decision (``server.control``)."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
 
 from server.deps import ModelName, State, require_admin
 from server.errors import ApiError
 from server.registry import AdminError
-from server.schemas import ErrorResponse, LoadRequest, ModelStatus
+from server.schemas import LoadRequest, ModelStatus, error_responses
+from server.score_body import JsonBody
 
-router = APIRouter(tags=["admin"], dependencies=[Depends(require_admin)], responses={
-    401: {"model": ErrorResponse, "description": "Missing or wrong bearer token."},
-    403: {"model": ErrorResponse, "description": "No admin token configured: admin actions are disabled."},
-    404: {"model": ErrorResponse, "description": "Unknown model or version."},
-    409: {"model": ErrorResponse, "description": "The version was refused (the reason is given) or there is "
-                                                  "nothing to roll back to."},
-    504: {"model": ErrorResponse, "description": "Several workers: not every worker followed in time."},
-})
+router = APIRouter(tags=["admin"], dependencies=[Depends(require_admin)], responses=error_responses(
+    e400="Invalid model name.",
+    e401="Missing or wrong bearer token.",
+    e403="No admin token configured: admin actions are disabled.",
+    e404="Unknown model or version.",
+    e409="The version was refused (the reason is given) or there is nothing to roll back to.",
+    e504="Several workers: not every worker followed in time."))
+
+_load_body = JsonBody(LoadRequest)
+
+
+async def load_request(request: Request, _: Annotated[None, Depends(require_admin)]) -> LoadRequest:
+    """The :load body, read only once the token is checked: a malformed body without the token is a 401."""
+    return await _load_body.parse(request)
+
 
 WORKERS_WAIT_S = 300.0
 """How long an admin call waits for the other workers (each may have a version to load and warm up)."""
@@ -34,8 +44,10 @@ async def _run(state, name: str, fn, *args) -> ModelStatus:
     return ModelStatus(**state.models.status(state.models.holders[name]))
 
 
-@router.post("/v1/models/{name}:load", summary="Load and pin a version")
-async def load(name: ModelName, body: LoadRequest, state: State) -> ModelStatus:
+@router.post("/v1/models/{name}:load", summary="Load and pin a version", openapi_extra=_load_body.openapi_extra(),
+             responses=error_responses(e415="The body's Content-Type is not JSON.",
+                                       e422="Invalid body: the message names each problem."))
+async def load(name: ModelName, body: Annotated[LoadRequest, Depends(load_request)], state: State) -> ModelStatus:
     """Load `version` in the background, warm it up and swap it in; the model then stays on it (pinned).
     Without `version`, the model follows the newest complete version again."""
     return await _run(state, name, state.models.load, body.version)
