@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 DEMO   ?= out/demo
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test schemathesis clean
 
 setup: $(VENV)/.installed
 
@@ -28,6 +28,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# the HTTP contract at a bigger size than CI's: every check, with and without the admin token, a random seed
+EXAMPLES ?= 400
+schemathesis: setup
+	OFFGRAPH_SCHEMATHESIS_EXAMPLES=$(EXAMPLES) OFFGRAPH_SCHEMATHESIS_SEED= $(PY) -m pytest -q -s tests/test_schemathesis.py
 
 clean:
 	rm -rf $(VENV) out

@@ -7,12 +7,21 @@ from __future__ import annotations
 from typing import Annotated, Any, Callable
 
 from fastapi import APIRouter, Depends
+from starlette.convertors import StringConvertor, register_url_convertor
 
 from server.deps import Holder, State
 from server.redact import path_view
 from server.schemas import ModelList, ModelStatus, error_responses
 
 router = APIRouter(tags=["models"])
+
+
+class _NoColon(StringConvertor):
+    """A path segment without ':': GET /v1/models/ml:score is the :score route's (405), not model 'ml:score's."""
+    regex = "[^/:]+"
+
+
+register_url_convertor("no_colon", _NoColon())
 
 PathView = Annotated[Callable[[Any], Any], Depends(path_view)]
 
@@ -24,7 +33,7 @@ async def list_models(state: State, view: PathView) -> ModelList:
     return ModelList(models=[ModelStatus(**view(state.models.status(h))) for h in state.models.all()])
 
 
-@router.get("/v1/models/{name}", summary="One model's status",
+@router.get("/v1/models/{name:no_colon}", summary="One model's status",
             responses=error_responses(e400="Invalid model name.", e404="Unknown model."))
 async def get_model(holder: Holder, state: State, view: PathView) -> ModelStatus:
     """Versions on disk, the loaded version (quantization, row counts, training metrics, store counters and

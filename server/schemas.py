@@ -47,7 +47,9 @@ _SCALARS = (Annotated[StrictStr, Tag("str")], Annotated[StrictBool, Tag("bool")]
 
 # The published schema: JSON types, not the validator's tagged union (whose oneOf of integer and number
 # would make every integer match two branches, i.e. none). An integer literal is a number like any other.
-_SCALAR_SCHEMA = [{"type": "string"}, {"type": "number", "minimum": -MAX_NUMBER, "maximum": MAX_NUMBER},
+# The bounds are float64's max written as the integer it is: the float's shortest repr (1.7976931348623157e308)
+# read as a decimal is smaller, and a validator doing exact arithmetic would refuse integers the server takes.
+_SCALAR_SCHEMA = [{"type": "string"}, {"type": "number", "minimum": -int(MAX_NUMBER), "maximum": int(MAX_NUMBER)},
                   {"type": "boolean"}, {"type": "null"}]
 
 Scalar = Annotated[Union[_SCALARS], Discriminator(

@@ -57,7 +57,11 @@ def check_json_content_type(request: Request) -> None:
 
 
 class JsonBody:
-    """``await parse(request) -> model instance``: 415 for a non-JSON Content-Type, 422 for any other problem."""
+    """``await parse(request) -> model instance``: 415 for a non-JSON Content-Type, 422 for any other problem.
+
+    An empty body is read as ``{}`` (a model without required keys then takes it, and the OpenAPI
+    ``requestBody`` says it is optional).
+    """
 
     def __init__(self, model: type[BaseModel]):
         self.model = model
@@ -74,7 +78,8 @@ class JsonBody:
 
     def openapi_extra(self) -> dict:
         """The path operation's ``requestBody``: the pydantic model's JSON schema."""
-        return {"requestBody": {"required": True, "content": {"application/json": {
+        required = any(f.is_required() for f in self.model.model_fields.values())
+        return {"requestBody": {"required": required, "content": {"application/json": {
             "schema": self.model.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
 
 

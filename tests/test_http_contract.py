@@ -95,7 +95,7 @@ def test_an_integer_literal_too_long_to_parse_is_422(client):
     {"release_year": 1e308}, {"release_year": -1e308}, {"release_year": MAX_FLOAT}, {"release_year": -0.0},
     {"release_year": int(MAX_FLOAT)}, {"release_year": -(2 ** 1000)}, {"movie_id": 2 ** 64},
     {"movie_id": -(2 ** 63) - 1}, {"movie_id": 10 ** 300}, {"movie_id": 5e-324}, {"genres": [2 ** 70, 1e300]},
-    {"movie_id": True}, {"genres": [False, None, -0.0]},
+    {"movie_id": True}, {"genres": [False, None, -0.0]}, {"movie_id": -17976931348623157 * 10 ** 292 - 1},
 ], ids=lambda c: "-".join(f"{k}={str(v)[:12]}" for k, v in c.items()))
 def test_numbers_within_float64_are_scored(client, cand):
     _scores_ok(score(client, {"request": {"age": 1e308, "user_id": 2 ** 100}, "candidates": [cand, {}]}), 2)
@@ -162,6 +162,19 @@ def test_admin_load_authenticates_before_parsing(client, content, ctype):
     assert isinstance(r.json()["detail"], str) and r.json()["detail"], r.json()
     if ctype == "application/json":
         assert r.status_code == 422 and r.json()["detail"].startswith("invalid request"), r.text
+
+
+def test_admin_load_without_a_body_follows_the_newest_version(client):
+    r = client.post("/v1/models/ml:load", headers=ADMIN)
+    assert r.status_code == 200 and r.json()["policy"] == "latest" and r.json()["loaded"]["version"] == 1, r.text
+
+
+def test_a_method_a_route_does_not_take_is_405_with_allow(client):
+    for method, path, allow in [("GET", "/v1/models/ml:score", "POST"), ("PUT", "/v1/models/ml", "GET"),
+                                ("GET", "/v1/models/ml:load", "POST"), ("DELETE", "/v1/models", "GET")]:
+        r = client.request(method, path)
+        assert r.status_code == 405 and allow in r.headers["allow"], (method, path, r.status_code, r.text)
+    assert client.get("/v1/models/a:b").status_code == 404  # a name with ':' is no model's
 
 
 # -- item 9: the published schema ---------------------------------------------------------------------------------
