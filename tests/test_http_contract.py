@@ -101,6 +101,51 @@ def test_numbers_within_float64_are_scored(client, cand):
     _scores_ok(score(client, {"request": {"age": 1e308, "user_id": 2 ** 100}, "candidates": [cand, {}]}), 2)
 
 
+def _json_values():
+    from hypothesis import strategies as st
+
+    scalar = st.one_of(
+        st.none(), st.booleans(), st.integers(), st.integers(min_value=-(2 ** 1100), max_value=2 ** 1100),
+        st.sampled_from([int(MAX_FLOAT), -int(MAX_FLOAT), int(MAX_FLOAT) + 1, 2 ** 63, -(2 ** 63) - 1, 0]),
+        st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([MAX_FLOAT, -MAX_FLOAT, 5e-324, -0.0]),
+        st.text(max_size=12), st.sampled_from(["1e999", "inf", "-inf", "nan", "1990", "", " ", "-0"]))
+    return st.one_of(scalar, st.lists(scalar, max_size=4))
+
+
+def _too_big(v) -> bool:
+    if isinstance(v, list):
+        return any(_too_big(x) for x in v)
+    return type(v) is int and abs(v) > MAX_FLOAT
+
+
+def test_random_values_of_the_real_inputs_are_200_or_a_422_naming_them(server):
+    """Property: any JSON value under the model's own input names is scored or refused by name, never a 5xx."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    inputs = ["user_id", "age", "gender", "occupation", "zip_prefix", "movie_id", "genres", "title_words",
+              "release_year"]
+    features = st.dictionaries(st.sampled_from(inputs), _json_values(), max_size=len(inputs))
+
+    with httpx.Client(base_url=server.url, timeout=30, limits=httpx.Limits(max_connections=1)) as c:
+        @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(request=features, candidates=st.lists(features, min_size=1, max_size=4))
+        def check(request, candidates):
+            r = score(c, {"request": request, "candidates": candidates})
+            too_big = [k for k, v in request.items() if _too_big(v)] + [
+                k for cand in candidates for k, v in cand.items() if _too_big(v)]
+            if too_big:
+                assert r.status_code == 422 and "beyond the float64 range" in r.json()["detail"], r.text
+                assert any(k in r.json()["detail"] for k in too_big), r.text
+            elif r.status_code == 422:
+                detail = r.json()["detail"]
+                assert detail.startswith("bad feature value: field '") and "row " in detail, detail
+            else:
+                _scores_ok(r, len(candidates))
+
+        check()
+
+
 def test_a_boolean_where_a_number_is_bucketized_is_422(client):
     for body, where in [({"request": {"age": True}, "candidates": [{}]}, "age_bucket"),
                         ({"candidates": [{"release_year": False}]}, "release_year")]:
