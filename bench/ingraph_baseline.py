@@ -123,7 +123,7 @@ def create_baseline_app(scorer: InGraphScorer, score_threads: int, max_candidate
     parser = ScoreBodyParser(ScoreRequest, max_candidates)
 
     async def score_body(request: Request) -> Any:
-        return parser.parse(await request.body())
+        return await parser.parse(request)
 
     @app.post("/v1/models/{name}:score")
     async def score(name: str, request: Request, body: Any = Depends(score_body)) -> ScoreResponse:
