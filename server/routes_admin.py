@@ -45,7 +45,8 @@ async def _run(state, name: str, fn, *args) -> ModelStatus:
 
 
 @router.post("/v1/models/{name}:load", summary="Load and pin a version", openapi_extra=_load_body.openapi_extra(),
-             responses=error_responses(e415="The body's Content-Type is not JSON.",
+             responses=error_responses(e413="Body larger than the server's limit.",
+                                       e415="The body's Content-Type is not JSON.",
                                        e422="Invalid body: the message names each problem."))
 async def load(name: ModelName, body: Annotated[LoadRequest, Depends(load_request)], state: State) -> ModelStatus:
     """Load `version` in the background, warm it up and swap it in; the model then stays on it (pinned).

@@ -262,7 +262,7 @@ def test_openapi_documents_the_error_bodies_the_server_sends(client):
                     assert ref.endswith("/ErrorResponse") or (path, code) == ("/readyz", "503"), (path, method, code)
     score_op = spec["paths"]["/v1/models/{name}:score"]["post"]
     assert {"400", "404", "413", "415", "422"} <= set(score_op["responses"])
-    assert {"401", "403", "415", "422"} <= set(spec["paths"]["/v1/models/{name}:load"]["post"]["responses"])
+    assert {"401", "403", "413", "415", "422"} <= set(spec["paths"]["/v1/models/{name}:load"]["post"]["responses"])
     # :load's 422 is a string detail, as sent
     detail = _resolve(spec["paths"]["/v1/models/{name}:load"]["post"]["responses"]["422"]["content"]
                       ["application/json"]["schema"], spec)["properties"]["detail"]
