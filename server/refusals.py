@@ -3,7 +3,8 @@
 A version copied slowly (its manifest first, dense/ or store/ later) is refused while its files
 are missing; it must be retried when they arrive, and a version that is broken for good must not
 be reloaded every poll. The signature is the names, sizes and mtimes of every file under the
-version directory (a directory walk, no file is read); an unchanged signature is never retried.
+version directory (a directory walk, no file is read), except the files that opening a store
+rewrites by itself (``UNSIGNED``); an unchanged signature is never retried.
 """
 from __future__ import annotations
 
@@ -17,11 +18,18 @@ RETRY_MAX_S = 60.0
 """Longest wait between two tries of a refused version whose files keep changing."""
 
 
+UNSIGNED = ("rocksdict-config.json", "LOCK", "LOG")
+"""Files (or name prefixes: RocksDB's info logs LOG, LOG.old.*) that any open of a shard rewrites, even a
+read-only one: were they signed, every failed try would change the signature and be retried."""
+
+
 def version_signature(version_dir: Path) -> tuple:
     out = []
     for dirpath, dirs, files in os.walk(version_dir):
         dirs.sort()
         for name in sorted(files):
+            if name.startswith(UNSIGNED):
+                continue
             try:
                 st = os.stat(os.path.join(dirpath, name))
             except OSError:

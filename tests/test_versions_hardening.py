@@ -69,6 +69,9 @@ def test_corrupt_store_is_refused_at_load(tiny_model, requests_, tmp_path):
             assert "shard 0" in reasons[2] and "Corruption" in reasons[2], reasons
             assert "shard-001" in reasons[3] and "differs from the file exported" in reasons[3], reasons
             assert st["loaded"]["version"] == 1 and st["state"] == "serving"
+            at = {r["version"]: r["at_unix"] for r in st["refused"]}
+            time.sleep(1.5)  # polls every 0.2 s: a refused version whose files did not change is not tried again
+            assert {r["version"]: r["at_unix"] for r in _status(c)["refused"]} == at
             after = score(c, {"request": req, "candidates": cands})
             assert after.status_code == 200 and after.json() == before
             assert 'offgraph_model_load_failures_total{model="ml"} 2.0' in c.get("/metrics").text
