@@ -113,15 +113,37 @@ def test_store_error_while_serving_is_503_and_falls_back(tiny_model, requests_, 
         srv.stop()
 
 
+def test_store_error_without_another_version_keeps_serving(tiny_model, requests_, tmp_path):
+    models = copy_models(tiny_model[0], tmp_path / "models")
+    srv = ThreadServer(_config(models))
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            sst = _sst(models / "ml" / "1", 0)
+            _overwrite(sst, 0, sst.stat().st_size - 65536)
+            req, cands = requests_[2]
+            assert score(c, {"request": req, "candidates": cands}).status_code == 503
+            st = wait_for(lambda: (lambda s: s if s["last_error"] else None)(_status(c)), 30, "the failed fallback")
+            assert "no other version loads" in st["last_error"] and st["loaded"]["version"] == 1, st
+            r = score(c, {"request": req, "candidates": cands})  # still answered, still a 503, no crash
+            assert r.status_code == 503 and r.headers["Retry-After"]
+            assert 'offgraph_store_errors_total{model="ml"} 2.0' in c.get("/metrics").text
+            assert c.get("/healthz").status_code == 200
+    finally:
+        srv.stop()
+
+
 # -- item 5: a version copied slowly is retried; temporary names are never versions ------------------------
 def test_slow_copy_is_retried_and_temp_names_are_ignored(tiny_model, requests_, tmp_path):
     models = copy_models(tiny_model[0], tmp_path / "models")
     v1 = models / "ml" / "1"
     for temp in (".tmp-3", "3.tmp", "4~"):  # complete copies under names a publisher may use mid-copy
         shutil.copytree(v1, models / "ml" / temp)
+    (models / "ml" / "admin-policy.json").write_text('{"policy": "pinned", "version": "x"')  # torn or edited
     srv = ThreadServer(_config(models))
     try:
         with httpx.Client(base_url=srv.url, timeout=30) as c:
+            st = _status(c)
+            assert st["policy"] == "latest" and st["loaded"]["version"] == 1, st  # a bad record is ignored
             v2 = models / "ml" / "2"
             v2.mkdir()
             shutil.copy2(v1 / "manifest.json", v2 / "manifest.json")  # the manifest first ...
