@@ -10,6 +10,7 @@ quantized, on disk (RocksDB through rocksdict).
 
 from .base import EmbeddingStore, ReadResult, WriteResult
 from .config import StoreConfig
+from .errors import StoreReadError
 from .keys import SHARD_FN, decode_keys, encode_keys, shard_of
 from .open import BACKENDS, open_store, register_backend
 from .quant import codec_names, get_codec
@@ -23,6 +24,7 @@ __all__ = [
     "EmbeddingStore",
     "ReadResult",
     "WriteResult",
+    "StoreReadError",
     "RowCache",
     "BACKENDS",
     "register_backend",

@@ -43,9 +43,11 @@ from .internal_keys import (
     seq_key_list,
     seq_value_list,
 )
+from .errors import StoreReadError
 from .feed import FeedReader, FeedWriter
 from .quant import get_codec
 from .sst_run import SstRuns, WriterFactory
+from .verify import expect_rows_in_every_shard, seek_rows
 from .write_plan_impl import check_seqs, winners
 
 MODES = ("r", "w", "follow")
@@ -139,6 +141,11 @@ class EmbeddingStore(abc.ABC):
         """Delete the keys of ``shard`` in ``[begin, end)``."""
         raise NotImplementedError(f"backend {self.backend!r} has no range deletion (change log)")
 
+    def _seek_first(self, shard: int, lowers: list[bytes]) -> list[tuple[bytes, bytes] | None]:
+        """For each key in ``lowers``: the first pair of ``shard`` with ``key >= lower`` (None past the
+        end), read from the files without filling the block cache; StoreReadError if a read fails."""
+        raise NotImplementedError(f"backend {self.backend!r} has no seek (verification)")
+
     # ------------------------------------------------------------------ reads
     def read(self, table_ids, rows) -> tuple[np.ndarray, np.ndarray]:
         """Rows ``(table_ids[i], rows[i])`` in input order.
@@ -201,15 +208,49 @@ class EmbeddingStore(abc.ABC):
             return vec, w, found
         buf = b"".join(v for v in values if v is not None)
         if len(buf) != rb * len(hit_pos):
-            raise ValueError(
+            raise StoreReadError(
                 f"store {self.path!r} holds records whose size is not {rb} bytes "
-                f"({self.config.quant}, dim {dim}): wrong config or corrupt store"
+                f"({self.config.quant}, dim {dim}): wrong config or corrupt store", "bad record size"
             )
         dv, dw = self.codec.decode(np.frombuffer(buf, dtype=np.uint8).reshape(-1, rb))
         vec[hit_pos] = dv
         w[hit_pos] = dw
         found[hit_pos] = True
         return vec, w, found
+
+    def verify_sample(self, table_rows: dict[int, int], max_reads: int = 4096) -> dict[str, int]:
+        """Read real rows of every table from every shard, spread so that a small store has every
+        data block read and a big one a sample of at most ~``max_reads`` seeks (``embstore.verify``);
+        the block cache is left as it was. ``table_rows``: table id -> rows (all of ``0..rows-1``
+        are in the store, as after an export). Raises StoreReadError on a read that fails (RocksDB
+        checks each block's checksum), a record of the wrong size or with a non-finite value, or a
+        shard that holds no row of a table it must hold rows of. Returns ``{"seeks", "rows_read"}``."""
+        self._check_open()
+        rb, shards = self.codec.record_bytes, self.config.shards
+        plan = seek_rows(table_rows, shards, rb, self.config.block_size_kb << 10, max_reads)
+        seeks = rows_read = 0
+        for s in range(shards):
+            for t, rows in plan.items():
+                upper = key_list(key_array(np.array([t], np.int64), np.array([table_rows[t]], np.int64)))[0]
+                found = self._seek_first(s, key_list(key_array(np.full(len(rows), t, np.int64), rows)))
+                seeks += len(rows)
+                values = [v for kv in found if kv is not None and kv[0] < upper for v in kv[1:]]
+                if not values:
+                    if expect_rows_in_every_shard(int(table_rows[t]), shards):
+                        raise StoreReadError(f"store {self.path!r}: shard {s} holds no row of table {t} "
+                                             f"({table_rows[t]} rows over {shards} shards): missing data",
+                                             f"shard {s} misses table {t}")
+                    continue
+                if any(len(v) != rb for v in values):
+                    raise StoreReadError(f"store {self.path!r}: shard {s}, table {t}: a record is not "
+                                         f"{rb} bytes ({self.config.quant}, dim {self.config.dim})",
+                                         "bad record size")
+                vec, w = self.codec.decode(np.frombuffer(b"".join(values), np.uint8).reshape(-1, rb))
+                if not (np.isfinite(vec).all() and np.isfinite(w).all()):
+                    raise StoreReadError(f"store {self.path!r}: shard {s}, table {t}: non-finite values",
+                                         "non-finite values")
+                rows_read += len(values)
+        return {"seeks": seeks, "rows_read": rows_read}
 
     # ------------------------------------------------------------------ writes
     def write(

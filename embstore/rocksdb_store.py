@@ -25,6 +25,7 @@ from rocksdict import (
 )
 
 from .base import EmbeddingStore
+from .errors import StoreReadError
 from .sst_run import SstWriter
 from .config import StoreConfig
 from .keys import META_PREFIX
@@ -103,7 +104,29 @@ class RocksDBStore(EmbeddingStore):
 
     # primitives
     def _multi_get(self, shard: int, keys: list[bytes]) -> list[bytes | None]:
-        return self._dbs[shard].get(keys)
+        try:
+            return self._dbs[shard].get(keys)
+        except Exception as e:  # rocksdict raises plain Exception: a corrupt block, an I/O error
+            raise _read_error(shard, e) from e
+
+    def _seek_first(self, shard: int, lowers: list[bytes]) -> list[tuple[bytes, bytes] | None]:
+        ro = ReadOptions()
+        ro.fill_cache(False)
+        out: list[tuple[bytes, bytes] | None] = []
+        try:
+            it = self._dbs[shard].iter(ro)
+            for lower in lowers:
+                it.seek(lower)
+                if it.valid():
+                    out.append((it.key(), it.value()))
+                else:
+                    it.status()  # raises if the seek stopped on an error, not at the end
+                    out.append(None)
+        except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
+            raise _read_error(shard, e) from e
+        finally:
+            it = None
+        return out
 
     def _write_batch(self, shard: int, keys: list[bytes], values: list[bytes], sync: bool,
                      wal: bool = True) -> None:
@@ -138,6 +161,11 @@ class RocksDBStore(EmbeddingStore):
         while it.valid() and len(out) < limit:
             out.append((it.key(), it.value()))
             it.next()
+        if not it.valid():
+            try:
+                it.status()  # an iterator also stops on a read error: never return a silently short list
+            except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
+                raise _read_error(shard, e) from e
         del it
         return out
 
@@ -223,6 +251,14 @@ class RocksDBStore(EmbeddingStore):
     def cache_usage(self) -> int:
         """Bytes now held by the shared block cache."""
         return self._cache.get_usage()
+
+
+def _read_error(shard: int, e: Exception) -> StoreReadError:
+    """RocksDB's status message (it names the file) as a StoreReadError; ``kind`` is its first words
+    (``Corruption``, ``IO error``...), which carry no path."""
+    msg = str(e)
+    kind = msg.split(":", 1)[0].strip()[:40] if ":" in msg else type(e).__name__
+    return StoreReadError(f"shard {shard}: {msg}", kind or "read error")
 
 
 def _make_sst_writer(config: StoreConfig, shard: int, path: str) -> SstWriter:

@@ -13,7 +13,7 @@ from dense_model.model import load_run
 from embstore import StoreConfig, open_store
 from exporter.dense_saved_model import save_dense
 from exporter.manifest import (DENSE_DIR, FORMAT_VERSION, MANIFEST, STORE_DIR, ModelDirError, digest,
-                               tree_checksums, write_manifest)
+                               store_file_records, tree_checksums, write_manifest)
 from features.spec import FG_VERSION
 
 log = logging.getLogger("offgraph.export")
@@ -81,6 +81,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant:
     checksums["dense_digest"] = digest(checksums["dense"])
     checksums["store_at_export"] = {
         p.name: digest(tree_checksums(p)) for p in sorted((out / STORE_DIR).glob("shard-*"))}
+    checksums["store_files"] = store_file_records(out / STORE_DIR)
     manifest = {
         "format_version": FORMAT_VERSION,
         "fg_version": FG_VERSION,

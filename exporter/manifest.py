@@ -62,6 +62,110 @@ def tree_checksums(root: Path) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+FINGERPRINT_EDGE_BYTES = 64 << 10
+"""An immutable store file's sha256 covers all of it up to twice this size, else its first and last
+this many bytes (an SST's head data blocks and its tail: index, filter, properties, footer)."""
+PREFIX_HASH_BYTES = 1 << 20
+"""An append-only file (RocksDB's MANIFEST) is checked on its first ``min(size, this)`` bytes."""
+
+
+def _store_file_kind(name: str) -> str | None:
+    """How a store file may change after export: "immutable", "append-only" (RocksDB's MANIFEST),
+    or None: rewritten or removed by a live writer (WAL, CURRENT, LOG, LOCK, the write feed), not checked."""
+    if name.endswith(".sst") or name.startswith("OPTIONS-") or name in ("IDENTITY", "store.json"):
+        return "immutable"
+    if name.startswith("MANIFEST-"):
+        return "append-only"
+    return None
+
+
+def _sha256_ranges(path: Path, ranges: list[tuple[int, int]]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for start, n in ranges:
+            f.seek(start)
+            while n > 0:
+                block = f.read(min(n, 1 << 20))
+                if not block:
+                    break
+                h.update(block)
+                n -= len(block)
+    return h.hexdigest()
+
+
+def _fingerprint(path: Path, kind: str, size: int, hashed_bytes: int | None = None) -> str:
+    if kind == "append-only":
+        return _sha256_ranges(path, [(0, size if hashed_bytes is None else hashed_bytes)])
+    edge = FINGERPRINT_EDGE_BYTES
+    if size <= 2 * edge:
+        return _sha256_ranges(path, [(0, size)])
+    return _sha256_ranges(path, [(0, edge), (size - edge, edge)])
+
+
+def store_file_records(store_dir: Path) -> dict[str, dict[str, Any]]:
+    """Per checked file of a store (path relative to ``store_dir``): its size and a bounded sha256
+    (``verify_store_files`` says what is compared)."""
+    out = {}
+    for dirpath, dirs, files in os.walk(store_dir):
+        dirs[:] = sorted(d for d in dirs if d != "feed")
+        for name in sorted(files):
+            kind = _store_file_kind(name)
+            if kind is None:
+                continue
+            p = Path(dirpath) / name
+            size = p.stat().st_size
+            rec: dict[str, Any] = {"kind": kind, "bytes": size}
+            if kind == "append-only":
+                rec["hashed_bytes"] = min(size, PREFIX_HASH_BYTES)
+            rec["sha256"] = _fingerprint(p, kind, size, rec.get("hashed_bytes"))
+            out[str(p.relative_to(store_dir))] = rec
+    return out
+
+
+def verify_store_files(version_dir: Path, manifest: dict[str, Any]) -> int:
+    """Compare the store's files with ``manifest["checksums"]["store_files"]`` (recorded at export);
+    ModelDirError names the first file that differs. Returns the number of files compared.
+
+    An immutable file (SST, OPTIONS, IDENTITY, store.json) that is present must have its recorded size
+    and sha256 (all of a small file; the first and last 64 KiB of a big one); an append-only MANIFEST
+    that is present must start with its recorded bytes. A recorded SST, OPTIONS or MANIFEST file that is
+    gone is accepted (a live writer compacts and reopens; RocksDB itself refuses to open a shard whose
+    MANIFEST lists a missing SST), store.json is not. Files the export did not write are not compared.
+    A manifest without the record (older exports) compares nothing.
+    """
+    records = manifest.get("checksums", {}).get("store_files")
+    if not isinstance(records, dict):
+        return 0
+    store = version_dir / STORE_DIR
+    compared = 0
+    for rel, rec in records.items():
+        p = store / rel
+        try:
+            size = p.stat().st_size
+        except FileNotFoundError:
+            if Path(rel).name == "store.json":
+                raise ModelDirError(f"{version_dir}: {STORE_DIR}/{rel} is missing") from None
+            continue
+        kind, want = rec.get("kind"), int(rec.get("bytes", -1))
+        if kind == "append-only":
+            hashed = int(rec.get("hashed_bytes", want))
+            if size < hashed:
+                raise ModelDirError(f"{version_dir}: {STORE_DIR}/{rel} is {size} bytes, shorter than the {hashed} "
+                                    "bytes it had at export: truncated")
+            got = _fingerprint(p, kind, size, hashed)
+        else:
+            if size != want:
+                raise ModelDirError(f"{version_dir}: {STORE_DIR}/{rel} is {size} bytes, {want} at export: "
+                                    "truncated, overwritten or incompletely copied")
+            got = _fingerprint(p, "immutable", size)
+        if got != rec.get("sha256"):
+            raise ModelDirError(f"{version_dir}: {STORE_DIR}/{rel} differs from the file exported (sha256 of "
+                                f"{'its first bytes' if kind == 'append-only' else 'its head and tail'}): "
+                                "corrupt or replaced")
+        compared += 1
+    return compared
+
+
 def digest(checksums: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(checksums, sort_keys=True).encode()).hexdigest()
 
@@ -81,8 +185,11 @@ def write_manifest(version_dir: Path, manifest: dict[str, Any]) -> Path:
     return version_dir / MANIFEST
 
 
-def load_manifest(version_dir: str | Path, verify_dense: bool = True) -> dict[str, Any]:
-    """Read and check a version's manifest; ModelDirError says what is wrong."""
+def load_manifest(version_dir: str | Path, verify_dense: bool = True,
+                  verify_store: bool | None = None) -> dict[str, Any]:
+    """Read and check a version's manifest; ModelDirError says what is wrong. ``verify_dense``: compare
+    dense/ with its checksums; ``verify_store`` (default: as ``verify_dense``): compare the store's
+    files with their export-time records (``verify_store_files``)."""
     version_dir = Path(version_dir)
     path = version_dir / MANIFEST
     if not path.is_file():
@@ -116,4 +223,6 @@ def load_manifest(version_dir: str | Path, verify_dense: bool = True) -> dict[st
     for s in range(int(m["store"]["shards"])):
         if not (store / f"shard-{s:03d}").is_dir():
             raise ModelDirError(f"{version_dir}: missing store shard {s} ({STORE_DIR}/shard-{s:03d})")
+    if verify_dense if verify_store is None else verify_store:
+        verify_store_files(version_dir, m)
     return m

@@ -13,6 +13,7 @@ from server.gc_tuning import tune_gc
 from server.metrics import HttpMetricsMiddleware
 from server.state import ServerState
 from server.tf_threads import configure_tf_threads
+from server.unavailable import install_unavailable_handlers
 
 DESCRIPTION = """\
 DeepFM CTR scoring with the embedding tables out of the TensorFlow graph.
@@ -44,6 +45,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     for module in (routes_models, routes_admin, routes_health):
         app.include_router(module.router)
     install_error_handlers(app)
+    install_unavailable_handlers(app, state)
     app.add_middleware(InternalErrorMiddleware)  # innermost: its 500s are counted like any answer
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=config.max_body_bytes)
     app.add_middleware(HttpMetricsMiddleware, metrics=state.metrics)  # outermost: sees the 413s too

@@ -10,6 +10,10 @@ restarted) applies the recorded policies before it reports ready.
 
 A record is ``{"policy": "latest" | "pinned" | "unloaded", "version": int | null,
 "generation": int}``; generations are nanosecond timestamps, a later decision wins.
+
+The control directory lives as long as the server. What must survive a restart, the model's
+policy itself, is also kept in ``MODELS/<model>/admin-policy.json`` (``save_admin_policy``,
+written and fsynced before the admin call answers; read when the model is discovered).
 """
 from __future__ import annotations
 
@@ -38,11 +42,25 @@ class Ack:
     detail: str
 
 
-def _write_json(path: Path, obj: dict) -> None:
+ADMIN_POLICY_FILE = "admin-policy.json"
+
+
+def _write_json(path: Path, obj: dict, durable: bool = False) -> None:
+    """Atomically (rename); ``durable``: the file and the rename are on disk when this returns."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj))
+    with open(tmp, "w") as f:
+        f.write(json.dumps(obj))
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
+    if durable:
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -50,6 +68,30 @@ def _read_json(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def save_admin_policy(model_dir: Path, policy: str, version: int | None) -> Path:
+    """Record a model's admin policy under MODELS (durably): a restarted server applies it."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    path = Path(model_dir) / ADMIN_POLICY_FILE
+    _write_json(path, {"policy": policy, "version": version, "generation": time.time_ns()}, durable=True)
+    return path
+
+
+def load_admin_policy(model_dir: Path) -> tuple[str, int | None]:
+    """The recorded admin policy of a model: ("latest", None) when there is none; ValueError naming
+    the file if it cannot be used."""
+    path = Path(model_dir) / ADMIN_POLICY_FILE
+    if not path.exists():
+        return "latest", None
+    d = _read_json(path)
+    if not isinstance(d, dict) or d.get("policy") not in POLICIES:
+        raise ValueError(f"{path}: not an admin policy record (policy one of {POLICIES})")
+    version = d.get("version")
+    if d["policy"] == "pinned" and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
+        raise ValueError(f"{path}: a pinned policy needs a version >= 0, got {version!r}")
+    return d["policy"], (version if d["policy"] == "pinned" else None)
 
 
 class Control:

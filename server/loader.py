@@ -1,4 +1,12 @@
-"""Open one model version as a scorer and warm it up before it may serve."""
+"""Open one model version as a scorer, verify its store and warm it up before it may serve.
+
+What is verified, at a cost bounded whatever the store's size: with ``ServerConfig.verify``, the
+manifest's checksums of dense/ and of the store files recorded at export
+(``exporter.manifest.verify_store_files``: sizes, and a sha256 of each file or of its first and
+last 64 KiB); RocksDB's own checks when the shards open; then, always, real rows read from every
+table in every shard (``EmbeddingStore.verify_sample``: every data block of a small store, a
+sample of at most ``VERIFY_MAX_READS`` seeks of a big one; RocksDB checksums each block read).
+"""
 from __future__ import annotations
 
 import logging
@@ -15,6 +23,9 @@ log = logging.getLogger("offgraph.server")
 
 # candidate counts of the warm-up requests: the first call of a size pays one-off costs
 WARMUP_SIZES = (1, 16)
+
+VERIFY_MAX_READS = 4096
+"""Seeks of the row verification per version (a seek reads one data block per SST at that position)."""
 
 
 def warm_up(scorer, n: int) -> None:
@@ -33,6 +44,15 @@ def warm_up(scorer, n: int) -> None:
                              f"max {scores.max()})")
 
 
+def verify_store(scorer) -> None:
+    """Read real rows of every table from every shard (``EmbeddingStore.verify_sample``)."""
+    tables = {int(f["table_id"]): int(f["rows"]) for f in scorer.manifest["fields"]}
+    t0 = time.perf_counter()
+    got = scorer.store.verify_sample(tables, VERIFY_MAX_READS)
+    log.info("%s: store verified: %d rows read by %d seeks in %.2fs", scorer.version_dir, got["rows_read"],
+             got["seeks"], time.perf_counter() - t0)
+
+
 def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float) -> ServedVersion:
     """Load, warm up and return one version; raises whatever made it unservable."""
     t0 = time.perf_counter()
@@ -41,6 +61,7 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float) -
                     item_cache_size=config.item_cache_size,
                     verify=config.verify)
     try:
+        verify_store(scorer)
         warm_up(scorer, config.warmup_candidates)
     except BaseException:
         scorer.close()

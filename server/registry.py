@@ -3,10 +3,14 @@
 Every load runs in ONE loader thread (so two versions never load at once): the
 poll task submits ``poll_once`` to it every ``poll_seconds``, admin actions submit
 ``load`` / ``rollback`` / ``unload``. A version that fails to load is refused with
-its reason and not retried until its manifest changes (mtime); the version being
-served keeps serving. With several workers, admin decisions taken by another worker
-are read from the shared control directory (``server.control``) and applied by
-``sync_control``, in the same loader thread.
+its reason and tried again only once its files changed, with a backoff
+(``server.refusals``); the version being served keeps serving. A version whose store
+fails to read while it serves is marked unhealthy (refused) and the previous version
+is loaded in its place (``fall_back``). Admin decisions are saved under MODELS
+(``server.control.save_admin_policy``) and applied again when the server restarts.
+With several workers, admin decisions taken by another worker are read from the
+shared control directory (``server.control``) and applied by ``sync_control``, in the
+same loader thread.
 """
 from __future__ import annotations
 
@@ -18,11 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from exporter.manifest import MANIFEST, ModelDirError, check_model_name, complete_versions
+from exporter.manifest import ModelDirError, check_model_name, complete_versions
 from server.config import ServerConfig
-from server.control import Control, Policy
+from server.control import Control, Policy, load_admin_policy, save_admin_policy
 from server.loader import open_version
-from server.served import ModelHolder, Refusal, scorer_stats
+from server.refusals import may_retry, refuse, version_signature
+from server.served import ModelHolder, ServedVersion, scorer_stats
 
 log = logging.getLogger("offgraph.server")
 
@@ -38,11 +43,8 @@ class AdminError(Exception):
         self.status, self.detail = status, detail
 
 
-def _manifest_mtime(version_dir: Path) -> int | None:
-    try:
-        return (version_dir / MANIFEST).stat().st_mtime_ns
-    except OSError:
-        return None
+FALLBACK_TRIES = 3
+"""Versions tried, newest first after the previous one, when the served version's store fails."""
 
 
 class ModelRegistry:
@@ -75,26 +77,43 @@ class ModelRegistry:
                 log.warning("ignoring %s: not a valid model name", entry.path)
                 continue
             if complete_versions(entry.path):
-                self.holders[entry.name] = ModelHolder(entry.name, self.models_dir / entry.name)
-                log.info("found model %s", entry.name)
+                h = ModelHolder(entry.name, self.models_dir / entry.name)
+                h.on_store_error = self._on_store_error
+                try:
+                    h.policy, h.pinned_version = load_admin_policy(h.dir)
+                except ValueError as e:
+                    h.last_error = f"admin policy ignored (following the newest version): {e}"
+                    log.error("model %s: %s", h.name, h.last_error)
+                self.holders[entry.name] = h
+                log.info("found model %s (policy %s%s)", entry.name, h.policy,
+                         f" {h.pinned_version}" if h.policy == "pinned" else "")
+
+    def _wanted(self, holder: ModelHolder, versions: list[int]) -> list[int]:
+        """Versions to try to load now, in order of preference (the first that loads is served)."""
+        current = holder.current.version if holder.current is not None else None
+        if holder.policy == "unloaded":
+            return []
+        if holder.policy == "pinned":
+            pin = holder.pinned_version
+            if current == pin:
+                return []
+            out = [pin] if pin in versions else []
+            if not out and holder.last_error is None:
+                holder.last_error = f"pinned version {pin} is not on disk (complete versions: {versions})"
+            # nothing serves: the newest loadable version stands in until the pinned one loads
+            return out + ([v for v in reversed(versions) if v != pin] if current is None else [])
+        return [v for v in reversed(versions) if current is None or v > current]
 
     def poll_once(self) -> None:
-        """One scan: new models, and for models that follow the newest version, swap in a newer one."""
+        """One scan: new models; for each, load the version its policy wants (the newest, or the pinned
+        one) unless it was refused and its files did not change since (or its backoff runs)."""
         if self._closed:
             return
         self.discover()
         for holder in self.all():
             versions = holder.versions_on_disk = complete_versions(holder.dir)
-            if holder.policy != "latest":
-                continue
-            current = holder.current.version if holder.current is not None else -1
-            for v in reversed(versions):
-                if v <= current:
-                    break
-                refusal = holder.refused.get(v)
-                if refusal is not None and refusal.manifest_mtime_ns == _manifest_mtime(holder.dir / str(v)):
-                    continue  # refused before and unchanged since
-                if self._load(holder, v):
+            for v in self._wanted(holder, versions):
+                if may_retry(holder.refused.get(v), holder.dir / str(v)) and self._load(holder, v):
                     break
             holder.attempted = True
         self.initial_scan_done = True
@@ -105,14 +124,15 @@ class ModelRegistry:
     def _load(self, holder: ModelHolder, version: int) -> bool:
         """Load, warm up and swap in one version; on failure refuse it (logged, reported) and return False."""
         vdir = holder.dir / str(version)
-        mtime = _manifest_mtime(vdir)
+        signature = version_signature(vdir)  # as the try begins: a change during it is retried
         holder.loading_version = version
         log.info("model %s: loading version %d", holder.name, version)
         try:
             sv = open_version(vdir, self.config, self._row_cache_mb())
         except Exception as e:  # noqa: BLE001 - whatever it is, this version must not serve
             reason = f"{type(e).__name__}: {e}"
-            holder.refused[version] = Refusal(reason, mtime)
+            holder.refused[version] = refuse(holder.refused.get(version), reason, signature,
+                                             self.config.poll_seconds)
             holder.last_error = f"version {version} refused: {reason}"
             self.load_failures[holder.name] = self.load_failures.get(holder.name, 0) + 1
             log.error("model %s: version %d refused, %s keeps serving: %s", holder.name, version,
@@ -137,7 +157,7 @@ class ModelRegistry:
     def load(self, name: str, version: int | None) -> None:
         h = self.holder(name)
         if version is None:  # back to following the newest version
-            h.policy = "latest"
+            h.policy, h.pinned_version = "latest", None
             self.poll_once()
             if h.current is None:
                 raise AdminError(409, f"model '{name}': no version could be loaded: {h.last_error}")
@@ -149,7 +169,7 @@ class ModelRegistry:
         if h.current is None or h.current.version != version:
             if not self._load(h, version):
                 raise AdminError(409, f"model '{name}': {h.last_error}")
-        h.policy = "pinned"
+        h.policy, h.pinned_version = "pinned", version
 
     def rollback(self, name: str) -> None:
         h = self.holder(name)
@@ -159,16 +179,57 @@ class ModelRegistry:
 
     def unload(self, name: str) -> None:
         h = self.holder(name)
-        h.policy = "unloaded"
+        h.policy, h.pinned_version = "unloaded", None
         h.swap(None)
+
+    # -- a store that fails while serving ----------------------------------------------------------
+    def _on_store_error(self, holder: ModelHolder, sv: ServedVersion) -> None:
+        """Called once per version by the scoring thread whose score failed on a store read."""
+        try:
+            self.loader.submit(self.fall_back, holder, sv)
+        except RuntimeError:  # the server is stopping: the loader takes no more work
+            pass
+
+    def fall_back(self, holder: ModelHolder, sv: ServedVersion) -> None:
+        """(loader thread) Refuse the unhealthy version (tried again once its files change) and serve the
+        previous version instead, else the newest older loadable one; without any, it keeps serving."""
+        if holder.current is not sv or self._closed:
+            return
+        v = sv.version
+        vdir = holder.dir / str(v)
+        holder.refused[v] = refuse(None, f"unhealthy: {sv.unhealthy}", version_signature(vdir),
+                                   self.config.poll_seconds)
+        self.load_failures[holder.name] = self.load_failures.get(holder.name, 0) + 1
+        on_disk = complete_versions(holder.dir)
+        candidates = [holder.previous_version] if holder.previous_version in on_disk else []
+        candidates += [c for c in reversed(on_disk) if c < v and c not in candidates]
+        tried = 0
+        for c in candidates:
+            if c == v or not may_retry(holder.refused.get(c), holder.dir / str(c)):
+                continue
+            if tried == FALLBACK_TRIES:
+                break
+            tried += 1
+            if self._load(holder, c):
+                holder.last_error = f"version {v} is unhealthy ({sv.unhealthy}): fell back to version {c}"
+                log.error("model %s: %s", holder.name, holder.last_error)
+                return
+        holder.last_error = f"version {v} is unhealthy ({sv.unhealthy}) and no other version loads: it keeps serving"
+        log.error("model %s: %s", holder.name, holder.last_error)
 
     # -- decisions shared between workers (loader thread) --------------------------------------------
     def record_decision(self, name: str) -> Policy | None:
-        """After an admin action succeeded here: record the model's resulting policy for the other workers."""
+        """After an admin action succeeded here: save the model's resulting policy under MODELS (a restart
+        applies it again) and, with several workers, record it for the others."""
+        h = self.holder(name)
+        version = h.pinned_version if h.policy == "pinned" else None
+        try:
+            save_admin_policy(h.dir, h.policy, version)
+        except OSError as e:
+            raise AdminError(503, f"model '{name}': done, but the decision could not be saved under MODELS and "
+                                  f"would not survive a restart: {e}") from None
         if self.control is None:
             return None
-        h = self.holder(name)
-        version = h.current.version if h.policy == "pinned" and h.current is not None else None
         p = self.control.record(name, h.policy, version)
         self._applied[name] = p.generation
         self.control.ack(p, True)

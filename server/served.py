@@ -12,9 +12,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+
+from embstore import StoreReadError
 
 log = logging.getLogger("offgraph.server")
 
@@ -24,6 +26,19 @@ COUNTERS = ("store_rows_read", "cache_hits", "cache_misses", "catch_ups", "chang
 
 class NotServing(LookupError):
     """The model has no loaded version, or not the one asked for."""
+
+
+class ModelLoading(LookupError):
+    """The model has no loaded version yet: its first load is under way (answered 503 + Retry-After)."""
+
+
+class StoreFailure(Exception):
+    """A score failed because the version's store could not be read (answered 503). ``cause`` holds the
+    backend's detail (file paths included: for the log only); ``kind`` is a path-free summary."""
+
+    def __init__(self, model: str, version: int, cause: StoreReadError):
+        super().__init__(f"model '{model}' version {version}: store read failed ({cause.kind})")
+        self.model, self.version, self.cause, self.kind = model, version, cause, cause.kind
 
 
 def scorer_stats(scorer) -> dict[str, Any]:
@@ -42,6 +57,7 @@ class ServedVersion:
         self.in_flight = 0
         self.retired = False
         self.closed = False
+        self.unhealthy: str | None = None  # why, once a score failed on a store read (path-free)
 
     def close(self) -> dict[str, Any]:
         """Close the scorer; returns its final stats."""
@@ -59,8 +75,12 @@ class ServedVersion:
 
 @dataclass
 class Refusal:
+    """A version that did not load (or failed while serving). It is tried again only once its files
+    changed (``signature``) and ``retry_at`` (monotonic) has passed; each failure doubles the wait."""
     reason: str
-    manifest_mtime_ns: int | None
+    signature: tuple
+    attempts: int = 1
+    retry_at: float = 0.0
     at: float = field(default_factory=time.time)
 
 
@@ -75,6 +95,8 @@ class ModelHolder:
         self.previous_version: int | None = None
         self.loading_version: int | None = None
         self.policy = "latest"  # latest | pinned | unloaded
+        self.pinned_version: int | None = None  # with policy "pinned"
+        self.on_store_error: Callable[["ModelHolder", ServedVersion], None] | None = None  # must not block
         self.refused: dict[int, Refusal] = {}
         self.versions_on_disk: list[int] = []  # complete versions, as of the last poll
         self.last_error: str | None = None
@@ -87,6 +109,8 @@ class ModelHolder:
         with self._lock:
             sv = self.current
             if sv is None:
+                if self.policy != "unloaded" and (self.loading_version is not None or not self.attempted):
+                    raise ModelLoading(f"model '{self.name}' is loading: no version serves yet")
                 raise NotServing(f"model '{self.name}' has no loaded version"
                                  + (" (unloaded by an admin)" if self.policy == "unloaded" else ""))
             if version is not None and version != sv.version:
@@ -107,6 +131,12 @@ class ModelHolder:
         sv = self.acquire(version)
         try:
             return sv.version, sv.scorer.score(request, candidates)
+        except StoreReadError as e:
+            with self._lock:
+                first, sv.unhealthy = sv.unhealthy is None, sv.unhealthy or f"store read failed while serving ({e.kind})"
+            if first and self.on_store_error is not None:
+                self.on_store_error(self, sv)
+            raise StoreFailure(self.name, sv.version, e) from e
         finally:
             self.release(sv)
 

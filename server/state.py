@@ -32,6 +32,9 @@ class ServerState:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def start(self) -> None:
+        # the models are known before the first request (one directory listing): a request for a model
+        # that is still loading is then a 503 to retry, not a 404
+        await self.models.run_in_loader(self.models.discover)
         self.pool = ThreadPoolExecutor(max_workers=self.config.score_threads, thread_name_prefix="offgraph-score")
         self._poll_task = asyncio.create_task(self.models.poll_forever(on_tick=self.metrics.publish),
                                              name="offgraph-poll")
