@@ -7,6 +7,7 @@ from fastapi import FastAPI
 
 from server import routes_admin, routes_health, routes_models, routes_score
 from server.body_limit import BodySizeLimitMiddleware
+from server.http_limits import BodyTimeoutMiddleware
 from server.config import ServerConfig
 from server.errors import install_error_handlers
 from server.gc_tuning import tune_gc
@@ -44,6 +45,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     for module in (routes_models, routes_admin, routes_health):
         app.include_router(module.router)
     install_error_handlers(app, state.metrics)
+    app.add_middleware(BodyTimeoutMiddleware, body_timeout_s=config.http.body_timeout_s)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=config.max_body_bytes)
     app.add_middleware(HttpMetricsMiddleware, metrics=state.metrics)  # outermost: sees the 413s too
     if config.tune_gc:

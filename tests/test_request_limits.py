@@ -5,11 +5,26 @@ training takes every value). HTTP level (a real ``offgraph serve`` on 127.0.0.1,
 clients and raw sockets): the bounds as 422s, a valid request's latency while maximal bodies
 are scored, header / body / keep-alive timeouts, HTTP/0.9 request lines, the connection limit.
 """
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
 import pytest
+from server_helpers import copy_models, free_port, score, wait_ready
 
 from features import FeatureGenerator, FeatureValueError, parse_spec
 from features.spec import SpecError
 from features.value_limits import TooManyValues
+
+REPO = Path(__file__).resolve().parent.parent
 
 # -- FG: values per field and per request --------------------------------------------------------
 LIMITED = {
@@ -101,3 +116,109 @@ def test_max_request_values_refuses_long_lists_before_generating_them():
     with pytest.raises(TooManyValues) as e:
         fg.transform({"user_id": 1}, many)
     assert e.value.counted == 1 + 160  # refused on the raw list lengths, before the op ran
+
+
+# -- HTTP: a real `offgraph serve` with small limits ---------------------------------------------
+HEADER_S = BODY_S = KEEP_ALIVE_S = 1.0
+MAX_CONNECTIONS = 8
+MAX_REQUEST_VALUES = 5000
+
+
+class Served:
+    """``offgraph serve`` in a subprocess, its output in a file (a pipe nobody reads could fill up)."""
+
+    def __init__(self, models, tmp, *extra):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / "serve.log"
+        env = {k: v for k, v in os.environ.items() if k != "OFFGRAPH_ADMIN_TOKEN"}
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port", str(self.port),
+                 "--cache-mb", "8", "--intra-threads", "1", "--inter-threads", "1", *extra],
+                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_ready(self.url, 120, self.proc)
+        except BaseException:
+            self.stop()
+            raise
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def limited(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("limited")
+    srv = Served(copy_models(tiny_model[0], tmp / "models"), tmp, "--header-timeout", str(HEADER_S),
+                 "--body-timeout", str(BODY_S), "--keep-alive-timeout", str(KEEP_ALIVE_S), "--max-connections",
+                 str(MAX_CONNECTIONS), "--max-request-values", str(MAX_REQUEST_VALUES), "--score-threads", "2")
+    yield srv
+    srv.stop()
+
+
+def _errors_500(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    found = re.search(r'^offgraph_http_errors_total\{code="500"\} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_too_many_values_is_a_422_naming_field_candidate_and_limit(limited, requests_):
+    req, cands = requests_[0]
+    with httpx.Client(base_url=limited.url, timeout=30) as c:
+        long_list = dict(cands[0], title_words=[f"w{i}" for i in range(1001)])  # the spec's default max_values
+        r = score(c, {"request": req, "candidates": [cands[0], long_list]})
+        assert r.status_code == 422, r.text
+        assert "field 'title_words', candidates[1]: 1001 values, more than the field's max_values of 1000" \
+            in r.json()["detail"]
+        many = [dict(cands[0], movie_id=i, title_words=[f"w{i}_{j}" for j in range(20)]) for i in range(300)]
+        r = score(c, {"request": req, "candidates": many})
+        assert r.status_code == 422, r.text
+        assert f"more than {MAX_REQUEST_VALUES} feature values" in r.json()["detail"]
+        r = score(c, {"request": req, "candidates": cands})
+        assert r.status_code == 200 and len(r.json()["scores"]) == len(cands)
+    assert _errors_500(limited.url) == 0
+
+
+def test_a_valid_request_stays_fast_while_maximal_bodies_are_scored(limited, requests_):
+    # the issue's body: 8 MiB, one candidate with 772,684 distinct title words (seconds of work unbounded)
+    req, cands = requests_[1]
+    words = [f"w{i}" for i in range(772_684)]
+    big = json.dumps({"request": req, "candidates": [{"movie_id": 1, "genres": ["Action"], "title_words": words,
+                                                       "release_year": 1990}]}).encode()
+    assert len(big) <= 8 << 20
+    stop, statuses = threading.Event(), []
+
+    def flood():
+        with httpx.Client(base_url=limited.url, timeout=120) as c:
+            while not stop.is_set():
+                statuses.append(score(c, big).status_code)
+
+    threads = [threading.Thread(target=flood, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    latencies = []
+    try:
+        time.sleep(0.5)  # the four bodies are on their way
+        with httpx.Client(base_url=limited.url, timeout=60) as c:
+            for _ in range(10):
+                t0 = time.perf_counter()
+                r = score(c, {"request": req, "candidates": cands})
+                latencies.append(time.perf_counter() - t0)
+                assert r.status_code == 200, r.text
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    assert statuses and set(statuses) == {422}, statuses
+    assert len(statuses) >= 4
+    print("valid request latencies (s):", [round(x, 3) for x in latencies], "big bodies answered:", len(statuses))
+    assert max(latencies) < 1.0, [round(x, 3) for x in latencies]
