@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import copy_models, free_port, score, wait_ready
+from server_helpers import copy_models, free_port, score, wait_for, wait_ready
 
 from features import FeatureGenerator, FeatureValueError, parse_spec
 from features.spec import SpecError
@@ -222,3 +222,153 @@ def test_a_valid_request_stays_fast_while_maximal_bodies_are_scored(limited, req
     assert len(statuses) >= 4
     print("valid request latencies (s):", [round(x, 3) for x in latencies], "big bodies answered:", len(statuses))
     assert max(latencies) < 1.0, [round(x, 3) for x in latencies]
+
+
+def _connect(url_port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", url_port), timeout=10)
+    s.settimeout(10)  # every read below is bounded
+    return s
+
+
+def _read_until_closed(s: socket.socket) -> tuple[float, bytes]:
+    """(seconds until the server closed the connection, what it sent)."""
+    t0, data = time.monotonic(), b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - t0, data
+
+
+@pytest.mark.parametrize("sent, answer", [
+    (b"", b""),                                                           # idle: closed, nothing said
+    (b"GET /heal", b"HTTP/1.1 408 "),                                     # half a request line
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nAccept: */", b"HTTP/1.1 408 "),  # half the headers
+])
+def test_a_head_not_sent_in_time_is_closed_within_the_header_timeout(limited, sent, answer):
+    with _connect(limited.port) as s:
+        s.sendall(sent)
+        seconds, data = _read_until_closed(s)
+    assert HEADER_S * 0.8 < seconds < HEADER_S + 2, seconds
+    assert data.startswith(answer) and (answer or not data), data
+    if answer:
+        assert b"request head not complete within 1 s" in data
+
+
+def test_a_half_sent_body_is_a_408_within_the_body_timeout(limited):
+    with _connect(limited.port) as s:
+        s.sendall(b"POST /v1/models/ml:score HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: 1000\r\n\r\n{\"request\": {")
+        seconds, data = _read_until_closed(s)
+    assert BODY_S * 0.8 < seconds < BODY_S + 2, seconds
+    assert data.startswith(b"HTTP/1.1 408 ") and b"request body not received within 1 s" in data, data
+    # a body no route reads (404 at once) is not held open either
+    with _connect(limited.port) as s:
+        s.sendall(b"POST /nowhere HTTP/1.1\r\nHost: x\r\ncontent-length: 1000\r\n\r\n{")
+        seconds, data = _read_until_closed(s)
+    assert seconds < BODY_S + 3 and data.startswith(b"HTTP/1.1 404 "), (seconds, data)
+
+
+def test_an_http09_request_line_gets_a_400_at_once(limited):
+    for line in (b"GET /\r\n", b"GET /healthz\n", b"GET /\r\n\r\n"):
+        with _connect(limited.port) as s:
+            s.sendall(line)
+            seconds, data = _read_until_closed(s)
+        assert seconds < 0.5 * HEADER_S, (line, seconds)
+        assert data.startswith(b"HTTP/1.1 400 ") and b"HTTP/0.9" in data, (line, data)
+
+
+def test_keep_alive_idle_close_and_a_request_line_split_over_packets(limited):
+    with _connect(limited.port) as s:
+        for part in (b"GET /hea", b"lthz HTTP/1.1\r\nHo", b"st: x\r\n\r\n"):  # slow but within the timeout
+            s.sendall(part)
+            time.sleep(0.1)
+        seconds, data = _read_until_closed(s)
+    assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b'{"status":"ok"}'), data
+    assert KEEP_ALIVE_S * 0.8 < seconds < KEEP_ALIVE_S + 2, seconds
+
+
+def test_oversized_head_is_a_431(limited):
+    with _connect(limited.port) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        try:
+            for _ in range(40):
+                s.sendall(b"X-Filler: " + b"a" * 4000 + b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        seconds, data = _read_until_closed(s)
+    assert data.startswith(b"HTTP/1.1 431 "), data
+
+
+def test_many_idle_connections_do_not_lock_out_a_client(limited):
+    idle = [_connect(limited.port) for _ in range(3 * MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        r = httpx.get(limited.url + "/healthz", timeout=5)
+        assert r.status_code == 200 and time.monotonic() - t0 < 0.5 * HEADER_S
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_connections_busy_with_bodies_get_a_503_then_are_freed(limited):
+    busy = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            s = _connect(limited.port)
+            s.sendall(b"POST /v1/models/ml:score HTTP/1.1\r\nHost: x\r\ncontent-length: 1000\r\n\r\n{")
+            busy.append(s)
+        time.sleep(0.2)
+        r = httpx.get(limited.url + "/healthz", timeout=5)
+        assert r.status_code == 503, r.text
+        wait_for(lambda: _status(limited.url + "/healthz") == 200, BODY_S + 5, "the busy connections to time out")
+    finally:
+        for s in busy:
+            s.close()
+
+
+def _status(url: str) -> int:
+    try:
+        return httpx.get(url, timeout=5).status_code
+    except httpx.TransportError:
+        return 0
+
+
+def test_a_client_leaving_mid_body_is_not_a_server_error(limited):
+    before = _errors_500(limited.url)
+    for _ in range(3):
+        with _connect(limited.port) as s:
+            s.sendall(b"POST /v1/models/ml:score HTTP/1.1\r\nHost: x\r\ncontent-length: 1000\r\n\r\n{\"req")
+            time.sleep(0.1)
+    time.sleep(0.3)
+    assert _errors_500(limited.url) == before == 0
+    assert "Traceback" not in limited.output() and "internal error" not in limited.output()
+
+
+def test_workers_get_the_same_limits(tiny_model, requests_, tmp_path):
+    # --workers N builds its uvicorn servers itself (server.workers): the same options must reach them
+    srv = Served(copy_models(tiny_model[0], tmp_path / "models"), tmp_path, "--workers", "2", "--header-timeout", "1",
+                 "--body-timeout", "1", "--max-request-values", "50")
+    try:
+        for _ in range(4):  # fresh connections: the kernel spreads them over both workers
+            with _connect(srv.port) as s:
+                seconds, data = _read_until_closed(s)
+            assert 0.8 < seconds < 3 and data == b"", seconds
+            with _connect(srv.port) as s:
+                s.sendall(b"GET /\r\n")
+                seconds, data = _read_until_closed(s)
+            assert seconds < 0.5 and data.startswith(b"HTTP/1.1 400 "), data
+            with _connect(srv.port) as s:
+                s.sendall(b"POST /v1/models/ml:score HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n\r\n{")
+                seconds, data = _read_until_closed(s)
+            assert 0.8 < seconds < 3 and data.startswith(b"HTTP/1.1 408 "), data
+        req, cands = requests_[0]
+        r = httpx.post(srv.url + "/v1/models/ml:score", json={"request": req, "candidates": cands * 10}, timeout=30)
+        assert r.status_code == 422 and "more than 50 feature values" in r.json()["detail"], r.text
+    finally:
+        srv.stop()
