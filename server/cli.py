@@ -89,5 +89,8 @@ def run(args) -> int:
 
     server = uvicorn.Server(uvicorn_config(create_app(config), config.http, args.log_level, host=args.host,
                                            port=args.port))
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, once it has shut down
+        pass
     return 0 if server.started else 1

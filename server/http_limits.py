@@ -71,7 +71,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _close_oldest_idle(self) -> bool:
         idle = [c for c in self.connections if c is not self and isinstance(c, LimitedHttpToolsProtocol)
-                and c._phase in (_IDLE, _HEAD) and not c.transport.is_closing()]
+                and c._phase in (_IDLE, _HEAD) and not c.transport.is_closing()
+                and (c.cycle is None or c.cycle.response_complete)]  # not one with a response still due
         if not idle:
             return False
         oldest = min(idle, key=lambda c: c._since)
