@@ -27,13 +27,15 @@ class HttpLimits:
     max_connections: int = 1000
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+        for name, flag in (("header_timeout_s", "--header-timeout"), ("body_timeout_s", "--body-timeout"),
+                           ("keep_alive_timeout_s", "--keep-alive-timeout")):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 86400:
-                raise ValueError(f"HttpLimits.{name} must be a number of seconds > 0 (and < 1 day), got {v!r}")
+                raise ValueError(f"HttpLimits.{name} ({flag}) must be a number of seconds > 0 (and < 1 day), "
+                                 f"got {v!r}")
         v = self.max_connections
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"HttpLimits.max_connections must be an integer >= 1, got {v!r}")
+            raise ValueError(f"HttpLimits.max_connections (--max-connections) must be an integer >= 1, got {v!r}")
 
 
 @dataclass(frozen=True)

@@ -372,3 +372,17 @@ def test_workers_get_the_same_limits(tiny_model, requests_, tmp_path):
         assert r.status_code == 422 and "more than 50 feature values" in r.json()["detail"], r.text
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"header_timeout_s": 0}, "header_timeout_s (--header-timeout) must be a number of seconds > 0"),
+    ({"body_timeout_s": float("nan")}, "body_timeout_s (--body-timeout)"),
+    ({"keep_alive_timeout_s": "5"}, "keep_alive_timeout_s (--keep-alive-timeout)"),
+    ({"max_connections": 0}, "max_connections (--max-connections) must be an integer >= 1"),
+    ({"max_connections": 2.5}, "max_connections (--max-connections) must be an integer >= 1"),
+])
+def test_http_limits_are_validated_naming_the_option(kw, words):
+    from server.config import HttpLimits
+
+    with pytest.raises(ValueError, match=re.escape(words)):
+        HttpLimits(**kw)
