@@ -7,10 +7,10 @@ from fastapi import FastAPI
 
 from server import routes_admin, routes_health, routes_models, routes_score
 from server.body_limit import BodySizeLimitMiddleware
-from server.http_limits import BodyTimeoutMiddleware
 from server.config import ServerConfig
 from server.errors import install_error_handlers
 from server.gc_tuning import tune_gc
+from server.http_limits import BodyTimeoutMiddleware
 from server.metrics import HttpMetricsMiddleware
 from server.state import ServerState
 from server.tf_threads import configure_tf_threads
