@@ -35,7 +35,7 @@ class Scorer:
 
     def __init__(self, version_dir: str | Path, *, store_mode: str = "r", item_cache_size: int = 100_000,
                  block_cache_mb: int | None = None, row_cache_mb: float = 0.0, follow_interval_s: float = 0.05,
-                 catch_up_s: float = 30.0, verify: bool = True):
+                 catch_up_s: float = 30.0, verify: bool = True, max_request_values: int | None = None):
         if isinstance(row_cache_mb, bool) or not isinstance(row_cache_mb, (int, float)) or row_cache_mb < 0:
             raise ValueError(f"row_cache_mb must be a number >= 0, got {row_cache_mb!r}")
         if (isinstance(follow_interval_s, bool) or not isinstance(follow_interval_s, (int, float))
@@ -53,7 +53,8 @@ class Scorer:
         if max(f.rows for f in self.spec.fields) >= 1 << 48:
             raise ModelDirError(f"{self.version_dir}: tables of 2**48 rows or more are not supported")
         self.calibration = self.spec.model.calibration
-        self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size)
+        # max_request_values bounds one score call's feature values (see features.value_limits)
+        self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size, max_request_values=max_request_values)
         self._fg_lock = threading.Lock()
         cfg = StoreConfig.from_dict({k: v for k, v in m["store"].items()
                                      if k in StoreConfig.__dataclass_fields__})

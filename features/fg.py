@@ -20,9 +20,10 @@ import numpy as np
 
 from features.hashing_impl import rows_of
 from features.ops_impl import DERIVED_OPS, RAW_OPS, FeatureValueError, Values
-from features.spec import FeatureSpec, FieldSpec
+from features.spec import LIST_OPS, FeatureSpec, FieldSpec
+from features.value_limits import Bound, TooManyValues
 
-__all__ = ["FeatureGenerator", "RaggedIds", "FGBatch", "FeatureValueError"]
+__all__ = ["FeatureGenerator", "RaggedIds", "FGBatch", "FeatureValueError", "TooManyValues"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,10 @@ def _ragged_gather(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) ->
     return RaggedIds(flat[idx], offsets)
 
 
+def _at_request(row: int) -> str:
+    return "request"
+
+
 def freeze_value(v: Any):
     """A hashable key for a raw value that tells apart values FG hashes differently
     (lists -> tuples, NaN -> None, bools tagged since True == 1)."""
@@ -116,9 +121,19 @@ def _fast_key(values) -> tuple:
 
 
 class FeatureGenerator:
-    """Runs a spec's FG. ``item_cache_size`` > 0 caches item-scope results per item."""
+    """Runs a spec's FG. ``item_cache_size`` > 0 caches item-scope results per item.
 
-    def __init__(self, spec: FeatureSpec, item_cache_size: int = 0, cross_memo_size: int = 50_000):
+    ``transform`` (serving) refuses a row over a field's ``max_values`` and, with
+    ``max_request_values``, a request over that many values (``features.value_limits``);
+    ``transform_columns`` (training) takes every value.
+    """
+
+    def __init__(self, spec: FeatureSpec, item_cache_size: int = 0, cross_memo_size: int = 50_000,
+                 max_request_values: int | None = None):
+        if max_request_values is not None and (isinstance(max_request_values, bool)
+                                               or not isinstance(max_request_values, int) or max_request_values < 1):
+            raise ValueError(f"max_request_values must be an integer >= 1 or None, got {max_request_values!r}")
+        self.max_request_values = max_request_values
         self.spec = spec
         self.hash = spec.model.hash
         self._fields = spec.fields
@@ -160,19 +175,30 @@ class FeatureGenerator:
 
     # -- values ---------------------------------------------------------------------------
     def _values(self, fields: Sequence[FieldSpec], columns: Mapping[str, Sequence[Any]], n: int,
-                known: dict[str, Values]) -> dict[str, Values]:
-        """Values of ``fields`` (in order) from raw ``columns``; derived ops read ``known``."""
+                known: dict[str, Values], bound: Bound | None = None) -> dict[str, Values]:
+        """Values of ``fields`` (in order) from raw ``columns``; derived ops read ``known``.
+        With ``bound`` (serving), each id / tokenize field is checked against its limits before and
+        after its op (for an early refusal: ``transform`` counts every field's values exactly)."""
         for f in fields:
             try:
                 if f.op in RAW_OPS:
                     col = columns.get(f.input)
                     if col is None:
                         col = [None] * n
+                    checked = bound is not None and f.op in LIST_OPS  # other ops give at most max_values
+                    if checked:
+                        bound.raw(f, col)
                     vals = RAW_OPS[f.op](f.name, col, f.params)
+                    if checked:
+                        bound.produced(f, vals)
                 else:
                     vals = DERIVED_OPS[f.op](f.name, [known[x] for x in f.inputs], f.params)
             except TypeError as e:
                 raise FeatureValueError(f"field '{f.name}': {e}") from None
+            except FeatureValueError as e:
+                if bound is None:
+                    raise
+                raise bound.locate(e) from None
             known[f.name] = vals
         return known
 
@@ -201,14 +227,18 @@ class FeatureGenerator:
         memoized, then scattered to the candidates (same ids as ``transform_columns``).
         """
         n = len(candidates)
+        bound = Bound(self.max_request_values, _at_request)
         req_cols = {f.input: [request.get(f.input)] for f in self._request}
-        req_vals = self._values(self._request, req_cols, 1, {})
+        req_vals = self._values(self._request, req_cols, 1, {}, bound)
         out: dict[str, RaggedIds] = {f.name: self._ragged(f, req_vals[f.name]) for f in self._request}
+        req_used = sum(len(out[f.name].ids) for f in self._request)
+        bound.count(req_used)
         Fi = len(self._item)
         if Fi:
-            entries = self._entries(candidates)
+            entries = self._entries(candidates, bound)
             meta = np.array([e[2] for e in entries], dtype=np.int64).reshape(n, 2 * Fi)
             lengths, vids = meta[:, :Fi], meta[:, Fi:]
+            bound.count(req_used + int(lengths.sum()))  # the misses were counted on their own: now all
             flat = np.concatenate([e[1] for e in entries]) if n else np.zeros(0, np.int64)
             starts = np.zeros((n, Fi), dtype=np.int64)
             if n:  # start of each (candidate, field) in flat: exclusive cumsum in row-major order
@@ -220,6 +250,7 @@ class FeatureGenerator:
         groups: dict[str, tuple[np.ndarray, list[list[str]]]] = {}
         for c, f in enumerate(self._cross):
             out[f.name] = self._cross_field(c, f, req_vals, entries, vids, groups)
+            bound.spend(len(out[f.name].ids))
         fields = tuple(out[f.name] for f in self._fields)
         return FGBatch(n, fields, tuple(f.scope == "request" for f in self._fields))
 
@@ -281,11 +312,11 @@ class FeatureGenerator:
         gstart = _offsets(glen)[:-1]
         return _ragged_gather(gflat, gstart[inv], glen[inv]) if n else RaggedIds(gflat[:0], np.zeros(1, np.int64))
 
-    def _entries(self, candidates: Sequence[Mapping[str, Any]]) -> list[tuple]:
+    def _entries(self, candidates: Sequence[Mapping[str, Any]], bound: Bound) -> list[tuple]:
         """One item-cache entry per candidate (through the cache when it is on)."""
         n = len(candidates)
         if self._cache_size <= 0:
-            return self._new_entries(candidates, range(n))
+            return self._new_entries(candidates, range(n), bound)
         inputs = self._item_inputs
         cache = self._cache
         keys = []
@@ -307,18 +338,19 @@ class FeatureGenerator:
         self.cache_hits += n - len(miss_keys)
         if miss_keys:
             first = list(miss_keys.values())
-            for i, e in zip(first, self._new_entries(candidates, first)):
+            for i, e in zip(first, self._new_entries(candidates, first, bound)):
                 cache[keys[i]] = e
             entries = [e if e is not None else cache[k] for e, k in zip(entries, keys)]
             while len(cache) > self._cache_size:
                 cache.popitem(last=False)
         return entries
 
-    def _new_entries(self, candidates: Sequence[Mapping[str, Any]], which) -> list[tuple]:
-        """Item fields of ``candidates[i] for i in which``, as cache entries."""
+    def _new_entries(self, candidates: Sequence[Mapping[str, Any]], which, bound: Bound) -> list[tuple]:
+        """Item fields of ``candidates[i] for i in which``, as cache entries (checked against ``bound``)."""
         m = len(which)
         cols = {c: [candidates[i].get(c) for i in which] for c in self._item_inputs}
-        vals = self._values(self._item, cols, m, {})
+        bound.where = lambda r: f"candidates[{which[r]}]"
+        vals = self._values(self._item, cols, m, {}, bound)
         per_field = [vals[f.name] for f in self._item]
         rags = [self._ragged(f, vals[f.name]) for f in self._item]
         if len(self._vid_intern) > self._vid_limit:

@@ -19,7 +19,28 @@ Values = list[list[str]]
 
 
 class FeatureValueError(ValueError):
-    """A raw value an op cannot use (e.g. text for a numeric bucket); names the field."""
+    """A raw value FG cannot use (e.g. text for a numeric bucket, a list longer than the field's
+    ``max_values``); the message names the field and where the value is.
+
+    Ops name the row of the column they were given (``row 3``); the serving FG relabels the
+    error with the request's own terms (``request``, ``candidates[17]``) through ``at``.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, row: int | None = None,
+                 problem: str | None = None):
+        super().__init__(message)
+        self.field, self.row, self.problem = field, row, problem
+
+    @classmethod
+    def in_row(cls, field: str, row: int, problem: str) -> "FeatureValueError":
+        return cls(f"field '{field}', row {row}: {problem}", field=field, row=row, problem=problem)
+
+    def at(self, where: str) -> "FeatureValueError":
+        """The same error located at ``where`` instead of the op's row number."""
+        if self.field is None or self.problem is None:
+            return self
+        return FeatureValueError(f"field '{self.field}', {where}: {self.problem}", field=self.field, row=self.row,
+                                 problem=self.problem)
 
 
 def _is_multi(v) -> bool:
@@ -30,7 +51,7 @@ def _scalar_list(field: str, i: int, v) -> list[str]:
     out = []
     for x in v:
         if _is_multi(x) or isinstance(x, dict):
-            raise FeatureValueError(f"field '{field}', row {i}: nested value {x!r} inside a list")
+            raise FeatureValueError.in_row(field, i, f"nested value {x!r} inside a list")
         s = canonical(x)
         if s is not None:
             out.append(s)
@@ -39,7 +60,7 @@ def _scalar_list(field: str, i: int, v) -> list[str]:
 
 def _check_scalar(field: str, i: int, v):
     if isinstance(v, dict):
-        raise FeatureValueError(f"field '{field}', row {i}: expected a value or a list of values, got an object")
+        raise FeatureValueError.in_row(field, i, "expected a value or a list of values, got an object")
 
 
 def op_id(field: str, column: Sequence[Any], params: dict) -> Values:
@@ -74,7 +95,7 @@ def op_tokenize(field: str, column: Sequence[Any], params: dict) -> Values:
             if t is None:
                 continue
             if not isinstance(t, str):
-                raise FeatureValueError(f"field '{field}', row {i}: tokenize needs text, got {t!r}")
+                raise FeatureValueError.in_row(field, i, f"tokenize needs text, got {t!r}")
             if lower:
                 t = t.lower()
             terms.extend(x for x in t.split(sep) if x)
@@ -89,16 +110,16 @@ def _numeric(field: str, column: Sequence[Any]) -> np.ndarray:
         if v is None or (isinstance(v, str) and v == ""):
             arr[i] = np.nan
         elif isinstance(v, (bool, np.bool_)):
-            raise FeatureValueError(f"field '{field}', row {i}: expected a number, got {v!r}")
+            raise FeatureValueError.in_row(field, i, f"expected a number, got {v!r}")
         elif isinstance(v, (int, float, np.integer, np.floating)):
             arr[i] = float(v)
         elif isinstance(v, str):
             try:
                 arr[i] = float(v)
             except ValueError:
-                raise FeatureValueError(f"field '{field}', row {i}: expected a number, got {v!r}") from None
+                raise FeatureValueError.in_row(field, i, f"expected a number, got {v!r}") from None
         else:
-            raise FeatureValueError(f"field '{field}', row {i}: expected a number, got {type(v).__name__} {v!r}")
+            raise FeatureValueError.in_row(field, i, f"expected a number, got {type(v).__name__} {v!r}")
     return arr
 
 

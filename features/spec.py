@@ -29,8 +29,8 @@ OPS = RAW_OPS + DERIVED_OPS
 
 # parameters each op accepts besides name/scope/op/input(s)/rows/pooling
 _OP_PARAMS: dict[str, set[str]] = {
-    "id": {"separator"},
-    "tokenize": {"separator", "lowercase"},
+    "id": {"separator", "max_values"},
+    "tokenize": {"separator", "lowercase", "max_values"},
     "bucketize": {"boundaries"},
     "log_bucket": {"base"},
     "cross": {"separator", "max_values"},
@@ -40,8 +40,11 @@ _COMMON = {"name", "scope", "op", "input", "inputs", "rows", "pooling"}
 _TOP = {"model", "label", "group", "time", "split_key", "item_key", "fields"}
 _MODEL_KEYS = {
     "embedding_dim", "hash", "mlp", "pooling", "dropout", "l2_embedding", "l2_dense",
-    "cross_separator", "cross_max_values", "calibration",
+    "cross_separator", "cross_max_values", "max_values", "calibration",
 }
+LIST_OPS = ("id", "tokenize")
+"""Raw ops whose row may hold many values (a list, a split string, text): they take ``max_values``,
+the most values one row may hold when serving (a request with more is refused, never cut)."""
 _CALIB_KEYS = {"negative_rate", "scale", "power"}
 
 
@@ -71,6 +74,7 @@ class ModelConfig:
     l2_dense: float = 0.0
     cross_separator: str = "_"
     cross_max_values: int = 64
+    max_values: int = 1000  # default max_values of id / tokenize fields
     calibration: Calibration = field(default_factory=Calibration)
 
 
@@ -173,6 +177,10 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
 def _parse_model(m: Any, fail) -> ModelConfig:
     if not isinstance(m, dict):
         fail("'model' must be a mapping")
@@ -204,8 +212,11 @@ def _parse_model(m: Any, fail) -> ModelConfig:
     if not isinstance(sep, str) or not sep:
         fail("model.cross_separator must be a non-empty string")
     cap = m.get("cross_max_values", d.cross_max_values)
-    if not isinstance(cap, int) or cap < 1:
+    if not _positive_int(cap):
         fail(f"model.cross_max_values must be an integer >= 1, got {cap!r}")
+    max_values = m.get("max_values", d.max_values)
+    if not _positive_int(max_values):
+        fail(f"model.max_values must be an integer >= 1, got {max_values!r}")
     c = m.get("calibration") or {}
     if not isinstance(c, dict) or set(c) - _CALIB_KEYS:
         fail(f"model.calibration must be a mapping with keys among {sorted(_CALIB_KEYS)}")
@@ -217,7 +228,7 @@ def _parse_model(m: Any, fail) -> ModelConfig:
             fail(f"model.calibration.{k} must be a number > 0")
     calib = Calibration(float(r), float(c.get("scale", 1.0)), float(c.get("power", 1.0)))
     return ModelConfig(dim, h, tuple(mlp), pooling, cross_separator=sep, cross_max_values=cap,
-                       calibration=calib, **floats)
+                       max_values=max_values, calibration=calib, **floats)
 
 
 def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec], fail) -> FieldSpec:
@@ -295,9 +306,11 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
             fail(f"{where}: {k} must be a non-empty string")
     if op == "cross":
         params.setdefault("separator", model.cross_separator)
-        cap = params.setdefault("max_values", model.cross_max_values)
-        if not isinstance(cap, int) or cap < 1:
-            fail(f"{where}: max_values must be an integer >= 1")
+        params.setdefault("max_values", model.cross_max_values)
+    if op in LIST_OPS:
+        params.setdefault("max_values", model.max_values)
+    if "max_values" in params and not _positive_int(params["max_values"]):
+        fail(f"{where}: max_values must be an integer >= 1, got {params['max_values']!r}")
     if op == "tokenize":
         params.setdefault("lowercase", True)
         if not isinstance(params["lowercase"], bool):

@@ -10,6 +10,7 @@ from server.body_limit import BodySizeLimitMiddleware
 from server.config import ServerConfig
 from server.errors import InternalErrorMiddleware, install_error_handlers
 from server.gc_tuning import tune_gc
+from server.http_limits import BodyTimeoutMiddleware
 from server.metrics import HttpMetricsMiddleware
 from server.state import ServerState
 from server.tf_threads import configure_tf_threads
@@ -47,6 +48,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     install_error_handlers(app)
     install_unavailable_handlers(app, state)
     app.add_middleware(InternalErrorMiddleware)  # innermost: its 500s are counted like any answer
+    app.add_middleware(BodyTimeoutMiddleware, body_timeout_s=config.http.body_timeout_s)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=config.max_body_bytes)
     app.add_middleware(HttpMetricsMiddleware, metrics=state.metrics)  # outermost: sees the 413s too
     if config.tune_gc:

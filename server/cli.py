@@ -18,6 +18,21 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                    help="row-cache budget in MiB, split between the models (default 256)")
     p.add_argument("--max-candidates", type=int, default=2000, help="most candidates per request (default 2000)")
     p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
+    p.add_argument("--max-request-values", type=int, default=100_000,
+                   help="most feature values in one score request: request fields once, item and cross fields once "
+                        "per candidate (default 100000; more is a 422). Each id/tokenize field also has its own "
+                        "per-row max_values in the model's feature spec")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds for a request's line and headers to arrive, from the connection's opening or the "
+                        "next request's first byte (default 10; then 408 or close)")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds for a request's whole body to arrive after its headers (default 30; then 408 and "
+                        "close)")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0,
+                   help="seconds an idle kept-alive connection stays open (default 5)")
+    p.add_argument("--max-connections", type=int, default=1000,
+                   help="open connections per server process (default 1000); past it the connection idle the "
+                        "longest is closed, and with none idle a new connection's request gets a 503")
     p.add_argument("--intra-threads", type=int, default=1,
                    help="TensorFlow intra-op threads (default 1: per-request graphs are small; concurrency "
                         "comes from --score-threads)")
@@ -46,11 +61,14 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def run(args) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     pin_cpus(args.cpus)  # first: every thread and worker process inherits it
-    from server.config import ServerConfig
+    from server.config import HttpLimits, ServerConfig
 
     config = ServerConfig(
         models_dir=args.models, cache_mb=args.cache_mb, max_candidates=args.max_candidates,
         max_body_bytes=int(args.max_body_mb * 2**20), poll_seconds=args.poll_seconds,
+        max_request_values=args.max_request_values,
+        http=HttpLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                        keep_alive_timeout_s=args.keep_alive_timeout, max_connections=args.max_connections),
         admin_token=args.admin_token or ServerConfig.admin_token_from_env(), score_threads=args.score_threads,
         follow_interval_s=args.follow_seconds, catch_up_s=args.catch_up_seconds,
         intra_threads=args.intra_threads, inter_threads=args.inter_threads)
@@ -67,8 +85,12 @@ def run(args) -> int:
     import uvicorn
 
     from server.app import create_app
+    from server.http_limits import uvicorn_config
 
-    app = create_app(config)
-    uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools", workers=1,
-                access_log=False, log_level=args.log_level, timeout_graceful_shutdown=10)
-    return 0
+    server = uvicorn.Server(uvicorn_config(create_app(config), config.http, args.log_level, host=args.host,
+                                           port=args.port))
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, once it has shut down
+        pass
+    return 0 if server.started else 1

@@ -10,6 +10,35 @@ MiB = 1 << 20
 
 
 @dataclass(frozen=True)
+class HttpLimits:
+    """Connection limits of a server process (enforced by ``server.http_limits``).
+
+    header_timeout_s: a request's line and headers must arrive within this, from the connection's
+        opening or the next request's first byte (then 408, or a close if nothing came).
+    body_timeout_s: its whole body within this of its headers (then 408 and close).
+    keep_alive_timeout_s: an idle kept-alive connection is closed after this.
+    max_connections: open connections per process; past it the connection idle the longest is
+        closed, or, with none idle, the new connection's request gets a 503.
+    """
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_timeout_s: float = 5.0
+    max_connections: int = 1000
+
+    def __post_init__(self) -> None:
+        for name, flag in (("header_timeout_s", "--header-timeout"), ("body_timeout_s", "--body-timeout"),
+                           ("keep_alive_timeout_s", "--keep-alive-timeout")):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 86400:
+                raise ValueError(f"HttpLimits.{name} ({flag}) must be a number of seconds > 0 (and < 1 day), "
+                                 f"got {v!r}")
+        v = self.max_connections
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"HttpLimits.max_connections (--max-connections) must be an integer >= 1, got {v!r}")
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """Settings of one server process.
 
@@ -18,6 +47,10 @@ class ServerConfig:
         (each scorer gets ``cache_mb / number of models`` as ``row_cache_mb``).
     max_candidates: most candidates in one score request.
     max_body_bytes: largest request body (Content-Length and streamed size).
+    max_request_values: most feature values one score request may hold (request fields once,
+        item and cross fields once per candidate; ``features.value_limits``): bounds a request's
+        work beside the spec's per-field ``max_values``.
+    http: the connection limits (``HttpLimits``).
     poll_seconds: how often MODELS is scanned for new versions.
     admin_token: bearer token of the admin actions; None disables them (403).
     score_threads: size of the thread pool running ``Scorer.score``.
@@ -42,6 +75,8 @@ class ServerConfig:
     cache_mb: float = 256.0
     max_candidates: int = 2000
     max_body_bytes: int = 8 * MiB
+    max_request_values: int = 100_000
+    http: HttpLimits = HttpLimits()
     poll_seconds: float = 2.0
     admin_token: str | None = None
     score_threads: int = 4
@@ -73,6 +108,7 @@ class ServerConfig:
         checks = [
             ("cache_mb", self.cache_mb, 0), ("max_candidates", self.max_candidates, 1),
             ("max_body_bytes", self.max_body_bytes, 1024), ("poll_seconds", self.poll_seconds, 0.01),
+            ("max_request_values", self.max_request_values, 1),
             ("score_threads", self.score_threads, 1), ("follow_interval_s", self.follow_interval_s, 0.001),
             ("catch_up_s", self.catch_up_s, 0.01),
             ("item_cache_size", self.item_cache_size, 0), ("warmup_candidates", self.warmup_candidates, 1),
@@ -80,6 +116,10 @@ class ServerConfig:
         for name, value, low in checks:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
                 raise ValueError(f"ServerConfig.{name} must be a number >= {low}, got {value!r}")
+        if not isinstance(self.max_request_values, int):
+            raise ValueError(f"ServerConfig.max_request_values must be an integer, got {self.max_request_values!r}")
+        if not isinstance(self.http, HttpLimits):
+            raise ValueError(f"ServerConfig.http must be an HttpLimits, got {self.http!r}")
         for name in ("intra_threads", "inter_threads"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):

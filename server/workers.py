@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from server.config import ServerConfig
+from server.config import HttpLimits, ServerConfig
 
 log = logging.getLogger("offgraph.server")
 
@@ -59,13 +59,14 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_on(app, sock: socket.socket, log_level: str) -> None:
-    """Run ``app`` under uvicorn (uvloop, httptools) on ``sock`` until SIGTERM / SIGINT."""
+def serve_on(app, sock: socket.socket, log_level: str, limits: HttpLimits = HttpLimits()) -> None:
+    """Run ``app`` under uvicorn (uvloop, httptools, the connection ``limits``) on ``sock`` until
+    SIGTERM / SIGINT."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, loop="uvloop", http="httptools", access_log=False,
-                                           log_level=log_level, timeout_graceful_shutdown=10))
-    server.run(sockets=[sock])
+    from server.http_limits import uvicorn_config
+
+    uvicorn.Server(uvicorn_config(app, limits, log_level)).run(sockets=[sock])
 
 
 def _worker_main(config: ServerConfig, host: str, port: int, log_level: str) -> None:
@@ -79,7 +80,7 @@ def _worker_main(config: ServerConfig, host: str, port: int, log_level: str) -> 
     from server.app import create_app
 
     sock = reuseport_socket(host, port)
-    serve_on(create_app(config), sock, log_level)
+    serve_on(create_app(config), sock, log_level, config.http)
 
 
 class Supervisor:

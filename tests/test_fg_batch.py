@@ -74,7 +74,7 @@ def test_item_cache_hits_and_is_keyed_by_item_features():
 
 def test_bad_value_names_field():
     fg = FeatureGenerator(SPEC)
-    with pytest.raises(FeatureValueError, match="field 'price', row 1: expected a number"):
+    with pytest.raises(FeatureValueError, match=r"field 'price', candidates\[1\]: expected a number"):
         fg.transform(REQUEST, [{"price": 1}, {"price": "cheap"}])
 
 

@@ -128,7 +128,7 @@ BAD_BODIES = [
     (b'{"candidates": [{"movie_id": 1}], "version": -1}', 422, "version"),
     (b'{"candidates": [{"movie_id": 1}', 422, "not valid JSON"),
     (b'', 422, "Field required"),
-    (b'{"candidates": [{"release_year": "not a year"}]}', 422, "field 'release_year', row 0"),
+    (b'{"candidates": [{"release_year": "not a year"}]}', 422, "field 'release_year', candidates[0]"),
     (json.dumps({"candidates": [{}] * (MAX_CANDIDATES + 1)}).encode(), 422, f"at most {MAX_CANDIDATES}"),
     (json.dumps({"candidates": [{"title_words": "x" * (MAX_BODY + 10)}]}).encode(), 413, "larger than the limit"),
 ]
