@@ -243,8 +243,17 @@ def test_admin_pin_survives_a_restart_of_two_workers(tiny_model, requests_, tmp_
         _kill9(proc)  # the supervisor and both workers
         proc = _serve(models, port, log, "--workers", "2")
         wait_ready(url, 180, proc)
-        # both workers start with the pin: neither ever serves version 2 after the restart
-        wait_for(lambda: {v for s, v in _versions_seen(url, body, 4) if s == 200} == {1}, 120, "version 1 served")
+        # both workers start with the pin: neither ever serves version 2 after the restart (a worker
+        # still on its first load answers 503 meanwhile)
+        seen: set = set()
+
+        def all_on_v1() -> bool:
+            now = _versions_seen(url, body, 4)
+            seen.update(now)
+            return now == {(200, 1)}
+
+        wait_for(all_on_v1, 120, "both workers serving version 1")
+        assert seen <= {(200, 1), (503, None)}, seen
         assert _versions_seen(url, body, 12) == {(200, 1)}
     finally:
         _kill9(proc)
