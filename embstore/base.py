@@ -231,7 +231,8 @@ class EmbeddingStore(abc.ABC):
         ``seqs`` (int >= 0 per row, optional): per-row sequence numbers, kept in the
         store (same shard, same atomic batch as the row). Last write wins by seq: a row
         whose stored seq is >= its new seq is skipped (``skipped_stale``), and of
-        duplicates of one key in a call the highest seq wins (equal: the later one).
+        duplicates of one key in a call the highest seq wins (equal: the first one, as
+        across calls).
         Without ``seqs`` the stored seqs are neither read nor changed and a later
         duplicate in the call wins. The read-compare-write of seqs assumes ONE writer
         (one process, writes serialized by a lock), which is what mode ``"w"`` gives.

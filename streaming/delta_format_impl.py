@@ -15,6 +15,7 @@ META_VERSION = b"offgraph.delta.version"
 META_MODEL = b"model"
 META_MODEL_VERSION = b"model_version"
 META_DIM = b"dim"
+MAX_DIM = 2**31 - 1  # Arrow's limit on a fixed-size list
 COLUMNS = ("table_id", "row", "vector", "first_order", "seq", "event_time_ms")
 _LEAD_RE = re.compile(r"^([0-9]{20})-")
 
@@ -104,7 +105,7 @@ def fsync_dir(d: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- read side
-def _meta_int(meta: dict, key: bytes, what: str, minimum: int) -> int:
+def _meta_int(meta: dict, key: bytes, what: str, minimum: int, maximum: int | None = None) -> int:
     raw = meta.get(key)
     if raw is None:
         raise DeltaFormatError(f"schema metadata lacks {key!r} ({what})")
@@ -114,6 +115,8 @@ def _meta_int(meta: dict, key: bytes, what: str, minimum: int) -> int:
         raise DeltaFormatError(f"schema metadata {key!r} must be a decimal int, got {raw!r}") from None
     if val < minimum:
         raise DeltaFormatError(f"schema metadata {key!r} must be >= {minimum}, got {val}")
+    if maximum is not None and val > maximum:
+        raise DeltaFormatError(f"schema metadata {key!r} must be <= {maximum}, got {val}")
     return val
 
 
@@ -131,7 +134,7 @@ def _check_schema(sch: pa.Schema) -> tuple[str, int, int]:
     if not model:
         raise DeltaFormatError("schema metadata lacks a non-empty 'model'")
     version = _meta_int(meta, META_MODEL_VERSION, "the model version", 0)
-    dim = _meta_int(meta, META_DIM, "the embedding dim", 1)
+    dim = _meta_int(meta, META_DIM, "the embedding dim", 1, MAX_DIM)
     want = schema(dim)
     for name in COLUMNS:
         idx = sch.get_field_index(name)
@@ -169,6 +172,17 @@ def check_values(cols: dict[str, np.ndarray]) -> None:
         if a.size and a.min() < 0:
             at = int(np.argmax(a < 0))
             raise DeltaFormatError(f"column {name!r} holds negative values (first at delta {at}: {int(a[at])})")
+    t, r, s = cols["table_id"], cols["row"], cols["seq"]
+    if len(r) > 1:  # one (table_id, row, seq) = one update: two values for it are ambiguous
+        order = np.lexsort((s, r, t))
+        ts, rs, ss = t[order], r[order], s[order]
+        dup = (ts[1:] == ts[:-1]) & (rs[1:] == rs[:-1]) & (ss[1:] == ss[:-1])
+        if dup.any():
+            i = int(np.argmax(dup))
+            a, b = sorted((int(order[i]), int(order[i + 1])))
+            raise DeltaFormatError(f"deltas {a} and {b} both update table_id {int(ts[i])} row {int(rs[i])} at seq "
+                                   f"{int(ss[i])} ({int(dup.sum())} such duplicates): one seq of a row must have one "
+                                   "value (give each update its own seq; the highest wins)")
 
 
 def read_file(path: Path) -> dict:
@@ -188,6 +202,16 @@ def _from_source(source) -> dict:
         table = ipc.open_file(source).read_all()
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as e:
         raise DeltaFormatError(f"not an Arrow IPC file (or a damaged one): {e}") from None
+    try:
+        return _columns(table)
+    except DeltaFormatError:
+        raise
+    except (pa.ArrowException, ValueError, TypeError, OverflowError, IndexError, KeyError) as e:
+        # a file no check above foresaw must still be refused, never stop its reader
+        raise DeltaFormatError(f"unreadable delta file: {type(e).__name__}: {e}") from None
+
+
+def _columns(table: pa.Table) -> dict:
     model, version, dim = _check_schema(table.schema)
     cols = {name: _np(table.column(name), name) for name in COLUMNS}
     check_values(cols)
