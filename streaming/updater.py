@@ -87,10 +87,26 @@ class Updater:
                     if once:
                         break
                     self._stop.wait(self.poll_interval_s)
-        finally:
+        except OSError as e:  # disk full, I/O error: stop; what was not acked is applied after a restart
+            log.error("stopping: %s. Files not yet applied stay in %s and are applied after a restart "
+                      "(shards that recorded a batch are not written twice)", e, self.source.describe())
+            self._close_after_error()
+            raise
+        except BaseException:
+            self._close_after_error()
+            raise
+        self.metrics.tick(self.source.pending(), self.live.version, force=True)
+        self.close()
+        return self.metrics.summary()
+
+    def _close_after_error(self) -> None:
+        """Close without hiding the error in flight behind one of closing (a store that hit
+        a full disk fails to close too)."""
+        try:
             self.metrics.tick(self.source.pending(), self.live.version, force=True)
             self.close()
-        return self.metrics.summary()
+        except Exception as e:
+            log.warning("while closing after the error: %s", e)
 
     def stop(self) -> None:
         self._stop.set()
