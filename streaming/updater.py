@@ -128,12 +128,21 @@ class Updater:
         handled = rows = 0
         for item in items:
             try:
+                item.position.encode("utf-8")  # recorded in the store as UTF-8
                 batch = item.read()
             except DeltaFormatError as e:
                 self._reject(item, f"malformed delta file: {e}")
                 handled += 1
                 continue
+            except UnicodeEncodeError:
+                self._reject(item, "the file name is not valid UTF-8 (positions are recorded as UTF-8)")
+                handled += 1
+                continue
             except FileNotFoundError:
+                continue
+            except (PermissionError, IsADirectoryError) as e:
+                self._reject(item, f"cannot read the file: {e}")
+                handled += 1
                 continue
             verdict = self._route(item, batch)
             if verdict == SWITCH:
@@ -188,6 +197,19 @@ class Updater:
     def _flush(self, pending: list[tuple[SourceItem, DeltaBatch]]) -> None:
         if not pending:
             return
+        try:
+            self._write(pending)
+        except ValueError as e:
+            # the store refused a value that no check of _route foresaw (a ValueError from
+            # store.write means nothing was written): find the file(s) alone, apply the rest
+            if len(pending) == 1:
+                self._reject(pending[0][0], f"the store refused it: {e}")
+                return
+            log.warning("the store refused a batch of %d files (%s); applying them one by one", len(pending), e)
+            for one in pending:
+                self._flush([one])
+
+    def _write(self, pending: list[tuple[SourceItem, DeltaBatch]]) -> None:
         b = concat([x for _, x in pending])
         pos = max(max(self.positions), max(item.position for item, _ in pending))
         res = self.live.store.write(b.table_ids, b.rows, b.vectors, b.first_order, seqs=b.seqs,

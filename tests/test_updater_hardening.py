@@ -1,5 +1,6 @@
 """The updater never dies on input, and a full disk is a clear error that loses nothing
 (real exports, real RocksDB, `offgraph update` as a subprocess)."""
+import json
 import os
 import random
 import signal
@@ -163,3 +164,186 @@ def test_disk_full_is_a_clear_error_and_loses_no_delta(exports, small_disk, tmp_
         v, w = st.read(et, er)
         np.testing.assert_array_equal(v, ev)
         np.testing.assert_array_equal(w, ew)
+
+
+# --------------------------------------------------------------------------- acceptance: bad files + kill -9
+GOOD_FILES = int(os.environ.get("OFFGRAPH_HARDENING_GOOD_FILES", "1000"))
+KILLS = int(os.environ.get("OFFGRAPH_HARDENING_KILLS", "20"))
+BAD_ROW0 = 10000  # bad files name rows >= this in table 0 (good files stay below 6000): never written
+
+
+def bad_files(rng, d0: dict, good_bytes: bytes) -> dict:
+    """kind -> (writer(path), words its dead-letter reason must hold). ``d0``: deltas whose
+    rows are all >= BAD_ROW0 of table 0 (or made so), so a bad file applied by mistake shows."""
+    from streaming.delta_format import write_delta_file
+
+    k = len(d0["rows"])
+
+    def good_fmt(**change):
+        def w(path):
+            args = {**d0, **change}
+            model, version = args.pop("model", NAME), args.pop("model_version", 1)
+            tmp = write_delta_file(path.with_name(".w" + path.name), model=model, model_version=version,
+                                   fsync=False, **args)
+            os.replace(tmp, path)
+        return w
+
+    def raw(meta=None, **cols):
+        return lambda path: raw_delta(path, raw_cols(d0, **cols), meta)
+
+    def data(b):
+        return lambda path: path.write_bytes(b)
+
+    v_big = d0["vectors"].copy()
+    v_big[k // 2, 1] = 70000.0
+    fo_big = d0["first_order"].copy()
+    fo_big[-1] = -1.0e5
+    v_nan = d0["vectors"].copy().reshape(-1)
+    v_nan[3] = np.nan
+    fo_inf = d0["first_order"].copy()
+    fo_inf[0] = np.inf
+    neg = d0["rows"].copy()
+    neg[1] = -1
+    seq_neg = d0["seqs"].copy()
+    seq_neg[2] = -5
+    dup_r, dup_s = d0["rows"].copy(), d0["seqs"].copy()
+    dup_r[1], dup_s[1] = dup_r[0], dup_s[0]
+    dup_t = np.zeros(k, np.uint32)
+    row_oob = d0["rows"].copy()
+    row_oob[0] = 500
+    return {
+        "beyond fp16 (vector)": (good_fmt(vectors=v_big), ["column 'vector'", "70000", "fp16"]),
+        "beyond fp16 (first_order)": (good_fmt(first_order=fo_big), ["column 'first_order'", "-100000"]),
+        "NaN": (raw(vector=pa.FixedSizeListArray.from_arrays(pa.array(v_nan), DIM)), ["'vector'", "NaN/Inf"]),
+        "Inf": (raw(first_order=pa.array(fo_inf)), ["'first_order'", "NaN/Inf"]),
+        "huge dim": (raw({"dim": "99999999999"}), ["'dim'", "99999999999"]),
+        "dim mismatch": (good_fmt(vectors=d0["vectors"][:, :4].copy()), ["dim 4 but model tiny", "embedding_dim 8"]),
+        "truncated": (data(good_bytes[: len(good_bytes) // 2]), ["not an Arrow IPC file"]),
+        "random bytes": (data(rng.bytes(3000)), ["not an Arrow IPC file"]),
+        "empty": (data(b""), ["empty (0-byte) file"]),
+        "wrong model": (good_fmt(model="other"), ["addressed to model 'other'"]),
+        "old version": (good_fmt(model_version=0), ["addressed to model version 0, but version 1 is live"]),
+        "future version": (good_fmt(model_version=7), ["model version 7, which is not complete"]),
+        "unknown table": (good_fmt(table_ids=np.full(k, 3, np.uint32)), ["table ids >= 3"]),
+        "row out of range": (good_fmt(table_ids=np.full(k, 2, np.uint32), rows=row_oob), ["row 500 >= 500 rows"]),
+        "negative row": (raw(row=pa.array(neg)), ["column 'row' holds negative"]),
+        "negative seq": (raw(seq=pa.array(seq_neg)), ["column 'seq' holds negative"]),
+        "row as int32": (raw(row=pa.array(d0["rows"].astype(np.int32))), ["column 'row' has type int32"]),
+        "vector of float64": (raw(vector=pa.FixedSizeListArray.from_arrays(
+            pa.array(d0["vectors"].reshape(-1).astype(np.float64)), DIM)), ["column 'vector' has type"]),
+        "missing column": (raw(first_order=None), ["missing column 'first_order'"]),
+        "nulls": (raw(seq=pa.array([None] + d0["seqs"][1:].tolist(), pa.int64())), ["'seq' holds 1 nulls"]),
+        "other format version": (raw({"offgraph.delta.version": "2"}), ["delta format version b'2'"]),
+        "duplicate key and seq": (raw(table_id=pa.array(dup_t), row=pa.array(dup_r), seq=pa.array(dup_s)),
+                                  ["deltas 0 and 1 both update table_id 0"]),
+    }
+
+
+def test_bad_files_among_good_ones_with_kill9_restarts(exports, tmp_path):
+    """>= 20 kinds of bad file among GOOD_FILES good ones; the updater SIGKILLed KILLS times at
+    random points (startup, recovery, mid-batch): every good delta applied once (the store
+    equals a last-write-wins state computed here from the good files), every bad file in the
+    dead letters with a reason naming it, temporary files left alone, no run failing.
+    Bigger: OFFGRAPH_HARDENING_GOOD_FILES=5000 OFFGRAPH_HARDENING_KILLS=55 (README)."""
+    from streaming.delta_format import write_delta_file
+
+    models, spool = tmp_path / "models", tmp_path / "spool"
+    vdir = install_version(exports["fp16"], models, 1)
+    rng = np.random.default_rng(11)
+    good, good_names, seq = [], [], 10_000_000
+    for i in range(GOOD_FILES):
+        d = make_deltas(rng, int(rng.integers(1, 30)), seq0=seq, hot=6000)
+        seq += 30
+        if i % 7 == 3:  # old seqs, published late: lose to what is stored
+            d["seqs"] = rng.integers(0, 10_000_000, len(d["rows"]))
+        if i % 11 == 5 and good:  # a key of an earlier file at ITS seq: the first applied keeps it
+            p = good[-1]
+            d["table_ids"][0], d["rows"][0], d["seqs"][0] = p["table_ids"][-1], p["rows"][-1], p["seqs"][-1]
+        if i % 13 == 6 and len(d["rows"]) > 1:  # a key twice in one file, higher seq later: it wins
+            d["table_ids"][1], d["rows"][1], d["seqs"][1] = d["table_ids"][0], d["rows"][0], d["seqs"][0] + 1
+        good.append(d)
+    # names: good files at even leads, bad ones spread between them
+    bad_at = sorted(rng.choice(np.arange(1, 2 * GOOD_FILES - 2, 2), size=66, replace=False).tolist())
+    for i, d in enumerate(good):
+        path = spool_path(spool, 2 * i)
+        write_delta_file(path, model=NAME, model_version=1, fsync=False, **d)
+        good_names.append(path.name)
+    d0 = make_deltas(rng, 12, seq0=1, tables=0)
+    d0["rows"] = BAD_ROW0 + rng.permutation(5000)[:12]
+    kinds = bad_files(rng, d0, spool_path(spool, 0).read_bytes())
+    expect = {}  # bad file name -> words of its reason
+    for n, at in enumerate(bad_at):
+        kind = list(kinds)[n % len(kinds)]
+        writer, words = kinds[kind]
+        path = spool_path(spool, at)
+        writer(path)
+        expect[path.name] = words
+    bad_name = os.fsencode(spool) + b"/" + b"%020d-\xff\xfe.delta.arrow" % (2 * GOOD_FILES - 1)  # not UTF-8
+    with open(bad_name, "wb") as f:
+        f.write(spool_path(spool, 0).read_bytes())
+    expect[os.fsdecode(os.path.basename(bad_name))] = ["not valid UTF-8"]
+    ignored = [".hidden.delta.arrow", "00000000000000000001-x.delta.arrow.tmp", "notes.arrow", "x.tmp"]
+    for name in ignored:
+        (spool / name).write_bytes(b"left alone")
+    (spool / "a-directory.delta.arrow").mkdir()
+    assert len(set(kinds)) >= 20
+
+    cmd = update_cmd(models, spool, "--batch-files", "8", "--once", "--wait-timeout", "0", "--log-every", "1",
+                     "--max-deltas-per-s", "1000")  # ~15 s of applying in all: room for the kills
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    log = open(tmp_path / "update.log", "ab")
+    handled = lambda: len(spool_files(spool / "applied")) + len(spool_files(spool / "dead"))  # noqa: E731
+    opened = lambda: (tmp_path / "update.log").read_bytes().count(b"recorded spool positions")  # noqa: E731
+    kills, rnd, exits = 0, random.Random(5), []
+    for attempt in range(3 * KILLS):
+        if kills >= KILLS or not spool_files(spool):
+            break
+        before, opened_before = handled(), opened()
+        p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
+        mode, t_end = attempt % 3, time.monotonic() + 60
+        if mode == 0:  # anywhere from the start: imports, opening the store, recovery, batches
+            t_end = time.monotonic() + rnd.uniform(0.2, 6.0)
+        while p.poll() is None and time.monotonic() < t_end:
+            if (mode == 1 and opened() > opened_before) or (mode == 2 and handled() > before):
+                # 1: just after the store opened (seek, tidying, per-shard catch-up); 2: mid-apply
+                time.sleep(rnd.uniform(0.0, 0.2 if mode == 1 else 0.4))
+                break
+            time.sleep(0.01)
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            kills += 1
+        p.wait()
+        if p.returncode != -signal.SIGKILL:
+            exits.append(p.returncode)
+    assert kills >= KILLS, f"the updater finished before it could be killed {KILLS} times ({kills})"
+    print(f"{kills} kills in {attempt + 1} runs; {handled()} of {len(good_names) + len(expect)} files handled before "
+          "the last run")
+    assert all(rc == 0 for rc in exits), f"runs that ended by themselves failed: {exits}"
+    final = subprocess.run(cmd[:-2], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stderr[-3000:]
+    again = run_update(models, spool, "--once")  # nothing left, nothing redone
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads(again.stdout.strip().splitlines()[-1])["update"]
+    assert summary["files_applied"] == 0 and summary["files_dead_lettered"] == 0, summary
+
+    assert spool_files(spool / "applied") == good_names
+    assert sorted(spool_files(spool / "dead")) == sorted(expect)
+    got = reasons(spool)
+    for name, words in expect.items():
+        shown = os.fsencode(name).decode("utf-8", "backslashreplace")  # how a reason names any file
+        for w in [shown, *words]:
+            assert w in got[name], (name, w, got[name])
+    assert sorted(p.name for p in spool.iterdir() if p.name not in ("applied", "dead")) == sorted(
+        ignored + ["a-directory.delta.arrow"])
+    for name in ignored:
+        assert (spool / name).read_bytes() == b"left alone"
+
+    et, er, es, ev, ew = last_write_wins(good)
+    with open_version_store(vdir) as st:
+        np.testing.assert_array_equal(st.row_seqs(et, er), es)
+        v, w = st.read(et, er)
+        np.testing.assert_array_equal(v, ev.astype(np.float16).astype(np.float32))  # fp16 store: the cast
+        np.testing.assert_array_equal(w, ew.astype(np.float16).astype(np.float32))
+        bad_rows = np.arange(BAD_ROW0, BAD_ROW0 + 5000)
+        assert (st.row_seqs(np.zeros(len(bad_rows), np.uint32), bad_rows) == -1).all()
+        assert st.get_meta_per_shard(b"spool_position") == [good_names[-1].encode()] * 4
