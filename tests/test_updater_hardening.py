@@ -107,6 +107,38 @@ def test_huge_schema_dim_is_dead_lettered(exports, tmp_path):
     assert huge.name in why and "99999999999" in why and "'dim'" in why, why
 
 
+def test_a_file_the_store_refuses_after_all_checks_is_found_alone(exports, tmp_path):
+    """Should a check of the updater miss a value the store refuses (simulated: the checks
+    think the int8 store is fp32), the batch is retried file by file: the one file goes to
+    the dead letters, the others are applied."""
+    import dataclasses
+
+    from embstore.quant import get_codec
+    from streaming_helpers import updater
+
+    models, spool = tmp_path / "models", tmp_path / "spool"
+    vdir = install_version(exports["int8"], models, 1)
+    rng = np.random.default_rng(9)
+    a, b = make_deltas(rng, 100, seq0=10, hot=3000), make_deltas(rng, 100, seq0=500, hot=3000)
+    bad = make_deltas(rng, 10, seq0=900, tables=0)
+    bad["rows"] = 10000 + np.arange(10)
+    bad["vectors"][2, 2] = -80000.0
+    fa, fbad, fb = publish(spool, 1, a), publish(spool, 1, bad), publish(spool, 1, b)
+    up = updater(models, spool)
+    up.start()
+    up.live.limits = dataclasses.replace(up.live.limits, codec=get_codec("fp32", DIM))
+    summary = up.run(once=True)
+    assert summary["files_applied"] == 2 and summary["files_dead_lettered"] == 1, summary
+    assert spool_files(spool / "applied") == [fa.name, fb.name] and spool_files(spool / "dead") == [fbad.name]
+    why = reasons(spool)[fbad.name]
+    assert "the store refused it" in why and "-80000" in why and "column 'vector'" in why, why
+    et, er, es, *_ = last_write_wins([a, b])
+    with open_version_store(vdir) as st:
+        np.testing.assert_array_equal(st.row_seqs(et, er), es)
+        assert (st.row_seqs(np.zeros(10, np.uint32), bad["rows"]) == -1).all()
+        assert st.get_meta_per_shard(b"spool_position") == [fb.name.encode()] * 4
+
+
 # --------------------------------------------------------------------------- item 8: disk full
 @pytest.fixture
 def small_disk(tmp_path):
