@@ -249,6 +249,10 @@ class EmbeddingStore(abc.ABC):
         then records how far it got), ``"touched"`` (shards that got rows) or a shard
         index.
 
+        A ``ValueError`` (bad arguments or values, e.g. one the record format cannot hold)
+        is raised before anything is written; an ``OSError`` (disk full, I/O) may come after
+        some shards' batches were written (each shard's batch is atomic).
+
         ``durability``: ``"wal"`` (default) logs each batch to the write-ahead log
         (``sync`` fsyncs it). ``"flush"`` skips the WAL and flushes the written shards'
         memtables into SST files before returning: as durable and as atomic per shard

@@ -197,24 +197,22 @@ class Updater:
     def _flush(self, pending: list[tuple[SourceItem, DeltaBatch]]) -> None:
         if not pending:
             return
+        b = concat([x for _, x in pending])
+        pos = max(max(self.positions), max(item.position for item, _ in pending))
         try:
-            self._write(pending)
+            res = self.live.store.write(b.table_ids, b.rows, b.vectors, b.first_order, seqs=b.seqs,
+                                        meta={POSITION_KEY: pos.encode()}, meta_shards="all", changelog=True,
+                                        sync=self.sync, durability=self.durability)
         except ValueError as e:
-            # the store refused a value that no check of _route foresaw (a ValueError from
-            # store.write means nothing was written): find the file(s) alone, apply the rest
+            # the store refused a value that no check of _route foresaw (store.write raises
+            # ValueError only before it writes anything): find the file alone, apply the rest
             if len(pending) == 1:
                 self._reject(pending[0][0], f"the store refused it: {e}")
                 return
             log.warning("the store refused a batch of %d files (%s); applying them one by one", len(pending), e)
             for one in pending:
                 self._flush([one])
-
-    def _write(self, pending: list[tuple[SourceItem, DeltaBatch]]) -> None:
-        b = concat([x for _, x in pending])
-        pos = max(max(self.positions), max(item.position for item, _ in pending))
-        res = self.live.store.write(b.table_ids, b.rows, b.vectors, b.first_order, seqs=b.seqs,
-                                    meta={POSITION_KEY: pos.encode()}, meta_shards="all", changelog=True,
-                                    sync=self.sync, durability=self.durability)
+            return
         self.positions = [pos] * len(self.positions)
         for item, _ in pending:
             self.source.ack(item)
