@@ -172,17 +172,40 @@ def check_values(cols: dict[str, np.ndarray]) -> None:
         if a.size and a.min() < 0:
             at = int(np.argmax(a < 0))
             raise DeltaFormatError(f"column {name!r} holds negative values (first at delta {at}: {int(a[at])})")
-    t, r, s = cols["table_id"], cols["row"], cols["seq"]
-    if len(r) > 1:  # one (table_id, row, seq) = one update: two values for it are ambiguous
-        order = np.lexsort((s, r, t))
-        ts, rs, ss = t[order], r[order], s[order]
-        dup = (ts[1:] == ts[:-1]) & (rs[1:] == rs[:-1]) & (ss[1:] == ss[:-1])
-        if dup.any():
-            i = int(np.argmax(dup))
-            a, b = sorted((int(order[i]), int(order[i + 1])))
-            raise DeltaFormatError(f"deltas {a} and {b} both update table_id {int(ts[i])} row {int(rs[i])} at seq "
-                                   f"{int(ss[i])} ({int(dup.sum())} such duplicates): one seq of a row must have one "
-                                   "value (give each update its own seq; the highest wins)")
+    dup = equal_seq_duplicate(cols["table_id"], cols["row"], cols["seq"])
+    if dup is not None:
+        a, b, n = dup
+        raise DeltaFormatError(f"deltas {a} and {b} both update table_id {int(cols['table_id'][a])} row "
+                               f"{int(cols['row'][a])} at seq {int(cols['seq'][a])} ({n} such duplicates): one seq "
+                               "of a row must have one value (give each update its own seq; the highest wins)")
+
+
+def equal_seq_duplicate(t: np.ndarray, r: np.ndarray, s: np.ndarray) -> tuple[int, int, int] | None:
+    """``(i, j, count)`` of two deltas with the same (table_id, row, seq), i < j, or None.
+    One sort of a combined (table, row) key; the full three-key sort only over the keys
+    that occur more than once (usually none)."""
+    if len(r) < 2:
+        return None
+    idx = None
+    if int(r.max()) < 1 << 32:
+        key = (t.astype(np.uint64) << np.uint64(32)) | r.astype(np.uint64)
+        order = np.argsort(key)
+        ks = key[order]
+        same = ks[1:] == ks[:-1]
+        if not same.any():
+            return None
+        both = np.zeros(len(r), dtype=bool)
+        both[1:] |= same
+        both[:-1] |= same
+        idx = order[both]
+    sub = np.arange(len(r)) if idx is None else idx
+    o = sub[np.lexsort((s[sub], r[sub], t[sub]))]
+    d = (t[o][1:] == t[o][:-1]) & (r[o][1:] == r[o][:-1]) & (s[o][1:] == s[o][:-1])
+    if not d.any():
+        return None
+    i = int(np.argmax(d))
+    a, b = sorted((int(o[i]), int(o[i + 1])))
+    return a, b, int(d.sum())
 
 
 def read_file(path: Path) -> dict:

@@ -139,6 +139,25 @@ def test_a_file_the_store_refuses_after_all_checks_is_found_alone(exports, tmp_p
         assert st.get_meta_per_shard(b"spool_position") == [fb.name.encode()] * 4
 
 
+@pytest.mark.parametrize("row0", [7, 1 << 40])  # the combined-key sort and the three-key one
+def test_equal_seq_duplicates_are_refused_distinct_seqs_are_not(tmp_path, row0):
+    from streaming.delta_format import DeltaFormatError, read_delta_file, write_delta_file
+
+    k = 50
+    d = dict(table_ids=np.arange(k, dtype=np.uint32) % 3, rows=row0 + np.arange(k) // 3, seqs=np.arange(k) % 4,
+             vectors=np.zeros((k, DIM), np.float32), first_order=np.zeros(k, np.float32), event_time_ms=0)
+    # rows repeat only across tables; then delta 47 repeats delta 2's (table, row) at a new seq: allowed
+    d["table_ids"][47], d["rows"][47], d["seqs"][47] = d["table_ids"][2], d["rows"][2], 9
+    write_delta_file(tmp_path / "ok.delta.arrow", model=NAME, model_version=1, **d)
+    assert len(read_delta_file(tmp_path / "ok.delta.arrow")) == k
+    d["seqs"][47] = d["seqs"][2]  # now the same seq: which value is meant?
+    with pytest.raises(DeltaFormatError, match=f"deltas 2 and 47 both update table_id 2 row {row0} at seq 2"):
+        write_delta_file(tmp_path / "bad.delta.arrow", model=NAME, model_version=1, **d)
+    raw_delta(tmp_path / "raw.delta.arrow", raw_cols(d))
+    with pytest.raises(DeltaFormatError, match="deltas 2 and 47 both update"):
+        read_delta_file(tmp_path / "raw.delta.arrow")
+
+
 # --------------------------------------------------------------------------- item 8: disk full
 @pytest.fixture
 def small_disk(tmp_path):
