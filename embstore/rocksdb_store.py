@@ -108,6 +108,8 @@ class RocksDBStore(EmbeddingStore):
         try:
             return Rdict(d, self._opts, column_families={"default": self._opts}, access_type=access)
         except Exception as e:  # rocksdict raises plain Exception
+            if str(e).startswith("IO error"):  # e.g. no space for a new MANIFEST or LOG: say so
+                raise io_error(f"open (mode={self.mode!r})", d, e) from e
             raise RuntimeError(f"cannot open shard {d!r} with mode={self.mode!r}: {e}") from e
 
     # primitives
