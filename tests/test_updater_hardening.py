@@ -57,6 +57,29 @@ def reasons(spool) -> dict[str, str]:
     return {p.name[: -len(".reason.txt")]: p.read_text() for p in (spool / "dead").glob("*.reason.txt")}
 
 
+# --------------------------------------------------------------------------- what a record format holds
+@pytest.mark.parametrize("quant,column,at,value,rule", [
+    ("fp32", "vector", (3, 5), np.nan, "finite"), ("fp32", "first_order", 6, -np.inf, "finite"),
+    ("fp16", "vector", (0, 1), 65505.0, "65504"), ("fp16", "first_order", 9, np.inf, "65504"),
+    ("int8", "vector", (8, 7), -70000.0, "65504"), ("int8", "first_order", 2, 1e6, "65504")])
+def test_check_storable_names_column_delta_and_value(quant, column, at, value, rule):
+    from embstore.quant import get_codec
+
+    codec = get_codec(quant, DIM)
+    v = np.random.default_rng(0).uniform(-65504, 65504, (10, DIM)).astype(np.float32)  # the edges are fine
+    v[0, 0], v[1, 1] = 65504.0, -65504.0
+    w = np.full(10, 65504.0, np.float32)
+    assert codec.check_storable(v, w) is None
+    codec.encode(v, w)  # and storable
+    (v if column == "vector" else w)[at] = value
+    why = codec.check_storable(v, w)
+    where = f"delta {at[0]}, element {at[1]}" if column == "vector" else f"delta {at}"
+    for want in (f"{quant} records", rule, f"column '{column}'", where, repr(float(value))):
+        assert want in why, (want, why)
+    with pytest.raises(ValueError, match=f"column '{column}'"):  # the store refuses with the same words
+        codec.encode(v, w)
+
+
 # --------------------------------------------------------------------------- item 1: one bad file
 @pytest.mark.parametrize("quant,column", [("int8", "vector"), ("fp16", "first_order")])
 def test_value_beyond_the_record_format_is_dead_lettered_and_its_batch_applied(exports, tmp_path, quant, column):
