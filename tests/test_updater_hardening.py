@@ -162,6 +162,25 @@ def test_a_file_the_store_refuses_after_all_checks_is_found_alone(exports, tmp_p
         assert st.get_meta_per_shard(b"spool_position") == [fb.name.encode()] * 4
 
 
+def test_a_bad_file_with_a_longest_name_is_dead_lettered(exports, tmp_path):
+    """``<name>.reason.txt`` would be longer than a file name may be (was: ENAMETOOLONG, the
+    updater stopped on every restart)."""
+    from streaming_helpers import updater
+
+    models, spool = tmp_path / "models", tmp_path / "spool"
+    install_version(exports["fp32"], models, 1)
+    name = "0" * 20 + "-" + "x" * (255 - 21 - len(".delta.arrow")) + ".delta.arrow"
+    assert len(name) == 255
+    (spool_path(spool, 0)).write_bytes(b"junk")
+    os.rename(spool_path(spool, 0), spool / name)
+    good = publish(spool, 1, make_deltas(np.random.default_rng(3), 10, seq0=1))
+    summary = updater(models, spool).run(once=True)
+    assert summary["files_dead_lettered"] == 1 and summary["files_applied"] == 1, summary
+    assert spool_files(spool / "dead") == [name] and spool_files(spool / "applied") == [good.name]
+    (why,) = (spool / "dead").glob("*.reason.txt")
+    assert len(why.name) <= 255 and f"{name}: malformed delta file" in why.read_text()
+
+
 @pytest.mark.parametrize("row0", [7, 1 << 40])  # the combined-key sort and the three-key one
 def test_equal_seq_duplicates_are_refused_distinct_seqs_are_not(tmp_path, row0):
     from streaming.delta_format import DeltaFormatError, read_delta_file, write_delta_file
