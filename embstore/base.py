@@ -272,7 +272,8 @@ class EmbeddingStore(abc.ABC):
         ``seqs`` (int >= 0 per row, optional): per-row sequence numbers, kept in the
         store (same shard, same atomic batch as the row). Last write wins by seq: a row
         whose stored seq is >= its new seq is skipped (``skipped_stale``), and of
-        duplicates of one key in a call the highest seq wins (equal: the later one).
+        duplicates of one key in a call the highest seq wins (equal: the first one, as
+        across calls).
         Without ``seqs`` the stored seqs are neither read nor changed and a later
         duplicate in the call wins. The read-compare-write of seqs assumes ONE writer
         (one process, writes serialized by a lock), which is what mode ``"w"`` gives.
@@ -288,6 +289,10 @@ class EmbeddingStore(abc.ABC):
         ``meta_shards``: ``"all"`` (every shard, even one without rows: each shard
         then records how far it got), ``"touched"`` (shards that got rows) or a shard
         index.
+
+        A ``ValueError`` (bad arguments or values, e.g. one the record format cannot hold)
+        is raised before anything is written; an ``OSError`` (disk full, I/O) may come after
+        some shards' batches were written (each shard's batch is atomic).
 
         ``durability``: ``"wal"`` (default) logs each batch to the write-ahead log
         (``sync`` fsyncs it). ``"flush"`` skips the WAL and flushes the written shards'

@@ -71,6 +71,20 @@ def combined_from_store_keys(keys: bytes) -> np.ndarray:
     return (t.astype(np.uint64) << np.uint64(48)) | r
 
 
+def allocate(f, path: Path, size: int) -> None:
+    """Give open file ``f`` ``size`` bytes of disk before it is mapped: a store into a
+    mapped page the file system cannot back (disk full, a sparse file) is a SIGBUS that
+    kills the process; a failed allocation here is an OSError naming the file, and the
+    file is removed."""
+    try:
+        os.posix_fallocate(f.fileno(), 0, size)
+    except OSError as e:
+        f.close()
+        path.unlink(missing_ok=True)
+        raise OSError(e.errno, f"write feed: cannot allocate {size} bytes for {path} ({os.strerror(e.errno)}); "
+                      "free disk space there, then restart (the batch that needed it was not written)") from None
+
+
 class Epoch:
     """One mapped epoch file (writable for the writer, read-only for followers)."""
 
@@ -98,9 +112,8 @@ class Epoch:
         that epoch's rows (the epoch outgrew its table): followers then let go of it at
         once, without waiting for their store to cover it."""
         tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as f:
-            f.truncate(fi.file_bytes(slots, rb))  # sparse: pages appear as rows land
-        with open(tmp, "r+b") as f:
+        with open(tmp, "w+b") as f:  # read and write: a shared writable mapping needs both
+            allocate(f, tmp, fi.file_bytes(slots, rb))
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_WRITE)
         h, k, v, vals = fi.views(mm, slots, rb)
         k[:] = fi.EMPTY

@@ -27,8 +27,10 @@ first-order weight far outside the range of its vector widens the row's range an
 the vector's error; 22-byte records with an fp16 weight avoided that but could not
 meet the on-disk size goal (see embstore/README.md).
 
-fp16 and int8 refuse non-finite values and values beyond the fp16 range (|x| > 65504)
-with a ValueError instead of storing inf.
+What each format can hold (``Codec.check_storable`` says why not, naming the column,
+delta, element and value; ``encode`` raises ValueError with the same words):
+fp32: finite values; fp16 and int8: finite values with |x| <= 65504 (the fp16 range;
+int8 keeps its scale and offset in fp16), never stored as inf.
 """
 
 from __future__ import annotations
@@ -61,16 +63,36 @@ def check_records(records, record_bytes: int) -> np.ndarray:
     return r
 
 
-def _check_f16_range(name: str, *arrays: np.ndarray) -> None:
-    for a in arrays:
-        if a.size and not (np.isfinite(a).all() and np.abs(a).max() <= F16_MAX):
-            raise ValueError(f"{name}: values must be finite and within +-{F16_MAX} (fp16 range)")
+def first_bad(name: str, x: np.ndarray, bad: np.ndarray) -> str:
+    """Where the first True of ``bad`` (same shape as ``x``) is, and its value: "column
+    'vector' holds 3 values ...; first: delta 7, element 3: 70000.0"."""
+    at = np.unravel_index(int(np.argmax(bad)), bad.shape)
+    where = f"delta {int(at[0])}" + (f", element {int(at[1])}" if bad.ndim == 2 else "")
+    return f"column {name!r} holds {int(np.count_nonzero(bad))} such values; first: {where}: {float(x[at])!r}"
 
 
-def _check_finite(name: str, *arrays: np.ndarray) -> None:
-    for a in arrays:
-        if a.size and not np.isfinite(a).all():
-            raise ValueError(f"{name}: values must be finite (got NaN or inf)")
+def _within(a: np.ndarray, bound: float) -> bool:
+    """All of ``a`` finite and within +-bound: two reductions, no temporary array (the hot
+    path); NaN propagates into min and max."""
+    if a.size == 0:
+        return True
+    lo, hi = float(a.min()), float(a.max())
+    return bool(np.isfinite(lo) and np.isfinite(hi) and -bound <= lo and hi <= bound)
+
+
+def finite_problem(vectors: np.ndarray, first_order: np.ndarray) -> str | None:
+    for name, a in (("vector", vectors), ("first_order", first_order)):
+        if not _within(a, np.inf):
+            return f"values must be finite (no NaN/inf): {first_bad(name, a, ~np.isfinite(a))}"
+    return None
+
+
+def f16_range_problem(vectors: np.ndarray, first_order: np.ndarray) -> str | None:
+    for name, a in (("vector", vectors), ("first_order", first_order)):
+        if not _within(a, F16_MAX):
+            bad = ~(np.abs(a) <= F16_MAX)  # NaN compares False: counted too
+            return f"values must be finite and within +-{F16_MAX} (fp16 range): {first_bad(name, a, bad)}"
+    return None
 
 
 class Codec:
@@ -90,19 +112,37 @@ class Codec:
     def describe(self) -> dict:
         return {"name": self.name, "dim": self.dim, "record_bytes": self.record_bytes}
 
+    def check_storable(self, vectors, first_order) -> str | None:
+        """Why these rows cannot be stored in this format (None: they can): the rule, the
+        column, the first offending delta (and element) and its value. Vectorized; the
+        same check :meth:`encode` refuses with, so a caller can refuse one input (e.g. one
+        delta file) before anything is written."""
+        v, w = check_inputs(vectors, first_order, self.dim)
+        why = self._problem(v, w)
+        return None if why is None else f"{self.name} records: {why}"
+
+    def _refuse_unstorable(self, v: np.ndarray, w: np.ndarray) -> None:
+        why = self._problem(v, w)
+        if why is not None:
+            raise ValueError(f"{self.name}: {why}")
+
+    def _problem(self, v: np.ndarray, w: np.ndarray) -> str | None:
+        raise NotImplementedError
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(dim={self.dim}, record_bytes={self.record_bytes})"
 
 
 class Fp32Codec(Codec):
     name = "fp32"
+    _problem = staticmethod(finite_problem)
 
     def _record_bytes(self) -> int:
         return 4 * self.dim + 4
 
     def encode(self, vectors, first_order) -> np.ndarray:
         v, w = check_inputs(vectors, first_order, self.dim)
-        _check_finite(self.name, v, w)
+        self._refuse_unstorable(v, w)
         out = np.empty((v.shape[0], self.dim + 1), dtype=_LE_F32)
         out[:, : self.dim] = v
         out[:, self.dim] = w
@@ -116,13 +156,14 @@ class Fp32Codec(Codec):
 
 class Fp16Codec(Codec):
     name = "fp16"
+    _problem = staticmethod(f16_range_problem)
 
     def _record_bytes(self) -> int:
         return 2 * self.dim + 2
 
     def encode(self, vectors, first_order) -> np.ndarray:
         v, w = check_inputs(vectors, first_order, self.dim)
-        _check_f16_range(self.name, v, w)
+        self._refuse_unstorable(v, w)
         out = np.empty((v.shape[0], self.dim + 1), dtype=_LE_F16)
         out[:, : self.dim] = v
         out[:, self.dim] = w
@@ -155,6 +196,9 @@ class Int8RowwiseCodec(Codec):
     """Row-wise uint8 affine quantization of (vector, weight) with fp16 scale/offset."""
 
     name = "int8"
+    # scale and offset are fp16: offset = min(x) must be an fp16; max(x) is held to
+    # the same range (one rule for both 16-bit formats)
+    _problem = staticmethod(f16_range_problem)
 
     def _record_bytes(self) -> int:
         return self.dim + 5
@@ -165,8 +209,8 @@ class Int8RowwiseCodec(Codec):
         x = np.empty((k, d + 1), dtype=np.float32)
         x[:, :d] = v
         x[:, d] = w
-        lo, hi = x.min(axis=1), x.max(axis=1)  # NaN propagates into lo and hi
-        _check_f16_range(self.name, lo, hi)
+        self._refuse_unstorable(v, w)
+        lo, hi = x.min(axis=1), x.max(axis=1)
         offset16 = f16_round(lo, "down")
         offset = offset16.astype(np.float32)
         scale16 = f16_round((hi - offset) / np.float32(255.0), "up")

@@ -7,6 +7,7 @@ open), ``follow`` a RocksDB *secondary* instance that sees a live writer's rows 
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import shutil
@@ -34,6 +35,14 @@ from .rocksdb_options import make_cache, make_options
 
 def shard_dir(path: str, shard: int) -> str:
     return os.path.join(path, f"shard-{shard:03d}")
+
+
+def io_error(what: str, path: str, e: Exception) -> OSError:
+    """rocksdict's plain ``Exception`` of a failed write/flush/close as an OSError naming
+    the shard (ENOSPC when the disk is full), so callers can tell it from bad input."""
+    msg = str(e)
+    code = errno.ENOSPC if "No space left" in msg else errno.EIO
+    return OSError(code, f"RocksDB {what} failed in {path}: {msg}")
 
 
 class _RocksSstWriter(SstWriter):
@@ -100,6 +109,8 @@ class RocksDBStore(EmbeddingStore):
         try:
             return Rdict(d, self._opts, column_families={"default": self._opts}, access_type=access)
         except Exception as e:  # rocksdict raises plain Exception
+            if str(e).startswith("IO error"):  # e.g. no space for a new MANIFEST or LOG: say so
+                raise io_error(f"open (mode={self.mode!r})", d, e) from e
             raise RuntimeError(f"cannot open shard {d!r} with mode={self.mode!r}: {e}") from e
 
     # primitives
@@ -136,7 +147,10 @@ class RocksDBStore(EmbeddingStore):
         wo = WriteOptions()
         wo.sync = sync
         wo.disable_wal = not wal
-        self._dbs[shard].write(wb, wo)
+        try:
+            self._dbs[shard].write(wb, wo)
+        except Exception as e:  # rocksdict raises plain Exception
+            raise io_error("write", shard_dir(self.path, shard), e) from None
 
     def _sst_writer_factory(self):
         return functools.partial(_make_sst_writer, self.config)
@@ -233,15 +247,24 @@ class RocksDBStore(EmbeddingStore):
             self._seen[shard] = sig
 
     def _flush(self, shard: int) -> None:
-        self._dbs[shard].flush(True)
+        try:
+            self._dbs[shard].flush(True)
+        except Exception as e:  # rocksdict raises plain Exception
+            raise io_error("flush", shard_dir(self.path, shard), e) from None
 
     def _close(self) -> None:
+        first: OSError | None = None
         for db in list(self._dbs) + list(self._retired.values()):
-            db.close()
+            try:
+                db.close()
+            except Exception as e:  # close every shard even if one fails (e.g. disk full)
+                first = first or io_error("close", self.path, e)
         self._dbs = []
         self._retired = {}
         if self._own_secondary and self._secondary_dir:
             shutil.rmtree(self._secondary_dir, ignore_errors=True)
+        if first is not None:
+            raise first
 
     # backend-specific
     def property_value(self, shard: int, name: str) -> str | None:

@@ -1,8 +1,10 @@
 """NumPy planning of a ``write``: which input rows win (one per key) and which are stale.
 
-Last-write-wins by sequence number: of duplicates of one (table, row) key in a call,
-the highest seq wins (equal seqs: the later one); a row whose stored seq is >= its new
-seq is not written. Without seqs, the later duplicate wins.
+Last-write-wins by sequence number: a row is replaced only by a strictly higher seq,
+within a call as across calls. Of duplicates of one (table, row) key in a call the
+highest seq wins, and of equal seqs the FIRST (as a later call with an equal seq is
+skipped: so how updates are grouped into calls never changes the result); a row whose
+stored seq is >= its new seq is not written. Without seqs, the later duplicate wins.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def winners(t: np.ndarray, r: np.ndarray, seqs: np.ndarray | None) -> np.ndarray
     if n <= 1:
         return np.arange(n)
     pos = np.arange(n)
-    order = np.lexsort((pos, r, t) if seqs is None else (pos, seqs, r, t))
+    order = np.lexsort((pos, r, t) if seqs is None else (-pos, seqs, r, t))
     ts, rs = t[order], r[order]
     last = np.ones(n, dtype=bool)
     last[:-1] = (ts[1:] != ts[:-1]) | (rs[1:] != rs[:-1])

@@ -14,7 +14,8 @@ stream format) holding K row deltas of ONE model version:
                      seq            int64         per-row sequence number (last write wins)
                      event_time_ms  int64         when the newest event behind the row happened
 
-No nulls, no NaN/Inf. K = 0 is a valid (empty) file. A writer writes ``path.tmp``
+No nulls, no NaN/Inf, no negative rows/seqs/times, no two deltas of one (table_id, row)
+with the same seq. K = 0 is a valid (empty) file. A writer writes ``path.tmp``
 and renames it onto ``path`` (atomic); readers never see a partial file.
 
     from streaming.delta_format import write_delta_file, read_delta_file, spool_file_name

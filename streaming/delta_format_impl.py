@@ -15,6 +15,7 @@ META_VERSION = b"offgraph.delta.version"
 META_MODEL = b"model"
 META_MODEL_VERSION = b"model_version"
 META_DIM = b"dim"
+MAX_DIM = 2**31 - 1  # Arrow's limit on a fixed-size list
 COLUMNS = ("table_id", "row", "vector", "first_order", "seq", "event_time_ms")
 _LEAD_RE = re.compile(r"^([0-9]{20})-")
 
@@ -104,7 +105,7 @@ def fsync_dir(d: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- read side
-def _meta_int(meta: dict, key: bytes, what: str, minimum: int) -> int:
+def _meta_int(meta: dict, key: bytes, what: str, minimum: int, maximum: int | None = None) -> int:
     raw = meta.get(key)
     if raw is None:
         raise DeltaFormatError(f"schema metadata lacks {key!r} ({what})")
@@ -114,6 +115,8 @@ def _meta_int(meta: dict, key: bytes, what: str, minimum: int) -> int:
         raise DeltaFormatError(f"schema metadata {key!r} must be a decimal int, got {raw!r}") from None
     if val < minimum:
         raise DeltaFormatError(f"schema metadata {key!r} must be >= {minimum}, got {val}")
+    if maximum is not None and val > maximum:
+        raise DeltaFormatError(f"schema metadata {key!r} must be <= {maximum}, got {val}")
     return val
 
 
@@ -131,7 +134,7 @@ def _check_schema(sch: pa.Schema) -> tuple[str, int, int]:
     if not model:
         raise DeltaFormatError("schema metadata lacks a non-empty 'model'")
     version = _meta_int(meta, META_MODEL_VERSION, "the model version", 0)
-    dim = _meta_int(meta, META_DIM, "the embedding dim", 1)
+    dim = _meta_int(meta, META_DIM, "the embedding dim", 1, MAX_DIM)
     want = schema(dim)
     for name in COLUMNS:
         idx = sch.get_field_index(name)
@@ -169,6 +172,40 @@ def check_values(cols: dict[str, np.ndarray]) -> None:
         if a.size and a.min() < 0:
             at = int(np.argmax(a < 0))
             raise DeltaFormatError(f"column {name!r} holds negative values (first at delta {at}: {int(a[at])})")
+    dup = equal_seq_duplicate(cols["table_id"], cols["row"], cols["seq"])
+    if dup is not None:
+        a, b, n = dup
+        raise DeltaFormatError(f"deltas {a} and {b} both update table_id {int(cols['table_id'][a])} row "
+                               f"{int(cols['row'][a])} at seq {int(cols['seq'][a])} ({n} such duplicates): one seq "
+                               "of a row must have one value (give each update its own seq; the highest wins)")
+
+
+def equal_seq_duplicate(t: np.ndarray, r: np.ndarray, s: np.ndarray) -> tuple[int, int, int] | None:
+    """``(i, j, count)`` of two deltas with the same (table_id, row, seq), i < j, or None.
+    One sort of a combined (table, row) key; the full three-key sort only over the keys
+    that occur more than once (usually none)."""
+    if len(r) < 2:
+        return None
+    idx = None
+    if int(r.max()) < 1 << 32:
+        key = (t.astype(np.uint64) << np.uint64(32)) | r.astype(np.uint64)
+        order = np.argsort(key)
+        ks = key[order]
+        same = ks[1:] == ks[:-1]
+        if not same.any():
+            return None
+        both = np.zeros(len(r), dtype=bool)
+        both[1:] |= same
+        both[:-1] |= same
+        idx = order[both]
+    sub = np.arange(len(r)) if idx is None else idx
+    o = sub[np.lexsort((s[sub], r[sub], t[sub]))]
+    d = (t[o][1:] == t[o][:-1]) & (r[o][1:] == r[o][:-1]) & (s[o][1:] == s[o][:-1])
+    if not d.any():
+        return None
+    i = int(np.argmax(d))
+    a, b = sorted((int(o[i]), int(o[i + 1])))
+    return a, b, int(d.sum())
 
 
 def read_file(path: Path) -> dict:
@@ -188,6 +225,16 @@ def _from_source(source) -> dict:
         table = ipc.open_file(source).read_all()
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as e:
         raise DeltaFormatError(f"not an Arrow IPC file (or a damaged one): {e}") from None
+    try:
+        return _columns(table)
+    except DeltaFormatError:
+        raise
+    except (pa.ArrowException, ValueError, TypeError, OverflowError, IndexError, KeyError) as e:
+        # a file no check above foresaw must still be refused, never stop its reader
+        raise DeltaFormatError(f"unreadable delta file: {type(e).__name__}: {e}") from None
+
+
+def _columns(table: pa.Table) -> dict:
     model, version, dim = _check_schema(table.schema)
     cols = {name: _np(table.column(name), name) for name in COLUMNS}
     check_values(cols)

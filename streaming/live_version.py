@@ -30,13 +30,16 @@ class LiveModel:
         """Close the current store (if any) and open ``version``'s for writing."""
         vdir = self.model_dir / str(version)
         manifest = load_manifest(vdir, verify_dense=False)
-        limits = ModelLimits.from_manifest(self.name, version, manifest)
         cfg = StoreConfig.from_dict({k: v for k, v in manifest["store"].items()
                                      if k in StoreConfig.__dataclass_fields__})
         store = open_store(vdir / STORE_DIR, cfg, mode="w")
-        if store.config.dim != limits.dim:
+        try:
+            limits = ModelLimits.from_manifest(self.name, version, manifest, store.codec)
+            if store.config.dim != limits.dim:
+                raise ValueError(f"{vdir}: store dim {store.config.dim} differs from the manifest's {limits.dim}")
+        except BaseException:
             store.close()
-            raise ValueError(f"{vdir}: store dim {store.config.dim} differs from the manifest's {limits.dim}")
+            raise
         self.close()
         self.version, self.store, self.limits = int(version), store, limits
         log.info("live version of %s: %d (%s, %d shards)", self.name, version, cfg.quant, cfg.shards)

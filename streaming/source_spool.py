@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -29,6 +30,17 @@ log = logging.getLogger("offgraph.update.spool")
 
 APPLIED_DIR = "applied"
 DEAD_DIR = "dead"
+REASON_SUFFIX = ".reason.txt"
+
+
+def reason_file_name(name: str) -> str:
+    """``<name>.reason.txt``, or, where that is longer than a file name may be, the name
+    cut short with a hash of the whole (the reason text names the file in full)."""
+    full = name + REASON_SUFFIX
+    if len(os.fsencode(full)) <= 255:
+        return full
+    digest = hashlib.sha1(os.fsencode(name)).hexdigest()[:16]
+    return os.fsencode(name)[:200].decode("utf-8", "ignore") + f"-{digest}{REASON_SUFFIX}"
 
 
 class SpoolSource(DeltaSource):
@@ -92,7 +104,9 @@ class SpoolSource(DeltaSource):
         dead.mkdir(parents=True, exist_ok=True)
         target = dead / item.name
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        (dead / (item.name + ".reason.txt")).write_text(f"{stamp} {item.name}: {reason}\n")
+        why = dead / reason_file_name(item.name)
+        shown = os.fsencode(item.name).decode("utf-8", "backslashreplace")  # a name need not be UTF-8
+        why.write_text(f"{stamp} {shown}: {reason}\n", encoding="utf-8", errors="backslashreplace")
         try:
             os.replace(item.path, target)
         except FileNotFoundError:

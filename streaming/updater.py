@@ -87,10 +87,26 @@ class Updater:
                     if once:
                         break
                     self._stop.wait(self.poll_interval_s)
-        finally:
+        except OSError as e:  # disk full, I/O error: stop; what was not acked is applied after a restart
+            log.error("stopping: %s. Files not yet applied stay in %s and are applied after a restart "
+                      "(shards that recorded a batch are not written twice)", e, self.source.describe())
+            self._close_after_error()
+            raise
+        except BaseException:
+            self._close_after_error()
+            raise
+        self.metrics.tick(self.source.pending(), self.live.version, force=True)
+        self.close()
+        return self.metrics.summary()
+
+    def _close_after_error(self) -> None:
+        """Close without hiding the error in flight behind one of closing (a store that hit
+        a full disk fails to close too)."""
+        try:
             self.metrics.tick(self.source.pending(), self.live.version, force=True)
             self.close()
-        return self.metrics.summary()
+        except Exception as e:
+            log.warning("while closing after the error: %s", e)
 
     def stop(self) -> None:
         self._stop.set()
@@ -112,12 +128,21 @@ class Updater:
         handled = rows = 0
         for item in items:
             try:
+                item.position.encode("utf-8")  # recorded in the store as UTF-8
                 batch = item.read()
             except DeltaFormatError as e:
                 self._reject(item, f"malformed delta file: {e}")
                 handled += 1
                 continue
+            except UnicodeEncodeError:
+                self._reject(item, "the file name is not valid UTF-8 (positions are recorded as UTF-8)")
+                handled += 1
+                continue
             except FileNotFoundError:
+                continue
+            except (PermissionError, IsADirectoryError) as e:
+                self._reject(item, f"cannot read the file: {e}")
+                handled += 1
                 continue
             verdict = self._route(item, batch)
             if verdict == SWITCH:
@@ -174,9 +199,20 @@ class Updater:
             return
         b = concat([x for _, x in pending])
         pos = max(max(self.positions), max(item.position for item, _ in pending))
-        res = self.live.store.write(b.table_ids, b.rows, b.vectors, b.first_order, seqs=b.seqs,
-                                    meta={POSITION_KEY: pos.encode()}, meta_shards="all", changelog=True,
-                                    sync=self.sync, durability=self.durability)
+        try:
+            res = self.live.store.write(b.table_ids, b.rows, b.vectors, b.first_order, seqs=b.seqs,
+                                        meta={POSITION_KEY: pos.encode()}, meta_shards="all", changelog=True,
+                                        sync=self.sync, durability=self.durability)
+        except ValueError as e:
+            # the store refused a value that no check of _route foresaw (store.write raises
+            # ValueError only before it writes anything): find the file alone, apply the rest
+            if len(pending) == 1:
+                self._reject(pending[0][0], f"the store refused it: {e}")
+                return
+            log.warning("the store refused a batch of %d files (%s); applying them one by one", len(pending), e)
+            for one in pending:
+                self._flush([one])
+            return
         self.positions = [pos] * len(self.positions)
         for item, _ in pending:
             self.source.ack(item)

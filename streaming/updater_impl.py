@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from embstore import shard_of
+from embstore.quant import Codec
 from streaming.delta_format import DeltaBatch
 
 POSITION_KEY = b"spool_position"
@@ -19,9 +20,10 @@ class ModelLimits:
     version: int
     dim: int
     table_rows: np.ndarray  # int64 [F]: rows of table id i
+    codec: Codec  # the store's record format: which values it can hold
 
     @classmethod
-    def from_manifest(cls, model: str, version: int, manifest: dict) -> "ModelLimits":
+    def from_manifest(cls, model: str, version: int, manifest: dict, codec: Codec) -> "ModelLimits":
         fields = manifest["fields"]
         rows = np.zeros(len(fields), dtype=np.int64)
         for i, f in enumerate(fields):
@@ -30,12 +32,14 @@ class ModelLimits:
                 raise ValueError(f"manifest of {model}/{version}: field {f.get('name')!r} has table_id {tid} "
                                  f"outside [0, {len(fields)})")
             rows[tid] = int(f["rows"])
-        return cls(model, int(version), int(manifest["embedding_dim"]), rows)
+        return cls(model, int(version), int(manifest["embedding_dim"]), rows, codec)
 
 
 def check_batch(b: DeltaBatch, lim: ModelLimits) -> str | None:
     """Why ``b`` cannot be applied to ``lim``'s version (None: it can). Model name and
-    version are the caller's (they decide between refusing and waiting)."""
+    version are the caller's (they decide between refusing and waiting). Every check the
+    store's write would make of these values is made here, per file and vectorized, so
+    that one bad file is refused alone, before anything of its batch is written."""
     if b.dim != lim.dim:
         return f"dim {b.dim} but model {lim.model} version {lim.version} has embedding_dim {lim.dim}"
     if len(b) == 0:
@@ -52,6 +56,9 @@ def check_batch(b: DeltaBatch, lim: ModelLimits) -> str | None:
         t = int(b.table_ids[i])
         return (f"{int(bad_r.sum())} deltas name rows beyond their table; first: delta {i}, table {t} row "
                 f"{int(b.rows[i])} >= {int(lim.table_rows[t])} rows")
+    why = lim.codec.check_storable(b.vectors, b.first_order)
+    if why is not None:
+        return f"a value the store cannot hold ({why})"
     return None
 
 

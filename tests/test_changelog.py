@@ -50,7 +50,7 @@ def test_older_seq_never_overwrites_newer(tmp_path, cfg):
         # within one call the highest seq wins, wherever it is
         res = st.write(1, [7, 7, 7, 8, 8], *vecs([1, 3, 2, 4, 5]), seqs=[1, 3, 2, 9, 9])
         assert res == WriteResult(applied=2, skipped_stale=3)
-        assert st.read(1, [7, 8])[1].tolist() == [3, 5]  # equal seqs: the later one
+        assert st.read(1, [7, 8])[1].tolist() == [3, 4]  # equal seqs: the first one (as across calls)
         assert st.row_seqs(1, [7, 8]).tolist() == [3, 9]
         # a stale duplicate in the same call as a fresh one: the fresh one is applied
         res = st.write(1, [7, 7], *vecs([30, 31]), seqs=[2, 4])
@@ -75,9 +75,9 @@ def test_many_random_seq_writes_keep_the_max(tmp_path, cfg):
             rows = rng.integers(0, 40, 25)
             seqs = rng.integers(0, 1000, 25)
             vals = rng.standard_normal(25).astype(np.float32)
-            in_call: dict[int, tuple[int, float]] = {}  # highest seq per row (equal: the later)
+            in_call: dict[int, tuple[int, float]] = {}  # highest seq per row (equal: the first)
             for r, s, x in zip(rows.tolist(), seqs.tolist(), vals.tolist()):
-                if r not in in_call or s >= in_call[r][0]:
+                if r not in in_call or s > in_call[r][0]:
                     in_call[r] = (s, x)
             applied = 0
             for r, (s, x) in in_call.items():

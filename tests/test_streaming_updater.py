@@ -3,96 +3,24 @@ kill -9 exactly-once, stale seqs, dead letters, version switches, per-shard cras
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-NAME = "tiny"
-DIM = 8
-ROWS = np.array([20000, 8000, 500])
+from streaming_helpers import NAME, REPO, install_version as _version, last_write_wins as _last_write_wins
+from streaming_helpers import make_deltas as _deltas, open_version_store as _open, publish as _publish
+from streaming_helpers import export_tiny, spool_files as _files, train_tiny, updater as _updater
 
 
 @pytest.fixture(scope="module")
 def tiny_export(tmp_path_factory):
     """MODELS/tiny/1: a 3-field DeepFM trained 1 epoch on a synthetic table, exported fp32 x 4 shards."""
-    import pyarrow as pa
-
-    from dense_model.train import TrainConfig, train_run
-    from exporter.export import export_run
-    from features.spec import parse_spec
-
-    spec = parse_spec({"model": {"embedding_dim": DIM, "mlp": [8]}, "label": "label", "fields": [
-        {"name": "user", "scope": "request", "op": "id", "input": "user", "rows": int(ROWS[0])},
-        {"name": "item", "scope": "item", "op": "id", "input": "item", "rows": int(ROWS[1])},
-        {"name": "cat", "scope": "item", "op": "id", "input": "cat", "rows": int(ROWS[2])}]})
-    rng = np.random.default_rng(0)
-    n = 1000
-    table = pa.table({"user": rng.integers(0, 300, n), "item": rng.integers(0, 200, n),
-                      "cat": rng.integers(0, 10, n), "label": rng.integers(0, 2, n)})
     root = tmp_path_factory.mktemp("tiny")
-    train_run(spec, table, TrainConfig(epochs=1, split="random", batch_size=1024), root / "run", progress=False)
-    export_run(root / "run", root / "models" / NAME / "1", shards=4, quant="fp32", progress=False)
-    return root / "models" / NAME / "1"
-
-
-def _version(src: Path, models: Path, version: int) -> Path:
-    """Copy an exported version into MODELS/tiny/VERSION, manifest last (as the exporter does)."""
-    dst = models / NAME / str(version)
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("manifest.json"))
-    shutil.copy(src / "manifest.json", dst / "manifest.json.tmp")
-    os.replace(dst / "manifest.json.tmp", dst / "manifest.json")
-    return dst
-
-
-def _deltas(rng, k, *, seq0, tables=None, hot=None):
-    t = rng.integers(0, 3, k).astype(np.uint32) if tables is None else np.full(k, tables, np.uint32)
-    r = (rng.random(k) * (ROWS[t] if hot is None else np.minimum(ROWS[t], hot))).astype(np.int64)
-    return dict(table_ids=t, rows=r, vectors=rng.standard_normal((k, DIM)).astype(np.float32),
-                first_order=rng.standard_normal(k).astype(np.float32), seqs=seq0 + np.arange(k),
-                event_time_ms=int(time.time() * 1000))
-
-
-def _publish(spool, version, d, model=NAME):
-    from streaming.delta_format import publish_delta
-
-    return publish_delta(spool, model=model, model_version=version, fsync=False, **d)
-
-
-def _last_write_wins(deltas):
-    """Expected final (table, row) -> newest-seq delta, computed independently of the updater."""
-    t = np.concatenate([d["table_ids"] for d in deltas]).astype(np.int64)
-    r = np.concatenate([d["rows"] for d in deltas])
-    s = np.concatenate([d["seqs"] for d in deltas])
-    v = np.concatenate([d["vectors"] for d in deltas])
-    w = np.concatenate([d["first_order"] for d in deltas])
-    order = np.lexsort((s, r, t))
-    t, r, s, v, w = t[order], r[order], s[order], v[order], w[order]
-    last = np.append((t[1:] != t[:-1]) | (r[1:] != r[:-1]), True)
-    return t[last], r[last], s[last], v[last], w[last]
-
-
-def _open(vdir, mode="r"):
-    from embstore import open_store
-
-    return open_store(vdir / "store", mode=mode)
-
-
-def _updater(models, spool, **kw):
-    from streaming.sources import open_source
-    from streaming.updater import Updater
-
-    return Updater(models, NAME, open_source(f"spool:{spool}"), poll_interval_s=0.01, **kw)
-
-
-def _files(d: Path):
-    return sorted(p.name for p in d.glob("*.delta.arrow")) if d.exists() else []
+    return export_tiny(train_tiny(root), root / "models" / NAME / "1", "fp32")
 
 
 # --------------------------------------------------------------------------- kill -9

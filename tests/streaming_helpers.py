@@ -1,0 +1,111 @@
+"""Helpers of the streaming updater tests: a tiny real export, delta files, an independent
+last-write-wins state, spool listings."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+NAME = "tiny"
+DIM = 8
+ROWS = np.array([20000, 8000, 500])
+
+
+def train_tiny(root: Path) -> Path:
+    """A 3-field DeepFM (tables of ROWS rows, D = DIM) trained 1 epoch on a synthetic table; the run dir."""
+    import pyarrow as pa
+
+    from dense_model.train import TrainConfig, train_run
+    from features.spec import parse_spec
+
+    spec = parse_spec({"model": {"embedding_dim": DIM, "mlp": [8]}, "label": "label", "fields": [
+        {"name": "user", "scope": "request", "op": "id", "input": "user", "rows": int(ROWS[0])},
+        {"name": "item", "scope": "item", "op": "id", "input": "item", "rows": int(ROWS[1])},
+        {"name": "cat", "scope": "item", "op": "id", "input": "cat", "rows": int(ROWS[2])}]})
+    rng = np.random.default_rng(0)
+    n = 1000
+    table = pa.table({"user": rng.integers(0, 300, n), "item": rng.integers(0, 200, n),
+                      "cat": rng.integers(0, 10, n), "label": rng.integers(0, 2, n)})
+    train_run(spec, table, TrainConfig(epochs=1, split="random", batch_size=1024), root / "run", progress=False)
+    return root / "run"
+
+
+def export_tiny(run: Path, out: Path, quant: str, shards: int = 4) -> Path:
+    """Export ``run`` to ``out`` (a MODELS/tiny/VERSION directory)."""
+    from exporter.export import export_run
+
+    export_run(run, out, shards=shards, quant=quant, progress=False)
+    return out
+
+
+def install_version(src: Path, models: Path, version: int) -> Path:
+    """Copy an exported version into MODELS/tiny/VERSION, manifest last (as the exporter does)."""
+    dst = models / NAME / str(version)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("manifest.json"))
+    shutil.copy(src / "manifest.json", dst / "manifest.json.tmp")
+    os.replace(dst / "manifest.json.tmp", dst / "manifest.json")
+    return dst
+
+
+def make_deltas(rng, k, *, seq0, tables=None, hot=None):
+    """``k`` random deltas (kwargs of ``write_delta_file``) with seqs ``seq0, seq0 + 1, ...``."""
+    t = rng.integers(0, 3, k).astype(np.uint32) if tables is None else np.full(k, tables, np.uint32)
+    r = (rng.random(k) * (ROWS[t] if hot is None else np.minimum(ROWS[t], hot))).astype(np.int64)
+    return dict(table_ids=t, rows=r, vectors=rng.standard_normal((k, DIM)).astype(np.float32),
+                first_order=rng.standard_normal(k).astype(np.float32), seqs=seq0 + np.arange(k),
+                event_time_ms=int(time.time() * 1000))
+
+
+def publish(spool, version, d, model=NAME):
+    from streaming.delta_format import publish_delta
+
+    return publish_delta(spool, model=model, model_version=version, fsync=False, **d)
+
+
+def last_write_wins(deltas):
+    """Expected final (table, row) -> delta of the highest seq (equal seqs: the first in
+    ``deltas`` order, i.e. the first applied), computed independently of the updater:
+    ``(tables, rows, seqs, vectors, first_order)`` sorted by (table, row)."""
+    t = np.concatenate([d["table_ids"] for d in deltas]).astype(np.int64)
+    r = np.concatenate([d["rows"] for d in deltas])
+    s = np.concatenate([d["seqs"] for d in deltas])
+    v = np.concatenate([d["vectors"] for d in deltas])
+    w = np.concatenate([d["first_order"] for d in deltas])
+    order = np.lexsort((-np.arange(len(r)), s, r, t))
+    t, r, s, v, w = t[order], r[order], s[order], v[order], w[order]
+    last = np.append((t[1:] != t[:-1]) | (r[1:] != r[:-1]), True)
+    return t[last], r[last], s[last], v[last], w[last]
+
+
+def open_version_store(vdir, mode="r"):
+    from embstore import open_store
+
+    return open_store(vdir / "store", mode=mode)
+
+
+def spool_files(d: Path):
+    return sorted(p.name for p in d.glob("*.delta.arrow")) if d.exists() else []
+
+
+def updater(models, spool, **kw):
+    """An in-process Updater of MODELS/tiny over ``spool:SPOOL``."""
+    from streaming.sources import open_source
+    from streaming.updater import Updater
+
+    return Updater(models, NAME, open_source(f"spool:{spool}"), poll_interval_s=0.01, **kw)
+
+
+def update_cmd(models, spool, *args) -> list[str]:
+    """``offgraph update`` of MODELS/tiny over ``spool:SPOOL`` as a subprocess command line."""
+    return [sys.executable, "-m", "offgraph_cli", "update", "--models", str(models), "--model", NAME,
+            "--source", f"spool:{spool}", *args]
+
+
+def run_update(models, spool, *args, timeout=300, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.run(update_cmd(models, spool, *args), cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout, **kw)
