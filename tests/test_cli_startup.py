@@ -158,3 +158,13 @@ def test_update_applies_deltas_without_loading_tensorflow(tiny_model, tmp_path):
     summary = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith('{"update"')))["update"]
     assert summary["files_applied"] == 1 and summary["rows_applied"] == k, summary
     assert "tensorflow loaded: False" in r.stdout
+
+
+@pytest.mark.parametrize("flag, value, words", [("--optimizer", "adam", "unknown optimizer 'adam'"),
+                                                ("--time-unit", "days", "unknown time unit 'days'")])
+def test_stream_train_names_a_bad_choice(tmp_path, flag, value, words):
+    """--optimizer / --time-unit are checked by StreamTrainConfig.validate, not by argparse (whose
+    choices would import TensorFlow into `offgraph --help`): still a clear error, exit 2."""
+    r = _offgraph("stream-train", "--model", str(tmp_path / "m"), "--events", str(tmp_path / "e.parquet"),
+                  "--emit", f"spool:{tmp_path / 'spool'}", flag, value)
+    assert r.returncode == 2 and f"offgraph stream-train: error: {words}" in r.stderr, r.stderr[-2000:]
