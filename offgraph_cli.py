@@ -9,7 +9,8 @@ import os
 import re
 import sys
 
-# subcommand modules, by name; each has register_cli(subparsers)
+# subcommand modules, by name; each has register_cli(subparsers) and imports nothing heavy at module level
+# (no TensorFlow, NumPy or PyArrow): `offgraph --help` imports them all (tests/test_cli_startup.py)
 COMMANDS = [
     "dense_model.cli_data",
     "dense_model.cli_train",

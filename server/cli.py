@@ -44,6 +44,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     pin_cpus(args.cpus)  # first: every thread and worker process inherits it
     from server.config import ServerConfig
 
