@@ -1,11 +1,11 @@
-# offgraph: `make demo` runs the end-to-end job on real data, `make test` the test suite.
-# Both set up .venv/ themselves.
+# offgraph: `make demo` runs the end-to-end job on real data, `make test` the test suite,
+# `make test-fast` its fast tier (the edit loop). All set up .venv/ themselves.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 DEMO   ?= out/demo
 
-.PHONY: setup demo test schemathesis clean
+.PHONY: setup demo test test-fast schemathesis clean
 
 setup: $(VENV)/.installed
 
@@ -26,13 +26,18 @@ demo: setup
 	$(PY) -m server.demo_request --models $(DEMO)/models --data $(DEMO)/data/movielens.parquet
 	$(PY) -m streaming.demo_freshness_auc --out $(DEMO)/stream
 
+# every test; pytest-timeout stops any one test after 300 s (pyproject.toml)
 test: setup
 	$(PY) -m pytest -q
+
+# unit tests only: no model training, no subprocesses or servers (tests/tiers.py marks the rest slow)
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" --timeout 60
 
 # the HTTP contract at a bigger size than CI's: every check, with and without the admin token, a random seed
 EXAMPLES ?= 400
 schemathesis: setup
-	OFFGRAPH_SCHEMATHESIS_EXAMPLES=$(EXAMPLES) OFFGRAPH_SCHEMATHESIS_SEED= $(PY) -m pytest -q -s tests/test_schemathesis.py
+	OFFGRAPH_SCHEMATHESIS_EXAMPLES=$(EXAMPLES) OFFGRAPH_SCHEMATHESIS_SEED= $(PY) -m pytest -q -s --timeout 0 tests/test_schemathesis.py
 
 clean:
 	rm -rf $(VENV) out

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from dense_model.train import LOSSES, OPTIMIZERS, TrainConfig, train_run
-from dense_model.splits import SPLITS
+# `offgraph --help` imports this module: nothing heavy here (the trainer is imported in run)
+from dense_model.train_config import LOSSES, OPTIMIZERS, TrainConfig
+from offgraph_cli import LazyChoices
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +20,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=d.optimizer)
     p.add_argument("--loss", choices=LOSSES, default=d.loss)
-    p.add_argument("--split", choices=sorted(SPLITS), default=d.split)
+    p.add_argument("--split", choices=LazyChoices("dense_model.splits", "SPLITS"), metavar="SPLIT", default=d.split,
+                   help="held-out split: %(choices)s (default %(default)s)")
     p.add_argument("--held-out", type=float, default=d.held_out, help="held-out fraction")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", action="store_true")
@@ -47,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
                       loss=args.loss, split=args.split, held_out=args.held_out, seed=args.seed)
     cfg.validate(spec)
     table = read_table_args(args)
+    from dense_model.train import train_run  # TensorFlow: only once the inputs are known to be good
+
     _, metrics = train_run(spec, table, cfg, args.out, source=str(args.data), progress=not args.no_progress)
     h = metrics["held_out"]
     print(f"held-out: AUC {h['auc']:.4f}  logloss {h['logloss']:.4f}"

@@ -1,5 +1,5 @@
 """Named datasets converted into the trainer's input format (one flat Parquet
-table of raw columns), and the `offgraph data NAME --out DIR` subcommand.
+table of raw columns), for the `offgraph data NAME --out DIR` subcommand.
 
   movielens-100k -> DIR/movielens.parquet (see datasets_movielens)
   criteo-10k     -> DIR/criteo.parquet: label, I1..I13 (int64, nullable),
@@ -10,6 +10,7 @@ table of raw columns), and the `offgraph data NAME --out DIR` subcommand.
 
 The trainer can also read the raw CSV/TSV files directly through
 features.tables.read_table; these conversions only give it one format.
+The subcommand itself is in dense_model/cli_data.py.
 """
 
 from __future__ import annotations
@@ -110,37 +111,10 @@ def build(name: str, out_dir, source=None) -> str:
     return fn(out_dir, source)
 
 
-# ---------------------------------------------------------------- CLI
-
-
-def register_cli(subparsers) -> argparse.ArgumentParser:
-    """Add `data NAME --out DIR [--source DIR]` to an argparse subparsers
-    object; the handler is `run` (set as the `func` default)."""
-    p = subparsers.add_parser(
-        "data", help="convert a known dataset into the trainer's Parquet input",
-        description="Convert a known dataset into one flat Parquet table of raw columns.")
-    p.add_argument("name", choices=sorted(DATASETS), help="dataset name")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--source", default=None,
-                   help="folder holding the raw files (default: ../shared/data/NAME; "
-                        "MovieLens-100k is downloaded if absent)")
-    p.set_defaults(func=run)
-    return p
-
-
-def run(args) -> int:
-    path = build(args.name, args.out, getattr(args, "source", None))
-    meta = pq.read_metadata(path)
-    label = pq.read_table(path, columns=["label"]).column("label")
-    rate = pc.mean(label).as_py() if len(label) else float("nan")
-    names = meta.schema.to_arrow_schema().names
-    print(f"{args.name}: wrote {meta.num_rows:,} rows x {len(names)} columns, "
-          f"{rate:.1%} positive, to {path}")
-    print("columns: " + ", ".join(names))
-    return 0
-
-
 def main(argv=None) -> int:
+    """`python -m dense_model.datasets NAME --out DIR`: the same as `offgraph data`."""
+    from dense_model.cli_data import register_cli
+
     parser = argparse.ArgumentParser(prog="offgraph")
     register_cli(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -18,45 +17,19 @@ from dense_model.inputs import Encoded, encode_table
 from dense_model.model import (CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_FILE, DeepFM, build_deepfm,
                                predict_proba)
 from dense_model.splits import held_out_mask
+from dense_model.train_config import LOSSES, OPTIMIZERS, SCHEDULES, TrainConfig  # noqa: F401 (re-exported)
 from features.spec import FeatureSpec
 
-log = logging.getLogger("offgraph.train")
-
-LOSSES = ("pointwise", "listwise", "both")
-OPTIMIZERS = {
+# the Keras object behind each name of train_config.OPTIMIZERS / SCHEDULES
+OPTIMIZER_FACTORIES = {
     "adam": lambda lr: tf.keras.optimizers.Adam(lr),
     "adagrad": lambda lr: tf.keras.optimizers.Adagrad(lr, initial_accumulator_value=0.1),
 }
-SCHEDULES = {
+SCHEDULE_FACTORIES = {
     "constant": lambda lr, steps: lr,
     "cosine": lambda lr, steps: tf.keras.optimizers.schedules.CosineDecay(lr, decay_steps=max(steps, 1)),
 }
-
-
-@dataclass
-class TrainConfig:
-    epochs: int = 6
-    batch_size: int = 512
-    lr: float = 0.001
-    optimizer: str = "adam"
-    loss: str = "pointwise"
-    split: str = "per-key-time"
-    held_out: float = 0.2
-    seed: int = 0
-    eval_batch_size: int = 8192
-    schedule: str = "constant"
-
-    def validate(self, spec: FeatureSpec) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}: expected one of {sorted(OPTIMIZERS)}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown lr schedule {self.schedule!r}: expected one of {sorted(SCHEDULES)}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"unknown loss {self.loss!r}: expected one of {LOSSES}")
-        if self.loss != "pointwise" and not spec.group:
-            raise ValueError(f"loss {self.loss!r} needs request groups: the spec has no 'group' column")
-        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise ValueError("epochs and batch size must be >= 1 and lr > 0")
+assert set(OPTIMIZER_FACTORIES) == set(OPTIMIZERS) and set(SCHEDULE_FACTORIES) == set(SCHEDULES)
 
 
 def _batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator, listwise: bool):
@@ -142,7 +115,7 @@ class Trainer:
     def fit(self, train: Encoded, held_out: Encoded, progress: bool = True) -> dict:
         cfg = self.cfg
         total_steps = cfg.epochs * int(np.ceil(train.n / cfg.batch_size))
-        self.opt = OPTIMIZERS[cfg.optimizer](SCHEDULES[cfg.schedule](cfg.lr, total_steps))
+        self.opt = OPTIMIZER_FACTORIES[cfg.optimizer](SCHEDULE_FACTORIES[cfg.schedule](cfg.lr, total_steps))
         self._build_fns(train.x)
         rng = np.random.default_rng(cfg.seed)
         listwise = cfg.loss != "pointwise"
@@ -153,7 +126,9 @@ class Trainer:
             ds = tf.data.Dataset.from_generator(lambda: _batches(train, cfg, rng, listwise),
                                                 output_signature=sig).prefetch(4)
             steps = int(np.ceil(train.n / cfg.batch_size))
-            bar = tqdm(ds, total=steps, desc=f"epoch {epoch}/{cfg.epochs}", disable=not progress, unit="step")
+            # leave=False: the bar goes when the epoch ends, so each epoch stays on screen as one line (the print)
+            bar = tqdm(ds, total=steps, desc=f"epoch {epoch}/{cfg.epochs}", disable=not progress, unit="step",
+                       leave=False)
             losses = []
             for xb, yb, seg in bar:
                 losses.append(float(self._step(xb, yb, seg)))
@@ -162,8 +137,6 @@ class Trainer:
             ev = self.evaluate(held_out)
             ev.update(epoch=epoch, train_loss=float(np.mean(losses)), seconds=time.perf_counter() - t0)
             history.append(ev)
-            log.info("epoch %d: held-out AUC %.4f logloss %.4f%s (%.1fs)", epoch, ev["auc"], ev["logloss"],
-                     f" NDCG@10 {ev['ndcg@10']:.4f}" if "ndcg@10" in ev else "", ev["seconds"])
             print(f"epoch {epoch}: held-out AUC {ev['auc']:.4f}  logloss {ev['logloss']:.4f}"
                   + (f"  NDCG@10 {ev['ndcg@10']:.4f}" if "ndcg@10" in ev else "")
                   + f"  ({ev['seconds']:.1f}s)", flush=True)

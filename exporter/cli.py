@@ -4,8 +4,9 @@ from __future__ import annotations
 import argparse
 import json
 
+# `offgraph --help` imports this module: nothing heavy here (the exporter is imported in run_export)
 from dense_model.cli_train import add_table_args, read_table_args
-from embstore.quant import codec_names
+from offgraph_cli import LazyChoices
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -13,7 +14,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", required=True, help="run directory written by `offgraph train`")
     p.add_argument("--out", required=True, help="version directory MODELS/NAME/VERSION")
     p.add_argument("--shards", type=int, default=8)
-    p.add_argument("--quant", choices=codec_names(), default="int8")
+    p.add_argument("--quant", choices=LazyChoices("embstore.quant", "CODECS"), metavar="QUANT", default="int8",
+                   help="row format: %(choices)s (default %(default)s)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_export)
 

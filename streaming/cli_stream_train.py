@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from streaming.stream_train_impl import OPTIMIZERS, TIME_UNITS
+# TensorFlow-free: `offgraph --help` imports this module. --optimizer and --time-unit are checked by
+# StreamTrainConfig.validate (a clear error, exit 2), whose module loads TensorFlow.
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +21,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emit", required=True, help="delta sink: spool:DIR")
     p.add_argument("--lr", type=float, default=0.003,
                    help="embedding step size (the loss is summed over a batch: keep lr x batch small)")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="sgd or row-wise adagrad")
+    p.add_argument("--optimizer", default="sgd", help="sgd (default) or adagrad (row-wise)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr-first-order", type=float, default=None,
                    help="learning rate of the first-order weights (default: --lr)")
@@ -34,8 +35,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-name", help="model name in the deltas (default: the model directory's name)")
     p.add_argument("--model-version", type=int, help="model version in the deltas (default: the version dir)")
     p.add_argument("--seq-start", type=int, default=None, help="first sequence number (default: time_ns now)")
-    p.add_argument("--time-unit", choices=["auto"] + sorted(TIME_UNITS), default="auto",
-                   help="unit of the spec's time column")
+    p.add_argument("--time-unit", default="auto",
+                   help="unit of the spec's time column: auto (default), s, ms, us or ns")
     p.add_argument("--json", help="also write the summary to this file")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)

@@ -140,3 +140,7 @@ def run_then_kill(code: str, seconds: float = 1.0) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+# The fast / slow test tiers (`make test-fast` = pytest -m "not slow"): tiers.py marks the slow tests.
+from tiers import pytest_collection_modifyitems  # noqa: E402,F401

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dense_model import datasets, datasets_movielens
+from dense_model import cli_data, datasets, datasets_movielens
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 ML = SHARED / "movielens-100k"
@@ -198,7 +198,7 @@ def test_unknown_dataset(tmp_path):
 @needs_ml
 def test_cli(tmp_path, capsys):
     parser = argparse.ArgumentParser()
-    datasets.register_cli(parser.add_subparsers(dest="cmd"))
+    cli_data.register_cli(parser.add_subparsers(dest="cmd"))
     args = parser.parse_args(["data", "movielens-100k", "--out", str(tmp_path / "o"), "--source", str(ML)])
     assert args.func(args) == 0
     out = capsys.readouterr().out
