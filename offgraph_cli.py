@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.verbose:  # everything TensorFlow says, at the level the caller's environment asks for
             uninstall_quiet_tensorflow_import()
+            os.environ["OFFGRAPH_VERBOSE"] = "1"  # server.workers.VERBOSE_ENV: spawned workers follow
         else:  # read by TensorFlow when it is imported, and by the server's worker processes
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

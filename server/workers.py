@@ -29,6 +29,8 @@ from pathlib import Path
 
 from server.config import HttpLimits, ServerConfig
 
+VERBOSE_ENV = "OFFGRAPH_VERBOSE"  # set by `offgraph -v`; read by the spawned workers
+
 log = logging.getLogger("offgraph.server")
 
 RESTART_WINDOW_S = 30.0  # a worker that dies this soon after starting ...
@@ -72,6 +74,10 @@ def serve_on(app, sock: socket.socket, log_level: str, limits: HttpLimits = Http
 def _worker_main(config: ServerConfig, host: str, port: int, log_level: str) -> None:
     """One worker process (spawned: nothing of the parent's TensorFlow state is inherited)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not os.environ.get(VERBOSE_ENV):  # `offgraph -v` shows TensorFlow's start-up lines, in workers too
+        from offgraph_cli import install_quiet_tensorflow_import
+
+        install_quiet_tensorflow_import()
     logging.basicConfig(level=getattr(logging, log_level.upper()),
                         format=f"%(asctime)s %(levelname)s %(name)s[w{config.worker_id}]: %(message)s")
     from server.tf_threads import configure_tf_threads

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from server_helpers import TOKEN, copy_models, copy_version, free_port, stop_server, wait_for, wait_ready
+from test_cli_startup import TF_NOISE
 
 REPO = Path(__file__).resolve().parent.parent
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -69,6 +70,9 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
         wait_for(lambda: len(_worker_pids(url)) == 2, 60, "both workers publishing metrics")
         workers = set(_children(proc.pid))
         assert len(workers) == 2, workers
+        # the supervisor only supervises: TensorFlow is loaded in the workers alone
+        maps = [Path(f"/proc/{p}/maps").read_text() for p in (proc.pid, *workers)]
+        assert "tensorflow" not in maps[0] and all("tensorflow" in m for m in maps[1:])
 
         # a second server on the same port is an error, not a silently shared port
         other = _serve(models, port)
@@ -121,6 +125,7 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
     finally:
         out = stop_server(proc, 60)
     assert proc.returncode == 0, out[-3000:]
+    assert not TF_NOISE.search(out), out[-3000:]  # the workers' TensorFlow start-up lines are hidden too
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in workers):
         time.sleep(0.1)
