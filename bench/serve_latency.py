@@ -230,9 +230,9 @@ def library_breakdown(model_dir: Path, body: bytes, repeats: int, row_cache_mb: 
     from server.tf_threads import configure_tf_threads
 
     configure_tf_threads(intra, inter)  # as the servers
-    from exporter import scorer_impl
-    from exporter.calibration import calibrate
-    from exporter.scorer import load
+    from server import scorer_impl
+    from server.calibration import calibrate
+    from server.scorer import load
 
     req = json.loads(body)
     request, cands = req["request"], req["candidates"]

@@ -90,7 +90,7 @@ def build_requests(spec, data: Path, n_requests: int, n_candidates: int, seed: i
 
 def user_row(spec, request, candidate) -> tuple[int, int]:
     """(table id, row) of the request's first request-scope field value (the user_id row)."""
-    from exporter.scorer_impl import batch_keys
+    from server.scorer_impl import batch_keys
     from features.fg import FeatureGenerator
 
     batch = FeatureGenerator(spec).transform(request, [candidate])
@@ -130,7 +130,7 @@ class HttpScorer:
 
 class LocalScorer:
     def __init__(self, version_dir: Path):
-        from exporter.scorer import Scorer
+        from server.scorer import Scorer
 
         self.scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=64)
 
@@ -212,7 +212,7 @@ def freshness(scorer, spool: Path, spec, request, cands, trials: int, version: i
 
 def request_keys(spec, request, cands) -> np.ndarray:
     """``(table << 48) | row`` of every row the request reads."""
-    from exporter.scorer_impl import batch_keys
+    from server.scorer_impl import batch_keys
     from features.fg import FeatureGenerator
 
     return batch_keys(FeatureGenerator(spec).transform(request, cands)).unique_keys

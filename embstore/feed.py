@@ -9,7 +9,7 @@ writes into a hash table in a memory-mapped file (an *epoch*), and followers map
 that file and look rows up in it before their row cache and their RocksDB view:
 zero work per written row on the serving side, fresh the moment the writer has
 written. Followers catch their RocksDB view up only every few tens of seconds, then
-let go of the epochs it covers (``exporter.follower``).
+let go of the epochs it covers (``embstore.follower``).
 
 Files: ``<store>/feed/<epoch:016d>.feed``, epochs numbered consecutively. Layout and
 the lock-free read protocol: ``feed_impl``. Batches are numbered across epochs; an

@@ -97,9 +97,9 @@ class ModelSource:
 def exported_source(model_dir: str | Path) -> ModelSource:
     """A version directory, or a model directory's newest complete version."""
     from embstore import StoreConfig, open_store
-    from exporter.dense_saved_model import load_dense
+    from server.dense import load_dense
     from exporter.manifest import DENSE_DIR, STORE_DIR, load_manifest
-    from exporter.scorer import resolve_version
+    from server.scorer import resolve_version
     from features.spec import parse_spec
 
     vdir = resolve_version(model_dir)

@@ -39,7 +39,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from exporter.scorer_impl import batch_keys
+from server.scorer_impl import batch_keys
 from features.fg import FGBatch
 
 KEY_SHIFT = np.uint64(48)

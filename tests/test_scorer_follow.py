@@ -11,10 +11,10 @@ import pytest
 from conftest import StdinWriter
 
 from dense_model.train import TrainConfig, train_run
-from exporter import scorer_impl
-from exporter.calibration import calibrate
+from server import scorer_impl
+from server.calibration import calibrate
 from exporter.export import export_run
-from exporter.scorer import Scorer
+from server.scorer import Scorer
 from features import parse_spec
 from features.hashing import row_of
 

@@ -14,8 +14,8 @@ from dense_model.train import TrainConfig, train_run
 from embstore import open_store
 from exporter.check import requests_from_rows
 from exporter.export import export_run
-from exporter.scorer import Scorer
-from exporter.scorer_impl import batch_keys
+from server.scorer import Scorer
+from server.scorer_impl import batch_keys
 from features import FeatureGenerator, load_spec
 from streaming.delta_format import read_delta_file
 from streaming.stream_train import StreamTrainConfig, open_trainer, parse_emit, stream_train_table

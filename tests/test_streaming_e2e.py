@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from exporter.calibration import calibrate
+from server.calibration import calibrate
 from exporter.export import export_run
-from exporter.scorer import Scorer
+from server.scorer import Scorer
 from features.hashing import row_of
 from streaming.delta_format import publish_delta
 

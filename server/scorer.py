@@ -1,13 +1,14 @@
 """The library scorer: THE request path. The HTTP server wraps it and adds nothing to the maths.
 
-    scorer = exporter.load("models/movielens")       # newest complete version
+    from server.scorer import load
+    scorer = load("models/movielens")               # newest complete version
     ctr = scorer.score(request, candidates)          # float32 [N]
 
 FG -> unique keys -> row cache -> store read of the misses -> pool into [N, F, D] and
 [N, F] -> one signature call -> calibration.
 
 ``store_mode="follow"`` opens the store as a RocksDB secondary of the live writer (the
-streaming updater) and starts one daemon thread (``exporter.follower``) that, every
+streaming updater) and starts one daemon thread (``embstore.follower``) that, every
 ``follow_interval_s``, reads the writer's feed of applied rows into an overlay read
 before the row cache (invalidating those keys in the cache), and catches the RocksDB
 secondary up every ``catch_up_s`` only (a catch-up holds the GIL for milliseconds).
@@ -22,10 +23,10 @@ import numpy as np
 import tensorflow as tf
 
 from embstore import RowCache, StoreConfig, open_store
-from exporter import scorer_impl
-from exporter.calibration import calibrate
-from exporter.dense_saved_model import load_dense
-from exporter.follower import NOT_FOLLOWING, Activity, Follower
+from server import scorer_impl
+from server.calibration import calibrate
+from server.dense import load_dense
+from embstore.follower import NOT_FOLLOWING, Activity, Follower
 from exporter.manifest import DENSE_DIR, STORE_DIR, ModelDirError, complete_versions, load_manifest
 from features.fg import FeatureGenerator
 from features.spec import parse_spec

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from embstore import RowCache
+from .row_cache import RowCache
 
 log = logging.getLogger("offgraph.scorer")
 
