@@ -211,7 +211,7 @@ def freshness(scorer, spool: Path, spec, request, cands, trials: int, version: i
 
 
 def request_keys(spec, request, cands) -> np.ndarray:
-    """``(table << 48) | row`` of every row the request reads."""
+    """Combined keys (``embstore.keys.combine_keys``) of every row the request reads."""
     from server.scorer_impl import batch_keys
     from features.fg import FeatureGenerator
 
@@ -222,6 +222,7 @@ def write_load_files(stage: Path, total: int, per_file: int, table_rows: np.ndar
                      seq0: int, exclude: np.ndarray) -> int:
     """Load delta files of uniformly drawn rows, none of them in ``exclude`` (the probe
     request's rows: its scores must change only when a probe delta lands)."""
+    from embstore.keys import combine_keys
     from streaming.delta_format import spool_file_name, write_delta_file
 
     rng = np.random.default_rng(2)
@@ -232,7 +233,7 @@ def write_load_files(stage: Path, total: int, per_file: int, table_rows: np.ndar
         k = min(per_file, total - n)
         t = rng.choice(len(table_rows), k, p=p_table).astype(np.uint32)
         r = (rng.random(k) * table_rows[t]).astype(np.int64)
-        keep = ~np.isin((t.astype(np.uint64) << np.uint64(48)) | r.astype(np.uint64), exclude)
+        keep = ~np.isin(combine_keys(t, r), exclude)
         t, r, k = t[keep], r[keep], int(keep.sum())
         write_delta_file(stage / spool_file_name(), model=NAME, model_version=version, table_ids=t, rows=r,
                          vectors=(rng.standard_normal((k, dim)) * 0.05).astype(np.float32),

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .keys import split_keys
 from .row_cache import RowCache
 
 log = logging.getLogger("offgraph.scorer")
@@ -94,7 +95,7 @@ class Follower:
 
     # ------------------------------------------------------------------ request path
     def lookup(self, keys: np.ndarray):
-        """The rows of ``keys`` (``(table << 48) | row``) the feed holds: ``(positions
+        """The rows of ``keys`` (combined keys, ``embstore.keys.combine_keys``) the feed holds: ``(positions
         int64 [H], vectors float32 [H, D], first_order float32 [H])``, or None if none."""
         if not self.feed.epochs:
             return None
@@ -162,8 +163,7 @@ class Follower:
         for ep in self.feed.covered(begun):
             if self.cache is not None and not clear:
                 keys = ep.used_keys()
-                tids = (keys >> np.uint64(48)).astype(np.uint32)
-                rows = (keys & np.uint64((1 << 48) - 1)).astype(np.int64)
+                tids, rows = split_keys(keys)
                 # spread over about spread_s: a fraction of a ms now and then, not a burst
                 pause = min(0.05, max(self.pause_s, self.spread_s * self.chunk_rows / max(len(keys), 1)))
                 last_map = time.monotonic()

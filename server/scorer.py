@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from embstore import RowCache, StoreConfig, open_store
+from embstore.keys import MAX_TABLE_ID, ROW_BITS, ROW_LIMIT
 from server import scorer_impl
 from server.calibration import calibrate
 from server.dense import load_dense
@@ -51,8 +52,10 @@ class Scorer:
         self.poolings = [f.pooling for f in self.spec.fields]
         if [f["name"] for f in m["fields"]] != self.spec.field_names:
             raise ModelDirError(f"{self.version_dir}: manifest field order differs from its spec")
-        if max(f.rows for f in self.spec.fields) >= 1 << 48:
-            raise ModelDirError(f"{self.version_dir}: tables of 2**48 rows or more are not supported")
+        if max(f.rows for f in self.spec.fields) > ROW_LIMIT:
+            raise ModelDirError(f"{self.version_dir}: tables of more than 2**{ROW_BITS} rows are not supported")
+        if len(self.spec.fields) > MAX_TABLE_ID + 1:
+            raise ModelDirError(f"{self.version_dir}: {len(self.spec.fields)} fields; at most {MAX_TABLE_ID + 1}")
         self.calibration = self.spec.model.calibration
         # max_request_values bounds one score call's feature values (see features.value_limits)
         self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size, max_request_values=max_request_values)

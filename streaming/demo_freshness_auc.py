@@ -255,7 +255,7 @@ def _run_days(eval_days, ts, day, table, spec, columns, labels, users, cut, trai
 
     from dense_model.metrics_impl import auc, logloss
     from streaming.stream_train import stream_train_table
-    from streaming.stream_train_impl import split_keys
+    from embstore.keys import split_keys
 
     secs = state["seconds"]
     streamed_upto = cut  # ratings with cut <= ts < streamed_upto have been streamed

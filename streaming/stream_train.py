@@ -158,8 +158,8 @@ class StreamTrainer:
         if model_version is None or int(model_version) < 0:
             raise ValueError(f"a model version >= 0 is needed for the deltas (--model-version), got {model_version!r}")
         spec = source.spec
-        if max(f.rows for f in spec.fields) >= impl.MAX_ROWS:
-            raise ValueError("tables of 2**48 rows or more are not supported by the stream trainer")
+        if max(f.rows for f in spec.fields) > impl.ROW_LIMIT:
+            raise ValueError("tables of more than 2**48 rows are not supported by the stream trainer")
         self.source, self.cfg, self.spec = source, config, spec
         self.model_name, self.model_version = model_name, int(model_version)
         self.poolings = [f.pooling for f in spec.fields]

@@ -380,6 +380,21 @@ def test_bulk_load_rejects_bad_chunks(tmp_path, cfg):
         assert not glob.glob(str(tmp_path / "s" / ".ingest-*"))
 
 
+def test_table_ids_the_write_feed_cannot_key_are_refused(tmp_path, cfg):
+    """The store takes the table ids the write feed (16 table bits) takes: table 65536 used to be
+    stored and put in the feed under table 0's key, so followers served it as table 0's row."""
+    v, w = data(2)
+    with open_store(tmp_path / "s", cfg, mode="w") as st:
+        for tid in (0xFFFF, 1 << 16):
+            with pytest.raises(ValueError, match=f"table id {tid} > 65534"):
+                st.write([tid, tid], [1, 2], v, w, changelog=True)
+            with pytest.raises(ValueError, match=f"table_id must be in \\[0, 65534\\], got {tid}"):
+                st.bulk_load(tid, [(np.arange(2), v, w)])
+        assert st.stats(exact=True)["rows_per_table"] == {}
+        st.write([0xFFFE], [1], v[:1], w[:1], changelog=True)  # the last table id works
+        np.testing.assert_array_equal(st.read([0xFFFE], [1])[0], v[:1])
+
+
 # ---------------------------------------------------------------- RocksDB options
 
 

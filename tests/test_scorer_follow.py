@@ -14,6 +14,7 @@ from dense_model.train import TrainConfig, train_run
 from server import scorer_impl
 from server.calibration import calibrate
 from exporter.export import export_run
+from embstore.keys import combine_keys
 from server.scorer import Scorer
 from features import parse_spec
 from features.hashing import row_of
@@ -186,7 +187,7 @@ def test_follow_maps_existing_feed_releases_covered_epochs_and_validates_args(ve
         # the live writer's), so its rows stay mapped
         assert base["catch_ups"] >= 2 and base["epochs"] == 1 and base["overlay_rows"] == 3
         assert base["follow_errors"] == 0 and base["cache_clears"] == 0
-        keys = (np.uint64(3) << np.uint64(48)) | np.array([1, 2, 3], np.uint64)
+        keys = combine_keys(3, [1, 2, 3])
         pos, vec, _ = s._follower.lookup(keys)
         assert sorted(pos.tolist()) == [0, 1, 2]
         np.testing.assert_array_equal(vec[np.argsort(pos)], want_v)
