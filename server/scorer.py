@@ -22,13 +22,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from embstore import RowCache, StoreConfig, open_store
+from embstore import RowCache
 from embstore.keys import MAX_TABLE_ID, ROW_BITS, ROW_LIMIT
 from server import scorer_impl
 from server.calibration import calibrate
 from server.dense import load_dense
 from embstore.follower import NOT_FOLLOWING, Activity, Follower
-from exporter.manifest import DENSE_DIR, STORE_DIR, ModelDirError, complete_versions, load_manifest
+from exporter.manifest import DENSE_DIR, ModelDirError, complete_versions, load_manifest, open_version_store
 from features.fg import FeatureGenerator
 from features.spec import parse_spec
 
@@ -60,12 +60,8 @@ class Scorer:
         # max_request_values bounds one score call's feature values (see features.value_limits)
         self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size, max_request_values=max_request_values)
         self._fg_lock = threading.Lock()
-        cfg = StoreConfig.from_dict({k: v for k, v in m["store"].items()
-                                     if k in StoreConfig.__dataclass_fields__})
-        if block_cache_mb is not None:
-            cfg = StoreConfig.from_dict({**cfg.to_dict(), "block_cache_mb": block_cache_mb})
         try:
-            self.store = open_store(self.version_dir / STORE_DIR, cfg, mode=store_mode)
+            self.store = open_version_store(self.version_dir, m, store_mode, block_cache_mb=block_cache_mb)
         except ValueError as e:
             raise ModelDirError(f"{self.version_dir}: store does not open: {e}") from None
         self.row_cache = RowCache(row_cache_mb, self.dim) if row_cache_mb > 0 else None

@@ -96,17 +96,15 @@ class ModelSource:
 
 def exported_source(model_dir: str | Path) -> ModelSource:
     """A version directory, or a model directory's newest complete version."""
-    from embstore import StoreConfig, open_store
+    from exporter.manifest import DENSE_DIR, load_manifest, open_version_store
     from server.dense import load_dense
-    from exporter.manifest import DENSE_DIR, STORE_DIR, load_manifest
     from server.scorer import resolve_version
     from features.spec import parse_spec
 
     vdir = resolve_version(model_dir)
     m = load_manifest(vdir)
     spec = parse_spec(m["spec"], source=str(vdir / "manifest.json"))
-    cfg = StoreConfig.from_dict({k: v for k, v in m["store"].items() if k in StoreConfig.__dataclass_fields__})
-    store = open_store(vdir / STORE_DIR, cfg, mode="r")
+    store = open_version_store(vdir, m, "r")
     loaded, serve = load_dense(vdir / DENSE_DIR)
 
     def read_rows(tables, rows):
