@@ -30,19 +30,7 @@ from .keys import (
     shard_of,
     unique_keys,
 )
-from .internal_keys import (
-    CHANGE_END,
-    LAST_CHANGE_KEY,
-    RESERVED_META,
-    change_id_of,
-    change_key,
-    decode_change_id,
-    decode_change_keys,
-    decode_seqs,
-    encode_change_id,
-    seq_key_list,
-    seq_value_list,
-)
+from .internal_keys import RESERVED_META, decode_seqs, seq_key_list, seq_value_list
 from .errors import StoreReadError
 from .feed import FeedReader, FeedWriter
 from .quant import get_codec
@@ -91,8 +79,7 @@ class EmbeddingStore(abc.ABC):
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._write_lock = threading.Lock()
-        self._last_change: dict[int, int] = {}  # writer: last change id per shard (loaded lazily)
-        self._feed: FeedWriter | None = None  # writer: opened by the first changelog write
+        self._feed: FeedWriter | None = None  # writer: opened by the first write with feed=True
         self._closed = False
 
     # ------------------------------------------------------------------ primitives
@@ -132,14 +119,6 @@ class EmbeddingStore(abc.ABC):
     @abc.abstractmethod
     def _close(self) -> None:
         """Release the backend."""
-
-    def _iter_items(self, shard: int, lower: bytes, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
-        """At most ``limit`` pairs of ``shard`` with ``lower <= key < upper``, ascending."""
-        raise NotImplementedError(f"backend {self.backend!r} has no range iteration (change log)")
-
-    def _delete_range(self, shard: int, begin: bytes, end: bytes) -> None:
-        """Delete the keys of ``shard`` in ``[begin, end)``."""
-        raise NotImplementedError(f"backend {self.backend!r} has no range deletion (change log)")
 
     def _seek_first(self, shard: int, lowers: list[bytes]) -> list[tuple[bytes, bytes] | None]:
         """For each key in ``lowers``: the first pair of ``shard`` with ``key >= lower`` (None past the
@@ -263,7 +242,7 @@ class EmbeddingStore(abc.ABC):
         seqs=None,
         meta: dict[bytes, bytes] | None = None,
         meta_shards: str | int = "all",
-        changelog: bool = False,
+        feed: bool = False,
         sync: bool = False,
         durability: str = "wal",
     ) -> WriteResult:
@@ -278,11 +257,10 @@ class EmbeddingStore(abc.ABC):
         duplicate in the call wins. The read-compare-write of seqs assumes ONE writer
         (one process, writes serialized by a lock), which is what mode ``"w"`` gives.
 
-        ``changelog``: each shard's batch also appends one change-log record listing
-        the keys it applied (see :meth:`changes_since`), and the applied rows of all
-        shards go, as ONE batch, to the store's write feed (``embstore.feed``) before
-        the first shard batch is written: followers serve fresh rows from the feed,
-        so a writer feeding followers must set it on every write.
+        ``feed``: feed the followers: the applied rows of all shards go, as ONE batch,
+        to the store's write feed (``embstore.feed``) before the first shard batch is
+        written; followers serve fresh rows from the feed, so a writer with followers
+        must set it on every write.
 
         ``meta`` records (small ``bytes -> bytes``, kept in the meta key space, see
         :meth:`get_meta`) go into the SAME atomic batch of the shards named by
@@ -312,8 +290,8 @@ class EmbeddingStore(abc.ABC):
         if len(records) != len(r):
             raise ValueError(f"got {len(r)} rows but {len(records)} vectors")
         sq = None if seqs is None else check_seqs(seqs, len(r))
-        if not isinstance(changelog, bool):
-            raise ValueError(f"changelog must be a bool, got {changelog!r}")
+        if not isinstance(feed, bool):
+            raise ValueError(f"feed must be a bool, got {feed!r}")
         meta_items = self._meta_items(meta)
         S = self.config.shards
         win = winners(t, r, sq)
@@ -335,13 +313,12 @@ class EmbeddingStore(abc.ABC):
         with self._write_lock:
             # plan every shard's batch first (seq checks included), so that the feed frame
             # holding exactly these rows is published BEFORE any of them is written
-            plans: list[tuple[int, list[bytes], list[bytes], int | None, int]] = []
+            plans: list[tuple[int, list[bytes], list[bytes], int]] = []
             fed_keys: list[bytes] = []
             fed_records: list[np.ndarray] = []
             for s in sorted(set(rows_by_shard) | meta_targets):
                 keys: list[bytes] = []
                 values: list[bytes] = []
-                change_id = None
                 idx = rows_by_shard.get(s)
                 if idx is not None:
                     ka = key_array(t[idx], r[idx])
@@ -357,25 +334,20 @@ class EmbeddingStore(abc.ABC):
                     if len(idx):
                         keys += key_list(ka)
                         values += _record_list(records[idx])
-                        if changelog:
-                            change_id = self._last_change_id_w(s) + 1
-                            keys += [change_key(change_id), LAST_CHANGE_KEY]
-                            values += [ka.tobytes(), encode_change_id(change_id)]
+                        if feed:
                             fed_keys.append(ka.tobytes())
                             fed_records.append(records[idx])
                 if s in meta_targets:
                     keys += [k for k, _ in meta_items]
                     values += [v for _, v in meta_items]
                 if keys:
-                    plans.append((s, keys, values, change_id, 0 if idx is None else len(idx)))
+                    plans.append((s, keys, values, 0 if idx is None else len(idx)))
             if fed_keys:
                 self._feed_writer().append(b"".join(fed_keys), np.concatenate(fed_records))
             written: list[int] = []
-            for s, keys, values, change_id, n_rows in plans:
+            for s, keys, values, n_rows in plans:
                 self._write_batch(s, keys, values, sync and wal, wal)
                 written.append(s)
-                if change_id is not None:
-                    self._last_change[s] = change_id
                 applied += n_rows
             if not wal:
                 for s in written:
@@ -394,51 +366,6 @@ class EmbeddingStore(abc.ABC):
             out[idx] = decode_seqs(self._multi_get(s, seq_key_list(key_array(t[idx], r[idx]))))
         return out
 
-    # ------------------------------------------------------------------ change log
-    def last_change_id(self, shard: int) -> int:
-        """Id of ``shard``'s newest change-log record (0 if none was ever written)."""
-        self._check_open()
-        return decode_change_id(self._multi_get(self._check_shard(shard), [LAST_CHANGE_KEY])[0])
-
-    def oldest_change_id(self, shard: int) -> int:
-        """Id of ``shard``'s oldest change-log record still kept (0 if none). A reader
-        whose last seen id is below ``oldest_change_id - 1`` missed trimmed changes."""
-        self._check_open()
-        items = self._iter_items(self._check_shard(shard), change_key(0), CHANGE_END, 1)
-        return change_id_of(items[0][0]) if items else 0
-
-    def changes_since(self, shard: int, after: int, *, max_records: int = 100_000):
-        """Keys changed in ``shard`` by change-log records with id > ``after``.
-
-        Returns ``(newest id read, table_ids uint32 [K], rows int64 [K])``; the newest id
-        is ``after`` when there is nothing newer. At most ``max_records`` records are read
-        (continue from the returned id). Keys may repeat across records. Change ids of a
-        shard are consecutive (1, 2, ...), so records were trimmed before they were read
-        when ``oldest_change_id(shard) > after + 1``.
-        """
-        self._check_open()
-        s = self._check_shard(shard)
-        if isinstance(after, bool) or not isinstance(after, (int, np.integer)) or after < 0:
-            raise ValueError(f"after must be an int >= 0, got {after!r}")
-        if isinstance(max_records, bool) or not isinstance(max_records, (int, np.integer)) or max_records < 1:
-            raise ValueError(f"max_records must be an int >= 1, got {max_records!r}")
-        items = self._iter_items(s, change_key(int(after) + 1), CHANGE_END, int(max_records))
-        if not items:
-            return int(after), np.zeros(0, np.uint32), np.zeros(0, np.int64)
-        tids, rows = decode_change_keys([v for _, v in items])
-        return change_id_of(items[-1][0]), tids, rows
-
-    def trim_changelog(self, keep: int = 100_000) -> None:
-        """Delete each shard's change-log records but its newest ``keep`` (writer only)."""
-        self._check_writable()
-        if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)) or keep < 0:
-            raise ValueError(f"keep must be an int >= 0, got {keep!r}")
-        with self._write_lock:
-            for s in range(self.config.shards):
-                upto = self._last_change_id_w(s) - int(keep)  # delete ids <= upto
-                if upto > 0:
-                    self._delete_range(s, change_key(0), change_key(upto + 1))
-
     def _feed_writer(self) -> FeedWriter:
         if self._feed is None:
             self._feed = FeedWriter(self.path, self.codec.record_bytes)
@@ -448,11 +375,6 @@ class EmbeddingStore(abc.ABC):
         """The write feed of this store, for a follower (see ``embstore.feed``)."""
         self._check_open()
         return FeedReader(self.path, self.codec.record_bytes)
-
-    def _last_change_id_w(self, shard: int) -> int:
-        if shard not in self._last_change:
-            self._last_change[shard] = self.last_change_id(shard)
-        return self._last_change[shard]
 
     def put_meta(self, key: bytes, value: bytes, shard: int | None = None) -> None:
         """Put one meta record in ``shard`` (every shard if None)."""

@@ -4,7 +4,7 @@
     hit, vec, w, epoch = cache.lookup(tids, rows)          # vectorized over the batch
     mv, mw, _ = store.read_unique(tids[~hit], rows[~hit])   # misses only
     cache.insert(tids[~hit], rows[~hit], mv, mw, epoch)     # skipped if invalidated since
-    cache.invalidate(changed_tids, changed_rows)            # from the store's change log
+    cache.invalidate(changed_tids, changed_rows)            # rows the write feed held (the follower)
 
 Fixed NumPy arrays sized from ``capacity_mb`` (``stats()["bytes"]`` never exceeds it),
 set-associative (``ways`` slots per set, LRU within a set). One lock around each

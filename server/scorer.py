@@ -9,9 +9,10 @@ FG -> unique keys -> row cache -> store read of the misses -> pool into [N, F, D
 
 ``store_mode="follow"`` opens the store as a RocksDB secondary of the live writer (the
 streaming updater) and starts one daemon thread (``embstore.follower``) that, every
-``follow_interval_s``, reads the writer's feed of applied rows into an overlay read
-before the row cache (invalidating those keys in the cache), and catches the RocksDB
-secondary up every ``catch_up_s`` only (a catch-up holds the GIL for milliseconds).
+``follow_interval_s``, maps the new epochs of the writer's feed of applied rows (looked up
+before the row cache), and catches the RocksDB secondary up every ``catch_up_s`` only (a
+catch-up holds the GIL for milliseconds), then drops the epochs it covers (invalidating
+their keys in the row cache).
 """
 from __future__ import annotations
 
@@ -89,9 +90,9 @@ class Scorer:
         cache_hits, store_rows_read and found_rows (of the rows read from the store)."""
         batch = self.features(request, candidates)
         keys = scorer_impl.batch_keys(batch)
-        overlay = self._follower  # fresh rows from the writer's feed, looked up first
+        feed = self._follower  # fresh rows from the writer's feed, looked up first
         vec, w, hits, read, found = scorer_impl.read_through_cache(self.row_cache, self.store, keys.unique_tables,
-                                                                   keys.unique_rows, overlay, keys.unique_keys)
+                                                                   keys.unique_rows, feed, keys.unique_keys)
         with self._counts_lock:
             c = self._counts
             c["store_rows_read"] += read
@@ -117,11 +118,12 @@ class Scorer:
     def stats(self) -> dict[str, Any]:
         """Cumulative counters (ints) and freshness of this scorer: ``store_rows_read``,
         ``cache_hits``, ``cache_misses``, ``cache_entries``; when following:
-        ``last_catch_up_unix`` (rows the writer wrote before it are served; 0.0 before
-        the follower's first step), ``catch_ups`` (of the RocksDB secondary) and
-        ``last_catch_up_seconds``, ``epochs`` (feed epochs mapped now),
-        ``epochs_mapped`` / ``epochs_released``, ``overlay_rows`` (rows in them),
-        ``overlay_hits`` (rows served from them), ``changes_applied`` (keys invalidated
+        ``last_feed_poll_unix`` (when the follower last read the write feed: rows the writer
+        fed before it are served; 0.0 before its first step), ``last_catch_up_unix`` (when
+        the last catch-up of the RocksDB secondary began: rows written before it are in the
+        store view; 0.0 before the first), ``catch_ups`` and ``last_catch_up_seconds``, ``epochs`` (feed epochs mapped now),
+        ``epochs_mapped`` / ``epochs_released``, ``feed_rows`` (rows in them),
+        ``feed_hits`` (rows served from them), ``changes_applied`` (keys invalidated
         in the row cache when an epoch was released), ``cache_clears`` (whole-cache
         drops: feed epochs went missing), ``follow_errors``, ``follow_cpu_seconds``."""
         with self._counts_lock:

@@ -90,17 +90,17 @@ def pool_batch(batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.
     return np.ascontiguousarray(pooled[..., :dim]), np.ascontiguousarray(pooled[..., dim])
 
 
-def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray, overlay=None, keys=None):
-    """Rows ``(tables, rows)`` (unique): the follower's overlay of fresh rows first (if
+def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray, feed=None, keys=None):
+    """Rows ``(tables, rows)`` (unique): the write feed's fresh rows first (``feed``: the follower, if
     any; ``keys``: their combined keys, computed when not given), then the row
     cache, then a store read of the misses, inserted into the cache with the epoch
-    taken BEFORE the overlay lookup (so a row the follower puts in the overlay
+    taken BEFORE the feed lookup (so a row the writer puts in the feed
     meanwhile can never be cached at its older store value). Returns ``(vectors [U, D],
     first_order [U], cache hits, rows read from the store, of which found)``."""
     epoch = cache.epoch if cache is not None else 0
     found = None
-    if overlay is not None:
-        found = overlay.lookup(combine_keys(tables, rows) if keys is None else keys)
+    if feed is not None:
+        found = feed.lookup(combine_keys(tables, rows) if keys is None else keys)
     if found is None:
         return _cache_then_store(cache, store, tables, rows, epoch)
     idx, ov_vec, ov_w = found
