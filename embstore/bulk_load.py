@@ -19,6 +19,8 @@ from .sst_run import SstRuns
 
 
 class BulkLoad:
+    """``bulk_load`` / ``bulk_load_tables`` of ``EmbeddingStore`` (mode ``"w"``)."""
+
     def bulk_load(
         self,
         table_id: int,

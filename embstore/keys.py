@@ -40,10 +40,9 @@ KEY_DTYPE = np.dtype([("table", ">u4"), ("row", ">u8")])
 assert KEY_DTYPE.itemsize == KEY_BYTES
 
 META_PREFIX = b"\xff"
-TABLE_BITS = 16
-ROW_BITS = 64 - TABLE_BITS
+TABLE_BITS, ROW_BITS = 16, 48  # of a combined key
 MAX_TABLE_ID = (1 << TABLE_BITS) - 2  # table 0xFFFF with the last row would be the all-ones (empty) key
-ROW_LIMIT = 1 << ROW_BITS  # rows of a combined key are below this
+ROW_LIMIT = 1 << 48  # rows of a combined key are below this
 MAX_ROW = 2**64 - 1
 _ROW_SHIFT = np.uint64(ROW_BITS)
 _ROW_MASK = np.uint64(ROW_LIMIT - 1)

@@ -30,6 +30,8 @@ class ReadResult:
 
 
 class StoreReads:
+    """The reads of ``EmbeddingStore`` (any mode; thread-safe)."""
+
     def read(self, table_ids, rows) -> tuple[np.ndarray, np.ndarray]:
         """Rows ``(table_ids[i], rows[i])`` in input order.
 

@@ -28,6 +28,8 @@ class WriteResult:
 
 
 class StoreWrites:
+    """``write`` and ``put_meta`` of ``EmbeddingStore`` (mode ``"w"``), and its write feed."""
+
     def write(
         self,
         table_ids,
