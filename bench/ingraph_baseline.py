@@ -100,7 +100,7 @@ class InGraphScorer:
         return x
 
     def score(self, request, candidates) -> np.ndarray:
-        from exporter.calibration import calibrate
+        from server.calibration import calibrate
 
         if len(candidates) == 0:
             return np.zeros(0, np.float32)

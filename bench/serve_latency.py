@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from server.harness import free_port, wait_ready
+
 REPO = Path(__file__).resolve().parent.parent
 REQUEST_INPUTS = ["user_id", "age", "gender", "occupation", "zip_prefix"]
 ITEM_INPUTS = ["movie_id", "genres", "title_words", "release_year"]
@@ -181,12 +183,6 @@ async def fetch_scores(host: str, port: int, path: str, body: bytes) -> np.ndarr
 
 
 # -- servers ---------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Proc:
     def __init__(self, name: str, cmd: list[str], port: int, log_path: Path):
         self.name, self.port = name, port
@@ -197,20 +193,7 @@ class Proc:
         self.p = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout: float) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.p.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.p.returncode}; log: {self.log_path}\n"
-                                   + self.log_path.read_text()[-3000:])
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.name} not ready after {timeout}s; log: {self.log_path}")
+        wait_ready(f"http://127.0.0.1:{self.port}", timeout, self.p, log=str(self.log_path))
 
     def stop(self) -> None:
         if self.p.poll() is None:
@@ -230,9 +213,9 @@ def library_breakdown(model_dir: Path, body: bytes, repeats: int, row_cache_mb: 
     from server.tf_threads import configure_tf_threads
 
     configure_tf_threads(intra, inter)  # as the servers
-    from exporter import scorer_impl
-    from exporter.calibration import calibrate
-    from exporter.scorer import load
+    from server import scorer_impl
+    from server.calibration import calibrate
+    from server.scorer import load
 
     req = json.loads(body)
     request, cands = req["request"], req["candidates"]

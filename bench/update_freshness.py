@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,14 +45,10 @@ from pathlib import Path
 
 import numpy as np
 
+from server.harness import NotReady, free_port, wait_ready
+
 REPO = Path(__file__).resolve().parent.parent
 NAME = "ml"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pct(xs) -> dict:
@@ -90,7 +85,7 @@ def build_requests(spec, data: Path, n_requests: int, n_candidates: int, seed: i
 
 def user_row(spec, request, candidate) -> tuple[int, int]:
     """(table id, row) of the request's first request-scope field value (the user_id row)."""
-    from exporter.scorer_impl import batch_keys
+    from server.scorer_impl import batch_keys
     from features.fg import FeatureGenerator
 
     batch = FeatureGenerator(spec).transform(request, [candidate])
@@ -130,7 +125,7 @@ class HttpScorer:
 
 class LocalScorer:
     def __init__(self, version_dir: Path):
-        from exporter.scorer import Scorer
+        from server.scorer import Scorer
 
         self.scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=64)
 
@@ -144,21 +139,6 @@ class LocalScorer:
 # ------------------------------------------------------------------------------ processes
 def _start(cmd, log_path: Path, env) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
-
-
-def _wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> bool:
-    t_end = time.monotonic() + timeout
-    while time.monotonic() < t_end:
-        if proc is not None and proc.poll() is not None:
-            return False
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.2)
-    return False
 
 
 def _stop(proc: subprocess.Popen | None) -> None:
@@ -211,8 +191,8 @@ def freshness(scorer, spool: Path, spec, request, cands, trials: int, version: i
 
 
 def request_keys(spec, request, cands) -> np.ndarray:
-    """``(table << 48) | row`` of every row the request reads."""
-    from exporter.scorer_impl import batch_keys
+    """Combined keys (``embstore.keys.combine_keys``) of every row the request reads."""
+    from server.scorer_impl import batch_keys
     from features.fg import FeatureGenerator
 
     return batch_keys(FeatureGenerator(spec).transform(request, cands)).unique_keys
@@ -222,6 +202,7 @@ def write_load_files(stage: Path, total: int, per_file: int, table_rows: np.ndar
                      seq0: int, exclude: np.ndarray) -> int:
     """Load delta files of uniformly drawn rows, none of them in ``exclude`` (the probe
     request's rows: its scores must change only when a probe delta lands)."""
+    from embstore.keys import combine_keys
     from streaming.delta_format import spool_file_name, write_delta_file
 
     rng = np.random.default_rng(2)
@@ -232,7 +213,7 @@ def write_load_files(stage: Path, total: int, per_file: int, table_rows: np.ndar
         k = min(per_file, total - n)
         t = rng.choice(len(table_rows), k, p=p_table).astype(np.uint32)
         r = (rng.random(k) * table_rows[t]).astype(np.int64)
-        keep = ~np.isin((t.astype(np.uint64) << np.uint64(48)) | r.astype(np.uint64), exclude)
+        keep = ~np.isin(combine_keys(t, r), exclude)
         t, r, k = t[keep], r[keep], int(keep.sum())
         write_delta_file(stage / spool_file_name(), model=NAME, model_version=version, table_ids=t, rows=r,
                          vectors=(rng.standard_normal((k, dim)) * 0.05).astype(np.float32),
@@ -428,7 +409,7 @@ def main(argv=None) -> int:
                     "cpus": os.cpu_count(), "trials": args.trials, "requests": args.requests,
                     "candidates": args.candidates, "client_cpus": args.client_cpus, "rate": args.rate}
     try:
-        mport = _free_port()
+        mport = free_port()
         updater = _start(py + ["update", "--models", str(models), "--model", NAME, "--source", f"spool:{spool}",
                                "--metrics-port", str(mport), "--delete-applied", "--batch-files",
                                str(args.batch_files), "--log-every", "2", *args.update_args.split()],
@@ -436,21 +417,22 @@ def main(argv=None) -> int:
         report["update_args"] = args.update_args
         scorer, report["target"] = None, "in-process Scorer(store_mode='follow', row_cache_mb=64) (fallback)"
         if not args.in_process:
-            port = _free_port()
+            port = free_port()
             server = _start(py + ["serve", "--models", str(models), "--port", str(port), "--cache-mb",
                                   str(args.cache_mb), "--log-level", "warning", *args.serve_args.split()],
                             work / "serve.log", env)
             report["serve_args"] = args.serve_args
-            if _wait_http(f"http://127.0.0.1:{port}/readyz", 240, server):
+            try:
+                wait_ready(f"http://127.0.0.1:{port}", 240, server)
                 scorer, report["target"] = HttpScorer(port), f"offgraph serve --cache-mb {args.cache_mb:g}"
-            else:
-                print("offgraph serve did not become ready: falling back to the in-process scorer", flush=True)
+            except NotReady as e:
+                print(f"offgraph serve did not become ready ({e}): falling back to the in-process scorer",
+                      flush=True)
                 _stop(server)
                 server = None
         if scorer is None:
             scorer = LocalScorer(vdir)
-        if not _wait_http(f"http://127.0.0.1:{mport}/metrics", 120, updater):
-            raise RuntimeError(f"offgraph update did not start; see {work / 'update.log'}")
+        wait_ready(f"http://127.0.0.1:{mport}", 120, updater, path="/metrics", log=str(work / "update.log"))
         pin_cpus(args.client_cpus)  # now: the server and the updater were started with all CPUs
         reqs = build_requests(spec, Path(args.data), args.requests, args.candidates)
         print(f"target: {report['target']}; freshness: {args.trials} trials", flush=True)

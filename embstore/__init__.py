@@ -12,7 +12,7 @@ from .base import EmbeddingStore, ReadResult, WriteResult
 from .config import StoreConfig
 from .errors import StoreReadError
 from .keys import SHARD_FN, decode_keys, encode_keys, shard_of
-from .open import BACKENDS, open_store, register_backend
+from .open import open_store
 from .quant import codec_names, get_codec
 from .row_cache import RowCache
 
@@ -26,8 +26,6 @@ __all__ = [
     "WriteResult",
     "StoreReadError",
     "RowCache",
-    "BACKENDS",
-    "register_backend",
     "encode_keys",
     "decode_keys",
     "shard_of",

@@ -9,7 +9,7 @@ writes into a hash table in a memory-mapped file (an *epoch*), and followers map
 that file and look rows up in it before their row cache and their RocksDB view:
 zero work per written row on the serving side, fresh the moment the writer has
 written. Followers catch their RocksDB view up only every few tens of seconds, then
-let go of the epochs it covers (``exporter.follower``).
+let go of the epochs it covers (``embstore.follower``).
 
 Files: ``<store>/feed/<epoch:016d>.feed``, epochs numbered consecutively. Layout and
 the lock-free read protocol: ``feed_impl``. Batches are numbered across epochs; an
@@ -34,13 +34,12 @@ from pathlib import Path
 import numpy as np
 
 from . import feed_impl as fi
-from .keys import KEY_DTYPE
+from .keys import KEY_DTYPE, combine_keys
 
 log = logging.getLogger("offgraph.feed")
 
 FEED_DIR = "feed"
 SUFFIX = ".feed"
-ROW_LIMIT = 1 << 48
 MIN_SLOTS = 1 << 16
 
 
@@ -63,12 +62,9 @@ def epoch_ids(feed_dir: str | Path) -> list[int]:
 
 
 def combined_from_store_keys(keys: bytes) -> np.ndarray:
-    """``(table << 48) | row`` (uint64) of concatenated 12-byte row keys."""
+    """Combined keys (``keys.combine_keys``) of concatenated 12-byte row keys."""
     a = np.frombuffer(keys, dtype=KEY_DTYPE)
-    t, r = a["table"].astype(np.uint32), a["row"].astype(np.uint64)
-    if len(r) and int(r.max()) >= ROW_LIMIT:
-        raise ValueError(f"the write feed holds rows < 2**48, got row {int(r.max())}")
-    return (t.astype(np.uint64) << np.uint64(48)) | r
+    return combine_keys(a["table"].astype(np.uint32), a["row"].astype(np.uint64))
 
 
 def allocate(f, path: Path, size: int) -> None:

@@ -7,7 +7,7 @@ number of reader processes look rows up in it.
 Layout (little-endian)::
 
     header   4096 bytes: uint64 [512], fields at the H_* indices below
-    keys     uint64 [slots + PAD]      (table << 48) | row, EMPTY where free
+    keys     uint64 [slots + PAD]      combined key (keys.combine_keys), EMPTY where free
     vers     uint64 [slots + PAD]      0: not yet readable; else the number of writes
     values   uint8  [slots + PAD, 2, rb]  two copies: write k goes to copy k % 2
 

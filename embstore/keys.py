@@ -6,8 +6,15 @@ Key format ``u32be-table+u64be-row`` (12 bytes)::
 
 Big-endian makes the byte order of keys equal to the numeric order of
 ``(table_id, row)``, so one table's rows are contiguous and ascending in every shard.
-Table ids ``>= 0xFF000000`` are reserved: keys starting with byte ``0xFF`` belong to
-the metadata key space (``META_PREFIX``), which therefore never collides with a row.
+Table ids are at most ``MAX_TABLE_ID`` (0xFFFE), so a row key starts with byte 0x00 and
+never collides with the metadata key space (``META_PREFIX``, keys starting with 0xFF).
+
+Combined key (``combine_keys`` / ``split_keys``, the ONE definition): a uint64 per
+``(table, row)`` with the table id in the top ``TABLE_BITS`` (16) bits and the row in the
+low ``ROW_BITS`` (48), for the NumPy code that hashes or sorts keys (the write feed, the
+row cache, the request path, the stream trainer). The all-ones word marks an empty slot
+in the feed and the row cache, so table 0xFFFF is not used; the store takes the same
+table ids as the feed, and rows below ``ROW_LIMIT`` wherever a combined key is made.
 
 Shard function ``splitmix64-v1`` (recorded by name in store.json and model manifests;
 it must never change silently: a new function gets a new name)::
@@ -33,8 +40,12 @@ KEY_DTYPE = np.dtype([("table", ">u4"), ("row", ">u8")])
 assert KEY_DTYPE.itemsize == KEY_BYTES
 
 META_PREFIX = b"\xff"
-MAX_TABLE_ID = 0xFEFFFFFF
+TABLE_BITS, ROW_BITS = 16, 48  # of a combined key
+MAX_TABLE_ID = (1 << TABLE_BITS) - 2  # table 0xFFFF with the last row would be the all-ones (empty) key
+ROW_LIMIT = 1 << 48  # rows of a combined key are below this
 MAX_ROW = 2**64 - 1
+_ROW_SHIFT = np.uint64(ROW_BITS)
+_ROW_MASK = np.uint64(ROW_LIMIT - 1)
 
 SHARD_FN = "splitmix64-v1"
 
@@ -68,8 +79,26 @@ def as_key_arrays(table_ids, rows, allow_nd: bool = False) -> tuple[np.ndarray, 
         if a.size and np.issubdtype(a.dtype, np.signedinteger) and a.min() < 0:
             raise ValueError(f"{name} must be >= 0, got {int(a.min())}")
     if t.size and int(t.max()) > MAX_TABLE_ID:
-        raise ValueError(f"table id {int(t.max())} > {MAX_TABLE_ID} (0xFF... is the meta key space)")
+        raise ValueError(f"table id {int(t.max())} > {MAX_TABLE_ID} (table ids have {TABLE_BITS} bits, "
+                         "the last value is reserved)")
     return t.astype(np.uint32, copy=False), r.astype(np.uint64, copy=False)
+
+
+def combine_keys(table_ids, rows) -> np.ndarray:
+    """One uint64 per ``(table_ids[i], rows[i])``: the combined key (see module doc).
+    ``table_ids`` broadcasts against 1-D ``rows`` as in :func:`as_key_arrays`; ValueError
+    for a table id over ``MAX_TABLE_ID`` or a row at or over ``ROW_LIMIT``."""
+    t, r = as_key_arrays(table_ids, rows)
+    if r.size and int(r.max()) >= ROW_LIMIT:
+        raise ValueError(f"row {int(r.max())} >= 2**{ROW_BITS}: combined keys (write feed, row cache, "
+                         f"request path) hold rows below 2**{ROW_BITS}")
+    return (t.astype(np.uint64) << _ROW_SHIFT) | r
+
+
+def split_keys(keys) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`combine_keys`: ``(table_ids uint32, rows int64)``."""
+    k = np.asarray(keys, dtype=np.uint64)
+    return (k >> _ROW_SHIFT).astype(np.uint32), (k & _ROW_MASK).astype(np.int64)
 
 
 def key_array(table_ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -127,9 +156,9 @@ def unique_keys(t: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     ``t == ut[inverse]`` and ``r == ur[inverse]``; uniques sorted by (table, row)."""
     if len(r) == 0:
         return t[:0], r[:0], np.zeros(0, dtype=np.intp)
-    if int(t.max()) < (1 << 24) and int(r.max()) < (1 << 40):
-        combined = (t.astype(np.uint64) << np.uint64(40)) | r
-        u, inv = np.unique(combined, return_inverse=True)
-        return (u >> np.uint64(40)).astype(np.uint32), u & np.uint64((1 << 40) - 1), inv.reshape(-1)
+    if int(r.max()) < ROW_LIMIT:  # table ids always fit the combined key
+        u, inv = np.unique(combine_keys(t, r), return_inverse=True)
+        ut, ur = split_keys(u)
+        return ut, ur.astype(np.uint64), inv.reshape(-1)
     u, inv = np.unique(key_array(t, r), return_inverse=True)
     return u["table"].astype(np.uint32), u["row"].astype(np.uint64), inv.reshape(-1)

@@ -1,4 +1,4 @@
-"""``open_store``: create or open a store directory with a registered backend."""
+"""``open_store``: create or open a store directory (RocksDB, the one backend)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,11 @@ from .config import StoreConfig
 from .rocksdb_store import RocksDBStore
 from .store_file import STORE_FILE, read_store_file, write_store_file
 
-BACKENDS: dict[str, type[EmbeddingStore]] = {"rocksdb": RocksDBStore}
 
-
-def register_backend(name: str, cls: type[EmbeddingStore]) -> None:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"backend name must be a non-empty string, got {name!r}")
-    if not (isinstance(cls, type) and issubclass(cls, EmbeddingStore)):
-        raise ValueError(f"backend {name!r} must be an EmbeddingStore subclass, got {cls!r}")
-    BACKENDS[name] = cls
+def _check_backend(name: str) -> None:
+    """``StoreConfig.backend`` names the on-disk format; RocksDB is the only one."""
+    if name != RocksDBStore.backend:
+        raise ValueError(f"unknown backend {name!r}; known: [{RocksDBStore.backend!r}]")
 
 
 def open_store(
@@ -48,8 +44,7 @@ def open_store(
             raise ValueError(f"{path!r} is not an embedding store (no {STORE_FILE})")
         if config is None:
             raise ValueError(f"creating a store at {path!r} needs a StoreConfig")
-        if config.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {config.backend!r}; known: {sorted(BACKENDS)}")
+        _check_backend(config.backend)
         if os.path.isdir(path) and os.listdir(path):
             raise ValueError(f"{path!r} exists, is not empty and has no {STORE_FILE}")
         os.makedirs(path, exist_ok=True)
@@ -59,9 +54,6 @@ def open_store(
         if config is not None:
             stored.check_same_layout(config)
         effective = config or stored
-    try:
-        cls = BACKENDS[effective.backend]
-    except KeyError:
-        raise ValueError(f"unknown backend {effective.backend!r}; known: {sorted(BACKENDS)}") from None
+    _check_backend(effective.backend)
     kwargs = {"secondary_dir": secondary_dir} if mode == "follow" else {}
-    return cls(path, effective, mode, **kwargs)
+    return RocksDBStore(path, effective, mode, **kwargs)

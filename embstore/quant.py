@@ -8,11 +8,13 @@ Layouts and error bounds are documented in ``embstore.quant_impl``.
 
 from __future__ import annotations
 
-from .quant_impl import Codec, Fp16Codec, Fp32Codec, Int8RowwiseCodec
+from collections.abc import Callable
 
-CODECS: dict[str, type[Codec]] = {
-    "fp32": Fp32Codec,
-    "fp16": Fp16Codec,
+from .quant_impl import Codec, Int8RowwiseCodec, fp16_codec, fp32_codec
+
+CODECS: dict[str, Callable[[int], Codec]] = {  # name -> codec for a given dim
+    "fp32": fp32_codec,
+    "fp16": fp16_codec,
     "int8": Int8RowwiseCodec,
 }
 
@@ -20,10 +22,10 @@ CODECS: dict[str, type[Codec]] = {
 def get_codec(name: str, dim: int) -> Codec:
     """The codec called ``name`` for embedding width ``dim``."""
     try:
-        cls = CODECS[name]
+        make = CODECS[name]
     except KeyError:
         raise ValueError(f"unknown quantization {name!r}; known: {sorted(CODECS)}") from None
-    return cls(dim)
+    return make(dim)
 
 
 def codec_names() -> list[str]:

@@ -133,46 +133,41 @@ class Codec:
         return f"{type(self).__name__}(dim={self.dim}, record_bytes={self.record_bytes})"
 
 
-class Fp32Codec(Codec):
-    name = "fp32"
-    _problem = staticmethod(finite_problem)
+class FloatCodec(Codec):
+    """Little-endian floats, the vector then the weight: ``fp32`` (4D+4 bytes, finite values)
+    or ``fp16`` (2D+2 bytes, finite values within the fp16 range). The formats differ only in
+    the float type and what it can hold."""
+
+    def __init__(self, dim: int, name: str, dtype, problem) -> None:
+        self.name, self._dtype, self._problem = name, np.dtype(dtype), problem
+        super().__init__(dim)
 
     def _record_bytes(self) -> int:
-        return 4 * self.dim + 4
+        return self._dtype.itemsize * (self.dim + 1)
 
     def encode(self, vectors, first_order) -> np.ndarray:
         v, w = check_inputs(vectors, first_order, self.dim)
         self._refuse_unstorable(v, w)
-        out = np.empty((v.shape[0], self.dim + 1), dtype=_LE_F32)
+        out = np.empty((v.shape[0], self.dim + 1), dtype=self._dtype)
         out[:, : self.dim] = v
         out[:, self.dim] = w
         return out.view(np.uint8)
 
     def decode(self, records) -> tuple[np.ndarray, np.ndarray]:
         r = check_records(records, self.record_bytes)
-        f = np.ascontiguousarray(r).view(_LE_F32)
+        f = np.ascontiguousarray(r).view(self._dtype)
         return f[:, : self.dim].astype(np.float32), f[:, self.dim].astype(np.float32)
 
+    def __repr__(self) -> str:
+        return f"FloatCodec({self.name!r}, dim={self.dim}, record_bytes={self.record_bytes})"
 
-class Fp16Codec(Codec):
-    name = "fp16"
-    _problem = staticmethod(f16_range_problem)
 
-    def _record_bytes(self) -> int:
-        return 2 * self.dim + 2
+def fp32_codec(dim: int) -> FloatCodec:
+    return FloatCodec(dim, "fp32", _LE_F32, finite_problem)
 
-    def encode(self, vectors, first_order) -> np.ndarray:
-        v, w = check_inputs(vectors, first_order, self.dim)
-        self._refuse_unstorable(v, w)
-        out = np.empty((v.shape[0], self.dim + 1), dtype=_LE_F16)
-        out[:, : self.dim] = v
-        out[:, self.dim] = w
-        return out.view(np.uint8)
 
-    def decode(self, records) -> tuple[np.ndarray, np.ndarray]:
-        r = check_records(records, self.record_bytes)
-        h = np.ascontiguousarray(r).view(_LE_F16)
-        return h[:, : self.dim].astype(np.float32), h[:, self.dim].astype(np.float32)
+def fp16_codec(dim: int) -> FloatCodec:
+    return FloatCodec(dim, "fp16", _LE_F16, f16_range_problem)
 
 
 def f16_round(x: np.ndarray, direction: str) -> np.ndarray:

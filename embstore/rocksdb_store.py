@@ -165,29 +165,6 @@ class RocksDBStore(EmbeddingStore):
         ro.set_iterate_upper_bound(META_PREFIX)
         return self._dbs[shard].keys(read_opt=ro)
 
-    def _iter_items(self, shard: int, lower: bytes, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
-        ro = ReadOptions()
-        ro.set_iterate_lower_bound(lower)
-        ro.set_iterate_upper_bound(upper)
-        it = self._dbs[shard].iter(ro)
-        it.seek(lower)
-        out = []
-        while it.valid() and len(out) < limit:
-            out.append((it.key(), it.value()))
-            it.next()
-        if not it.valid():
-            try:
-                it.status()  # an iterator also stops on a read error: never return a silently short list
-            except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
-                raise _read_error(shard, e) from e
-        del it
-        return out
-
-    def _delete_range(self, shard: int, begin: bytes, end: bytes) -> None:
-        wb = WriteBatch(raw_mode=True)
-        wb.delete_range(begin, end)
-        self._dbs[shard].write(wb)
-
     def _shard_info(self, shard: int) -> dict[str, Any]:
         db = self._dbs[shard]
         return {

@@ -4,7 +4,7 @@
     hit, vec, w, epoch = cache.lookup(tids, rows)          # vectorized over the batch
     mv, mw, _ = store.read_unique(tids[~hit], rows[~hit])   # misses only
     cache.insert(tids[~hit], rows[~hit], mv, mw, epoch)     # skipped if invalidated since
-    cache.invalidate(changed_tids, changed_rows)            # from the store's change log
+    cache.invalidate(changed_tids, changed_rows)            # rows the write feed held (the follower)
 
 Fixed NumPy arrays sized from ``capacity_mb`` (``stats()["bytes"]`` never exceeds it),
 set-associative (``ways`` slots per set, LRU within a set). One lock around each
@@ -18,7 +18,8 @@ import threading
 
 import numpy as np
 
-from .row_cache_impl import MAX_TABLE, ROW_BITS, CacheArrays, combined_keys, slot_bytes
+from .keys import MAX_TABLE_ID, ROW_LIMIT, combine_keys
+from .row_cache_impl import CacheArrays, slot_bytes
 
 
 class RowCache:
@@ -49,7 +50,7 @@ class RowCache:
     def lookup(self, table_ids, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """``(hit bool [U], vectors float32 [U, D], first_order float32 [U], epoch)``;
         misses read as zeros. Pass ``epoch`` to the :meth:`insert` of the rows read after."""
-        k = combined_keys(table_ids, rows)
+        k = combine_keys(table_ids, rows)
         with self._lock:
             hit, vec, w = self._a.lookup(k)
             n_hit = int(np.count_nonzero(hit))
@@ -60,7 +61,7 @@ class RowCache:
     def insert(self, table_ids, rows, vectors, first_order, epoch: int) -> int:
         """Cache rows read from the store after the lookup that returned ``epoch``; keys
         invalidated since then are skipped. Returns the number of rows stored."""
-        k = combined_keys(table_ids, rows)
+        k = combine_keys(table_ids, rows)
         vec = np.asarray(vectors, dtype=np.float32)
         w = np.asarray(first_order, dtype=np.float32)
         if vec.shape != (len(k), self.dim) or w.shape != (len(k),):
@@ -77,10 +78,10 @@ class RowCache:
         cached and are ignored. Returns the number of cached rows dropped."""
         t, r = np.asarray(table_ids), np.asarray(rows)
         t = np.broadcast_to(t, r.shape)
-        if r.size and (t.max() > MAX_TABLE or r.max() >= 1 << ROW_BITS or r.min() < 0):
-            ok = (t <= MAX_TABLE) & (r < 1 << ROW_BITS) & (r >= 0)
+        if r.size and (t.max() > MAX_TABLE_ID or r.max() >= ROW_LIMIT or r.min() < 0):
+            ok = (t <= MAX_TABLE_ID) & (r < ROW_LIMIT) & (r >= 0)
             t, r = t[ok], r[ok]
-        k = combined_keys(t, r)
+        k = combine_keys(t, r)
         with self._lock:
             return self._a.invalidate(k)
 

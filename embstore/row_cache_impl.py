@@ -1,7 +1,7 @@
 """Array maths of the row cache: a set-associative table in fixed NumPy arrays.
 
 Slot layout: ``C = sets * ways`` slots; set ``s`` owns slots ``s*ways .. s*ways+ways-1``.
-A key ``(table << 48) | row`` lives in set ``splitmix64(key) mod sets``. Every operation
+A combined key (``keys.combine_keys``) lives in set ``splitmix64(key) mod sets``. Every operation
 is vectorized over the batch (no per-row Python loop).
 
 Replacement: each slot carries the clock of its last insert or hit; a new key takes
@@ -21,33 +21,13 @@ import numpy as np
 
 from .keys import splitmix64
 
-EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
-MAX_TABLE = 0xFFFE  # table 0xFFFF with row 2**48-1 would be the EMPTY key
-ROW_BITS = 48
+EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)  # no combined key is all ones (keys.MAX_TABLE_ID)
 
 
 def slot_bytes(dim: int, ways: int) -> float:
     """Bytes of cache arrays per slot: key u64, vector f32[D], weight f32, clock i64,
     plus the set's epoch i64 shared by ``ways`` slots."""
     return 8 + 4 * dim + 4 + 8 + 8 / ways
-
-
-def combined_keys(table_ids, rows) -> np.ndarray:
-    """``(table << 48) | row`` as uint64 [K]; ValueError for keys the cache cannot hold."""
-    r = np.asarray(rows)
-    t = np.broadcast_to(np.asarray(table_ids), r.shape)
-    if r.ndim != 1:
-        raise ValueError(f"rows must be a 1-D array, got shape {r.shape}")
-    for name, a in (("table_ids", t), ("rows", r)):
-        if a.size and not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"{name} must be integers, got dtype {a.dtype}")
-        if a.size and np.issubdtype(a.dtype, np.signedinteger) and int(a.min()) < 0:
-            raise ValueError(f"{name} must be >= 0, got {int(a.min())}")
-    if t.size and int(t.max()) > MAX_TABLE:
-        raise ValueError(f"row cache: table id {int(t.max())} > {MAX_TABLE}")
-    if r.size and int(r.max()) >= 1 << ROW_BITS:
-        raise ValueError(f"row cache: row {int(r.max())} >= 2**{ROW_BITS}")
-    return (t.astype(np.uint64) << np.uint64(ROW_BITS)) | r.astype(np.uint64)
 
 
 class CacheArrays:

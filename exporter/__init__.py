@@ -1,4 +1,5 @@
-"""Export a trained DeepFM into a servable model directory, and the library scorer.
+"""Export a trained DeepFM into a servable model directory (the library scorer that serves it is
+``server.scorer``).
 
     models/<name>/<version>/manifest.json   (written last, by atomic rename)
                            /dense/          (SavedModel of the dense head only)
@@ -15,8 +16,6 @@ _LAZY = {
     "ModelDirError": "exporter.manifest",
     "complete_versions": "exporter.manifest",
     "load_manifest": "exporter.manifest",
-    "Scorer": "exporter.scorer",
-    "load": "exporter.scorer",
 }
 
 __all__ = sorted(_LAZY)

@@ -13,8 +13,8 @@ from dense_model.metrics_impl import auc
 from dense_model.model import load_run, predict_proba
 from dense_model.splits import held_out_mask
 from dense_model.train import TrainConfig
-from exporter.calibration import calibrate
-from exporter.scorer import Scorer, resolve_version
+from server.calibration import calibrate
+from server.scorer import Scorer, resolve_version
 from features.fg import freeze_value
 
 

@@ -1,4 +1,4 @@
-"""Save / load the dense head as a SavedModel with one serving signature.
+"""Save the dense head as a SavedModel with one serving signature (``server.dense`` loads it).
 
 Signature ``serving_default``: ``emb`` float32 [None, F, D] and ``first_order``
 float32 [None, F] -> ``ctr`` float32 [None] (sigmoid, before calibration) and
@@ -37,8 +37,3 @@ def save_dense(head, num_fields: int, dim: int, path: Path) -> dict:
         "outputs": {"ctr": {"dtype": "float32", "shape": [None]}, "logit": {"dtype": "float32", "shape": [None]}},
     }
 
-
-def load_dense(path: Path):
-    """(loaded object, signature function). Keep the object alive while the function is used."""
-    loaded = tf.saved_model.load(str(path))
-    return loaded, loaded.signatures[SIGNATURE]

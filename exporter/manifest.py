@@ -226,3 +226,17 @@ def load_manifest(version_dir: str | Path, verify_dense: bool = True,
     if verify_dense if verify_store is None else verify_store:
         verify_store_files(version_dir, m)
     return m
+
+
+def open_version_store(version_dir: str | Path, manifest: dict[str, Any], mode: str, *,
+                       block_cache_mb: int | None = None):
+    """The store of a model version, opened with the store settings its manifest records
+    (``mode``: ``"r"``, ``"w"`` or ``"follow"``; ``block_cache_mb`` overrides the recorded
+    block cache). The manifest may carry keys a ``StoreConfig`` does not take (row counts,
+    bytes on disk): only the config's own keys are passed on."""
+    from embstore import StoreConfig, open_store
+
+    settings = {k: v for k, v in manifest["store"].items() if k in StoreConfig.__dataclass_fields__}
+    if block_cache_mb is not None:
+        settings["block_cache_mb"] = block_cache_mb
+    return open_store(Path(version_dir) / STORE_DIR, StoreConfig.from_dict(settings), mode=mode)

@@ -4,7 +4,8 @@
     app = create_app(ServerConfig(models_dir="models"))
 
 ``offgraph serve --models MODELS`` runs it under uvicorn. The request path is
-``exporter.scorer.Scorer.score``; the server validates input, runs the scorer in
+``server.scorer.Scorer.score`` (the library scorer; ``server.scorer``
+imports no FastAPI); the server validates input, runs the scorer in
 a bounded thread pool and adds nothing to the maths. Imports are lazy so that
 ``offgraph --help`` does not load TensorFlow.
 """

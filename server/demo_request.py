@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pyarrow.parquet as pq
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from server.harness import NotReady, free_port, wait_ready
 
 
 def real_request(data: str, n: int) -> dict:
@@ -42,21 +36,12 @@ def main(argv=None) -> int:
                                "--host", "127.0.0.1", "--port", str(port)])
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + args.timeout
+        try:
+            wait_ready(base, args.timeout, server)
+        except NotReady as e:
+            print(e, file=sys.stderr)
+            return 1
         with httpx.Client(base_url=base, timeout=10.0) as client:
-            while True:
-                if server.poll() is not None:
-                    print("server exited before it was ready", file=sys.stderr)
-                    return 1
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    print(f"server not ready after {args.timeout:.0f}s", file=sys.stderr)
-                    return 1
-                time.sleep(0.2)
             body = real_request(args.data, args.candidates)
             r = client.post(f"/v1/models/{args.model}:score", json=body)
             print(f"POST {base}/v1/models/{args.model}:score -> {r.status_code}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from exporter.scorer import Scorer
+from server.scorer import Scorer
 from server.config import ServerConfig
 from server.served import ServedVersion
 

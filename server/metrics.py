@@ -76,7 +76,7 @@ MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) 
     "catch_ups": ("offgraph_store_catch_ups", "Catch-ups of the store's RocksDB view with the live writer"),
     "changes_applied": ("offgraph_store_changes_applied",
                         "Row-cache keys invalidated when a feed epoch the store view covers was released"),
-    "overlay_hits": ("offgraph_feed_rows_served", "Rows served from the live writer's feed (fresher than the "
+    "feed_hits": ("offgraph_feed_rows_served", "Rows served from the live writer's feed (fresher than the "
                      "store view)"),
     "load_failures": ("offgraph_model_load_failures", "Versions refused at load"),
 }
@@ -91,7 +91,7 @@ def _model_figures(models: ModelRegistry):
         counts["load_failures"] = models.load_failures.get(h.name, 0)
         total = counts["cache_hits"] + counts["cache_misses"]
         ratio = counts["cache_hits"] / total if total else 0.0
-        fresh = now - c["last_catch_up_unix"] if c.get("last_catch_up_unix") else None
+        fresh = now - c["last_feed_poll_unix"] if c.get("last_feed_poll_unix") else None
         yield h.name, v or 0, counts, ratio, fresh
 
 

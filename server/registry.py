@@ -327,7 +327,7 @@ class ModelRegistry:
             hits, misses = stats.get("cache_hits"), stats.get("cache_misses")
             if isinstance(hits, (int, float)) and isinstance(misses, (int, float)):
                 stats["cache_hit_ratio"] = hits / (hits + misses) if hits + misses else None
-            last = stats.get("last_catch_up_unix")
+            last = stats.get("last_feed_poll_unix")
             stats["freshness_seconds"] = time.time() - last if isinstance(last, (int, float)) and last else None
             training = m.get("training") or None
             loaded = {"version": sv.version, "loaded_at_unix": sv.loaded_at, "load_seconds": sv.load_seconds,

@@ -146,7 +146,10 @@ class StoreStatus(BaseModel):
     cache_hit_ratio: float | None = None
     cache_entries: int | None = None
     catch_ups: int | None = None
-    last_catch_up_unix: float | None = None
+    last_feed_poll_unix: float | None = Field(default=None, description="When the follower last read the live "
+                                              "writer's feed: rows fed before it are served.")
+    last_catch_up_unix: float | None = Field(default=None, description="When the last catch-up of the RocksDB view "
+                                             "with the live writer began (every --catch-up-seconds).")
     freshness_seconds: float | None = Field(default=None, description="Seconds since the follower last saw "
                                             "everything the live writer had written (feed epochs mapped).")
     changes_applied: int | None = None

@@ -21,7 +21,7 @@ from embstore import StoreReadError
 log = logging.getLogger("offgraph.server")
 
 # cumulative Scorer.stats() counters, summed over a model's retired versions for /metrics
-COUNTERS = ("store_rows_read", "cache_hits", "cache_misses", "catch_ups", "changes_applied", "overlay_hits")
+COUNTERS = ("store_rows_read", "cache_hits", "cache_misses", "catch_ups", "changes_applied", "feed_hits")
 
 
 class NotServing(LookupError):
@@ -186,8 +186,9 @@ class ModelHolder:
             v = stats.get(k)
             if isinstance(v, (int, float)):
                 totals[k] = totals.get(k, 0) + v
-        if "last_catch_up_unix" in stats:
-            totals["last_catch_up_unix"] = stats["last_catch_up_unix"]
+        for k in ("last_feed_poll_unix", "last_catch_up_unix"):
+            if k in stats:
+                totals[k] = stats[k]
         return (sv.version if sv is not None else None), totals
 
     @property

@@ -12,7 +12,7 @@ fresh by the stream trainer, day by day after a GLOBAL time cut.
 3. for each evaluation day (UTC days after the cut with at least --min-events
    ratings, at most --days of them): stream-train on every rating not yet streamed
    that happened before that day, apply the deltas, then score the day's ratings with
-   both models through ``exporter.scorer.Scorer`` (rows grouped into requests as
+   both models through ``server.scorer.Scorer`` (rows grouped into requests as
    ``offgraph check`` does; the streamed scorer follows the live store) and compare
    held-out AUC / logloss.
 
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     from dense_model.metrics_impl import auc, logloss
     from dense_model.train import TrainConfig, train_run
     from exporter.export import export_run
-    from exporter.scorer import Scorer
+    from server.scorer import Scorer
     from features.spec import load_spec
     from streaming.stream_train import StreamTrainConfig, open_trainer
 
@@ -255,7 +255,7 @@ def _run_days(eval_days, ts, day, table, spec, columns, labels, users, cut, trai
 
     from dense_model.metrics_impl import auc, logloss
     from streaming.stream_train import stream_train_table
-    from streaming.stream_train_impl import split_keys
+    from embstore.keys import split_keys
 
     secs = state["seconds"]
     streamed_upto = cut  # ratings with cut <= ts < streamed_upto have been streamed

@@ -4,8 +4,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from embstore import StoreConfig, open_store
-from exporter.manifest import STORE_DIR, check_model_name, complete_versions, load_manifest
+from exporter.manifest import check_model_name, complete_versions, load_manifest, open_version_store
 from streaming.updater_impl import ModelLimits
 
 log = logging.getLogger("offgraph.update")
@@ -30,9 +29,7 @@ class LiveModel:
         """Close the current store (if any) and open ``version``'s for writing."""
         vdir = self.model_dir / str(version)
         manifest = load_manifest(vdir, verify_dense=False)
-        cfg = StoreConfig.from_dict({k: v for k, v in manifest["store"].items()
-                                     if k in StoreConfig.__dataclass_fields__})
-        store = open_store(vdir / STORE_DIR, cfg, mode="w")
+        store = open_version_store(vdir, manifest, "w")
         try:
             limits = ModelLimits.from_manifest(self.name, version, manifest, store.codec)
             if store.config.dim != limits.dim:
@@ -42,7 +39,8 @@ class LiveModel:
             raise
         self.close()
         self.version, self.store, self.limits = int(version), store, limits
-        log.info("live version of %s: %d (%s, %d shards)", self.name, version, cfg.quant, cfg.shards)
+        log.info("live version of %s: %d (%s, %d shards)", self.name, version, store.config.quant,
+                 store.config.shards)
 
     def close(self) -> None:
         if self.store is not None:

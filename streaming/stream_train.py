@@ -96,17 +96,15 @@ class ModelSource:
 
 def exported_source(model_dir: str | Path) -> ModelSource:
     """A version directory, or a model directory's newest complete version."""
-    from embstore import StoreConfig, open_store
-    from exporter.dense_saved_model import load_dense
-    from exporter.manifest import DENSE_DIR, STORE_DIR, load_manifest
-    from exporter.scorer import resolve_version
+    from exporter.manifest import DENSE_DIR, load_manifest, open_version_store
+    from server.dense import load_dense
+    from server.scorer import resolve_version
     from features.spec import parse_spec
 
     vdir = resolve_version(model_dir)
     m = load_manifest(vdir)
     spec = parse_spec(m["spec"], source=str(vdir / "manifest.json"))
-    cfg = StoreConfig.from_dict({k: v for k, v in m["store"].items() if k in StoreConfig.__dataclass_fields__})
-    store = open_store(vdir / STORE_DIR, cfg, mode="r")
+    store = open_version_store(vdir, m, "r")
     loaded, serve = load_dense(vdir / DENSE_DIR)
 
     def read_rows(tables, rows):
@@ -158,8 +156,8 @@ class StreamTrainer:
         if model_version is None or int(model_version) < 0:
             raise ValueError(f"a model version >= 0 is needed for the deltas (--model-version), got {model_version!r}")
         spec = source.spec
-        if max(f.rows for f in spec.fields) >= impl.MAX_ROWS:
-            raise ValueError("tables of 2**48 rows or more are not supported by the stream trainer")
+        if max(f.rows for f in spec.fields) > impl.ROW_LIMIT:
+            raise ValueError("tables of more than 2**48 rows are not supported by the stream trainer")
         self.source, self.cfg, self.spec = source, config, spec
         self.model_name, self.model_version = model_name, int(model_version)
         self.poolings = [f.pooling for f in spec.fields]

@@ -39,24 +39,11 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from exporter.scorer_impl import batch_keys
+from embstore.keys import ROW_LIMIT, combine_keys, split_keys  # noqa: F401 (ROW_LIMIT: stream_train)
+from server.scorer_impl import batch_keys
 from features.fg import FGBatch
 
-KEY_SHIFT = np.uint64(48)
-ROW_MASK = np.uint64((1 << 48) - 1)
-MAX_ROWS = 1 << 48
 OPTIMIZERS = ("sgd", "adagrad")
-
-
-# -- keys ---------------------------------------------------------------------------------
-def combine_keys(tables: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """(table uint32 [U], row int64 [U]) -> one uint64 key per row (table << 48 | row)."""
-    return (np.asarray(tables, np.uint64) << KEY_SHIFT) | np.asarray(rows).astype(np.uint64)
-
-
-def split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    keys = np.asarray(keys, np.uint64)
-    return (keys >> KEY_SHIFT).astype(np.uint32), (keys & ROW_MASK).astype(np.int64)
 
 
 # -- batch layout -------------------------------------------------------------------------
@@ -171,7 +158,7 @@ def rowwise_adagrad_update(v, w, acc_v, acc_w, gv, gw, lr: float, lr_w: float, e
 
 # -- local row state ----------------------------------------------------------------------
 class LocalRows:
-    """Touched rows' latest values and optimizer state, keyed by uint64 (table << 48 | row).
+    """Touched rows' latest values and optimizer state, keyed by combined key (embstore.keys.combine_keys).
 
     Lookups are vectorized (``np.searchsorted``) over two sorted key runs: a big one
     and a small recent one merged into it when it grows past a quarter of it, so

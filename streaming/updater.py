@@ -33,11 +33,9 @@ APPLY, WAIT, SWITCH = "apply", "wait", "switch"
 class Updater:
     def __init__(self, models_dir: str | Path, model: str, source: DeltaSource, *, batch_files: int = 64,
                  max_batch_rows: int = 1_000_000, wait_timeout_s: float = 600.0, poll_interval_s: float = 0.05,
-                 version_check_s: float = 1.0, sync: bool = False, trim_every_s: float = 10.0,
-                 changelog_keep: int = 2000, max_deltas_per_s: float = 0.0,
+                 version_check_s: float = 1.0, sync: bool = False, max_deltas_per_s: float = 0.0,
                  durability: str = "flush", metrics: UpdaterMetrics | None = None) -> None:
-        for name, val in (("batch_files", batch_files), ("max_batch_rows", max_batch_rows),
-                          ("changelog_keep", changelog_keep)):
+        for name, val in (("batch_files", batch_files), ("max_batch_rows", max_batch_rows)):
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {val!r}")
         if not wait_timeout_s >= 0:
@@ -48,7 +46,6 @@ class Updater:
         self.wait_timeout_s, self.poll_interval_s = float(wait_timeout_s), float(poll_interval_s)
         self.version_check_s, self.sync = float(version_check_s), bool(sync)
         self.durability = durability  # "flush": no WAL, flush per batch (cheap for followers)
-        self.trim_every_s, self.changelog_keep = float(trim_every_s), changelog_keep
         if not max_deltas_per_s >= 0:
             raise ValueError(f"max_deltas_per_s must be >= 0 (0: unlimited), got {max_deltas_per_s!r}")
         self.max_deltas_per_s = float(max_deltas_per_s)
@@ -57,7 +54,7 @@ class Updater:
         self.positions: list[str] = []
         self.blocked: SourceItem | None = None
         self._stop = threading.Event()
-        self._last_version_check = self._last_trim = 0.0
+        self._last_version_check = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -201,7 +198,7 @@ class Updater:
         pos = max(max(self.positions), max(item.position for item, _ in pending))
         try:
             res = self.live.store.write(b.table_ids, b.rows, b.vectors, b.first_order, seqs=b.seqs,
-                                        meta={POSITION_KEY: pos.encode()}, meta_shards="all", changelog=True,
+                                        meta={POSITION_KEY: pos.encode()}, meta_shards="all", feed=True,
                                         sync=self.sync, durability=self.durability)
         except ValueError as e:
             # the store refused a value that no check of _route foresaw (store.write raises
@@ -227,7 +224,7 @@ class Updater:
         for s, idx in shard_subset(b, len(self.positions), shards).items():
             res = self.live.store.write(b.table_ids[idx], b.rows[idx], b.vectors[idx], b.first_order[idx],
                                         seqs=b.seqs[idx], meta={POSITION_KEY: item.position.encode()},
-                                        meta_shards=s, changelog=True, sync=self.sync,
+                                        meta_shards=s, feed=True, sync=self.sync,
                                         durability=self.durability)
             self.positions[s] = item.position
             applied, stale = applied + res.applied, stale + res.skipped_stale
@@ -237,10 +234,6 @@ class Updater:
     def _applied(self, files: int, res, b: DeltaBatch) -> None:
         self.metrics.applied(files, len(b), res.applied, res.skipped_stale, _newest(b))
         self._throttle(len(b))
-        now = time.monotonic()
-        if now - self._last_trim >= self.trim_every_s:
-            self._last_trim = now
-            self.live.store.trim_changelog(keep=self.changelog_keep)
 
     def _throttle(self, n: int) -> None:
         """With ``max_deltas_per_s``: sleep so that deltas / time stays under it (the

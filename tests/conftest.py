@@ -127,6 +127,48 @@ class StdinWriter:
             assert self.quit() == 0
 
 
+STORE_WRITER = """
+import json, sys, time
+import numpy as np
+sys.path.insert(0, {root!r})
+from embstore import open_store
+st = open_store({path!r}, mode="w")
+print("ready", flush=True)
+for line in sys.stdin:
+    cmd, _, arg = line.partition(" ")
+    if cmd != "write":
+        break
+    a = json.loads(arg)
+    res = st.write(a["table"], np.array(a["rows"], np.int64), np.array(a["vectors"], np.float32),
+                   np.array(a["first_order"], np.float32), seqs=a["seqs"], feed=a["feed"],
+                   meta={{k.encode(): v.encode() for k, v in a["meta"].items()}})
+    print("written", res.applied, time.time(), flush=True)
+st.close()
+"""
+
+
+class StoreWriter(StdinWriter):
+    """The store at ``path`` opened for writing (mode "w") in another process: :meth:`write`
+    is its ``store.write`` (the one writer the store allows; this test process follows it)."""
+
+    def __init__(self, path):
+        super().__init__(STORE_WRITER.format(root=str(REPO), path=str(path)))
+
+    def write(self, table, rows, vectors, first_order, *, seqs=None, feed: bool = False,
+              meta: dict[str, str] | None = None) -> tuple[int, float]:
+        """``store.write`` in the writer process: (rows applied, the writer's ``time.time()`` after it)."""
+        import json
+
+        import numpy as np
+
+        arg = {"table": int(table), "rows": np.asarray(rows).tolist(),
+               "vectors": np.asarray(vectors, np.float32).tolist(),
+               "first_order": np.asarray(first_order, np.float32).tolist(),
+               "seqs": None if seqs is None else np.asarray(seqs).tolist(), "feed": feed, "meta": meta or {}}
+        out = self.send("write " + json.dumps(arg), "written")
+        return int(out[1]), float(out[2])
+
+
 def run_then_kill(code: str, seconds: float = 1.0) -> None:
     """Run ``python -c code`` until it prints "ready", let it work ``seconds``, then SIGKILL it."""
     import subprocess

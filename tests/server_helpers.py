@@ -9,15 +9,9 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
+from server.harness import free_port, wait_ready  # noqa: F401 (the tests' names for them)
 
 TOKEN = "test-admin-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def copy_models(pristine: Path, dest: Path) -> Path:
@@ -35,23 +29,6 @@ def copy_version(src: Path, dst: Path, tamper=None, manifest_edit=None) -> None:
         manifest_edit(manifest)
     (dst / "manifest.json.tmp").write_text(json.dumps(manifest))
     os.replace(dst / "manifest.json.tmp", dst / "manifest.json")
-
-
-def wait_ready(url: str, timeout: float, proc=None) -> None:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"server exited with {proc.returncode}")
-        try:
-            r = httpx.get(url + "/readyz", timeout=2)
-            if r.status_code == 200:
-                return
-            last = r.text
-        except httpx.TransportError as e:
-            last = repr(e)
-        time.sleep(0.1)
-    raise AssertionError(f"server at {url} not ready after {timeout}s: {last}")
 
 
 def wait_for(pred, timeout: float, what: str):
@@ -79,13 +56,6 @@ def stop_server(proc: subprocess.Popen, timeout: float = 60) -> str:
         proc.kill()
         out, _ = proc.communicate()
     return out
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def server_config(models: Path, **kw):
@@ -118,10 +88,7 @@ class ThreadServer:
                                                     http="httptools", access_log=False, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
-        if ready:
-            wait_ready(self.url, 60)
-        else:
-            wait_for(lambda: _answers(self.url + "/healthz"), 60, f"{self.url}/healthz")
+        wait_ready(self.url, 60, path="/readyz" if ready else "/healthz")
 
     def stop(self):
         self.server.should_exit = True

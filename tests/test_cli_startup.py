@@ -71,6 +71,20 @@ def test_updater_modules_load_no_tensorflow():
     assert r.stdout.strip() == "[]"
 
 
+def test_library_scorer_check_and_stream_train_load_no_http_code():
+    """The request path lives under server/, but the library scorer, `offgraph check` and the stream
+    trainer must not pull in the HTTP app (FastAPI, uvicorn, the app's modules), nor start anything."""
+    r = _python("import sys, threading, server.scorer, exporter.check, streaming.stream_train\n"
+                "from server.scorer import Scorer, load\n"
+                "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette', 'uvicorn')\n"
+                "             or m in ('server.app', 'server.registry', 'server.loader', 'server.workers')))\n"
+                "print(threading.active_count())")
+    assert r.returncode == 0, r.stderr[-2000:]
+    http, threads = r.stdout.strip().splitlines()[-2:]
+    assert http == "[]", "the library scorer imported " + http
+    assert int(threads) == 1, f"importing the library scorer started {int(threads) - 1} threads"
+
+
 def test_choices_read_lazily_are_still_checked(tmp_path):
     r = _offgraph("export", "--run", str(tmp_path), "--out", str(tmp_path / "m"), "--quant", "int4")
     assert r.returncode == 2 and "invalid choice: 'int4'" in r.stderr and "'int8'" in r.stderr, r.stderr

@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import StdinWriter, run_then_kill
+from conftest import StoreWriter, run_then_kill
 
 from embstore import EmbeddingStore, StoreConfig, get_codec, open_store
 
@@ -380,6 +380,21 @@ def test_bulk_load_rejects_bad_chunks(tmp_path, cfg):
         assert not glob.glob(str(tmp_path / "s" / ".ingest-*"))
 
 
+def test_table_ids_the_write_feed_cannot_key_are_refused(tmp_path, cfg):
+    """The store takes the table ids the write feed (16 table bits) takes: table 65536 used to be
+    stored and put in the feed under table 0's key, so followers served it as table 0's row."""
+    v, w = data(2)
+    with open_store(tmp_path / "s", cfg, mode="w") as st:
+        for tid in (0xFFFF, 1 << 16):
+            with pytest.raises(ValueError, match=f"table id {tid} > 65534"):
+                st.write([tid, tid], [1, 2], v, w, feed=True)
+            with pytest.raises(ValueError, match=f"table_id must be in \\[0, 65534\\], got {tid}"):
+                st.bulk_load(tid, [(np.arange(2), v, w)])
+        assert st.stats(exact=True)["rows_per_table"] == {}
+        st.write([0xFFFE], [1], v[:1], w[:1], feed=True)  # the last table id works
+        np.testing.assert_array_equal(st.read([0xFFFE], [1])[0], v[:1])
+
+
 # ---------------------------------------------------------------- RocksDB options
 
 
@@ -450,37 +465,18 @@ def test_read_only_cannot_write(tmp_path, cfg):
         st.read(1, [1])
 
 
-FOLLOWED_WRITER = textwrap.dedent(
-    """
-    import sys, numpy as np
-    sys.path.insert(0, {root!r})
-    from embstore import open_store
-    st = open_store({path!r}, mode="w")
-    print("ready", flush=True)
-    for line in sys.stdin:
-        if line.strip() == "quit":
-            break
-        k = int(line)
-        rows = np.arange(k * 100, k * 100 + 100)
-        st.write(4, rows, np.full((100, {dim}), k + 0.5, np.float32), np.full(100, -k, np.float32),
-                 meta={{b"offset": str(k).encode()}})
-        print("written", flush=True)
-    st.close()
-    """
-)
-
-
 def test_follower_sees_live_writer_after_catch_up(tmp_path, cfg):
     path = str(tmp_path / "s")
     v, w = data(50)
     with open_store(path, cfg, mode="w") as st:
         st.bulk_load(4, [(np.arange(50), v, w)])
-    with StdinWriter(FOLLOWED_WRITER.format(root=ROOT, path=path, dim=D)) as writer:
+    with StoreWriter(path) as writer:
         with open_store(path, mode="follow", secondary_dir=str(tmp_path / "sec")) as fol:
             assert np.array_equal(fol.read(4, np.arange(50))[0], v)
             for k in (1, 2):
-                assert writer.send(str(k)) == ["written"]
                 rows = np.arange(k * 100, k * 100 + 100)
+                assert writer.write(4, rows, np.full((100, D), k + 0.5), np.full(100, -k),
+                                    meta={"offset": str(k)})[0] == 100
                 assert not fol.read(4, rows)[0].any()  # not before catch_up
                 fol.catch_up()
                 gv, gw = fol.read(4, rows)

@@ -7,11 +7,15 @@ import numpy as np
 import pytest
 
 from embstore.keys import (
+    MAX_TABLE_ID,
     META_PREFIX,
+    ROW_LIMIT,
+    combine_keys,
     decode_keys,
     encode_keys,
     shard_of,
     splitmix64,
+    split_keys,
     unique_keys,
 )
 
@@ -28,8 +32,8 @@ def ref_splitmix64(x: int) -> int:
 
 def test_encode_keys_matches_struct_big_endian():
     rng = random.Random(1)
-    pairs = [(0, 0), (0, 1), (1, 0), (0xFEFFFFFF, MASK), (7, 2**40), (3, 256)]
-    pairs += [(rng.randrange(2**24), rng.randrange(2**64)) for _ in range(200)]
+    pairs = [(0, 0), (0, 1), (1, 0), (MAX_TABLE_ID, MASK), (7, 2**40), (3, 256)]
+    pairs += [(rng.randrange(MAX_TABLE_ID + 1), rng.randrange(2**64)) for _ in range(200)]
     t = np.array([p[0] for p in pairs], dtype=np.uint64)
     r = np.array([p[1] for p in pairs], dtype=np.uint64)
     keys = encode_keys(t, r)
@@ -60,7 +64,8 @@ def test_scalar_table_id_broadcasts():
     [
         (0, [-1], "rows must be >= 0"),
         (-2, [1], "table_ids must be >= 0"),
-        (0xFF000000, [1], "meta key space"),
+        (0xFFFF, [1], "table id 65535 > 65534"),
+        (0xFF000000, [1], "table id 4278190080 > 65534"),
         ([1, 2, 3], [1, 2], "broadcast"),
         (0, [[1, 2]], "1-D"),
         (0, [1.5], "integers"),
@@ -117,3 +122,26 @@ def test_unique_keys_both_paths():
         ut, ur, inv = unique_keys(t, r)
         assert (ut[inv] == t).all() and (ur[inv] == r).all()
         assert len(set(zip(ut.tolist(), ur.tolist()))) == len(ur) == len(set(zip(t.tolist(), r.tolist())))
+
+
+def test_combined_keys_round_trip_at_the_limits():
+    t = np.array([0, 0, 1, 7, MAX_TABLE_ID, MAX_TABLE_ID], np.uint32)
+    r = np.array([0, ROW_LIMIT - 1, 5, 123456789, 0, ROW_LIMIT - 1], np.int64)
+    k = combine_keys(t, r)
+    assert k.dtype == np.uint64 and len(set(k.tolist())) == len(k)
+    # the table in the high bits: keys sort as (table, row), and none is the all-ones empty slot
+    assert k.tolist() == sorted(k.tolist()) and int(k.max()) < 2**64 - 1
+    assert [int(x) for x in k] == [int(a) * ROW_LIMIT + int(b) for a, b in zip(t, r)]
+    st, sr = split_keys(k)
+    assert st.dtype == np.uint32 and sr.dtype == np.int64
+    assert st.tolist() == t.tolist() and sr.tolist() == r.tolist()
+    assert combine_keys(3, [1, 2]).tolist() == [3 * ROW_LIMIT + 1, 3 * ROW_LIMIT + 2]  # a scalar table broadcasts
+
+
+@pytest.mark.parametrize("t, r, msg", [(MAX_TABLE_ID + 1, [0], "table id 65535 > 65534"),
+                                       (1 << 16, [0], "table id 65536 > 65534"),
+                                       (0, [ROW_LIMIT], "row 281474976710656 >= 2\\*\\*48"),
+                                       (0, [-1], "rows must be >= 0")])
+def test_combined_keys_refuse_what_does_not_fit(t, r, msg):
+    with pytest.raises(ValueError, match=msg):
+        combine_keys(t, r)

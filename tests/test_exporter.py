@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import yaml
 
-from exporter import ModelDirError, complete_versions, load, load_manifest
+from exporter import ModelDirError, complete_versions, load_manifest
+from server.scorer import load
 from exporter.check import run_check
 from exporter.export import export_run
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from embstore.feed import FeedReader, FeedWriter, combined_from_store_keys, epoch_ids
-from embstore.keys import key_array
+from embstore.keys import combine_keys, key_array
 
 RB = 16  # test records: two copies of one uint64, so a torn read shows as two different halves
 
@@ -16,7 +16,7 @@ RB = 16  # test records: two copies of one uint64, so a torn read shows as two d
 def _batch(rng, n, tables=5, rows=2000):
     t = rng.integers(0, tables, n).astype(np.uint32)
     r = rng.integers(0, rows, n).astype(np.uint64)
-    k = (t.astype(np.uint64) << np.uint64(48)) | r
+    k = combine_keys(t, r)
     _, first = np.unique(k, return_index=True)  # a store write hands the feed unique keys
     return t[first], r[first], k[first]
 
@@ -43,8 +43,7 @@ def test_reader_sees_the_last_write_of_every_key_across_growth(tmp_path):
         w.append(key_array(t, rows).tobytes(), _records(vals))
         want.update(zip(k.tolist(), vals.tolist()))
         r.refresh()
-        q = np.unique((rng.integers(0, 6, 4000).astype(np.uint64) << np.uint64(48))
-                      | rng.integers(0, 2500, 4000).astype(np.uint64))
+        q = np.unique(combine_keys(rng.integers(0, 6, 4000), rng.integers(0, 2500, 4000)))
         pos, recs = r.lookup(q)
         got = dict(zip(q[pos].tolist(), _values(recs)[:, 0].tolist()))
         assert got == {x: want[x] for x in q.tolist() if x in want}
@@ -111,7 +110,7 @@ def test_concurrent_reader_never_sees_a_torn_or_older_row(tmp_path):
     n = 3000
     t = (np.arange(n) % 7).astype(np.uint32)
     rows = np.arange(n, dtype=np.uint64)
-    k = (t.astype(np.uint64) << np.uint64(48)) | rows
+    k = combine_keys(t, rows)
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
     proc = ctx.Process(target=_rewrite_forever, args=(str(tmp_path), key_array(t, rows).tobytes(), n, 3.0, ready))

@@ -136,11 +136,10 @@ def test_insert_after_a_later_invalidation_is_skipped():
     assert c.insert(1, [42], old_v, old_w, e3) == 0
     # ... but not reads of keys in other sets
     a = c._a
-    from embstore.keys import splitmix64
+    from embstore.keys import combine_keys, splitmix64
 
-    s42 = int(splitmix64(np.array([(1 << 48) | 42], np.uint64))[0] % np.uint64(a.sets))
-    other = next(r for r in range(1000) if int(splitmix64(np.array([(1 << 48) | r], np.uint64))[0]
-                                               % np.uint64(a.sets)) != s42)
+    s42 = int(splitmix64(combine_keys(1, [42]))[0] % np.uint64(a.sets))
+    other = next(r for r in range(1000) if int(splitmix64(combine_keys(1, [r]))[0] % np.uint64(a.sets)) != s42)
     assert c.insert(1, [other], *rows_of([other]), e3) == 1
 
 

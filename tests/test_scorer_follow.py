@@ -1,24 +1,22 @@
 """Scorer with a row cache following a live writer: a row written by ANOTHER process
-shows up in scores within seconds, through the change log (not a cache flush)."""
+shows up in scores within seconds, through the write feed (not a cache flush)."""
 
-import os
-import textwrap
 import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import StdinWriter
+from conftest import StoreWriter
 
 from dense_model.train import TrainConfig, train_run
-from exporter import scorer_impl
-from exporter.calibration import calibrate
+from server import scorer_impl
+from server.calibration import calibrate
 from exporter.export import export_run
-from exporter.scorer import Scorer
+from embstore.keys import combine_keys
+from server.scorer import Scorer
 from features import parse_spec
 from features.hashing import row_of
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 D = 8
 
 SPEC = {
@@ -58,27 +56,6 @@ def version_dir(tmp_path_factory):
 REQUEST = {"user_id": 7}
 CANDS = [{"item_id": i, "tags": [f"t{(i * 7 + k) % 20}" for k in range(1 + i % 3)]} for i in (3, 10, 42, 3, 99)]
 
-WRITER = textwrap.dedent(
-    """
-    import sys, time, numpy as np
-    sys.path.insert(0, {root!r})
-    from embstore import open_store
-    st = open_store({path!r}, mode="w")
-    print("ready", flush=True)
-    for line in sys.stdin:
-        cmd = line.split()
-        if cmd[0] != "write":
-            break
-        table, row, seq, value = int(cmd[1]), int(cmd[2]), int(cmd[3]), float(cmd[4])
-        v = np.linspace(-1, 1, {dim}).astype(np.float32) * value
-        st.write(table, [row], v[None, :], np.array([value / 2], np.float32), seqs=[seq], changelog=True,
-                 meta={{b"offset": cmd[3].encode()}})
-        print("written", time.time(), flush=True)
-    st.close()
-    """
-)
-
-
 def expected_after_write(scorer, emb0, fo0, cand_idx, value):
     """By hand: the pooled inputs from before, with the item field of the candidates
     showing that item replaced by the new row, through the dense head and calibration."""
@@ -88,12 +65,14 @@ def expected_after_write(scorer, emb0, fo0, cand_idx, value):
     return calibrate(scorer.dense(emb, fo), scorer.calibration)
 
 
-def start_writer(version_dir) -> StdinWriter:
-    return StdinWriter(WRITER.format(root=ROOT, path=str(version_dir / "store"), dim=D))
+def start_writer(version_dir) -> StoreWriter:
+    return StoreWriter(version_dir / "store")
 
 
-def write_row(writer: StdinWriter, table, row, seq, value) -> float:
-    return float(writer.send(f"write {table} {row} {seq} {value}", "written")[1])
+def write_row(writer: StoreWriter, table, row, seq, value) -> float:
+    """One row (the vector ``expected_after_write`` expects) fed to the followers; the writer's time after it."""
+    v = np.linspace(-1, 1, D).astype(np.float32) * value
+    return writer.write(table, [row], v[None, :], [value / 2], seqs=[seq], feed=True, meta={"offset": str(seq)})[1]
 
 
 def wait_for_change(scorer, before, timeout_s=2.0):
@@ -143,12 +122,12 @@ def test_follow_sees_a_row_written_by_another_process_within_2s(version_dir):
         np.testing.assert_allclose(new, want, rtol=1e-6, atol=1e-7)
         assert not np.allclose(want, base)
         after = scorer.stats()
-        # the changed row came from the write feed (the overlay), not from a store read;
+        # the changed row came from the write feed, not from a store read;
         # the cache was not flushed
         assert after["cache_clears"] == 0
-        assert after["epochs"] == 1 and after["overlay_rows"] == 1 and after["overlay_hits"] >= 1
+        assert after["epochs"] == 1 and after["feed_rows"] == 1 and after["feed_hits"] >= 1
         assert after["store_rows_read"] == warm["store_rows_read"]
-        assert after["last_catch_up_unix"] >= t_write - 1
+        assert after["last_feed_poll_unix"] >= t_write - 1
         print(f"\nwrite -> visible in score: {1e3 * (t_seen - t_write):.0f} ms")
         # an older seq for the same row is ignored; a newer one lands too
         write_row(proc, ITEM_FIELD, item_row, seq=0, value=-5.0)
@@ -165,6 +144,29 @@ def test_follow_sees_a_row_written_by_another_process_within_2s(version_dir):
     assert not scorer._follower._thread.is_alive()
 
 
+def test_last_catch_up_unix_moves_on_a_catch_up_not_on_every_feed_poll(tmp_path):
+    """It said when the follower last polled the feed; the RocksDB view is only as fresh as
+    its last catch-up (every catch_up_s), and the feed poll has its own time."""
+    from embstore import StoreConfig, open_store
+    from embstore.follower import Follower
+
+    path = tmp_path / "s"
+    with open_store(path, StoreConfig(dim=D, quant="fp32", shards=2, block_cache_mb=8), mode="w") as st:
+        st.write(0, [1], np.ones((1, D), np.float32), np.ones(1, np.float32), feed=True)
+        with open_store(path, mode="follow", secondary_dir=str(tmp_path / "sec")) as fol:
+            f = Follower(fol, None, 0.01, catch_up_s=3600)
+            try:
+                first = wait_stats(f, "catch_ups", 1)
+                assert first["catch_ups"] == 1 and first["last_catch_up_unix"] > 0
+                time.sleep(0.3)  # about 30 feed polls, no catch-up due
+                later = f.stats()
+                assert later["catch_ups"] == 1
+                assert later["last_catch_up_unix"] == first["last_catch_up_unix"]
+                assert later["last_feed_poll_unix"] > first["last_catch_up_unix"] + 0.1
+            finally:
+                f.stop()
+
+
 def wait_stats(s, key, at_least, timeout_s=5.0) -> dict:
     t0 = time.time()
     while s.stats()[key] < at_least and time.time() - t0 < timeout_s:
@@ -178,15 +180,15 @@ def test_follow_maps_existing_feed_releases_covered_epochs_and_validates_args(ve
     store_dir = version_dir / "store"
     with open_store(store_dir, mode="w") as st:  # a writer before the scorer: feed epoch 1
         v, w = st.read(3, [1, 2, 3])
-        st.write(3, [1, 2, 3], v + 0.5, w, changelog=True)
+        st.write(3, [1, 2, 3], v + 0.5, w, feed=True)
         want_v = st.read(3, [1, 2, 3])[0]
     with Scorer(version_dir, store_mode="follow", row_cache_mb=1, follow_interval_s=0.02, catch_up_s=0.02) as s:
         base = wait_stats(s, "catch_ups", 2)
         # older epochs (earlier tests' writers) are released; the newest never is (it is
         # the live writer's), so its rows stay mapped
-        assert base["catch_ups"] >= 2 and base["epochs"] == 1 and base["overlay_rows"] == 3
+        assert base["catch_ups"] >= 2 and base["epochs"] == 1 and base["feed_rows"] == 3
         assert base["follow_errors"] == 0 and base["cache_clears"] == 0
-        keys = (np.uint64(3) << np.uint64(48)) | np.array([1, 2, 3], np.uint64)
+        keys = combine_keys(3, [1, 2, 3])
         pos, vec, _ = s._follower.lookup(keys)
         assert sorted(pos.tolist()) == [0, 1, 2]
         np.testing.assert_array_equal(vec[np.argsort(pos)], want_v)
@@ -195,7 +197,7 @@ def test_follow_maps_existing_feed_releases_covered_epochs_and_validates_args(ve
                            s.row_cache.epoch)
         with open_store(store_dir, mode="w") as st2:
             v4, w4 = st2.read(3, [4])
-            st2.write(3, [4], v4 - 0.25, w4, changelog=True)
+            st2.write(3, [4], v4 - 0.25, w4, feed=True)
             want4 = st2.read(3, [4])[0]
         st = wait_stats(s, "epochs_released", base["epochs_released"] + 1)
         # the first writer's epoch is covered by the caught-up store: released, its 3 keys invalidated

@@ -48,7 +48,7 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def library(server):
-    from exporter.scorer import load
+    from server.scorer import load
 
     s = load(server.models / "ml")
     yield s

@@ -57,7 +57,7 @@ def _serve(models: Path, port: int, *extra: str) -> subprocess.Popen:
 
 
 def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requests_, tmp_path):
-    from exporter.scorer import load
+    from server.scorer import load
 
     models = copy_models(tiny_model[0], tmp_path / "models")
     copy_version(models / "ml" / "1", models / "ml" / "2")

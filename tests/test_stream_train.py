@@ -14,12 +14,13 @@ from dense_model.train import TrainConfig, train_run
 from embstore import open_store
 from exporter.check import requests_from_rows
 from exporter.export import export_run
-from exporter.scorer import Scorer
-from exporter.scorer_impl import batch_keys
+from server.scorer import Scorer
+from server.scorer_impl import batch_keys
 from features import FeatureGenerator, load_spec
 from streaming.delta_format import read_delta_file
 from streaming.stream_train import StreamTrainConfig, open_trainer, parse_emit, stream_train_table
-from streaming.stream_train_impl import LocalRows, combine_keys
+from embstore.keys import combine_keys, split_keys
+from streaming.stream_train_impl import LocalRows
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_ROWS = 4000
@@ -65,7 +66,7 @@ def _keras_row_gradients(run_dir, table, spec):
         gw = tf.convert_to_tensor(grads[F + f]).numpy()[:, 0]
         ids = data.x[f"ids_{f}"][data.x[f"mask_{f}"] > 0]
         for r in np.unique(ids).tolist():
-            out[(f << 48) | r] = (gv[r], gw[r])
+            out[int(combine_keys(f, [r])[0])] = (gv[r], gw[r])
     return out
 
 
@@ -180,7 +181,7 @@ def test_trainer_predicts_what_the_scorer_serves_and_fields_limit_the_deltas(tin
     (d,) = _deltas(spool)
     want = {spec.field_index("user_id"), spec.field_index("movie_id")}
     assert set(d.table_ids.tolist()) == want
-    assert len(d) == len({k for k in _keys_of(spec, events) if (k >> 48) in want})
+    assert len(d) == len({k for k in _keys_of(spec, events) if int(split_keys([k])[0][0]) in want})
     with pytest.raises(ValueError, match="unknown field"):
         open_trainer(model_dir=tiny["version"], config=StreamTrainConfig(fields=("nope",)))
 

@@ -2,7 +2,6 @@
 `offgraph serve` (process, follower + row cache) -> the HTTP score equals the score
 recomputed by hand from the new row and the dense SavedModel."""
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,9 +10,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from exporter.calibration import calibrate
+from server.calibration import calibrate
 from exporter.export import export_run
-from exporter.scorer import Scorer
+from server.harness import free_port, wait_ready
+from server.scorer import Scorer
 from features.hashing import row_of
 from streaming.delta_format import publish_delta
 
@@ -21,12 +21,6 @@ REPO = Path(__file__).resolve().parent.parent
 REQUEST = {"user_id": 7, "age": 30, "gender": "F", "occupation": "writer", "zip_prefix": "941"}
 CANDS = [{"movie_id": 50, "genres": ["Action", "Sci-Fi"], "title_words": ["star", "wars"]},
          {"movie_id": 181, "genres": ["Action"]}, {"movie_id": 1}]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(args, log: Path):
@@ -57,23 +51,14 @@ def test_delta_file_changes_the_served_score_exactly_as_recomputed_by_hand(small
     with Scorer(vdir) as ref:
         expected = calibrate(ref.dense(emb, fo), spec.model.calibration)
 
-    port = _port()
+    port = free_port()
     server = _start(["serve", "--models", str(models), "--port", str(port), "--follow-seconds", "0.1",
                      "--log-level", "warning"], tmp_path / "serve.log")
     updater = _start(["update", "--models", str(models), "--model", "ml", "--source", f"spool:{spool}"],
                      tmp_path / "update.log")
     try:
+        wait_ready(f"http://127.0.0.1:{port}", 120, server, log=str(tmp_path / "serve.log"))
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-            deadline = time.monotonic() + 120
-            while True:
-                assert server.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "server not ready in 120 s"
-                time.sleep(0.2)
             before = _scores(client)
             assert not np.allclose(before, expected, atol=1e-6)
             publish_delta(spool, model="ml", model_version=1, table_ids=[f], rows=[row], vectors=v[None, :],

@@ -181,7 +181,7 @@ def test_crash_between_shard_batches_reapplies_only_missing_shards(tiny_export, 
         for s in (0, 1):
             i = sh == s
             st.write(b.table_ids[i], b.rows[i], b.vectors[i], b.first_order[i], seqs=b.seqs[i],
-                     meta={b"spool_position": f1.name.encode()}, meta_shards=s, changelog=True)
+                     meta={b"spool_position": f1.name.encode()}, meta_shards=s, feed=True)
     up = _updater(models, spool)
     up.start()
     calls = []

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from embstore.row_cache_impl import combined_keys
+from embstore.keys import combine_keys, split_keys
 from features.fg import FGBatch
 
 
@@ -19,7 +19,7 @@ class Keys:
     unique_tables: np.ndarray  # uint32 [U]
     unique_rows: np.ndarray    # int64 [U]
     inverse: np.ndarray        # int64 [K]: position in unique of each looked-up value
-    unique_keys: np.ndarray    # uint64 [U]: (table << 48) | row, ascending (the row cache's and overlay's key)
+    unique_keys: np.ndarray    # uint64 [U]: combined keys (embstore.keys.combine_keys), ascending
     field_bounds: np.ndarray   # int64 [F + 1]: field f owns lookups field_bounds[f]:field_bounds[f+1]
 
 
@@ -27,12 +27,11 @@ def batch_keys(batch: FGBatch) -> Keys:
     sizes = np.fromiter((len(r.ids) for r in batch.fields), dtype=np.int64, count=len(batch.fields))
     bounds = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=bounds[1:])
-    tables = np.repeat(np.arange(len(sizes), dtype=np.uint64), sizes)
+    tables = np.repeat(np.arange(len(sizes), dtype=np.uint32), sizes)
     rows = np.concatenate([r.ids for r in batch.fields]) if bounds[-1] else np.zeros(0, np.int64)
-    combined = (tables << np.uint64(48)) | rows.astype(np.uint64)  # rows < 2**48 checked by the scorer
-    uniq, inverse = np.unique(combined, return_inverse=True)
-    return Keys((uniq >> np.uint64(48)).astype(np.uint32), (uniq & np.uint64((1 << 48) - 1)).astype(np.int64),
-                inverse.astype(np.int64), uniq, bounds)
+    uniq, inverse = np.unique(combine_keys(tables, rows), return_inverse=True)
+    ut, ur = split_keys(uniq)
+    return Keys(ut, ur, inverse.astype(np.int64), uniq, bounds)
 
 
 def pool_batch(batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.ndarray, poolings: list[str],
@@ -91,17 +90,17 @@ def pool_batch(batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.
     return np.ascontiguousarray(pooled[..., :dim]), np.ascontiguousarray(pooled[..., dim])
 
 
-def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray, overlay=None, keys=None):
-    """Rows ``(tables, rows)`` (unique): the follower's overlay of fresh rows first (if
-    any; ``keys``: their ``(table << 48) | row``, computed when not given), then the row
+def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray, feed=None, keys=None):
+    """Rows ``(tables, rows)`` (unique): the write feed's fresh rows first (``feed``: the follower, if
+    any; ``keys``: their combined keys, computed when not given), then the row
     cache, then a store read of the misses, inserted into the cache with the epoch
-    taken BEFORE the overlay lookup (so a row the follower puts in the overlay
+    taken BEFORE the feed lookup (so a row the writer puts in the feed
     meanwhile can never be cached at its older store value). Returns ``(vectors [U, D],
     first_order [U], cache hits, rows read from the store, of which found)``."""
     epoch = cache.epoch if cache is not None else 0
     found = None
-    if overlay is not None:
-        found = overlay.lookup(combined_keys(tables, rows) if keys is None else keys)
+    if feed is not None:
+        found = feed.lookup(combine_keys(tables, rows) if keys is None else keys)
     if found is None:
         return _cache_then_store(cache, store, tables, rows, epoch)
     idx, ov_vec, ov_w = found

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from embstore import RowCache
+from .keys import split_keys
+from .row_cache import RowCache
 
 log = logging.getLogger("offgraph.scorer")
 
@@ -61,10 +62,11 @@ class Activity:
 
 
 COUNTERS = ("catch_ups", "changes_applied", "cache_clears", "follow_errors", "epochs_mapped", "epochs_released",
-            "overlay_hits")
+            "feed_hits")
 # what Follower.stats() says of a scorer that does not follow
-NOT_FOLLOWING = {**dict.fromkeys(COUNTERS, 0), "last_catch_up_unix": 0.0, "last_catch_up_seconds": 0.0,
-                 "follow_cpu_seconds": 0.0, "overlay_rows": 0, "epochs": 0}
+NOT_FOLLOWING = {**dict.fromkeys(COUNTERS, 0), "last_feed_poll_unix": 0.0, "last_catch_up_unix": 0.0,
+                 "last_catch_up_seconds": 0.0,
+                 "follow_cpu_seconds": 0.0, "feed_rows": 0, "epochs": 0}
 
 
 class Follower:
@@ -82,7 +84,8 @@ class Follower:
         self.shards = store.config.shards
         self._lock = threading.Lock()
         self._n = dict.fromkeys(COUNTERS, 0)
-        self.last_catch_up_unix = 0.0  # rows written before this time are served
+        self.last_feed_poll_unix = 0.0  # rows the writer fed before this time are served
+        self.last_catch_up_unix = 0.0  # rows written before this time are in the RocksDB view
         self.last_catch_up_seconds = 0.0
         self.cpu_seconds = 0.0  # CPU time of this thread (mapping, catch-ups, invalidations)
         self._last_rocksdb_catch_up = -float("inf")
@@ -94,7 +97,7 @@ class Follower:
 
     # ------------------------------------------------------------------ request path
     def lookup(self, keys: np.ndarray):
-        """The rows of ``keys`` (``(table << 48) | row``) the feed holds: ``(positions
+        """The rows of ``keys`` (combined keys, ``embstore.keys.combine_keys``) the feed holds: ``(positions
         int64 [H], vectors float32 [H, D], first_order float32 [H])``, or None if none."""
         if not self.feed.epochs:
             return None
@@ -103,7 +106,7 @@ class Follower:
             return None
         vec, w = self.codec.decode(recs)
         with self._lock:
-            self._n["overlay_hits"] += len(pos)
+            self._n["feed_hits"] += len(pos)
         return pos, vec, w
 
     # ------------------------------------------------------------------ loop
@@ -126,10 +129,10 @@ class Follower:
     def step(self) -> None:
         started = time.time()
         self._map_new()
+        with self._lock:
+            self.last_feed_poll_unix = started
         if self._catch_up_now or time.monotonic() - self._last_rocksdb_catch_up >= self.catch_up_s:
             self._catch_up()
-        with self._lock:
-            self.last_catch_up_unix = started
 
     def _map_new(self) -> None:
         """Map new epochs. A new empty one (the writer's periodic rollover) makes the
@@ -146,7 +149,7 @@ class Follower:
             self._n["epochs_mapped"] += len(added)
 
     def _catch_up(self) -> None:
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), time.time()
         self._catch_up_now = False
         begun = self.feed.begun()
         for s in range(self.shards):
@@ -162,8 +165,7 @@ class Follower:
         for ep in self.feed.covered(begun):
             if self.cache is not None and not clear:
                 keys = ep.used_keys()
-                tids = (keys >> np.uint64(48)).astype(np.uint32)
-                rows = (keys & np.uint64((1 << 48) - 1)).astype(np.int64)
+                tids, rows = split_keys(keys)
                 # spread over about spread_s: a fraction of a ms now and then, not a burst
                 pause = min(0.05, max(self.pause_s, self.spread_s * self.chunk_rows / max(len(keys), 1)))
                 last_map = time.monotonic()
@@ -181,6 +183,7 @@ class Follower:
             self._n["catch_ups"] += 1
             self._n["changes_applied"] += invalidated
             self._n["cache_clears"] += int(clear and self.cache is not None)
+            self.last_catch_up_unix = started
             self.last_catch_up_seconds = time.perf_counter() - t0
 
     def _yield(self, pause_s: float | None = None) -> None:
@@ -197,9 +200,10 @@ class Follower:
     # ------------------------------------------------------------------ outside
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            return {**self._n, "last_catch_up_unix": self.last_catch_up_unix,
+            return {**self._n, "last_feed_poll_unix": self.last_feed_poll_unix,
+                    "last_catch_up_unix": self.last_catch_up_unix,
                     "last_catch_up_seconds": self.last_catch_up_seconds, "follow_cpu_seconds": self.cpu_seconds,
-                    "overlay_rows": self.feed.rows(), "epochs": len(self.feed.epochs)}
+                    "feed_rows": self.feed.rows(), "epochs": len(self.feed.epochs)}
 
     def stop(self) -> None:
         self._stop.set()

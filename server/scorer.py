@@ -1,16 +1,18 @@
 """The library scorer: THE request path. The HTTP server wraps it and adds nothing to the maths.
 
-    scorer = exporter.load("models/movielens")       # newest complete version
+    from server.scorer import load
+    scorer = load("models/movielens")               # newest complete version
     ctr = scorer.score(request, candidates)          # float32 [N]
 
 FG -> unique keys -> row cache -> store read of the misses -> pool into [N, F, D] and
 [N, F] -> one signature call -> calibration.
 
 ``store_mode="follow"`` opens the store as a RocksDB secondary of the live writer (the
-streaming updater) and starts one daemon thread (``exporter.follower``) that, every
-``follow_interval_s``, reads the writer's feed of applied rows into an overlay read
-before the row cache (invalidating those keys in the cache), and catches the RocksDB
-secondary up every ``catch_up_s`` only (a catch-up holds the GIL for milliseconds).
+streaming updater) and starts one daemon thread (``embstore.follower``) that, every
+``follow_interval_s``, maps the new epochs of the writer's feed of applied rows (looked up
+before the row cache), and catches the RocksDB secondary up every ``catch_up_s`` only (a
+catch-up holds the GIL for milliseconds), then drops the epochs it covers (invalidating
+their keys in the row cache).
 """
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from embstore import RowCache, StoreConfig, open_store
-from exporter import scorer_impl
-from exporter.calibration import calibrate
-from exporter.dense_saved_model import load_dense
-from exporter.follower import NOT_FOLLOWING, Activity, Follower
-from exporter.manifest import DENSE_DIR, STORE_DIR, ModelDirError, complete_versions, load_manifest
+from embstore import RowCache
+from embstore.keys import MAX_TABLE_ID, ROW_BITS, ROW_LIMIT
+from server import scorer_impl
+from server.calibration import calibrate
+from server.dense import load_dense
+from embstore.follower import NOT_FOLLOWING, Activity, Follower
+from exporter.manifest import DENSE_DIR, ModelDirError, complete_versions, load_manifest, open_version_store
 from features.fg import FeatureGenerator
 from features.spec import parse_spec
 
@@ -50,18 +53,16 @@ class Scorer:
         self.poolings = [f.pooling for f in self.spec.fields]
         if [f["name"] for f in m["fields"]] != self.spec.field_names:
             raise ModelDirError(f"{self.version_dir}: manifest field order differs from its spec")
-        if max(f.rows for f in self.spec.fields) >= 1 << 48:
-            raise ModelDirError(f"{self.version_dir}: tables of 2**48 rows or more are not supported")
+        if max(f.rows for f in self.spec.fields) > ROW_LIMIT:
+            raise ModelDirError(f"{self.version_dir}: tables of more than 2**{ROW_BITS} rows are not supported")
+        if len(self.spec.fields) > MAX_TABLE_ID + 1:
+            raise ModelDirError(f"{self.version_dir}: {len(self.spec.fields)} fields; at most {MAX_TABLE_ID + 1}")
         self.calibration = self.spec.model.calibration
         # max_request_values bounds one score call's feature values (see features.value_limits)
         self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size, max_request_values=max_request_values)
         self._fg_lock = threading.Lock()
-        cfg = StoreConfig.from_dict({k: v for k, v in m["store"].items()
-                                     if k in StoreConfig.__dataclass_fields__})
-        if block_cache_mb is not None:
-            cfg = StoreConfig.from_dict({**cfg.to_dict(), "block_cache_mb": block_cache_mb})
         try:
-            self.store = open_store(self.version_dir / STORE_DIR, cfg, mode=store_mode)
+            self.store = open_version_store(self.version_dir, m, store_mode, block_cache_mb=block_cache_mb)
         except ValueError as e:
             raise ModelDirError(f"{self.version_dir}: store does not open: {e}") from None
         self.row_cache = RowCache(row_cache_mb, self.dim) if row_cache_mb > 0 else None
@@ -89,9 +90,9 @@ class Scorer:
         cache_hits, store_rows_read and found_rows (of the rows read from the store)."""
         batch = self.features(request, candidates)
         keys = scorer_impl.batch_keys(batch)
-        overlay = self._follower  # fresh rows from the writer's feed, looked up first
+        feed = self._follower  # fresh rows from the writer's feed, looked up first
         vec, w, hits, read, found = scorer_impl.read_through_cache(self.row_cache, self.store, keys.unique_tables,
-                                                                   keys.unique_rows, overlay, keys.unique_keys)
+                                                                   keys.unique_rows, feed, keys.unique_keys)
         with self._counts_lock:
             c = self._counts
             c["store_rows_read"] += read
@@ -117,11 +118,12 @@ class Scorer:
     def stats(self) -> dict[str, Any]:
         """Cumulative counters (ints) and freshness of this scorer: ``store_rows_read``,
         ``cache_hits``, ``cache_misses``, ``cache_entries``; when following:
-        ``last_catch_up_unix`` (rows the writer wrote before it are served; 0.0 before
-        the follower's first step), ``catch_ups`` (of the RocksDB secondary) and
-        ``last_catch_up_seconds``, ``epochs`` (feed epochs mapped now),
-        ``epochs_mapped`` / ``epochs_released``, ``overlay_rows`` (rows in them),
-        ``overlay_hits`` (rows served from them), ``changes_applied`` (keys invalidated
+        ``last_feed_poll_unix`` (when the follower last read the write feed: rows the writer
+        fed before it are served; 0.0 before its first step), ``last_catch_up_unix`` (when
+        the last catch-up of the RocksDB secondary began: rows written before it are in the
+        store view; 0.0 before the first), ``catch_ups`` and ``last_catch_up_seconds``, ``epochs`` (feed epochs mapped now),
+        ``epochs_mapped`` / ``epochs_released``, ``feed_rows`` (rows in them),
+        ``feed_hits`` (rows served from them), ``changes_applied`` (keys invalidated
         in the row cache when an epoch was released), ``cache_clears`` (whole-cache
         drops: feed epochs went missing), ``follow_errors``, ``follow_cpu_seconds``."""
         with self._counts_lock:

@@ -1,0 +1,188 @@
+"""The write side of an embedding store: the plan of a ``write`` (seq checks, the feed,
+one atomic batch per shard) and meta records.
+
+A mixin of ``base.EmbeddingStore``: it uses the store's primitives (``_multi_get``,
+``_write_batch``, ``_flush``) and helpers (``_check_writable``, ``_group_by_shard``,
+``_check_shard``). Which input rows win is ``write_plan_impl`` (NumPy).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .feed import FeedReader, FeedWriter
+from .internal_keys import RESERVED_META, decode_seqs, seq_key_list, seq_value_list
+from .keys import META_PREFIX, as_key_arrays, key_array, key_list, shard_of
+from .write_plan_impl import check_seqs, winners
+
+DURABILITY = ("wal", "flush")
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What :meth:`EmbeddingStore.write` returns."""
+
+    applied: int  # distinct (table, row) keys written
+    skipped_stale: int  # input rows not written: a newer-or-equal seq won (stored, or in the same call)
+
+
+class StoreWrites:
+    """``write`` and ``put_meta`` of ``EmbeddingStore`` (mode ``"w"``), and its write feed."""
+
+    def write(
+        self,
+        table_ids,
+        rows,
+        vectors,
+        first_order,
+        *,
+        seqs=None,
+        meta: dict[bytes, bytes] | None = None,
+        meta_shards: str | int = "all",
+        feed: bool = False,
+        sync: bool = False,
+        durability: str = "wal",
+    ) -> WriteResult:
+        """Quantize and put rows; ONE atomic batch per shard.
+
+        ``seqs`` (int >= 0 per row, optional): per-row sequence numbers, kept in the
+        store (same shard, same atomic batch as the row). Last write wins by seq: a row
+        whose stored seq is >= its new seq is skipped (``skipped_stale``), and of
+        duplicates of one key in a call the highest seq wins (equal: the first one, as
+        across calls).
+        Without ``seqs`` the stored seqs are neither read nor changed and a later
+        duplicate in the call wins. The read-compare-write of seqs assumes ONE writer
+        (one process, writes serialized by a lock), which is what mode ``"w"`` gives.
+
+        ``feed``: feed the followers: the applied rows of all shards go, as ONE batch,
+        to the store's write feed (``embstore.feed``) before the first shard batch is
+        written; followers serve fresh rows from the feed, so a writer with followers
+        must set it on every write.
+
+        ``meta`` records (small ``bytes -> bytes``, kept in the meta key space, see
+        :meth:`get_meta`) go into the SAME atomic batch of the shards named by
+        ``meta_shards``: ``"all"`` (every shard, even one without rows: each shard
+        then records how far it got), ``"touched"`` (shards that got rows) or a shard
+        index.
+
+        A ``ValueError`` (bad arguments or values, e.g. one the record format cannot hold)
+        is raised before anything is written; an ``OSError`` (disk full, I/O) may come after
+        some shards' batches were written (each shard's batch is atomic).
+
+        ``durability``: ``"wal"`` (default) logs each batch to the write-ahead log
+        (``sync`` fsyncs it). ``"flush"`` skips the WAL and flushes the written shards'
+        memtables into SST files before returning: as durable and as atomic per shard
+        (a flush installs its SST in one MANIFEST edit; a crash before it loses the
+        whole batch, its meta records included), and far cheaper for followers: a
+        RocksDB secondary then picks up new SST files instead of replaying the WAL in
+        ``try_catch_up_with_primary``, which holds the follower's GIL (measured here at
+        200k rows/s: catch-up median 214 -> 25 ms, follower stalls p99 48 -> 9 ms).
+        """
+        self._check_writable()
+        if durability not in DURABILITY:
+            raise ValueError(f"durability must be one of {DURABILITY}, got {durability!r}")
+        wal = durability == "wal"
+        t, r = as_key_arrays(table_ids, rows)
+        records = self.codec.encode(vectors, first_order)
+        if len(records) != len(r):
+            raise ValueError(f"got {len(r)} rows but {len(records)} vectors")
+        sq = None if seqs is None else check_seqs(seqs, len(r))
+        if not isinstance(feed, bool):
+            raise ValueError(f"feed must be a bool, got {feed!r}")
+        meta_items = self._meta_items(meta)
+        S = self.config.shards
+        win = winners(t, r, sq)
+        skipped = len(r) - len(win) if sq is not None else 0
+        t, r, records = t[win], r[win], records[win]
+        if sq is not None:
+            sq = sq[win]
+        groups = self._group_by_shard(shard_of(t, r, S)) if len(r) else []
+        if not meta_items:
+            meta_targets: set[int] = set()
+        elif meta_shards == "all":
+            meta_targets = set(range(S))
+        elif meta_shards == "touched":
+            meta_targets = {s for s, _ in groups}
+        else:
+            meta_targets = {self._check_shard(meta_shards)}
+        rows_by_shard = dict(groups)
+        applied = 0
+        with self._write_lock:
+            # plan every shard's batch first (seq checks included), so that the feed frame
+            # holding exactly these rows is published BEFORE any of them is written
+            plans: list[tuple[int, list[bytes], list[bytes], int]] = []
+            fed_keys: list[bytes] = []
+            fed_records: list[np.ndarray] = []
+            for s in sorted(set(rows_by_shard) | meta_targets):
+                keys: list[bytes] = []
+                values: list[bytes] = []
+                idx = rows_by_shard.get(s)
+                if idx is not None:
+                    ka = key_array(t[idx], r[idx])
+                    if sq is not None:
+                        sk = seq_key_list(ka)
+                        fresh = sq[idx] > decode_seqs(self._multi_get(s, sk))
+                        skipped += len(idx) - int(fresh.sum())
+                        if not fresh.all():
+                            idx, ka = idx[fresh], ka[fresh]
+                            sk = [k for k, f in zip(sk, fresh.tolist()) if f]
+                        keys += sk
+                        values += seq_value_list(sq[idx])
+                    if len(idx):
+                        keys += key_list(ka)
+                        values += _record_list(records[idx])
+                        if feed:
+                            fed_keys.append(ka.tobytes())
+                            fed_records.append(records[idx])
+                if s in meta_targets:
+                    keys += [k for k, _ in meta_items]
+                    values += [v for _, v in meta_items]
+                if keys:
+                    plans.append((s, keys, values, 0 if idx is None else len(idx)))
+            if fed_keys:
+                self._feed_writer().append(b"".join(fed_keys), np.concatenate(fed_records))
+            written: list[int] = []
+            for s, keys, values, n_rows in plans:
+                self._write_batch(s, keys, values, sync and wal, wal)
+                written.append(s)
+                applied += n_rows
+            if not wal:
+                for s in written:
+                    self._flush(s)
+        return WriteResult(applied, skipped)
+
+    def _feed_writer(self) -> FeedWriter:
+        if self._feed is None:
+            self._feed = FeedWriter(self.path, self.codec.record_bytes)
+        return self._feed
+
+    def feed_reader(self) -> FeedReader:
+        """The write feed of this store, for a follower (see ``embstore.feed``)."""
+        self._check_open()
+        return FeedReader(self.path, self.codec.record_bytes)
+
+    def put_meta(self, key: bytes, value: bytes, shard: int | None = None) -> None:
+        """Put one meta record in ``shard`` (every shard if None)."""
+        self._check_writable()
+        ((k, v),) = self._meta_items({key: value})
+        shards = range(self.config.shards) if shard is None else [self._check_shard(shard)]
+        for s in shards:
+            self._write_batch(s, [k], [v], False)
+
+    def _meta_items(self, meta: dict[bytes, bytes] | None) -> list[tuple[bytes, bytes]]:
+        items = []
+        for k, v in (meta or {}).items():
+            if not isinstance(k, bytes) or not k:
+                raise ValueError(f"meta keys must be non-empty bytes, got {k!r}")
+            if k.startswith(RESERVED_META):
+                raise ValueError(f"meta keys starting with byte 0x00 are reserved for the store, got {k!r}")
+            if not isinstance(v, bytes):
+                raise ValueError(f"meta values must be bytes, got {type(v).__name__} for {k!r}")
+            items.append((META_PREFIX + k, v))
+        return items
+
+
+def _record_list(records: np.ndarray) -> list[bytes]:
+    rb = records.shape[1]
+    return np.ascontiguousarray(records).view(np.dtype((np.void, rb))).ravel().tolist()
