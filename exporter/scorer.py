@@ -56,10 +56,9 @@ class Scorer:
         # max_request_values bounds one score call's feature values (see features.value_limits)
         self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size, max_request_values=max_request_values)
         self._fg_lock = threading.Lock()
-        cfg = StoreConfig.from_dict({k: v for k, v in m["store"].items()
-                                     if k in StoreConfig.__dataclass_fields__})
+        cfg = StoreConfig.from_record(m["store"])
         if block_cache_mb is not None:
-            cfg = StoreConfig.from_dict({**cfg.to_dict(), "block_cache_mb": block_cache_mb})
+            cfg = cfg.replace(block_cache_mb=block_cache_mb)
         try:
             self.store = open_store(self.version_dir / STORE_DIR, cfg, mode=store_mode)
         except ValueError as e:

@@ -30,8 +30,7 @@ class LiveModel:
         """Close the current store (if any) and open ``version``'s for writing."""
         vdir = self.model_dir / str(version)
         manifest = load_manifest(vdir, verify_dense=False)
-        cfg = StoreConfig.from_dict({k: v for k, v in manifest["store"].items()
-                                     if k in StoreConfig.__dataclass_fields__})
+        cfg = StoreConfig.from_record(manifest["store"])
         store = open_store(vdir / STORE_DIR, cfg, mode="w")
         try:
             limits = ModelLimits.from_manifest(self.name, version, manifest, store.codec)

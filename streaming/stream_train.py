@@ -105,7 +105,7 @@ def exported_source(model_dir: str | Path) -> ModelSource:
     vdir = resolve_version(model_dir)
     m = load_manifest(vdir)
     spec = parse_spec(m["spec"], source=str(vdir / "manifest.json"))
-    cfg = StoreConfig.from_dict({k: v for k, v in m["store"].items() if k in StoreConfig.__dataclass_fields__})
+    cfg = StoreConfig.from_record(m["store"])
     store = open_store(vdir / STORE_DIR, cfg, mode="r")
     loaded, serve = load_dense(vdir / DENSE_DIR)
 
