@@ -41,11 +41,11 @@ import tensorflow as tf
 
 from exporter.scorer_impl import batch_keys
 from features.fg import FGBatch
+from streaming.stream_train_config import TIME_UNITS
 
 KEY_SHIFT = np.uint64(48)
 ROW_MASK = np.uint64((1 << 48) - 1)
 MAX_ROWS = 1 << 48
-OPTIMIZERS = ("sgd", "adagrad")
 
 
 # -- keys ---------------------------------------------------------------------------------
@@ -280,7 +280,6 @@ def newest_per_row(lookup: np.ndarray, segment: np.ndarray, num_fields: int, num
 
 
 # -- time ---------------------------------------------------------------------------------
-TIME_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 
 
 def to_millis(times: np.ndarray, unit: str) -> np.ndarray:
