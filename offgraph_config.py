@@ -80,7 +80,7 @@ def _describe_one(model: type[BaseModel], e: dict) -> str:
         return f"{name} is frozen: set {where!r} with .replace({where}=...)"
     if e["type"] == "value_error":
         return f"{name}.{where}{flag}: {_own_message(e)}"
-    msg = re.sub(r"^Input should be", "must be", e["msg"])
+    msg = re.sub(r"^\w+ should ", "must ", e["msg"])  # "Input should be ...", "String should have ..."
     return f"{name}.{where}{flag} {msg}, got {e['input']!r}"
 
 
