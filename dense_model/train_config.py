@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from offgraph_config import ConfigModel, option
 
@@ -20,8 +20,7 @@ SCHEDULES = ("constant", "cosine")
 class TrainConfig(ConfigModel, validate_assignment=True):
     """Settings of one training run (recorded in the run's ``train_config.json``).
 
-    held_out: the held-out fraction, in (0, 1); split: a name of ``dense_model.splits.SPLITS``
-    (checked by the split itself: its module loads NumPy).
+    held_out: the held-out fraction, in (0, 1); split: a name of ``dense_model.splits.SPLITS``.
     """
 
     epochs: int = option(6, ge=1, flag="--epochs")
@@ -34,6 +33,15 @@ class TrainConfig(ConfigModel, validate_assignment=True):
     seed: int = option(0, ge=0, flag="--seed")
     eval_batch_size: int = Field(8192, ge=1)
     schedule: Literal[SCHEDULES] = "constant"
+
+    @field_validator("split")
+    @classmethod
+    def _known_split(cls, v: str) -> str:
+        from dense_model.splits import SPLITS  # NumPy: only when a split is given (not for the CLI's --help)
+
+        if v not in SPLITS:
+            raise ValueError(f"unknown split {v!r}: expected one of {sorted(SPLITS)}")
+        return v
 
     def validate(self, spec: FeatureSpec) -> None:
         """What depends on the spec (the fields themselves are checked when set)."""

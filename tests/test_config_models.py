@@ -78,6 +78,9 @@ def test_store_config_from_record_keeps_the_settings_only():
     ({"held_out": 1.0}, "TrainConfig.held_out (--held-out) must be less than 1, got 1.0"),
     ({"seed": -1}, "TrainConfig.seed (--seed) must be greater than or equal to 0, got -1"),
     ({"schedule": "linear"}, "TrainConfig.schedule must be 'constant' or 'cosine', got 'linear'"),
+    # an unknown split used to pass here and fail only once the data was read and encoded
+    ({"split": "daily"}, "TrainConfig.split (--split): unknown split 'daily': expected one of ['per-key-time', "
+                         "'random', 'time']"),
 ])
 def test_train_config_refuses_naming_the_field(kw, words):
     with pytest.raises(ValueError, match=re.escape(words)):
