@@ -14,16 +14,17 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="raw table: Parquet, CSV/TSV or JSON lines")
     p.add_argument("--out", required=True, help="run directory to write")
     add_table_args(p)
-    d = TrainConfig()
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=d.optimizer)
-    p.add_argument("--loss", choices=LOSSES, default=d.loss)
+    d = TrainConfig()  # the defaults
+    p.add_argument("--epochs", type=int, default=d.epochs, help="default %(default)s")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="default %(default)s")
+    p.add_argument("--lr", type=float, default=d.lr, help="default %(default)g")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=d.optimizer, help="default %(default)s")
+    p.add_argument("--loss", choices=LOSSES, default=d.loss, help="default %(default)s")
     p.add_argument("--split", choices=LazyChoices("dense_model.splits", "SPLITS"), metavar="SPLIT", default=d.split,
                    help="held-out split: %(choices)s (default %(default)s)")
-    p.add_argument("--held-out", type=float, default=d.held_out, help="held-out fraction")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--held-out", type=float, default=d.held_out,
+                   help="held-out fraction, in (0, 1) (default %(default)g)")
+    p.add_argument("--seed", type=int, default=d.seed, help="default %(default)s")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -44,9 +45,9 @@ def read_table_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from features.spec import load_spec
 
-    spec = load_spec(args.spec)
     cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
                       loss=args.loss, split=args.split, held_out=args.held_out, seed=args.seed)
+    spec = load_spec(args.spec)
     cfg.validate(spec)
     table = read_table_args(args)
     from dense_model.train import train_run  # TensorFlow: only once the inputs are known to be good

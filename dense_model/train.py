@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -170,7 +169,7 @@ def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | 
         "fg_seconds": fg_seconds,
         "fg_version": spec.fg_version,
         "table_rows": {f.name: f.rows for f in spec.fields},
-        "config": asdict(cfg),
+        "config": cfg.model_dump(),
         "source": source,
     }
     if out_dir is not None:
@@ -186,7 +185,7 @@ def write_run(out_dir: str | Path, model: DeepFM, spec: FeatureSpec, cfg: TrainC
     tmp.mkdir(parents=True)
     model.save_weights(tmp / WEIGHTS_FILE)
     (tmp / SPEC_FILE).write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
-    (tmp / CONFIG_FILE).write_text(json.dumps(asdict(cfg), indent=2))
+    (tmp / CONFIG_FILE).write_text(json.dumps(cfg.model_dump(), indent=2))
     (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2, default=float))
     if out.exists():
         shutil.rmtree(out)

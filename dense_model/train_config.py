@@ -1,10 +1,13 @@
-"""Training settings (`TrainConfig`) and the names they may take. Imports nothing heavy, so that the
-command line can offer them without loading TensorFlow (`dense_model.train` maps the names to Keras
-objects)."""
+"""Training settings (`TrainConfig`) and the names they may take. Imports nothing heavy (pydantic), so
+that the command line can offer them, and take its defaults from them, without loading TensorFlow
+(`dense_model.train` maps the names to Keras objects)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, field_validator
+
+from offgraph_config import ConfigModel, option
 
 if TYPE_CHECKING:  # only a type here: importing features would load NumPy into `offgraph --help`
     from features.spec import FeatureSpec
@@ -14,27 +17,33 @@ OPTIMIZERS = ("adam", "adagrad")
 SCHEDULES = ("constant", "cosine")
 
 
-@dataclass
-class TrainConfig:
-    epochs: int = 6
-    batch_size: int = 512
-    lr: float = 0.001
-    optimizer: str = "adam"
-    loss: str = "pointwise"
-    split: str = "per-key-time"
-    held_out: float = 0.2
-    seed: int = 0
-    eval_batch_size: int = 8192
-    schedule: str = "constant"
+class TrainConfig(ConfigModel, validate_assignment=True):
+    """Settings of one training run (recorded in the run's ``train_config.json``).
+
+    held_out: the held-out fraction, in (0, 1); split: a name of ``dense_model.splits.SPLITS``.
+    """
+
+    epochs: int = option(6, ge=1, flag="--epochs")
+    batch_size: int = option(512, ge=1, flag="--batch-size")
+    lr: float = option(0.001, gt=0, flag="--lr")
+    optimizer: Literal[OPTIMIZERS] = option("adam", flag="--optimizer")
+    loss: Literal[LOSSES] = option("pointwise", flag="--loss")
+    split: str = option("per-key-time", flag="--split")
+    held_out: float = option(0.2, gt=0, lt=1, flag="--held-out")
+    seed: int = option(0, ge=0, flag="--seed")
+    eval_batch_size: int = Field(8192, ge=1)
+    schedule: Literal[SCHEDULES] = "constant"
+
+    @field_validator("split")
+    @classmethod
+    def _known_split(cls, v: str) -> str:
+        from dense_model.splits import SPLITS  # NumPy: only when a split is given (not for the CLI's --help)
+
+        if v not in SPLITS:
+            raise ValueError(f"unknown split {v!r}: expected one of {sorted(SPLITS)}")
+        return v
 
     def validate(self, spec: FeatureSpec) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}: expected one of {sorted(OPTIMIZERS)}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown lr schedule {self.schedule!r}: expected one of {sorted(SCHEDULES)}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"unknown loss {self.loss!r}: expected one of {LOSSES}")
+        """What depends on the spec (the fields themselves are checked when set)."""
         if self.loss != "pointwise" and not spec.group:
             raise ValueError(f"loss {self.loss!r} needs request groups: the spec has no 'group' column")
-        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise ValueError("epochs and batch size must be >= 1 and lr > 0")

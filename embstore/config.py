@@ -11,9 +11,11 @@ Two kinds of settings:
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from offgraph_config import ConfigModel
 
 QUANTS = ("fp32", "fp16", "int8")
 COMPRESSIONS = ("none", "lz4", "lz4hc", "zstd", "snappy")
@@ -23,8 +25,7 @@ KEY_FORMATS = ("u32be-table+u64be-row",)
 LAYOUT_FIELDS = ("dim", "quant", "shards", "shard_fn", "key_format", "backend")
 
 
-@dataclass(frozen=True)
-class StoreConfig:
+class StoreConfig(ConfigModel, frozen=True):
     """Configuration of an embedding store.
 
     dim: embedding width D (every table of a store has the same D).
@@ -32,7 +33,7 @@ class StoreConfig:
     shards: number of shards S (each its own RocksDB directory).
     block_cache_mb: capacity of the ONE block cache shared by all shards (MiB).
     bloom_bits_per_key: bloom filter bits per key in every SST file.
-    read_threads: threads reading shards in parallel; default ``min(shards, 8)``.
+    read_threads: threads reading shards in parallel; default (None) ``min(shards, 8)``.
     compression: block compression of SST files above the bottommost level (memtable
         flushes of live updates).
     bottommost_compression: block compression of the bottommost level, which holds
@@ -47,69 +48,45 @@ class StoreConfig:
     shard_fn / key_format / backend: named, versioned choices recorded with the store.
     """
 
-    dim: int
-    quant: str = "fp32"
-    shards: int = 1
-    block_cache_mb: int = 64
-    bloom_bits_per_key: int = 10
-    read_threads: int | None = None
-    compression: str = "lz4"
-    bottommost_compression: str | None = "lz4hc"
-    compression_level: int | None = 4
-    write_buffer_mb: int = 16
-    block_size_kb: int = 16
-    block_restart_interval: int = 32
-    shard_fn: str = "splitmix64-v1"
-    key_format: str = "u32be-table+u64be-row"
-    backend: str = "rocksdb"
+    dim: int = Field(ge=1)
+    quant: Literal[QUANTS] = "fp32"
+    shards: int = Field(1, ge=1)
+    block_cache_mb: int = Field(64, ge=1)
+    bloom_bits_per_key: int = Field(10, ge=0)
+    read_threads: int | None = Field(None, ge=1, validate_default=True)
+    compression: Literal[COMPRESSIONS] = "lz4"
+    bottommost_compression: Literal[COMPRESSIONS] | None = "lz4hc"
+    compression_level: int | None = Field(4, ge=-(2**20))
+    write_buffer_mb: int = Field(16, ge=1)
+    block_size_kb: int = Field(16, ge=1)
+    block_restart_interval: int = Field(32, ge=1)
+    shard_fn: Literal[SHARD_FNS] = "splitmix64-v1"
+    key_format: Literal[KEY_FORMATS] = "u32be-table+u64be-row"
+    backend: str = Field("rocksdb", min_length=1)
 
-    def __post_init__(self) -> None:
-        _check_int("dim", self.dim, 1)
-        if self.quant not in QUANTS:
-            raise ValueError(f"StoreConfig.quant must be one of {QUANTS}, got {self.quant!r}")
-        _check_int("shards", self.shards, 1)
-        _check_int("block_cache_mb", self.block_cache_mb, 1)
-        _check_int("bloom_bits_per_key", self.bloom_bits_per_key, 0)
-        if self.read_threads is None:
-            object.__setattr__(self, "read_threads", min(self.shards, 8))
-        _check_int("read_threads", self.read_threads, 1)
-        if self.compression not in COMPRESSIONS:
-            raise ValueError(
-                f"StoreConfig.compression must be one of {COMPRESSIONS}, got {self.compression!r}"
-            )
-        if self.bottommost_compression is not None and self.bottommost_compression not in COMPRESSIONS:
-            raise ValueError(
-                f"StoreConfig.bottommost_compression must be None or one of {COMPRESSIONS}, "
-                f"got {self.bottommost_compression!r}"
-            )
-        if self.compression_level is not None:
-            _check_int("compression_level", self.compression_level, -(2**20))
-        _check_int("write_buffer_mb", self.write_buffer_mb, 1)
-        _check_int("block_size_kb", self.block_size_kb, 1)
-        _check_int("block_restart_interval", self.block_restart_interval, 1)
-        if self.shard_fn not in SHARD_FNS:
-            raise ValueError(f"StoreConfig.shard_fn must be one of {SHARD_FNS}, got {self.shard_fn!r}")
-        if self.key_format not in KEY_FORMATS:
-            raise ValueError(
-                f"StoreConfig.key_format must be one of {KEY_FORMATS}, got {self.key_format!r}"
-            )
-        if not isinstance(self.backend, str) or not self.backend:
-            raise ValueError(f"StoreConfig.backend must be a non-empty string, got {self.backend!r}")
+    @field_validator("read_threads")
+    @classmethod
+    def _read_threads_default(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is None and "shards" in info.data:  # (a bad shards is reported on its own)
+            return min(info.data["shards"], 8)
+        return v
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StoreConfig":
+        """The settings of ``store.json``: every key must be a setting."""
         if not isinstance(d, dict):
             raise ValueError(f"StoreConfig.from_dict needs a dict, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"StoreConfig: unknown setting(s) {unknown}")
-        if "dim" not in d:
-            raise ValueError("StoreConfig: missing setting 'dim'")
         return cls(**d)
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> "StoreConfig":
+        """The settings of a manifest's ``store`` record, which also holds figures (row counts, bytes)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"StoreConfig.from_record needs a dict, got {type(d).__name__}")
+        return cls(**{k: v for k, v in d.items() if k in cls.model_fields})
 
     def layout(self) -> dict[str, Any]:
         """The settings that decide what the bytes on disk mean."""
@@ -125,9 +102,3 @@ class StoreConfig:
         if bad:
             raise ValueError("StoreConfig conflicts with the existing store: " + "; ".join(bad))
 
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"StoreConfig.{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"StoreConfig.{name} must be >= {minimum}, got {value}")

@@ -232,11 +232,11 @@ def open_version_store(version_dir: str | Path, manifest: dict[str, Any], mode: 
                        block_cache_mb: int | None = None):
     """The store of a model version, opened with the store settings its manifest records
     (``mode``: ``"r"``, ``"w"`` or ``"follow"``; ``block_cache_mb`` overrides the recorded
-    block cache). The manifest may carry keys a ``StoreConfig`` does not take (row counts,
-    bytes on disk): only the config's own keys are passed on."""
+    block cache). The manifest's record also holds figures (row counts, bytes on disk) that
+    ``StoreConfig.from_record`` leaves out."""
     from embstore import StoreConfig, open_store
 
-    settings = {k: v for k, v in manifest["store"].items() if k in StoreConfig.__dataclass_fields__}
+    cfg = StoreConfig.from_record(manifest["store"])
     if block_cache_mb is not None:
-        settings["block_cache_mb"] = block_cache_mb
-    return open_store(Path(version_dir) / STORE_DIR, StoreConfig.from_dict(settings), mode=mode)
+        cfg = cfg.replace(block_cache_mb=block_cache_mb)
+    return open_store(Path(version_dir) / STORE_DIR, cfg, mode=mode)

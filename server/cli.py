@@ -5,7 +5,16 @@ import argparse
 import os
 
 from offgraph_cli import add_cpus_argument, pin_cpus
-from server.config import ADMIN_TOKEN_ENV
+from offgraph_config import default
+from server.config import ADMIN_TOKEN_ENV, MiB, HttpLimits, ServerConfig
+
+
+def server(name: str):
+    return default(ServerConfig, name)
+
+
+def http(name: str):
+    return default(HttpLimits, name)
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -14,44 +23,47 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                                                    "complete version")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8500)
-    p.add_argument("--cache-mb", type=float, default=256.0,
-                   help="row-cache budget in MiB, split between the models (default 256)")
-    p.add_argument("--max-candidates", type=int, default=2000, help="most candidates per request (default 2000)")
-    p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
-    p.add_argument("--max-request-values", type=int, default=100_000,
+    p.add_argument("--cache-mb", type=float, default=server("cache_mb"),
+                   help="row-cache budget in MiB, split between the models (default %(default)g)")
+    p.add_argument("--max-candidates", type=int, default=server("max_candidates"),
+                   help="most candidates per request (default %(default)s)")
+    p.add_argument("--max-body-mb", type=float, default=server("max_body_bytes") / MiB,
+                   help="largest request body in MiB (default %(default)g)")
+    p.add_argument("--max-request-values", type=int, default=server("max_request_values"),
                    help="most feature values in one score request: request fields once, item and cross fields once "
-                        "per candidate (default 100000; more is a 422). Each id/tokenize field also has its own "
+                        "per candidate (default %(default)s; more is a 422). Each id/tokenize field also has its own "
                         "per-row max_values in the model's feature spec")
-    p.add_argument("--header-timeout", type=float, default=10.0,
+    p.add_argument("--header-timeout", type=float, default=http("header_timeout_s"),
                    help="seconds for a request's line and headers to arrive, from the connection's opening or the "
-                        "next request's first byte (default 10; then 408 or close)")
-    p.add_argument("--body-timeout", type=float, default=30.0,
-                   help="seconds for a request's whole body to arrive after its headers (default 30; then 408 and "
-                        "close)")
-    p.add_argument("--keep-alive-timeout", type=float, default=5.0,
-                   help="seconds an idle kept-alive connection stays open (default 5)")
-    p.add_argument("--max-connections", type=int, default=1000,
-                   help="open connections per server process (default 1000); past it the connection idle the "
+                        "next request's first byte (default %(default)g; then 408 or close)")
+    p.add_argument("--body-timeout", type=float, default=http("body_timeout_s"),
+                   help="seconds for a request's whole body to arrive after its headers (default %(default)g; then "
+                        "408 and close)")
+    p.add_argument("--keep-alive-timeout", type=float, default=http("keep_alive_timeout_s"),
+                   help="seconds an idle kept-alive connection stays open (default %(default)g)")
+    p.add_argument("--max-connections", type=int, default=http("max_connections"),
+                   help="open connections per server process (default %(default)s); past it the connection idle the "
                         "longest is closed, and with none idle a new connection's request gets a 503")
     p.add_argument("--intra-threads", type=int, default=1,
                    help="TensorFlow intra-op threads (default 1: per-request graphs are small; concurrency "
                         "comes from --score-threads)")
     p.add_argument("--inter-threads", type=int, default=1, help="TensorFlow inter-op threads (default 1)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="server processes sharing the port (default 1). One Python process scores on about one "
-                        "core; use about one worker per core the server may use. Admin actions reach every "
+    p.add_argument("--workers", type=int, default=server("workers"),
+                   help="server processes sharing the port (default %(default)s). One Python process scores on about "
+                        "one core; use about one worker per core the server may use. Admin actions reach every "
                         "worker; metrics are summed; --cache-mb is split between the workers")
-    p.add_argument("--score-threads", type=int, default=2,
-                   help="threads running the scorer in each worker (default 2: the scorer holds the GIL for "
+    p.add_argument("--score-threads", type=int, default=server("score_threads"),
+                   help="threads running the scorer in each worker (default %(default)s: the scorer holds the GIL for "
                         "most of a request, so more threads mostly add contention)")
     p.add_argument("--admin-token", default=None,
                    help=f"bearer token of the admin actions (default: ${ADMIN_TOKEN_ENV}; none: admin disabled)")
-    p.add_argument("--poll-seconds", type=float, default=2.0, help="how often MODELS is scanned (default 2)")
-    p.add_argument("--follow-seconds", type=float, default=0.05,
+    p.add_argument("--poll-seconds", type=float, default=server("poll_seconds"),
+                   help="how often MODELS is scanned (default %(default)g)")
+    p.add_argument("--follow-seconds", type=float, default=server("follow_interval_s"),
                    help="how often each model reads the live updater's feed of applied rows: the freshness of "
-                        "streamed rows (default 0.05; plain file reads)")
-    p.add_argument("--catch-up-seconds", type=float, default=30.0,
-                   help="how often each model's RocksDB view catches up with the updater (default 30; a "
+                        "streamed rows (default %(default)g; plain file reads)")
+    p.add_argument("--catch-up-seconds", type=float, default=server("catch_up_s"),
+                   help="how often each model's RocksDB view catches up with the updater (default %(default)g; a "
                         "catch-up holds the GIL for milliseconds per shard, the feed keeps rows fresh meanwhile)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_cpus_argument(p, "the server and its workers")
@@ -61,8 +73,6 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def run(args) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     pin_cpus(args.cpus)  # first: every thread and worker process inherits it
-    from server.config import HttpLimits, ServerConfig
-
     config = ServerConfig(
         models_dir=args.models, cache_mb=args.cache_mb, max_candidates=args.max_candidates,
         max_body_bytes=int(args.max_body_mb * 2**20), poll_seconds=args.poll_seconds,

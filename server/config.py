@@ -1,16 +1,23 @@
-"""ServerConfig: everything ``create_app`` needs, validated once."""
+"""ServerConfig: everything ``create_app`` needs, validated once (pydantic, ``offgraph_config``)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+
+from offgraph_config import ConfigModel, option
 
 ADMIN_TOKEN_ENV = "OFFGRAPH_ADMIN_TOKEN"
 MiB = 1 << 20
+DAY_S = 86400.0
+
+# a path given as a str is taken too (the models are strict otherwise)
+LaxPath = Annotated[Path, Field(strict=False)]
 
 
-@dataclass(frozen=True)
-class HttpLimits:
+class HttpLimits(ConfigModel, frozen=True):
     """Connection limits of a server process (enforced by ``server.http_limits``).
 
     header_timeout_s: a request's line and headers must arrive within this, from the connection's
@@ -19,27 +26,16 @@ class HttpLimits:
     keep_alive_timeout_s: an idle kept-alive connection is closed after this.
     max_connections: open connections per process; past it the connection idle the longest is
         closed, or, with none idle, the new connection's request gets a 503.
+    Timeouts are seconds, > 0 and < 1 day.
     """
 
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    keep_alive_timeout_s: float = 5.0
-    max_connections: int = 1000
-
-    def __post_init__(self) -> None:
-        for name, flag in (("header_timeout_s", "--header-timeout"), ("body_timeout_s", "--body-timeout"),
-                           ("keep_alive_timeout_s", "--keep-alive-timeout")):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 86400:
-                raise ValueError(f"HttpLimits.{name} ({flag}) must be a number of seconds > 0 (and < 1 day), "
-                                 f"got {v!r}")
-        v = self.max_connections
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"HttpLimits.max_connections (--max-connections) must be an integer >= 1, got {v!r}")
+    header_timeout_s: float = option(10.0, gt=0, lt=DAY_S, flag="--header-timeout")
+    body_timeout_s: float = option(30.0, gt=0, lt=DAY_S, flag="--body-timeout")
+    keep_alive_timeout_s: float = option(5.0, gt=0, lt=DAY_S, flag="--keep-alive-timeout")
+    max_connections: int = option(1000, ge=1, flag="--max-connections")
 
 
-@dataclass(frozen=True)
-class ServerConfig:
+class ServerConfig(ConfigModel, frozen=True):
     """Settings of one server process.
 
     models_dir: MODELS; every ``MODELS/<name>/`` with a complete version is served.
@@ -52,10 +48,12 @@ class ServerConfig:
         work beside the spec's per-field ``max_values``.
     http: the connection limits (``HttpLimits``).
     poll_seconds: how often MODELS is scanned for new versions.
-    admin_token: bearer token of the admin actions; None disables them (403).
-    score_threads: size of the thread pool running ``Scorer.score``.
-    intra_threads / inter_threads: TensorFlow thread pools; None leaves TF's default
-        (the CLI always sets them).
+    admin_token: bearer token of the admin actions; None (or blank) disables them (403).
+    score_threads: size of the thread pool running ``Scorer.score``. 2: the scorer holds the GIL
+        for most of a request, so more threads mostly add contention (server/README.md).
+    intra_threads / inter_threads: TensorFlow thread pools; None leaves TF's default (an app
+        built in a process that already ran TF ops cannot change them; the CLI's fresh process
+        sets both to 1).
     follow_interval_s: how often a scorer reads its store's write feed (fresh rows from the live
         writer: plain file reads, ``exporter.follower``).
     catch_up_s: how often a scorer's RocksDB secondary catches up with the writer (each catch-up
@@ -71,59 +69,46 @@ class ServerConfig:
         multiprocess mode). One process (the default): ``workers=1`` and no control_dir.
     """
 
-    models_dir: Path
-    cache_mb: float = 256.0
-    max_candidates: int = 2000
-    max_body_bytes: int = 8 * MiB
-    max_request_values: int = 100_000
+    models_dir: LaxPath = option(flag="--models")
+    cache_mb: float = option(256.0, ge=0, flag="--cache-mb")
+    max_candidates: int = option(2000, ge=1, flag="--max-candidates")
+    max_body_bytes: int = option(8 * MiB, ge=1024, flag="--max-body-mb")
+    max_request_values: int = option(100_000, ge=1, flag="--max-request-values")
     http: HttpLimits = HttpLimits()
-    poll_seconds: float = 2.0
-    admin_token: str | None = None
-    score_threads: int = 4
-    intra_threads: int | None = None
-    inter_threads: int | None = None
-    follow_interval_s: float = 0.05
-    catch_up_s: float = 30.0
-    item_cache_size: int = 100_000
-    warmup_candidates: int = 200
+    poll_seconds: float = option(2.0, ge=0.01, flag="--poll-seconds")
+    admin_token: str | None = option(None, flag="--admin-token")
+    score_threads: int = option(2, ge=1, flag="--score-threads")
+    intra_threads: int | None = option(None, ge=1, flag="--intra-threads")
+    inter_threads: int | None = option(None, ge=1, flag="--inter-threads")
+    follow_interval_s: float = option(0.05, ge=0.001, flag="--follow-seconds")
+    catch_up_s: float = option(30.0, ge=0.01, flag="--catch-up-seconds")
+    item_cache_size: int = Field(100_000, ge=0)
+    warmup_candidates: int = Field(200, ge=1)
     verify: bool = True
     tune_gc: bool = True
-    workers: int = 1
-    worker_id: int = 0
-    control_dir: Path | None = None
+    workers: int = option(1, ge=1, flag="--workers")
+    worker_id: int = Field(0, ge=0)
+    control_dir: LaxPath | None = None
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "models_dir", Path(self.models_dir))
-        if not self.models_dir.is_dir():
-            raise ValueError(f"--models {self.models_dir}: not a directory")
-        if self.control_dir is not None:
-            object.__setattr__(self, "control_dir", Path(self.control_dir))
-        if not (isinstance(self.workers, int) and self.workers >= 1 and 0 <= self.worker_id < self.workers):
-            raise ValueError(f"ServerConfig: workers must be >= 1 and 0 <= worker_id < workers, got workers="
-                             f"{self.workers!r}, worker_id={self.worker_id!r}")
+    @field_validator("models_dir")
+    @classmethod
+    def _models_dir_exists(cls, v: Path) -> Path:
+        if not v.is_dir():
+            raise ValueError(f"{v}: not a directory")
+        return v
+
+    @field_validator("admin_token")
+    @classmethod
+    def _blank_token_is_none(cls, v: str | None) -> str | None:
+        return v if v is not None and v.strip() else None
+
+    @model_validator(mode="after")
+    def _workers(self) -> "ServerConfig":
+        if self.worker_id >= self.workers:
+            raise ValueError(f"worker_id must be < workers, got workers={self.workers}, worker_id={self.worker_id}")
         if self.workers > 1 and self.control_dir is None:
-            raise ValueError("ServerConfig: several workers need a control_dir (admin actions are shared there)")
-        if self.admin_token is not None and not self.admin_token.strip():
-            object.__setattr__(self, "admin_token", None)
-        checks = [
-            ("cache_mb", self.cache_mb, 0), ("max_candidates", self.max_candidates, 1),
-            ("max_body_bytes", self.max_body_bytes, 1024), ("poll_seconds", self.poll_seconds, 0.01),
-            ("max_request_values", self.max_request_values, 1),
-            ("score_threads", self.score_threads, 1), ("follow_interval_s", self.follow_interval_s, 0.001),
-            ("catch_up_s", self.catch_up_s, 0.01),
-            ("item_cache_size", self.item_cache_size, 0), ("warmup_candidates", self.warmup_candidates, 1),
-        ]
-        for name, value, low in checks:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
-                raise ValueError(f"ServerConfig.{name} must be a number >= {low}, got {value!r}")
-        if not isinstance(self.max_request_values, int):
-            raise ValueError(f"ServerConfig.max_request_values must be an integer, got {self.max_request_values!r}")
-        if not isinstance(self.http, HttpLimits):
-            raise ValueError(f"ServerConfig.http must be an HttpLimits, got {self.http!r}")
-        for name in ("intra_threads", "inter_threads"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"ServerConfig.{name} must be an integer >= 1 or None, got {v!r}")
+            raise ValueError("several workers need a control_dir (admin actions are shared there)")
+        return self
 
     @staticmethod
     def admin_token_from_env() -> str | None:

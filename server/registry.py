@@ -19,7 +19,6 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from exporter.manifest import ModelDirError, check_model_name, complete_versions

@@ -16,7 +16,6 @@ gracefully (in-flight requests finish).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import multiprocessing
 import os
@@ -98,8 +97,8 @@ class Supervisor:
         self.host, self.port, self.workers, self.log_level = host, port, workers, log_level
         self.tmp = Path(tempfile.mkdtemp(prefix="offgraph-serve-"))
         (self.tmp / "prometheus").mkdir()
-        self.config = dataclasses.replace(config, workers=workers, control_dir=self.tmp / "control",
-                                          cache_mb=config.cache_mb / workers)
+        self.config = config.replace(workers=workers, control_dir=self.tmp / "control",
+                                     cache_mb=config.cache_mb / workers)
         self.ctx = multiprocessing.get_context("spawn")
         self.procs: dict[int, multiprocessing.process.BaseProcess] = {}
         self.started: dict[int, float] = {}
@@ -107,7 +106,7 @@ class Supervisor:
         self.stopping = False
 
     def _start(self, i: int) -> None:
-        cfg = dataclasses.replace(self.config, worker_id=i)
+        cfg = self.config.replace(worker_id=i)
         p = self.ctx.Process(target=_worker_main, args=(cfg, self.host, self.port, self.log_level),
                              name=f"offgraph-worker-{i}", daemon=False)
         p.start()

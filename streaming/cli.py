@@ -8,8 +8,14 @@ import os
 import signal
 
 from offgraph_cli import add_cpus_argument, pin_cpus
+from offgraph_config import default
+from streaming.updater_config import DURABILITY, UpdaterConfig
 
 log = logging.getLogger("offgraph.update")
+
+
+def _default(name: str):
+    return default(UpdaterConfig, name)
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -20,16 +26,20 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dead-letter", help="folder for refused files (default: DIR/dead for spool:DIR)")
     p.add_argument("--delete-applied", action="store_true",
                    help="delete applied spool files instead of moving them to DIR/applied/")
-    p.add_argument("--batch-files", type=int, default=64, help="delta files per store write (default 64)")
-    p.add_argument("--max-batch-rows", type=int, default=1_000_000, help="rows per store write at most")
-    p.add_argument("--wait-timeout", type=float, default=600.0,
-                   help="seconds a file for a not-yet-complete version may wait before it is dead-lettered")
-    p.add_argument("--poll-interval", type=float, default=0.05, help="seconds between polls when idle")
+    p.add_argument("--batch-files", type=int, default=_default("batch_files"),
+                   help="delta files per store write (default %(default)s)")
+    p.add_argument("--max-batch-rows", type=int, default=_default("max_batch_rows"),
+                   help="rows per store write at most (default %(default)s)")
+    p.add_argument("--wait-timeout", type=float, default=_default("wait_timeout_s"),
+                   help="seconds a file for a not-yet-complete version may wait before it is dead-lettered "
+                        "(default %(default)g)")
+    p.add_argument("--poll-interval", type=float, default=_default("poll_interval_s"),
+                   help="seconds between polls when idle (default %(default)g)")
     p.add_argument("--sync", action="store_true", help="fsync every write batch (survives power loss; WAL only)")
-    p.add_argument("--durability", choices=["flush", "wal"], default="flush",
-                   help="flush: no WAL, memtables flushed to SST after every batch (followers pick up files "
-                        "instead of replaying the WAL while holding their GIL); wal: the write-ahead log")
-    p.add_argument("--max-deltas-per-s", type=float, default=0.0,
+    p.add_argument("--durability", choices=DURABILITY, default=_default("durability"),
+                   help="flush: no WAL, memtables flushed to SST after every batch (followers pick up files instead "
+                        "of replaying the WAL while holding their GIL); wal: the write-ahead log (default %(default)s)")
+    p.add_argument("--max-deltas-per-s", type=float, default=_default("max_deltas_per_s"),
                    help="apply at most this many deltas per second (0: unlimited), to leave CPU to serving")
     p.add_argument("--nice", type=int, default=0,
                    help="raise the process's nice value by this much (e.g. 10: serving gets the CPU first)")
@@ -49,8 +59,9 @@ def run_update(args) -> int:
     from streaming.sources import open_source
     from streaming.updater import Updater
 
-    if args.batch_files < 1:
-        raise ValueError(f"--batch-files must be >= 1, got {args.batch_files}")
+    config = UpdaterConfig(batch_files=args.batch_files, max_batch_rows=args.max_batch_rows,
+                           wait_timeout_s=args.wait_timeout, poll_interval_s=args.poll_interval, sync=args.sync,
+                           durability=args.durability, max_deltas_per_s=args.max_deltas_per_s)
     pin_cpus(args.cpus)  # before the store opens: RocksDB's threads inherit it
     if args.nice:
         if args.nice < 0:
@@ -62,10 +73,7 @@ def run_update(args) -> int:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # inherited by RocksDB's threads too
     source = open_source(args.source, dead_letter_dir=args.dead_letter, delete_applied=args.delete_applied)
     metrics = UpdaterMetrics(args.model, port=args.metrics_port, log_every_s=args.log_every)
-    up = Updater(args.models, args.model, source, batch_files=args.batch_files,
-                 max_batch_rows=args.max_batch_rows, wait_timeout_s=args.wait_timeout,
-                 poll_interval_s=args.poll_interval, sync=args.sync, durability=args.durability,
-                 max_deltas_per_s=args.max_deltas_per_s, metrics=metrics)
+    up = Updater(args.models, args.model, source, config, metrics=metrics)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: up.stop())
     up.start()

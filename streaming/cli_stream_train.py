@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
-# TensorFlow-free: `offgraph --help` imports this module. --optimizer and --time-unit are checked by
-# StreamTrainConfig.validate (a clear error, exit 2), whose module loads TensorFlow.
+# TensorFlow-free: `offgraph --help` imports this module. Defaults and checks (a clear error, exit 2) come
+# from StreamTrainConfig, whose module imports pydantic only.
+from offgraph_config import default
+from streaming.stream_train_config import OPTIMIZERS, TIME_UNITS, StreamTrainConfig
+
+
+def _default(name: str):
+    return default(StreamTrainConfig, name)
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -19,40 +25,47 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--events", required=True, help="labelled events: Parquet, CSV/TSV or JSON lines, with the "
                                                    "spec's input and label columns (time order by its time column)")
     p.add_argument("--emit", required=True, help="delta sink: spool:DIR")
-    p.add_argument("--lr", type=float, default=0.003,
-                   help="embedding step size (the loss is summed over a batch: keep lr x batch small)")
-    p.add_argument("--optimizer", default="sgd", help="sgd (default) or adagrad (row-wise)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr-first-order", type=float, default=None,
+    p.add_argument("--lr", type=float, default=_default("lr"),
+                   help="embedding step size (default %(default)g; the loss is summed over a batch: keep lr x "
+                        "batch small)")
+    p.add_argument("--optimizer", default=_default("optimizer"),
+                   help=f"one of {', '.join(OPTIMIZERS)} (default %(default)s; adagrad is row-wise)")
+    p.add_argument("--batch-size", type=int, default=_default("batch_size"),
+                   help="events per step (default %(default)s)")
+    p.add_argument("--lr-first-order", type=float, default=_default("lr_first_order"),
                    help="learning rate of the first-order weights (default: --lr)")
     p.add_argument("--fields", default=None,
                    help="comma-separated fields whose rows are trained (default: all); e.g. user_id,movie_id: "
                         "shared side-feature tables stay frozen")
-    p.add_argument("--l2", type=float, default=0.0, help="L2 on the touched rows (l2/2 |row|^2 per batch)")
-    p.add_argument("--adagrad-init", type=float, default=0.1, help="initial row-wise Adagrad accumulator")
-    p.add_argument("--every-events", type=int, default=None, help="emit one delta file every K events")
-    p.add_argument("--every-seconds", type=float, default=None, help="... or every T seconds (and at the end)")
+    p.add_argument("--l2", type=float, default=_default("l2"),
+                   help="L2 on the touched rows (l2/2 |row|^2 per batch; default %(default)g)")
+    p.add_argument("--adagrad-init", type=float, default=_default("adagrad_init"),
+                   help="initial row-wise Adagrad accumulator (default %(default)g)")
+    p.add_argument("--every-events", type=int, default=_default("every_events"),
+                   help="emit one delta file every K events")
+    p.add_argument("--every-seconds", type=float, default=_default("every_seconds"),
+                   help="... or every T seconds (and at the end)")
     p.add_argument("--model-name", help="model name in the deltas (default: the model directory's name)")
     p.add_argument("--model-version", type=int, help="model version in the deltas (default: the version dir)")
-    p.add_argument("--seq-start", type=int, default=None, help="first sequence number (default: time_ns now)")
-    p.add_argument("--time-unit", default="auto",
-                   help="unit of the spec's time column: auto (default), s, ms, us or ns")
+    p.add_argument("--seq-start", type=int, default=_default("seq_start"),
+                   help="first sequence number (default: time_ns now)")
+    p.add_argument("--time-unit", default=_default("time_unit"),
+                   help=f"unit of the spec's time column: auto, {', '.join(TIME_UNITS)} (default %(default)s)")
     p.add_argument("--json", help="also write the summary to this file")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.tables import read_table
-    from streaming.stream_train import StreamTrainConfig, open_trainer, parse_emit, stream_train_table
-
-    spool = parse_emit(args.emit)
     fields = None if args.fields is None else tuple(f.strip() for f in args.fields.split(",") if f.strip())
     cfg = StreamTrainConfig(lr=args.lr, optimizer=args.optimizer, batch_size=args.batch_size, l2=args.l2,
                             lr_first_order=args.lr_first_order, fields=fields,
                             adagrad_init=args.adagrad_init, every_events=args.every_events,
                             every_seconds=args.every_seconds, seq_start=args.seq_start, time_unit=args.time_unit)
-    cfg.validate()
+    from features.tables import read_table  # TensorFlow: only once the settings are known to be good
+    from streaming.stream_train import open_trainer, parse_emit, stream_train_table
+
+    spool = parse_emit(args.emit)
     table = read_table(args.events)
     with open_trainer(model_dir=args.model, run_dir=args.run, config=cfg, model_name=args.model_name,
                       model_version=args.model_version) as trainer:

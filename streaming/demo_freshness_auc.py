@@ -37,6 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
+from offgraph_config import default
+from streaming.stream_train_config import OPTIMIZERS, StreamTrainConfig
+
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "examples" / "movielens.yaml"
 MODEL = "movielens"
 DAY_S = 86400
@@ -51,15 +54,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--spec", default=str(DEFAULT_SPEC))
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--quant", default="int8", choices=["fp32", "fp16", "int8"])
-    # tuned on this protocol (see the module docstring): small steps for the embeddings, larger for the
-    # first-order weights, small batches, and only the id tables: streaming the shared side-feature tables
-    # (gender, age, occupation, genres, crosses) lets a few bursty raters drag them and hurts everyone else
-    p.add_argument("--lr", type=float, default=0.003)
+    # tuned on this protocol (see the module docstring): small steps for the embeddings (StreamTrainConfig's
+    # defaults come from here), larger for the first-order weights, small batches, and only the id tables:
+    # streaming the shared side-feature tables (gender, age, occupation, genres, crosses) lets a few bursty
+    # raters drag them and hurts everyone else
+    p.add_argument("--lr", type=float, default=default(StreamTrainConfig, "lr"))
     p.add_argument("--lr-first-order", type=float, default=0.1)
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adagrad"])
-    p.add_argument("--l2", type=float, default=0.0)
-    p.add_argument("--adagrad-init", type=float, default=0.1)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--optimizer", default=default(StreamTrainConfig, "optimizer"), choices=OPTIMIZERS)
+    p.add_argument("--l2", type=float, default=default(StreamTrainConfig, "l2"))
+    p.add_argument("--adagrad-init", type=float, default=default(StreamTrainConfig, "adagrad_init"))
+    p.add_argument("--batch-size", type=int, default=default(StreamTrainConfig, "batch_size"))
     p.add_argument("--fields", default="user_id,movie_id", help="fields whose rows are streamed ('all': every one)")
     p.add_argument("--every-events", type=int, default=1000, help="delta file every K events")
     p.add_argument("--reuse", action="store_true", help="reuse OUT/run and OUT/models when present (tuning)")
@@ -143,7 +147,7 @@ def main(argv=None) -> int:
     from exporter.export import export_run
     from server.scorer import Scorer
     from features.spec import load_spec
-    from streaming.stream_train import StreamTrainConfig, open_trainer
+    from streaming.stream_train import open_trainer
 
     t_start = time.perf_counter()
     out = Path(args.out)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -36,47 +36,9 @@ from dense_model.metrics_impl import auc, logloss
 from features.fg import FeatureGenerator, FeatureValueError
 from features.spec import FeatureSpec
 from streaming import stream_train_impl as impl
+from streaming.stream_train_config import StreamTrainConfig
 
 log = logging.getLogger("offgraph.stream_train")
-
-
-@dataclass
-class StreamTrainConfig:
-    lr: float = 0.05
-    optimizer: str = "sgd"          # sgd | adagrad (row-wise)
-    batch_size: int = 256
-    l2: float = 0.0                 # l2/2 * |row|^2 on the rows a batch touches
-    adagrad_init: float = 0.1       # initial row-wise accumulator
-    adagrad_eps: float = 1e-8
-    every_events: int | None = None  # emit after this many events ...
-    every_seconds: float | None = None  # ... or this many seconds (both None: one file at the end)
-    seq_start: int | None = None    # first sequence number (None: time.time_ns() at start)
-    time_unit: str = "auto"         # unit of the spec's time column: auto | s | ms | us | ns
-    lr_first_order: float | None = None  # learning rate of the first-order weights (None: lr)
-    fields: tuple[str, ...] | None = None  # fields whose rows are trained (None: all); the others stay frozen
-
-    def validate(self) -> None:
-        if self.optimizer not in impl.OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}: expected one of {impl.OPTIMIZERS}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.lr_first_order is not None and not self.lr_first_order >= 0:
-            raise ValueError(f"lr of the first-order weights must be >= 0, got {self.lr_first_order}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
-        if self.l2 < 0 or self.adagrad_init < 0 or self.adagrad_eps < 0:
-            raise ValueError("l2, adagrad_init and adagrad_eps must be >= 0")
-        if self.optimizer == "adagrad" and self.adagrad_init == 0 and self.adagrad_eps == 0:
-            raise ValueError("adagrad needs adagrad_init > 0 or adagrad_eps > 0 (a zero gradient would divide by 0)")
-        if self.every_events is not None and self.every_events < 1:
-            raise ValueError(f"--every-events must be >= 1, got {self.every_events}")
-        if self.every_seconds is not None and not self.every_seconds > 0:
-            raise ValueError(f"--every-seconds must be > 0, got {self.every_seconds}")
-        if self.seq_start is not None and self.seq_start < 0:
-            raise ValueError(f"--seq-start must be >= 0, got {self.seq_start}")
-        if self.time_unit != "auto" and self.time_unit not in impl.TIME_UNITS:
-            raise ValueError(f"unknown time unit {self.time_unit!r}: expected 'auto' or one of "
-                             f"{sorted(impl.TIME_UNITS)}")
 
 
 # -- model sources ------------------------------------------------------------------------
@@ -150,7 +112,6 @@ class StreamTrainer:
     """Gradient steps on the rows fresh events touch; emits their new values as deltas."""
 
     def __init__(self, source: ModelSource, config: StreamTrainConfig, model_name: str, model_version: int):
-        config.validate()
         if not model_name:
             raise ValueError("a model name is needed for the deltas (--model-name)")
         if model_version is None or int(model_version) < 0:
@@ -293,7 +254,6 @@ def open_trainer(model_dir: str | Path | None = None, run_dir: str | Path | None
     if (model_dir is None) == (run_dir is None):
         raise ValueError("give exactly one of --model MODEL_DIR and --run RUN")
     config = config or StreamTrainConfig()
-    config.validate()
     if model_dir is not None:
         source = exported_source(model_dir)
     else:
@@ -402,7 +362,7 @@ def stream_train_table(trainer: StreamTrainer, table: pa.Table, spool_dir: str |
             "seconds": seconds, "events_per_second": (trainer.events - events0) / max(seconds, 1e-9),
             "progressive_auc": prog["auc"], "progressive_logloss": prog["logloss"],
             "model": trainer.model_name, "model_version": trainer.model_version, "next_seq": trainer.next_seq,
-            "config": asdict(cfg)}
+            "config": cfg.model_dump()}
 
 
 def parse_emit(target: str) -> Path:

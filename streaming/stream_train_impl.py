@@ -42,8 +42,8 @@ import tensorflow as tf
 from embstore.keys import ROW_LIMIT, combine_keys, split_keys  # noqa: F401 (ROW_LIMIT: stream_train)
 from server.scorer_impl import batch_keys
 from features.fg import FGBatch
+from streaming.stream_train_config import TIME_UNITS
 
-OPTIMIZERS = ("sgd", "adagrad")
 
 
 # -- batch layout -------------------------------------------------------------------------
@@ -267,7 +267,6 @@ def newest_per_row(lookup: np.ndarray, segment: np.ndarray, num_fields: int, num
 
 
 # -- time ---------------------------------------------------------------------------------
-TIME_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 
 
 def to_millis(times: np.ndarray, unit: str) -> np.ndarray:

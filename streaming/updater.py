@@ -1,6 +1,6 @@
 """`offgraph update`: apply delta files to the live model version's store, exactly once.
 
-    up = Updater("models", "ml", open_source("spool:/data/spool"))
+    up = Updater("models", "ml", open_source("spool:/data/spool"), UpdaterConfig(batch_files=16))
     up.run()                      # until stop() (SIGTERM); run(once=True): until drained
 
 Exactly once (see streaming/README.md): every store write carries, in the SAME atomic
@@ -22,6 +22,7 @@ from streaming.delta_format import DeltaBatch, DeltaFormatError
 from streaming.live_version import LiveModel
 from streaming.metrics import UpdaterMetrics
 from streaming.sources import DeltaSource, SourceItem
+from streaming.updater_config import UpdaterConfig
 from streaming.updater_impl import (POSITION_KEY, check_batch, concat, lagging_shards, positions_from_meta,
                                     shard_subset)
 
@@ -31,24 +32,13 @@ APPLY, WAIT, SWITCH = "apply", "wait", "switch"
 
 
 class Updater:
-    def __init__(self, models_dir: str | Path, model: str, source: DeltaSource, *, batch_files: int = 64,
-                 max_batch_rows: int = 1_000_000, wait_timeout_s: float = 600.0, poll_interval_s: float = 0.05,
-                 version_check_s: float = 1.0, sync: bool = False, max_deltas_per_s: float = 0.0,
-                 durability: str = "flush", metrics: UpdaterMetrics | None = None) -> None:
-        for name, val in (("batch_files", batch_files), ("max_batch_rows", max_batch_rows)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {val!r}")
-        if not wait_timeout_s >= 0:
-            raise ValueError(f"wait_timeout_s must be >= 0, got {wait_timeout_s!r}")
+    def __init__(self, models_dir: str | Path, model: str, source: DeltaSource, config: UpdaterConfig | None = None,
+                 *, metrics: UpdaterMetrics | None = None, **options) -> None:
+        """``config`` (default ``UpdaterConfig()``), with ``options`` (its fields, e.g. ``batch_files=16``)
+        on top: ConfigError (a ValueError naming the setting) if any is bad."""
+        self.config = (config or UpdaterConfig()).replace(**options)
         self.live = LiveModel(models_dir, model)
         self.source = source
-        self.batch_files, self.max_batch_rows = batch_files, max_batch_rows
-        self.wait_timeout_s, self.poll_interval_s = float(wait_timeout_s), float(poll_interval_s)
-        self.version_check_s, self.sync = float(version_check_s), bool(sync)
-        self.durability = durability  # "flush": no WAL, flush per batch (cheap for followers)
-        if not max_deltas_per_s >= 0:
-            raise ValueError(f"max_deltas_per_s must be >= 0 (0: unlimited), got {max_deltas_per_s!r}")
-        self.max_deltas_per_s = float(max_deltas_per_s)
         self._budget_t, self._budget_n = time.monotonic(), 0
         self.metrics = metrics or UpdaterMetrics(model)
         self.positions: list[str] = []
@@ -83,7 +73,7 @@ class Updater:
                 if self.step() == 0:
                     if once:
                         break
-                    self._stop.wait(self.poll_interval_s)
+                    self._stop.wait(self.config.poll_interval_s)
         except OSError as e:  # disk full, I/O error: stop; what was not acked is applied after a restart
             log.error("stopping: %s. Files not yet applied stay in %s and are applied after a restart "
                       "(shards that recorded a batch are not written twice)", e, self.source.describe())
@@ -116,10 +106,10 @@ class Updater:
     def step(self) -> int:
         """Poll once and apply what can be applied; returns the files handled."""
         now = time.monotonic()
-        if now - self._last_version_check >= self.version_check_s:
+        if now - self._last_version_check >= self.config.version_check_s:
             self._last_version_check = now
             self._maybe_switch()
-        items = self.source.poll(self.batch_files)
+        items = self.source.poll(self.config.batch_files)
         self.blocked = None
         pending: list[tuple[SourceItem, DeltaBatch]] = []
         handled = rows = 0
@@ -163,7 +153,7 @@ class Updater:
                 continue
             pending.append((item, batch))
             rows += len(batch)
-            if rows >= self.max_batch_rows:
+            if rows >= self.config.max_batch_rows:
                 self._flush(pending)
                 pending, rows = [], 0
         self._flush(pending)
@@ -184,9 +174,9 @@ class Updater:
             if newest is not None and newest > live:
                 return SWITCH
             age = time.time() - item.mtime
-            if age > self.wait_timeout_s:
+            if age > self.config.wait_timeout_s:
                 return (f"addressed to model version {b.model_version}, which is not complete (no manifest) "
-                        f"after waiting {age:.0f}s > --wait-timeout {self.wait_timeout_s:g}s; live is {live}")
+                        f"after waiting {age:.0f}s > --wait-timeout {self.config.wait_timeout_s:g}s; live is {live}")
             return WAIT
         return check_batch(b, self.live.limits) or APPLY
 
@@ -199,7 +189,7 @@ class Updater:
         try:
             res = self.live.store.write(b.table_ids, b.rows, b.vectors, b.first_order, seqs=b.seqs,
                                         meta={POSITION_KEY: pos.encode()}, meta_shards="all", feed=True,
-                                        sync=self.sync, durability=self.durability)
+                                        sync=self.config.sync, durability=self.config.durability)
         except ValueError as e:
             # the store refused a value that no check of _route foresaw (store.write raises
             # ValueError only before it writes anything): find the file alone, apply the rest
@@ -224,8 +214,8 @@ class Updater:
         for s, idx in shard_subset(b, len(self.positions), shards).items():
             res = self.live.store.write(b.table_ids[idx], b.rows[idx], b.vectors[idx], b.first_order[idx],
                                         seqs=b.seqs[idx], meta={POSITION_KEY: item.position.encode()},
-                                        meta_shards=s, feed=True, sync=self.sync,
-                                        durability=self.durability)
+                                        meta_shards=s, feed=True, sync=self.config.sync,
+                                        durability=self.config.durability)
             self.positions[s] = item.position
             applied, stale = applied + res.applied, stale + res.skipped_stale
         self.metrics.applied(1, len(b), applied, stale, _newest(b))
@@ -238,13 +228,13 @@ class Updater:
     def _throttle(self, n: int) -> None:
         """With ``max_deltas_per_s``: sleep so that deltas / time stays under it (the
         budget restarts after an idle second, so a burst is not paid for later)."""
-        if self.max_deltas_per_s <= 0:
+        if self.config.max_deltas_per_s <= 0:
             return
         now = time.monotonic()
-        if now - self._budget_t > 1.0 + self._budget_n / self.max_deltas_per_s:
+        if now - self._budget_t > 1.0 + self._budget_n / self.config.max_deltas_per_s:
             self._budget_t, self._budget_n = now, 0
         self._budget_n += n
-        ahead = self._budget_t + self._budget_n / self.max_deltas_per_s - now
+        ahead = self._budget_t + self._budget_n / self.config.max_deltas_per_s - now
         if ahead > 0:
             self._stop.wait(ahead)
 

@@ -174,11 +174,16 @@ def test_update_applies_deltas_without_loading_tensorflow(tiny_model, tmp_path):
     assert "tensorflow loaded: False" in r.stdout
 
 
-@pytest.mark.parametrize("flag, value, words", [("--optimizer", "adam", "unknown optimizer 'adam'"),
-                                                ("--time-unit", "days", "unknown time unit 'days'")])
+@pytest.mark.parametrize("flag, value, words", [
+    ("--optimizer", "adam", "StreamTrainConfig.optimizer (--optimizer) must be 'sgd' or 'adagrad', got 'adam'"),
+    ("--time-unit", "days", "StreamTrainConfig.time_unit (--time-unit) must be 'auto', 's', 'ms', 'us' or 'ns', "
+                            "got 'days'"),
+    ("--batch-size", "0", "StreamTrainConfig.batch_size (--batch-size) must be greater than or equal to 1, got 0"),
+])
 def test_stream_train_names_a_bad_choice(tmp_path, flag, value, words):
-    """--optimizer / --time-unit are checked by StreamTrainConfig.validate, not by argparse (whose
-    choices would import TensorFlow into `offgraph --help`): still a clear error, exit 2."""
+    """Settings are checked by StreamTrainConfig (pydantic, no TensorFlow) before anything is read: a
+    clear one-line error naming the flag, exit 2, no traceback."""
     r = _offgraph("stream-train", "--model", str(tmp_path / "m"), "--events", str(tmp_path / "e.parquet"),
                   "--emit", f"spool:{tmp_path / 'spool'}", flag, value)
     assert r.returncode == 2 and f"offgraph stream-train: error: {words}" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]

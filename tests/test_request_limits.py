@@ -375,11 +375,14 @@ def test_workers_get_the_same_limits(tiny_model, requests_, tmp_path):
 
 
 @pytest.mark.parametrize("kw, words", [
-    ({"header_timeout_s": 0}, "header_timeout_s (--header-timeout) must be a number of seconds > 0"),
-    ({"body_timeout_s": float("nan")}, "body_timeout_s (--body-timeout)"),
-    ({"keep_alive_timeout_s": "5"}, "keep_alive_timeout_s (--keep-alive-timeout)"),
-    ({"max_connections": 0}, "max_connections (--max-connections) must be an integer >= 1"),
-    ({"max_connections": 2.5}, "max_connections (--max-connections) must be an integer >= 1"),
+    ({"header_timeout_s": 0}, "header_timeout_s (--header-timeout) must be greater than 0, got 0"),
+    ({"header_timeout_s": 86400}, "header_timeout_s (--header-timeout) must be less than 86400"),
+    ({"body_timeout_s": float("nan")}, "body_timeout_s (--body-timeout) must be a finite number"),
+    ({"keep_alive_timeout_s": "5"}, "keep_alive_timeout_s (--keep-alive-timeout) must be a valid number, got '5'"),
+    ({"keep_alive_timeout_s": True}, "keep_alive_timeout_s (--keep-alive-timeout) must be a valid number"),
+    ({"max_connections": 0}, "max_connections (--max-connections) must be greater than or equal to 1"),
+    ({"max_connections": 2.5}, "max_connections (--max-connections) must be a valid integer, got 2.5"),
+    ({"max_connection": 5}, "HttpLimits: unknown setting 'max_connection'"),
 ])
 def test_http_limits_are_validated_naming_the_option(kw, words):
     from server.config import HttpLimits
