@@ -281,8 +281,9 @@ class EmbeddingStore(abc.ABC):
         ``changelog``: each shard's batch also appends one change-log record listing
         the keys it applied (see :meth:`changes_since`), and the applied rows of all
         shards go, as ONE batch, to the store's write feed (``embstore.feed``) before
-        the first shard batch is written: followers serve fresh rows from the feed,
-        so a writer feeding followers must set it on every write.
+        the first shard batch is written, each shard's rows made visible there once the
+        store holds them: followers serve fresh rows from the feed, so a writer feeding
+        followers must set it on every write.
 
         ``meta`` records (small ``bytes -> bytes``, kept in the meta key space, see
         :meth:`get_meta`) go into the SAME atomic batch of the shards named by
@@ -333,11 +334,14 @@ class EmbeddingStore(abc.ABC):
         rows_by_shard = dict(groups)
         applied = 0
         with self._write_lock:
-            # plan every shard's batch first (seq checks included), so that the feed frame
-            # holding exactly these rows is published BEFORE any of them is written
+            # plan every shard's batch first (seq checks included), so that the feed batch
+            # holding exactly these rows is staged BEFORE any of them is written (and each
+            # shard's rows published once the store holds them: embstore.feed)
             plans: list[tuple[int, list[bytes], list[bytes], int | None, int]] = []
             fed_keys: list[bytes] = []
             fed_records: list[np.ndarray] = []
+            fed_span: dict[int, tuple[int, int]] = {}  # shard -> its rows in the feed batch
+            fed_rows = 0
             for s in sorted(set(rows_by_shard) | meta_targets):
                 keys: list[bytes] = []
                 values: list[bytes] = []
@@ -363,13 +367,14 @@ class EmbeddingStore(abc.ABC):
                             values += [ka.tobytes(), encode_change_id(change_id)]
                             fed_keys.append(ka.tobytes())
                             fed_records.append(records[idx])
+                            fed_span[s] = (fed_rows, fed_rows + len(idx))
+                            fed_rows += len(idx)
                 if s in meta_targets:
                     keys += [k for k, _ in meta_items]
                     values += [v for _, v in meta_items]
                 if keys:
                     plans.append((s, keys, values, change_id, 0 if idx is None else len(idx)))
-            if fed_keys:
-                self._feed_writer().append(b"".join(fed_keys), np.concatenate(fed_records))
+            staged = self._feed_writer().stage(b"".join(fed_keys), np.concatenate(fed_records)) if fed_keys else None
             written: list[int] = []
             for s, keys, values, change_id, n_rows in plans:
                 self._write_batch(s, keys, values, sync and wal, wal)
@@ -377,9 +382,13 @@ class EmbeddingStore(abc.ABC):
                 if change_id is not None:
                     self._last_change[s] = change_id
                 applied += n_rows
+                if wal and staged is not None and s in fed_span:
+                    staged.publish(*fed_span[s])  # in the WAL: survives a crash of this process
             if not wal:
                 for s in written:
                     self._flush(s)
+                    if staged is not None and s in fed_span:
+                        staged.publish(*fed_span[s])  # in an SST: durable
         return WriteResult(applied, skipped)
 
     def row_seqs(self, table_ids, rows) -> np.ndarray:
