@@ -75,9 +75,9 @@ def check_machine(machine: str | None = None) -> None:
     if m.lower() not in X86_64:
         raise FeedUnsupported(errno.ENOTSUP, f"the write feed needs an x86-64 CPU, this machine is {m!r}: its "
                               "lock-free shared-memory reads rely on x86-64 keeping loads and stores in order, "
-                              "and could return torn rows here. Run the streaming updater and follow-mode servers "
-                              "on x86-64 hosts, or serve this model without following (store mode 'r': each "
-                              "version as exported)")
+                              "and could return torn rows here. Run the streaming updater and the servers that "
+                              "follow it on x86-64 hosts (a store read without following, e.g. a Scorer with "
+                              "store_mode='r', does not use the feed)")
 
 
 def shm_root() -> Path:
