@@ -11,12 +11,10 @@ zero work per written row on the serving side, fresh the moment the writer has
 written. Followers catch their RocksDB view up only every few tens of seconds, then
 let go of the epochs it covers (``exporter.follower``).
 
-Files: epochs live in memory-backed files, never on the store's disk: ``<shm>/offgraph-
-feed-<id>/<epoch:016d>.feed`` (``<shm>``: ``$OFFGRAPH_FEED_SHM``, default ``/dev/shm``), epochs
-numbered consecutively. The store directory holds only the pointer ``feed.json`` (the
-feed's id and the identity, device and inode, of the store directory it belongs to: a
-copied store does not share its original's feed). Layout and the lock-free read
-protocol: ``feed_impl``; it needs an x86-64 CPU (``check_machine``).
+Files: ``<feed dir>/<epoch:016d>.feed``, epochs numbered consecutively, in memory-backed
+files, never on the store's disk (where the feed directory is, and how a store points to
+it: ``feed_dirs``). Layout and the lock-free read protocol: ``feed_impl``; it needs an
+x86-64 CPU (``check_machine``).
 
 Batches are numbered across epochs; an epoch's header records its first batch and the
 last batch BEGUN. Order of writes: the writer records "batch b begun", stages the
@@ -28,45 +26,33 @@ So when a follower reads "begun = b" before catching up, every batch before b is
 its store view, and an epoch whose batches all come before b can go. A writer starts a
 new epoch when it opens the store, after ``epoch_seconds``, and when the table would
 be over half full. It deletes epochs superseded more than ``keep_seconds`` ago (a
-follower that mapped one keeps its mapping), and feed directories of stores that no
-longer exist (or no longer point to them). Rows must be < 2**48.
+follower that mapped one keeps its mapping). Rows must be < 2**48.
 """
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import mmap
 import os
 import platform
-import shutil
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 
 from . import feed_impl as fi
-from .feed_impl import FeedTornRead  # noqa: F401 - re-exported: the server answers it with a 503
+# re-exported (tests, the server): where epochs live, and the errors of the feed
+from .feed_dirs import POINTER, SHM_ENV, FeedUnsupported, feed_dir, open_feed_dir, shm_root  # noqa: F401
+from .feed_impl import FeedTornRead  # noqa: F401 - the server answers it with a 503
 from .keys import KEY_DTYPE
 
 log = logging.getLogger("offgraph.feed")
 
-POINTER = "feed.json"
-SHM_ENV = "OFFGRAPH_FEED_SHM"
-DIR_PREFIX = "offgraph-feed-"
-OWNER = "owner.json"
 SUFFIX = ".feed"
 ROW_LIMIT = 1 << 48
 MIN_SLOTS = 1 << 16
 # CPUs that keep loads and stores in program order (TSO), as the lock-free reads need
 X86_64 = frozenset({"x86_64", "amd64", "x64"})
-
-
-class FeedUnsupported(OSError):
-    """The write feed cannot run here (a CPU or a missing shared-memory directory). An
-    OSError: the updater stops with it (nothing applied, nothing dead-lettered) and a
-    follow-mode version is refused with it."""
 
 
 def check_machine(machine: str | None = None) -> None:
@@ -78,89 +64,6 @@ def check_machine(machine: str | None = None) -> None:
                               "and could return torn rows here. Run the streaming updater and the servers that "
                               "follow it on x86-64 hosts (a store read without following, e.g. a Scorer with "
                               "store_mode='r', does not use the feed)")
-
-
-def shm_root() -> Path:
-    """The memory-backed directory that holds feed directories."""
-    root = Path(os.environ.get(SHM_ENV) or "/dev/shm")
-    if not root.is_dir():
-        raise FeedUnsupported(errno.ENOENT, f"write feed: {root} is not a directory; the feed keeps its epochs in "
-                              f"memory-backed files there: mount a tmpfs at /dev/shm or set {SHM_ENV} to a "
-                              "tmpfs directory")
-    return root
-
-
-def _identity(store: Path) -> list[int]:
-    st = os.stat(store)
-    return [st.st_dev, st.st_ino]
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return d if isinstance(d, dict) else None
-
-
-def _pointer_name(store: Path) -> str | None:
-    """The feed directory name ``store``'s pointer names, if it is this directory's own."""
-    d = _read_json(store / POINTER)
-    if d is None or d.get("store") != _identity(store):
-        return None
-    name = d.get("dir")
-    if not isinstance(name, str) or not name.startswith(DIR_PREFIX) or "/" in name or name in (".", ".."):
-        return None
-    return name
-
-
-def feed_dir(store: str | Path) -> Path | None:
-    """A follower's view: the store's feed directory (None while no writer made one)."""
-    name = _pointer_name(Path(store))
-    return None if name is None else shm_root() / name
-
-
-def open_feed_dir(store: str | Path) -> Path:
-    """The writer's: the store's feed directory, made (with its pointer) if need be."""
-    store = Path(store)
-    root = shm_root()
-    name = _pointer_name(store)
-    if name is None:
-        name = f"{DIR_PREFIX}{uuid.uuid4().hex}"
-        tmp = store / f".{POINTER}.tmp"
-        tmp.write_text(json.dumps({"dir": name, "store": _identity(store)}))
-        os.replace(tmp, store / POINTER)  # the pointer first: a directory without it is an orphan
-    d = root / name
-    d.mkdir(exist_ok=True)
-    owner = d / OWNER
-    if not owner.exists():
-        owner.write_text(json.dumps({"store": str(store.resolve())}))
-    remove_orphans(root, keep=name)
-    return d
-
-
-def remove_orphans(root: Path, keep: str) -> list[str]:
-    """Delete feed directories (memory!) whose store is gone or no longer points to them.
-    One without an owner file yet (being made) stays."""
-    removed = []
-    try:
-        entries = [e for e in os.scandir(root) if e.name.startswith(DIR_PREFIX) and e.name != keep]
-    except OSError:
-        return removed
-    for e in entries:
-        owner = _read_json(Path(e.path) / OWNER)
-        store = owner.get("store") if owner else None
-        if not isinstance(store, str):
-            continue
-        try:
-            gone = _pointer_name(Path(store)) != e.name
-        except OSError:  # the store directory is gone (or unreadable: then it is kept)
-            gone = not os.path.lexists(store)
-        if gone:
-            shutil.rmtree(e.path, ignore_errors=True)
-            removed.append(e.name)
-            log.info("feed: removed %s, the feed of a store that is gone (%s)", e.path, store)
-    return removed
 
 
 def epoch_name(epoch: int) -> str:
