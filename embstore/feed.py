@@ -11,36 +11,58 @@ zero work per written row on the serving side, fresh the moment the writer has
 written. Followers catch their RocksDB view up only every few tens of seconds, then
 let go of the epochs it covers (``embstore.follower``).
 
-Files: ``<store>/feed/<epoch:016d>.feed``, epochs numbered consecutively. Layout and
-the lock-free read protocol: ``feed_impl``. Batches are numbered across epochs; an
-epoch's header records its first batch and the last batch BEGUN. Order of writes
-(the redo rule): the writer records "batch b begun", puts the batch's rows in the
-epoch, THEN writes them to the store; so when a follower reads "begun = b" before
-catching up, every batch before b is in its store view, and an epoch whose batches
-all come before b can go. A writer starts a new epoch when it opens the store (a
-crashed writer's last batch may be in the feed but not in the store: such rows stay
-visible only until followers catch up), after ``epoch_seconds``, and when the table
-would be over half full. It deletes epochs superseded more than ``keep_seconds``
-ago (a follower that mapped one keeps its mapping). Rows must be < 2**48.
+Files: ``<feed dir>/<epoch:016d>.feed``, epochs numbered consecutively, in memory-backed
+files, never on the store's disk (where the feed directory is, and how a store points to
+it: ``feed_dirs``). Layout and the lock-free read protocol: ``feed_impl``; it needs an
+x86-64 CPU (``check_machine``).
+
+Batches are numbered across epochs; an epoch's header records its first batch and the
+last batch BEGUN. Order of writes: the writer records "batch b begun", stages the
+batch's rows in the epoch (invisible), writes them to the store, and only then
+publishes them (shard by shard, each after its RocksDB batch; with
+``durability="flush"`` after its flush): a row is never served before it is durable,
+and a writer killed before the store write leaves staged rows that are never served.
+So when a follower reads "begun = b" before catching up, every batch before b is in
+its store view, and an epoch whose batches all come before b can go. A writer starts a
+new epoch when it opens the store, after ``epoch_seconds``, and when the table would
+be over half full. It deletes epochs superseded more than ``keep_seconds`` ago (a
+follower that mapped one keeps its mapping). Rows must be < 2**48.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
+import platform
 import time
 from pathlib import Path
 
 import numpy as np
 
 from . import feed_impl as fi
+# re-exported (tests, the server): where epochs live, and the errors of the feed
+from .feed_dirs import POINTER, SHM_ENV, FeedUnsupported, feed_dir, open_feed_dir, shm_root  # noqa: F401
+from .feed_impl import FeedTornRead  # noqa: F401 - the server answers it with a 503
 from .keys import KEY_DTYPE, combine_keys
 
 log = logging.getLogger("offgraph.feed")
 
-FEED_DIR = "feed"
 SUFFIX = ".feed"
 MIN_SLOTS = 1 << 16
+# CPUs that keep loads and stores in program order (TSO), as the lock-free reads need
+X86_64 = frozenset({"x86_64", "amd64", "x64"})
+
+
+def check_machine(machine: str | None = None) -> None:
+    """Refuse a CPU other than x86-64 (``machine``: ``platform.machine()`` by default)."""
+    m = platform.machine() if machine is None else machine
+    if m.lower() not in X86_64:
+        raise FeedUnsupported(errno.ENOTSUP, f"the write feed needs an x86-64 CPU, this machine is {m!r}: its "
+                              "lock-free shared-memory reads rely on x86-64 keeping loads and stores in order, "
+                              "and could return torn rows here. Run the streaming updater and the servers that "
+                              "follow it on x86-64 hosts (a store read without following, e.g. a Scorer with "
+                              "store_mode='r', does not use the feed)")
 
 
 def epoch_name(epoch: int) -> str:
@@ -78,7 +100,8 @@ def allocate(f, path: Path, size: int) -> None:
         f.close()
         path.unlink(missing_ok=True)
         raise OSError(e.errno, f"write feed: cannot allocate {size} bytes for {path} ({os.strerror(e.errno)}); "
-                      "free disk space there, then restart (the batch that needed it was not written)") from None
+                      f"free space in {path.parent.parent} (memory-backed), then restart (the batch "
+                      "that needed it was not written)") from None
 
 
 class Epoch:
@@ -150,14 +173,28 @@ class Epoch:
         self._mm.close()
 
 
+class Staged:
+    """A batch's rows, in the feed but not yet visible: :meth:`publish` shows rows
+    ``lo:hi`` of the batch (call it once they are durable in the store)."""
+
+    def __init__(self, epoch: Epoch, slot: np.ndarray, versions: np.ndarray, batch: int) -> None:
+        self._epoch, self._slot, self._versions, self.batch = epoch, slot, versions, batch
+
+    def publish(self, lo: int = 0, hi: int | None = None) -> None:
+        if self._epoch.vers is None:  # the writer closed meanwhile
+            return
+        fi.publish(self._epoch.vers, self._slot[lo:hi], self._versions[lo:hi])
+
+
 class FeedWriter:
     """The writer's side; one per store opened for writing (the store's write lock
-    serializes :meth:`append`). Opening starts a new epoch."""
+    serializes :meth:`stage` and the publishing of what it staged). Opening starts a
+    new epoch."""
 
     def __init__(self, store_path: str | Path, record_bytes: int, *, epoch_seconds: float = 30.0,
                  keep_seconds: float = 120.0, min_slots: int = MIN_SLOTS) -> None:
-        self.dir = Path(store_path) / FEED_DIR
-        self.dir.mkdir(exist_ok=True)
+        check_machine()
+        self.dir = open_feed_dir(store_path)
         self.rb = int(record_bytes)
         self.epoch_seconds, self.keep_seconds, self.min_slots = float(epoch_seconds), float(keep_seconds), min_slots
         ids = epoch_ids(self.dir)
@@ -193,8 +230,15 @@ class FeedWriter:
         self._trim()
 
     def append(self, keys: bytes, records: np.ndarray) -> int:
+        """:meth:`stage` and publish at once; returns the batch number."""
+        staged = self.stage(keys, records)
+        staged.publish()
+        return staged.batch
+
+    def stage(self, keys: bytes, records: np.ndarray) -> Staged:
         """Put one batch of rows (``keys``: the 12-byte row keys, concatenated, unique)
-        into the feed; returns its batch number. Call it BEFORE writing them to the store."""
+        into the feed, invisible to readers until published. Call it BEFORE writing them
+        to the store, and publish each part once the store holds it."""
         k = combined_from_store_keys(keys)
         recs = np.ascontiguousarray(records, dtype=np.uint8)
         if recs.shape != (len(k), self.rb):
@@ -221,8 +265,7 @@ class FeedWriter:
         else:
             raise RuntimeError(f"feed: no room for a batch of {len(k)} rows")
         self.batch = b
-        fi.write_rows(cur.vers, cur.values, slot, recs)
-        return self.batch
+        return Staged(cur, slot, fi.stage_rows(cur.vers, cur.values, slot, recs), b)
 
     def _trim(self) -> None:
         """Delete epochs superseded more than ``keep_seconds`` ago."""
@@ -247,19 +290,32 @@ class FeedWriter:
 class FeedReader:
     """A follower's side: the mapped epochs, newest first, and lookups in them."""
 
-    def __init__(self, store_path: str | Path, record_bytes: int) -> None:
-        self.dir = Path(store_path) / FEED_DIR
+    def __init__(self, store_path: str | Path, record_bytes: int, *, torn_retries: int = fi.TORN_RETRIES) -> None:
+        check_machine()
+        shm_root()  # a clear error now, not at every refresh
+        self.store = Path(store_path)
+        self.dir: Path | None = None
         self.rb = int(record_bytes)
+        self.torn_retries = int(torn_retries)
         self.epochs: list[Epoch] = []  # newest first
 
     def refresh(self) -> tuple[list[Epoch], bool]:
         """Map epochs that appeared, and let go of those that a new one copied; returns
         ``(epochs added, gap)``: ``gap`` when the ids jump past one never mapped, or go
-        back (a new feed): rows may be missing."""
-        ids = epoch_ids(self.dir)
+        back, or the store points to another feed directory (a new feed): rows may be
+        missing."""
+        d = feed_dir(self.store)
+        moved = d != self.dir and self.dir is not None
+        self.dir = d
+        if d is None:
+            return [], moved and bool(self.epochs)
+        ids = epoch_ids(d)
         have = self.epochs[0].epoch if self.epochs else None
+        if moved:
+            have = None
         new = [i for i in ids if have is None or i > have]
         gap = bool(have is not None and ((new and new[0] != have + 1) or (ids and ids[-1] < have)))
+        gap = gap or (moved and bool(self.epochs))
         added: list[Epoch] = []
         for i in new:
             try:
@@ -271,7 +327,7 @@ class FeedReader:
                 ep.close()
                 raise ValueError(f"{self.dir / epoch_name(i)}: records of {ep.rb} bytes, the store's are {self.rb}")
             # one assignment each: request threads read the list
-            self.epochs = [ep, *(e for e in self.epochs if e.epoch != ep.copy_of)]
+            self.epochs = [ep, *(e for e in self.epochs if e.epoch != ep.copy_of or e.path.parent != ep.path.parent)]
             added.append(ep)
         return added, gap
 
@@ -298,14 +354,15 @@ class FeedReader:
         epochs = self.epochs
         if not epochs or len(k) == 0:
             return np.zeros(0, np.int64), np.zeros((0, self.rb), np.uint8)
-        pos, recs = fi.read_rows(epochs[0].keys, epochs[0].vers, epochs[0].values, epochs[0].slots, k)
+        pos, recs = fi.read_rows(epochs[0].keys, epochs[0].vers, epochs[0].values, epochs[0].slots, k,
+                                 self.torn_retries)
         for ep in epochs[1:]:
             rest = np.ones(len(k), dtype=bool)
             rest[pos] = False
             rest = np.flatnonzero(rest)
             if len(rest) == 0:
                 break
-            p2, r2 = fi.read_rows(ep.keys, ep.vers, ep.values, ep.slots, k[rest])
+            p2, r2 = fi.read_rows(ep.keys, ep.vers, ep.values, ep.slots, k[rest], self.torn_retries)
             pos, recs = np.concatenate([pos, rest[p2]]), np.concatenate([recs, r2])
         return pos, recs
 

@@ -19,9 +19,17 @@ Readers never lock. A writer stores a row's new record into the copy that reader
 are NOT told to read, then publishes it by storing ``vers[slot] + 1`` (one aligned
 8-byte store). A reader loads the version, the copy it names, and the version
 again; a changed version means the row was rewritten meanwhile and the reader
-reads it again (a seqlock per row; x86-64 keeps stores, and loads, in program order,
-which is what this relies on). A new key is claimed (its key stored) before its
-first version: readers see version 0 and take it as absent.
+reads it again (a seqlock per row). The protocol has no memory barriers: it relies on
+the CPU keeping stores, and loads, in program order, which x86-64 (TSO) does and
+weakly ordered CPUs (aarch64, POWER, RISC-V) do not, where a reader could accept a
+torn row; so the feed refuses to run on any other CPU (``feed.check_machine``). A
+new key is claimed (its key stored) before its first version: readers see version 0
+and take it as absent.
+
+A write is two steps (``stage_rows``, then ``publish``): the writer stages a batch's
+records into the unread copies BEFORE it writes the batch to RocksDB and publishes
+their versions only AFTER that write: a writer killed in between leaves staged
+records that no reader ever sees.
 """
 from __future__ import annotations
 
@@ -36,6 +44,12 @@ H_MAGIC, H_RB, H_SLOTS, H_EPOCH, H_FIRST_BATCH, H_BEGUN, H_COUNT, H_COPY_OF = ra
 WINDOW = 8  # = the bytes of a uint64: a window's 8 bools are tested as one word
 PAD = 64
 _WAYS = np.arange(WINDOW, dtype=np.int64)
+TORN_RETRIES = 100  # re-reads of rows that keep changing before a lookup gives up (FeedTornRead)
+
+
+class FeedTornRead(RuntimeError):
+    """Rows kept being rewritten while a lookup read them (``TORN_RETRIES`` re-reads): the
+    lookup cannot return a consistent copy now; retry later (the server answers 503)."""
 
 
 def file_bytes(slots: int, rb: int) -> int:
@@ -121,16 +135,28 @@ def find_or_claim(keys: np.ndarray, slots: int, k: np.ndarray) -> tuple[np.ndarr
     return out, claimed
 
 
-def write_rows(vers: np.ndarray, values: np.ndarray, slot: np.ndarray, records: np.ndarray) -> None:
-    """Store each row in the copy readers do not read, then publish its new version."""
+def stage_rows(vers: np.ndarray, values: np.ndarray, slot: np.ndarray, records: np.ndarray) -> np.ndarray:
+    """Store each row in the copy readers do not read; returns the versions that
+    :func:`publish` makes readers see (nothing changes for readers until then)."""
     nv = vers[slot] + np.uint64(1)
     values[slot, (nv & np.uint64(1)).astype(np.int64)] = records
+    return nv
+
+
+def publish(vers: np.ndarray, slot: np.ndarray, nv: np.ndarray) -> None:
+    """Make staged rows visible: one aligned 8-byte store per row."""
     vers[slot] = nv
 
 
-def read_rows(keys: np.ndarray, vers: np.ndarray, values: np.ndarray, slots: int, k: np.ndarray):
+def write_rows(vers: np.ndarray, values: np.ndarray, slot: np.ndarray, records: np.ndarray) -> None:
+    """Stage and publish at once (an epoch being built, which no reader maps yet)."""
+    publish(vers, slot, stage_rows(vers, values, slot, records))
+
+
+def read_rows(keys: np.ndarray, vers: np.ndarray, values: np.ndarray, slots: int, k: np.ndarray,
+              retries: int = TORN_RETRIES):
     """``(positions int64 [H] of the keys found, records uint8 [H, rb])``; rows being
-    rewritten while read are read again."""
+    rewritten while read are read again, up to ``retries`` times (then ``FeedTornRead``)."""
     slot = find(keys, slots, k)
     pos = np.flatnonzero(slot >= 0)
     slot = slot[pos]
@@ -138,10 +164,13 @@ def read_rows(keys: np.ndarray, vers: np.ndarray, values: np.ndarray, slots: int
     ok = v1 > 0
     pos, slot, v1 = pos[ok], slot[ok], v1[ok]
     recs = values[slot, (v1 & np.uint64(1)).astype(np.int64)]
-    for _ in range(100):
+    for _ in range(retries):
         torn = np.flatnonzero(vers[slot] != v1)
         if len(torn) == 0:
             return pos, recs
         v1[torn] = vers[slot[torn]]
         recs[torn] = values[slot[torn], (v1[torn] & np.uint64(1)).astype(np.int64)]
-    raise RuntimeError("feed rows kept changing while being read")
+    torn = np.flatnonzero(vers[slot] != v1)
+    if len(torn) == 0:
+        return pos, recs
+    raise FeedTornRead(f"{len(torn)} feed rows kept changing while being read ({retries} re-reads)")

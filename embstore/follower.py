@@ -1,7 +1,8 @@
 """The ONE background thread of a follow-mode scorer, and the fresh-row lookup it serves.
 
 Fresh rows come from the writer's feed (``embstore.feed``): memory-mapped epoch files
-that the streaming updater fills BEFORE it writes the same rows to RocksDB. The
+in /dev/shm where the streaming updater stages rows BEFORE it writes them to RocksDB
+and publishes them once RocksDB holds them (a torn read: ``FeedTornRead``, a 503). The
 request path looks keys up there first (:meth:`Follower.lookup`), then in the row
 cache, then in the RocksDB view. Nothing is copied into this process per written
 row: the thread only maps new epochs (every ``poll_s``: the freshness) and, every

@@ -57,8 +57,9 @@ class StoreWrites:
 
         ``feed``: feed the followers: the applied rows of all shards go, as ONE batch,
         to the store's write feed (``embstore.feed``) before the first shard batch is
-        written; followers serve fresh rows from the feed, so a writer with followers
-        must set it on every write.
+        written, each shard's rows made visible there once the store holds them;
+        followers serve fresh rows from the feed, so a writer with followers must set it
+        on every write.
 
         ``meta`` records (small ``bytes -> bytes``, kept in the meta key space, see
         :meth:`get_meta`) go into the SAME atomic batch of the shards named by
@@ -109,11 +110,14 @@ class StoreWrites:
         rows_by_shard = dict(groups)
         applied = 0
         with self._write_lock:
-            # plan every shard's batch first (seq checks included), so that the feed frame
-            # holding exactly these rows is published BEFORE any of them is written
+            # plan every shard's batch first (seq checks included), so that the feed batch
+            # holding exactly these rows is staged BEFORE any of them is written (and each
+            # shard's rows published once the store holds them: embstore.feed)
             plans: list[tuple[int, list[bytes], list[bytes], int]] = []
             fed_keys: list[bytes] = []
             fed_records: list[np.ndarray] = []
+            fed_span: dict[int, tuple[int, int]] = {}  # shard -> its rows in the feed batch
+            fed_rows = 0
             for s in sorted(set(rows_by_shard) | meta_targets):
                 keys: list[bytes] = []
                 values: list[bytes] = []
@@ -135,21 +139,26 @@ class StoreWrites:
                         if feed:
                             fed_keys.append(ka.tobytes())
                             fed_records.append(records[idx])
+                            fed_span[s] = (fed_rows, fed_rows + len(idx))
+                            fed_rows += len(idx)
                 if s in meta_targets:
                     keys += [k for k, _ in meta_items]
                     values += [v for _, v in meta_items]
                 if keys:
                     plans.append((s, keys, values, 0 if idx is None else len(idx)))
-            if fed_keys:
-                self._feed_writer().append(b"".join(fed_keys), np.concatenate(fed_records))
+            staged = self._feed_writer().stage(b"".join(fed_keys), np.concatenate(fed_records)) if fed_keys else None
             written: list[int] = []
             for s, keys, values, n_rows in plans:
                 self._write_batch(s, keys, values, sync and wal, wal)
                 written.append(s)
                 applied += n_rows
+                if wal and staged is not None and s in fed_span:
+                    staged.publish(*fed_span[s])  # in the WAL: survives a crash of this process
             if not wal:
                 for s in written:
                     self._flush(s)
+                    if staged is not None and s in fed_span:
+                        staged.publish(*fed_span[s])  # in an SST: durable
         return WriteResult(applied, skipped)
 
     def _feed_writer(self) -> FeedWriter:

@@ -55,7 +55,7 @@ class ServerConfig(ConfigModel, frozen=True):
         built in a process that already ran TF ops cannot change them; the CLI's fresh process
         sets both to 1).
     follow_interval_s: how often a scorer reads its store's write feed (fresh rows from the live
-        writer: plain file reads, ``exporter.follower``).
+        writer: plain file reads, ``embstore.follower``).
     catch_up_s: how often a scorer's RocksDB secondary catches up with the writer (each catch-up
         holds the GIL for milliseconds per shard, so rarely; the feed keeps rows fresh meanwhile).
     item_cache_size: per-model FG item cache (items).

@@ -1,4 +1,5 @@
-"""503 answers: a model whose first load is under way, and a score that failed on a store read.
+"""503 answers: a model whose first load is under way, a score that failed on a store read, and one
+whose fresh rows kept changing while it read them from the write feed.
 
 A store read error (a corrupt block, an I/O error) is answered with a generic message; the
 backend's detail, which names files, goes to the log. ``offgraph_store_errors_total{model}``
@@ -14,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter
 
+from embstore.feed import FeedTornRead
 from server.served import ModelLoading, StoreFailure
 from server.state import ServerState
 
@@ -38,3 +40,10 @@ def install_unavailable_handlers(app: FastAPI, state: ServerState) -> None:
         return JSONResponse({"detail": f"model '{exc.model}' version {exc.version}: the embedding store could not "
                                        "be read; the version is marked unhealthy and the server falls back to "
                                        "its previous version: retry"}, status_code=503, headers=retry_after)
+
+    @app.exception_handler(FeedTornRead)
+    async def feed_torn_read(request: Request, exc: FeedTornRead) -> JSONResponse:
+        # transient (a writer rewriting rows faster than a lookup re-reads them): the version stays healthy
+        log.warning("%s: %s", request.url.path, exc)
+        return JSONResponse({"detail": "fresh embedding rows were being rewritten while this request read them: "
+                                       "retry"}, status_code=503, headers=retry_after)

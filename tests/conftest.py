@@ -186,3 +186,25 @@ def run_then_kill(code: str, seconds: float = 1.0) -> None:
 
 # The fast / slow test tiers (`make test-fast` = pytest -m "not slow"): tiers.py marks the slow tests.
 from tiers import pytest_collection_modifyitems  # noqa: E402,F401
+
+
+@pytest.fixture(scope="session", autouse=True)
+def feed_shm():
+    """The write feeds of this session (their epochs are memory: /dev/shm is not cleaned until a
+    reboot) in one directory under /dev/shm, removed at the end; subprocesses inherit it."""
+    import shutil
+    import tempfile
+
+    from embstore.feed import SHM_ENV
+
+    d = tempfile.mkdtemp(prefix="offgraph-test-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    old = os.environ.get(SHM_ENV)
+    os.environ[SHM_ENV] = d
+    try:
+        yield Path(d)
+    finally:
+        if old is None:
+            os.environ.pop(SHM_ENV, None)
+        else:
+            os.environ[SHM_ENV] = old
+        shutil.rmtree(d, ignore_errors=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,7 +86,7 @@ def test_reader_reports_a_gap_when_an_epoch_vanished_unseen(tmp_path):
     w.append(one, _records([2]))  # new epoch 3 (deleting 2): the reader never saw 2
     added, gap = r.refresh()
     assert len(added) == 1 and gap
-    assert epoch_ids(tmp_path / "feed") == [r.epochs[0].epoch]
+    assert epoch_ids(w.dir) == [r.epochs[0].epoch]
 
 
 def test_rows_beyond_2_48_and_wrong_record_sizes_are_refused(tmp_path):
@@ -136,3 +137,164 @@ def test_concurrent_reader_never_sees_a_torn_or_older_row(tmp_path):
         if proc.is_alive():
             proc.kill()
     assert proc.exitcode == 0
+
+
+# --------------------------------------------------------------------------- CPUs, shared memory, crashes
+@pytest.mark.parametrize("machine", ["aarch64", "arm64", "ppc64le", "riscv64"])
+def test_feed_refuses_a_cpu_without_x86_64_ordering(tmp_path, monkeypatch, machine):
+    from embstore import StoreConfig, open_store
+    from embstore.feed import FeedUnsupported, check_machine
+
+    for ok in ("x86_64", "AMD64", "amd64"):
+        check_machine(ok)
+    with pytest.raises(FeedUnsupported, match=f"x86-64 CPU, this machine is '{machine}'.*on x86-64 hosts"):
+        check_machine(machine)
+    with open_store(tmp_path / "s", StoreConfig(dim=4, quant="fp32", shards=2), mode="w") as st:
+        st.write(1, [5], np.ones((1, 4), np.float32), np.ones(1, np.float32))
+        monkeypatch.setattr("platform.machine", lambda: machine)
+        for start in (lambda: FeedWriter(tmp_path, RB), lambda: FeedReader(tmp_path, RB), st.feed_reader):
+            with pytest.raises(FeedUnsupported, match=machine):
+                start()
+        # a writer feeding followers stops before it writes anything: an OSError (the updater
+        # stops and keeps its files), not a ValueError (which would dead-letter them)
+        with pytest.raises(OSError, match=machine):
+            st.write(1, [5], np.full((1, 4), 2, np.float32), np.ones(1, np.float32), feed=True)
+        np.testing.assert_array_equal(st.read(1, [5])[0], np.ones((1, 4)))
+
+
+def test_epochs_live_in_shared_memory_and_the_store_holds_a_pointer(tmp_path, monkeypatch):
+    import shutil
+
+    from embstore.feed import POINTER, SHM_ENV, FeedUnsupported, feed_dir
+
+    monkeypatch.delenv(SHM_ENV, raising=False)
+    store = tmp_path / "store"
+    store.mkdir()
+    w = FeedWriter(store, RB)
+    try:
+        one = key_array(np.array([1], np.uint32), np.array([5], np.uint64)).tobytes()
+        w.append(one, _records([7]))
+        assert w.dir.parent == Path("/dev/shm") and feed_dir(store) == w.dir
+        assert [p.name for p in store.iterdir()] == [POINTER]  # nothing of the feed on the store's disk
+        assert epoch_ids(w.dir) == [1] and (w.dir / "0000000000000001.feed").stat().st_size > 0
+        # a copy of the store directory (another inode) does not share its original's feed
+        shutil.copytree(store, tmp_path / "copy")
+        assert feed_dir(tmp_path / "copy") is None
+        r = FeedReader(tmp_path / "copy", RB)
+        assert r.refresh() == ([], False) and r.lookup(combined_from_store_keys(one))[0].size == 0
+        w2 = FeedWriter(tmp_path / "copy", RB)
+        assert w2.dir != w.dir and w2.dir.parent == w.dir.parent
+        w2.close()
+        # the copy's store goes away: the next writer of any store removes its feed directory
+        shutil.rmtree(tmp_path / "copy")
+        w3 = FeedWriter(store, RB)
+        assert not w2.dir.exists() and w.dir.exists() and w3.dir == w.dir and w3.cur.epoch == 2
+        w3.close()
+    finally:
+        w.close()
+        shutil.rmtree(w.dir, ignore_errors=True)
+    monkeypatch.setenv(SHM_ENV, str(tmp_path / "no-such-dir"))
+    for start in (lambda: FeedWriter(store, RB), lambda: FeedReader(store, RB)):
+        with pytest.raises(FeedUnsupported, match=f"{tmp_path / 'no-such-dir'} is not a directory.*tmpfs"):
+            start()
+
+
+CRASH_WRITER = """
+import sys, numpy as np
+from embstore import StoreConfig, open_store
+st = open_store(sys.argv[1], StoreConfig(dim=4, quant="fp32", shards=2), mode="w")
+write_batch = st._write_batch
+def pause_then_write(*a, **k):  # the test kills this process here: fed, not yet in RocksDB
+    print("staged", flush=True)
+    sys.stdin.readline()
+    return write_batch(*a, **k)
+print("ready", flush=True)
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "quit":
+        break
+    if cmd[0] == "pause":
+        st._write_batch = pause_then_write
+    v = float(cmd[1])
+    st.write(np.zeros(6, np.uint32), np.arange(6), np.full((6, 4), v, np.float32), np.full(6, v, np.float32),
+             feed=True)
+    print("ok", flush=True)
+st.close()
+"""
+
+
+def test_a_writer_killed_before_its_store_write_never_shows_that_batch(tmp_path):
+    """The crash window: rows fed but not in RocksDB were served, then reverted after the
+    next catch-up. Now they are published only once the store holds them."""
+    import subprocess
+    import sys
+
+    from conftest import StdinWriter
+    from embstore import open_store
+
+    store = tmp_path / "store"
+    store.mkdir()
+    keys = np.arange(6, dtype=np.uint64)  # table 0, rows 0..5
+
+    def fed(r, refresh=True):
+        if refresh:
+            r.refresh()
+        pos, recs = r.lookup(keys)
+        return sorted(np.frombuffer(recs.tobytes(), np.float32).reshape(-1, 5)[:, 0].tolist()) if len(pos) else []
+
+    w = StdinWriter(f"import sys; sys.argv[1:] = [{str(store)!r}]\n" + CRASH_WRITER)
+    try:
+        w.send("write 1", "ok")
+        r = FeedReader(store, 20)  # fp32 records, D = 4
+        assert fed(r) == [1.0] * 6
+        w.send("pause 2", "staged")  # batch 2 is in the feed; its first shard batch is not written
+        assert fed(r) == [1.0] * 6 and r.begun() == 2
+        w.kill()  # kill -9 between the feed and the store
+    finally:
+        w.kill()
+    assert fed(r) == [1.0] * 6
+    with open_store(store, mode="r") as st:
+        assert (st.read(0, np.arange(6))[0] == 1).all()
+    # a restarted writer: a new epoch after the crashed batch; batch 2's rows never appear
+    p = subprocess.run([sys.executable, "-c", CRASH_WRITER, str(store)], input="write 3\nquit\n", text=True,
+                       capture_output=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.split() == ["ready", "ok"], p.stderr[-2000:]
+    assert fed(r) == [3.0] * 6 and r.epochs[0].first_batch == 3
+    r.release(r.epochs[:1])  # the crashed writer's epoch alone (as before a follower's catch-up)
+    assert fed(r, refresh=False) == [1.0] * 6
+
+
+def _hammer(path: str, keys: bytes, n: int, stop) -> None:
+    w = FeedWriter(path, RB)
+    v = 1
+    while not stop.is_set():
+        w.append(keys, _records(np.full(n, v)))
+        v += 1
+    w.close()
+
+
+def test_rows_that_keep_changing_raise_feed_torn_read(tmp_path):
+    from embstore.feed import FeedTornRead
+
+    n = 20000
+    rows = np.arange(n, dtype=np.uint64)
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    proc = ctx.Process(target=_hammer, args=(str(tmp_path), key_array(np.zeros(n, np.uint32), rows).tobytes(), n,
+                                             stop))
+    proc.start()
+    try:
+        r = FeedReader(tmp_path, RB, torn_retries=0)  # give up at the first change seen
+        t_end, err = time.monotonic() + 60, None
+        while err is None and time.monotonic() < t_end:
+            r.refresh()
+            try:
+                r.lookup(rows)
+            except FeedTornRead as e:
+                err = e
+        assert err is not None and "kept changing while being read (0 re-reads)" in str(err)
+    finally:
+        stop.set()
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()

@@ -214,3 +214,57 @@ def test_follow_maps_existing_feed_releases_covered_epochs_and_validates_args(ve
         Scorer(version_dir, store_mode="follow", follow_interval_s=0)
     with pytest.raises(ValueError, match="catch_up_s"):
         Scorer(version_dir, store_mode="follow", catch_up_s=-1)
+
+
+def _rewrite_rows(store: str, rb: int, tables: int, rows: int, stop) -> None:
+    """A feed writer rewriting every row of ``tables`` tables as fast as it can."""
+    from embstore.feed import FeedWriter
+    from embstore.keys import key_array
+
+    t = np.repeat(np.arange(tables, dtype=np.uint32), rows)
+    r = np.tile(np.arange(rows, dtype=np.uint64), tables)
+    keys, recs = key_array(t, r).tobytes(), np.zeros((len(r), rb), np.uint8)
+    w = FeedWriter(store, rb)
+    while not stop.is_set():
+        w.append(keys, recs)
+    w.close()
+
+
+def test_a_torn_feed_read_is_a_503_not_a_500(version_dir, tmp_path):
+    """Rows rewritten faster than a lookup re-reads them: a clear 503 with Retry-After
+    (transient: the version stays healthy), never a 500."""
+    import multiprocessing as mp
+    import shutil
+
+    import httpx
+    from server_helpers import ThreadServer, score, server_config
+
+    models = tmp_path / "models"
+    shutil.copytree(version_dir, models / "m" / "1")  # its own store directory: its own feed
+    spec = parse_spec(SPEC)
+    srv = ThreadServer(server_config(models))
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    proc = ctx.Process(target=_rewrite_rows, args=(str(models / "m" / "1" / "store"), 4 * D + 4, len(spec.fields),
+                                                   max(f.rows for f in spec.fields), stop))
+    try:
+        holder = srv.server.lifespan.state["server"].models.holders["m"]
+        holder.current.scorer._follower.feed.torn_retries = 0  # a torn read at the first change seen
+        proc.start()
+        codes: dict[int, int] = {}
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            t_end = time.monotonic() + 60
+            while time.monotonic() < t_end:
+                r = score(c, {"request": REQUEST, "candidates": CANDS}, name="m")
+                codes[r.status_code] = codes.get(r.status_code, 0) + 1
+                if r.status_code == 503:
+                    break
+        assert set(codes) <= {200, 503} and codes.get(503) == 1, codes
+        assert r.headers["Retry-After"] and "rewritten while this request read them: retry" in r.json()["detail"]
+        assert str(tmp_path) not in r.text and holder.current.unhealthy is None
+    finally:
+        stop.set()
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+        srv.stop()

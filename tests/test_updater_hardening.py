@@ -225,14 +225,17 @@ def fill(disk, leave_bytes: int):
 
 
 @pytest.mark.parametrize("full_at", ["feed", "rocksdb"])
-def test_disk_full_is_a_clear_error_and_loses_no_delta(exports, small_disk, tmp_path, full_at):
-    """The store's disk fills up when the write feed maps its epoch file (before: SIGBUS,
-    "Bus error", no log line) or when RocksDB flushes the batch: a clear error naming the
-    path, rc != 0, every file still in the spool; with space again all are applied once."""
-    from embstore.feed import MIN_SLOTS
+def test_disk_full_is_a_clear_error_and_loses_no_delta(exports, small_disk, tmp_path, full_at, monkeypatch):
+    """The feed's shared memory fills up when the write feed maps its epoch file (before: SIGBUS,
+    "Bus error", no log line), or the store's disk when RocksDB flushes the batch: a clear error
+    naming the path, rc != 0, every file still in the spool; with space again all are applied once."""
+    from embstore.feed import MIN_SLOTS, SHM_ENV
     from embstore.feed_impl import file_bytes
 
     models, spool = small_disk / "models", tmp_path / "spool"  # the store on the small disk, the spool not
+    shm = small_disk / "shm"  # the feed's epochs too (a full /dev/shm is the same ENOSPC)
+    shm.mkdir()
+    monkeypatch.setenv(SHM_ENV, str(shm))
     vdir = install_version(exports["fp32"], models, 1)
     rng = np.random.default_rng(8)
     deltas = [make_deltas(rng, 1000, seq0=1 + 1000 * i) for i in range(5)]
@@ -244,7 +247,7 @@ def test_disk_full_is_a_clear_error_and_loses_no_delta(exports, small_disk, tmp_
         p = run_update(models, spool, "--once")
         assert p.returncode > 0, f"killed by signal {-p.returncode}: {p.stderr[-2000:]}"  # not a Bus error
         err = p.stderr
-        where = vdir / "store" / ("feed" if full_at == "feed" and attempt == 0 else "")
+        where = shm if full_at == "feed" else vdir / "store"
         assert "No space left on device" in err and f"{where}" in err, err[-3000:]
         assert "Traceback" not in err, err[-3000:]
         assert spool_files(spool) == names and spool_files(spool / "applied") == [] and not (spool / "dead").exists()
