@@ -247,8 +247,8 @@ def test_admin_pin_survives_a_restart_of_two_workers(tiny_model, requests_, tmp_
         # still on its first load answers 503 meanwhile)
         seen: set = set()
 
-        def all_on_v1() -> bool:
-            now = _versions_seen(url, body, 4)
+        def all_on_v1() -> bool:  # 16 new connections: both workers answer (2**-15 that one takes them all)
+            now = _versions_seen(url, body, 16)
             seen.update(now)
             return now == {(200, 1)}
 
