@@ -23,8 +23,8 @@ demo: setup
 	$(VENV)/bin/offgraph check --model $(DEMO)/models/movielens/1 --run $(DEMO)/run --data $(DEMO)/data/movielens.parquet --limit 20000 --max-diff 1e-5
 	$(VENV)/bin/offgraph export --run $(DEMO)/run --out $(DEMO)/models/movielens/2 --quant int8 --shards 4
 	$(VENV)/bin/offgraph check --model $(DEMO)/models/movielens/2 --run $(DEMO)/run --data $(DEMO)/data/movielens.parquet --limit 20000 --max-diff 0.01
-	$(PY) -m server.demo_request --models $(DEMO)/models --data $(DEMO)/data/movielens.parquet
-	$(PY) -m streaming.demo_freshness_auc --out $(DEMO)/stream
+	$(PY) examples/demo_request.py --models $(DEMO)/models --data $(DEMO)/data/movielens.parquet
+	$(PY) examples/demo_freshness_auc.py --out $(DEMO)/stream
 
 # every test; pytest-timeout stops any one test after 300 s (pyproject.toml)
 test: setup

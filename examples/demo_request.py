@@ -1,4 +1,4 @@
-"""`python -m server.demo_request`: start `offgraph serve` on loopback, score one real
+"""`python examples/demo_request.py`: start `offgraph serve` on loopback, score one real
 MovieLens request over HTTP, print it, stop the server (the serving step of `make demo`)."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Freshness demo on real MovieLens-100k: a frozen exported model vs the same model kept
 fresh by the stream trainer, day by day after a GLOBAL time cut.
 
-    python -m streaming.demo_freshness_auc --out out/fresh [--days 30] [--cut-quantile 0.5]
+    python examples/demo_freshness_auc.py --out out/fresh [--days 30] [--cut-quantile 0.5]
 
 1. build the data; train a DeepFM on the ratings before the cut (a quantile of the
    timestamps); export it (int8 x 4 shards by default) to MODELS/movielens/1;
@@ -46,7 +46,7 @@ DAY_S = 86400
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m streaming.demo_freshness_auc", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python examples/demo_freshness_auc.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--days", type=int, default=30, help="evaluation days at most")
     p.add_argument("--cut-quantile", type=float, default=0.5, help="global time cut: this quantile of timestamps")
