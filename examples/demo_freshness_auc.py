@@ -137,6 +137,9 @@ def _score(scorer, spec, columns: dict, idx: np.ndarray) -> np.ndarray:
 
 def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from offgraph_cli import install_quiet_tensorflow_import
+
+    install_quiet_tensorflow_import()  # TensorFlow's C++ start-up lines, hidden as by the offgraph CLI
     args = parse_args(argv)
     import pyarrow as pa
     import pyarrow.parquet as pq
