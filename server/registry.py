@@ -115,6 +115,7 @@ class ModelRegistry:
                 if may_retry(holder.refused.get(v), holder.dir / str(v)) and self._load(holder, v):
                     break
             holder.attempted = True
+            holder.scans += 1
         self.initial_scan_done = True
 
     def _row_cache_mb(self) -> float:
@@ -341,5 +342,5 @@ class ModelRegistry:
             "refused": [{"version": v, "reason": r.reason, "at_unix": r.at}
                         for v, r in sorted(list(h.refused.items()))],
             "inputs": {s: spec.raw_inputs(s) for s in ("request", "item")} if spec is not None else {},
-            "last_error": h.last_error,
+            "last_error": h.last_error, "scans": h.scans,
         }

@@ -183,6 +183,8 @@ class ModelStatus(BaseModel):
     loading_version: int | None
     previous_version: int | None = Field(description="Version served before the current one (:rollback target).")
     refused: list[RefusedVersion]
+    scans: int = Field(0, description="Scans of MODELS that have looked at this model since the server started "
+                                      "(every --poll-seconds): wait for it to grow to see what the next scan did.")
     inputs: dict[str, list[str]] = Field(default_factory=dict,
                                          description="Raw feature names read per scope (request, item).")
     last_error: str | None

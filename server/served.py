@@ -101,6 +101,7 @@ class ModelHolder:
         self.versions_on_disk: list[int] = []  # complete versions, as of the last poll
         self.last_error: str | None = None
         self.attempted = False  # a load has been tried (readiness)
+        self.scans = 0  # polls of MODELS that looked at this model (lets a client wait for the next one)
         self.retired_totals: Counter = Counter()
         self.closed = False
 

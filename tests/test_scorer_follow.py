@@ -135,7 +135,8 @@ def test_follow_sees_a_row_written_by_another_process_within_2s(version_dir):
         new2, t2 = wait_for_change(scorer, new)
         assert t2 is not None
         np.testing.assert_allclose(new2, expected_after_write(scorer, emb0, fo0, showing, -0.5), rtol=1e-6, atol=1e-7)
-        time.sleep(0.2)
+        polled = scorer._follower.stats()["last_feed_poll_unix"]
+        wait_stats_after(scorer._follower, "last_feed_poll_unix", polled + 0.2)  # polls after both writes
         np.testing.assert_allclose(scorer.score(REQUEST, CANDS), new2, rtol=0, atol=0)
     finally:
         if proc is not None:
@@ -158,13 +159,19 @@ def test_last_catch_up_unix_moves_on_a_catch_up_not_on_every_feed_poll(tmp_path)
             try:
                 first = wait_stats(f, "catch_ups", 1)
                 assert first["catch_ups"] == 1 and first["last_catch_up_unix"] > 0
-                time.sleep(0.3)  # about 30 feed polls, no catch-up due
-                later = f.stats()
+                later = wait_stats_after(f, "last_feed_poll_unix", first["last_catch_up_unix"] + 0.2)  # ~20 polls
                 assert later["catch_ups"] == 1
                 assert later["last_catch_up_unix"] == first["last_catch_up_unix"]
                 assert later["last_feed_poll_unix"] > first["last_catch_up_unix"] + 0.1
             finally:
                 f.stop()
+
+
+def wait_stats_after(s, key, at_least, timeout_s=5.0) -> dict:
+    """``s.stats()`` once its ``key`` (a time) is >= ``at_least``; AssertionError after ``timeout_s``."""
+    st = wait_stats(s, key, at_least, timeout_s)
+    assert st[key] >= at_least, (key, st[key], at_least)
+    return st
 
 
 def wait_stats(s, key, at_least, timeout_s=5.0) -> dict:

@@ -262,8 +262,8 @@ def test_hot_swap_under_load_refusals_and_rollback(tiny_model, requests_, tmp_pa
             assert "FG version 'offgraph-fg-0'" in reasons[5], reasons
             assert st["loaded"]["version"] == 2 and st["state"] == "serving"
             at = {x["version"]: x["at_unix"] for x in st["refused"]}
-            time.sleep(0.6)  # three polls: refused versions are not retried while their manifest is unchanged
-            assert {x["version"]: x["at_unix"] for x in c.get("/v1/models/ml").json()["refused"]} == at
+            later = _after_scans(c, 3)  # refused versions are not retried while their files are unchanged
+            assert {x["version"]: x["at_unix"] for x in later["refused"]} == at
             req, cands = requests_[0]
             assert score(c, {"request": req, "candidates": cands}).json()["version"] == 2
             assert "offgraph_model_load_failures_total{model=\"ml\"} 3.0" in c.get("/metrics").text
@@ -272,7 +272,7 @@ def test_hot_swap_under_load_refusals_and_rollback(tiny_model, requests_, tmp_pa
             r = c.post("/v1/models/ml:rollback", headers=admin)
             assert r.status_code == 200, r.text
             assert r.json()["loaded"]["version"] == 1 and r.json()["policy"] == "pinned"
-            time.sleep(0.5)
+            assert _after_scans(c, 3)["loaded"]["version"] == 1  # the poller saw version 2 and kept the pin
             assert score(c, {"request": req, "candidates": cands}).json()["version"] == 1
             r = c.post("/v1/models/ml:load", json={"version": 3}, headers=admin)
             assert r.status_code == 409 and "checksum mismatch" in r.json()["detail"]
@@ -288,6 +288,13 @@ def test_hot_swap_under_load_refusals_and_rollback(tiny_model, requests_, tmp_pa
     finally:
         stop.set()
         srv.stop()
+
+
+def _after_scans(c: httpx.Client, n: int) -> dict:
+    """The model's status once ``n`` more scans of MODELS have run (an event to wait for, not a sleep)."""
+    start = c.get("/v1/models/ml").json()["scans"]
+    return wait_for(lambda: (lambda st: st if st["scans"] >= start + n else None)(c.get("/v1/models/ml").json()),
+                    30, f"{n} scans of MODELS")
 
 
 # -- the CLI -------------------------------------------------------------------------------------------------
