@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import StoreWriter
+from server_helpers import copy_version
 
 from dense_model.train import TrainConfig, train_run
 from server import scorer_impl
@@ -43,13 +44,23 @@ def synthetic_table(n=3000, seed=0):
 
 
 @pytest.fixture(scope="module")
-def version_dir(tmp_path_factory):
+def exported_version(tmp_path_factory):
+    """A model version exported once per module; tests write into copies of it (``version_dir``)."""
     root = tmp_path_factory.mktemp("follow")
     spec = parse_spec(SPEC)
     train_run(spec, synthetic_table(), TrainConfig(epochs=1, batch_size=256, split="random"), root / "run",
               progress=False)
     out = root / "models" / "m" / "1"
     export_run(root / "run", out, shards=3, quant="fp32", block_cache_mb=8, progress=False)
+    return out
+
+
+@pytest.fixture
+def version_dir(exported_version, tmp_path):
+    """A fresh copy of the exported version (its own store and write feed): no state of other tests."""
+    out = tmp_path / "version-copy" / "m" / "1"
+    out.parent.mkdir(parents=True)
+    copy_version(exported_version, out)
     return out
 
 

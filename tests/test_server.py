@@ -187,6 +187,9 @@ def test_body_limit_streamed_and_by_content_length(server):
 
 
 def test_metrics_and_no_5xx_after_bad_input(client, requests_):
+    assert score(client, {"candidates": []}).status_code == 422  # its own bad input: no state of other tests
+    big = b'{"candidates": [{"title_words": "' + b"x" * MAX_BODY + b'"}]}'
+    assert client.post("/v1/models/ml:score", content=big, headers={"content-type": "application/json"}).status_code == 413
     req, cands = requests_[0]
     assert score(client, {"request": req, "candidates": cands}).status_code == 200  # still serving
     text = client.get("/metrics").text
