@@ -20,8 +20,9 @@ Batches are numbered across epochs; an epoch's header records its first batch an
 last batch BEGUN. Order of writes: the writer records "batch b begun", stages the
 batch's rows in the epoch (invisible), writes them to the store, and only then
 publishes them (shard by shard, each after its RocksDB batch; with
-``durability="flush"`` after its flush): a row is never served before it is durable,
-and a writer killed before the store write leaves staged rows that are never served.
+``durability="flush"`` after its flush, before the next shard is written): a row is
+never served before it is durable, and a writer killed before the store write leaves
+staged rows that are never served.
 So when a follower reads "begun = b" before catching up, every batch before b is in
 its store view, and an epoch whose batches all come before b can go. A writer starts a
 new epoch when it opens the store, after ``epoch_seconds``, and when the table would

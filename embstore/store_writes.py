@@ -72,10 +72,10 @@ class StoreWrites:
         some shards' batches were written (each shard's batch is atomic).
 
         ``durability``: ``"wal"`` (default) logs each batch to the write-ahead log
-        (``sync`` fsyncs it). ``"flush"`` skips the WAL and flushes the written shards'
-        memtables into SST files before returning: as durable and as atomic per shard
-        (a flush installs its SST in one MANIFEST edit; a crash before it loses the
-        whole batch, its meta records included), and far cheaper for followers: a
+        (``sync`` fsyncs it). ``"flush"`` skips the WAL and flushes each written shard's
+        memtable into an SST file before the next shard is written: as durable and as
+        atomic per shard (a flush installs its SST in one MANIFEST edit; a crash before it
+        loses that shard's batch, its meta records included), and far cheaper for followers: a
         RocksDB secondary then picks up new SST files instead of replaying the WAL in
         ``try_catch_up_with_primary``, which holds the follower's GIL (measured here at
         200k rows/s: catch-up median 214 -> 25 ms, follower stalls p99 48 -> 9 ms).
@@ -147,18 +147,16 @@ class StoreWrites:
                 if keys:
                     plans.append((s, keys, values, 0 if idx is None else len(idx)))
             staged = self._feed_writer().stage(b"".join(fed_keys), np.concatenate(fed_records)) if fed_keys else None
-            written: list[int] = []
             for s, keys, values, n_rows in plans:
+                # each shard written, flushed and published before the next one is written: a
+                # fed row waits for its own shard only, not for every shard's write and the
+                # flushes before its own
                 self._write_batch(s, keys, values, sync and wal, wal)
-                written.append(s)
                 applied += n_rows
-                if wal and staged is not None and s in fed_span:
-                    staged.publish(*fed_span[s])  # in the WAL: survives a crash of this process
-            if not wal:
-                for s in written:
+                if not wal:
                     self._flush(s)
-                    if staged is not None and s in fed_span:
-                        staged.publish(*fed_span[s])  # in an SST: durable
+                if staged is not None and s in fed_span:
+                    staged.publish(*fed_span[s])  # in the WAL (survives a crash of this process) or an SST
         return WriteResult(applied, skipped)
 
     def _feed_writer(self) -> FeedWriter:

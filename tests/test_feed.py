@@ -203,27 +203,45 @@ CRASH_WRITER = """
 import sys, numpy as np
 from embstore import StoreConfig, open_store
 st = open_store(sys.argv[1], StoreConfig(dim=4, quant="fp32", shards=2), mode="w")
-write_batch = st._write_batch
-def pause_then_write(*a, **k):  # the test kills this process here: fed, not yet in RocksDB
-    print("staged", flush=True)
-    sys.stdin.readline()
-    return write_batch(*a, **k)
+durability = sys.argv[2]
+def paused(step, calls):  # the test kills this process here, before call number `calls` of st.<step>
+    done = [0]
+    def pause_then_run(*a, **k):
+        done[0] += 1
+        if done[0] == calls:
+            print("staged", flush=True)
+            sys.stdin.readline()
+        return step(*a, **k)
+    return pause_then_run
 print("ready", flush=True)
 for line in sys.stdin:
     cmd = line.split()
     if cmd[0] == "quit":
         break
-    if cmd[0] == "pause":
-        st._write_batch = pause_then_write
+    if cmd[0] == "pause":  # fed, not yet in RocksDB
+        st._write_batch = paused(st._write_batch, 1)
+    if cmd[0] == "pause-second":  # the first shard batch written, the second not
+        st._write_batch = paused(st._write_batch, 2)
     v = float(cmd[1])
     st.write(np.zeros(6, np.uint32), np.arange(6), np.full((6, 4), v, np.float32), np.full(6, v, np.float32),
-             feed=True)
+             feed=True, durability=durability)
     print("ok", flush=True)
 st.close()
 """
 
+DURABILITIES = ("wal", "flush")
 
-def test_a_writer_killed_before_its_store_write_never_shows_that_batch(tmp_path):
+
+def _fed_values(r, keys, refresh=True) -> list[float]:
+    """The first-order values the feed reader ``r`` serves for ``keys`` (fp32, D = 4), sorted."""
+    if refresh:
+        r.refresh()
+    pos, recs = r.lookup(keys)
+    return sorted(np.frombuffer(recs.tobytes(), np.float32).reshape(-1, 5)[:, 0].tolist()) if len(pos) else []
+
+
+@pytest.mark.parametrize("durability", DURABILITIES)
+def test_a_writer_killed_before_its_store_write_never_shows_that_batch(tmp_path, durability):
     """The crash window: rows fed but not in RocksDB were served, then reverted after the
     next catch-up. Now they are published only once the store holds them."""
     import subprocess
@@ -237,12 +255,9 @@ def test_a_writer_killed_before_its_store_write_never_shows_that_batch(tmp_path)
     keys = np.arange(6, dtype=np.uint64)  # table 0, rows 0..5
 
     def fed(r, refresh=True):
-        if refresh:
-            r.refresh()
-        pos, recs = r.lookup(keys)
-        return sorted(np.frombuffer(recs.tobytes(), np.float32).reshape(-1, 5)[:, 0].tolist()) if len(pos) else []
+        return _fed_values(r, keys, refresh)
 
-    w = StdinWriter(f"import sys; sys.argv[1:] = [{str(store)!r}]\n" + CRASH_WRITER)
+    w = StdinWriter(f"import sys; sys.argv[1:] = [{str(store)!r}, {durability!r}]\n" + CRASH_WRITER)
     try:
         w.send("write 1", "ok")
         r = FeedReader(store, 20)  # fp32 records, D = 4
@@ -256,12 +271,38 @@ def test_a_writer_killed_before_its_store_write_never_shows_that_batch(tmp_path)
     with open_store(store, mode="r") as st:
         assert (st.read(0, np.arange(6))[0] == 1).all()
     # a restarted writer: a new epoch after the crashed batch; batch 2's rows never appear
-    p = subprocess.run([sys.executable, "-c", CRASH_WRITER, str(store)], input="write 3\nquit\n", text=True,
-                       capture_output=True, timeout=120)
+    p = subprocess.run([sys.executable, "-c", CRASH_WRITER, str(store), durability], input="write 3\nquit\n",
+                       text=True, capture_output=True, timeout=120)
     assert p.returncode == 0 and p.stdout.split() == ["ready", "ok"], p.stderr[-2000:]
     assert fed(r) == [3.0] * 6 and r.epochs[0].first_batch == 3
     r.release(r.epochs[:1])  # the crashed writer's epoch alone (as before a follower's catch-up)
     assert fed(r, refresh=False) == [1.0] * 6
+
+
+@pytest.mark.parametrize("durability", DURABILITIES)
+def test_a_shard_is_fed_once_the_store_holds_it_not_after_every_shard(tmp_path, durability):
+    """With "flush", a write's rows were published only after every shard was written and
+    flushed: a row waited for all the other shards. Now each shard is written, flushed and
+    published before the next one; killed there, the fed rows are what a reopened store holds."""
+    from conftest import StdinWriter
+    from embstore import open_store
+
+    store = tmp_path / "store"
+    store.mkdir()
+    keys = np.arange(6, dtype=np.uint64)  # table 0, rows 0..5: in both shards
+    w = StdinWriter(f"import sys; sys.argv[1:] = [{str(store)!r}, {durability!r}]\n" + CRASH_WRITER)
+    try:
+        w.send("write 1", "ok")
+        r = FeedReader(store, 20)
+        w.send("pause-second 2", "staged")
+        fed = _fed_values(r, keys)
+        w.kill()
+    finally:
+        w.kill()
+    assert 1.0 in fed and 2.0 in fed, fed  # the first shard's rows fed, the second's not written
+    assert _fed_values(r, keys) == fed
+    with open_store(store, mode="r") as st:
+        assert sorted(st.read(0, np.arange(6))[1].tolist()) == fed
 
 
 def _hammer(path: str, keys: bytes, n: int, stop) -> None:
