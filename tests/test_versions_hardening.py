@@ -189,13 +189,17 @@ def _versions_seen(url: str, body: dict, n: int) -> set:
     return out
 
 
-def test_admin_pin_and_unload_survive_kill9(tiny_model, requests_, tmp_path):
+def _two_versions(tiny_model, requests_, tmp_path):
+    """MODELS with versions 1 and 2 of the tiny model, a free port, a log path, the URL and a score body."""
     models = copy_models(tiny_model[0], tmp_path / "models")
     copy_version(models / "ml" / "1", models / "ml" / "2")
-    port, log = free_port(), tmp_path / "serve.log"
-    url = f"http://127.0.0.1:{port}"
+    port = free_port()
     req, cands = requests_[0]
-    body = {"request": req, "candidates": cands}
+    return models, port, tmp_path / "serve.log", f"http://127.0.0.1:{port}", {"request": req, "candidates": cands}
+
+
+def test_admin_pin_and_unload_survive_kill9(tiny_model, requests_, tmp_path):
+    models, port, log, url, body = _two_versions(tiny_model, requests_, tmp_path)
     proc = _serve(models, port, log)
     try:
         wait_ready(url, 120, proc)
@@ -226,12 +230,7 @@ def test_admin_pin_and_unload_survive_kill9(tiny_model, requests_, tmp_path):
 
 
 def test_admin_pin_survives_a_restart_of_two_workers(tiny_model, requests_, tmp_path):
-    models = copy_models(tiny_model[0], tmp_path / "models")
-    copy_version(models / "ml" / "1", models / "ml" / "2")
-    port, log = free_port(), tmp_path / "serve.log"
-    url = f"http://127.0.0.1:{port}"
-    req, cands = requests_[0]
-    body = {"request": req, "candidates": cands}
+    models, port, log, url, body = _two_versions(tiny_model, requests_, tmp_path)
     proc = _serve(models, port, log, "--workers", "2")
     try:
         wait_ready(url, 180, proc)
