@@ -10,6 +10,7 @@ second, in-memory backend is kept to justify an abstract class or a registry):
     _sst_writer_factory() -> picklable (shard, path) -> SstWriter (may run in a worker process)
     _ingest(shard, paths)                               move finished SST files in
     _iter_row_keys(shard) -> every row key, ascending (no meta keys)
+    _iter_values(shard, lower, upper) -> values of the keys in [lower, upper), ascending
     _seek_first(shard, lowers) -> first pair with key >= each lower (None past the end)
     _shard_info(shard) -> at least bytes_on_disk, estimated_keys
     _catch_up(shard), _flush(shard), _close()
@@ -55,6 +56,7 @@ class EmbeddingStore(StoreReads, StoreWrites, BulkLoad):
         self._pool_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._feed: FeedWriter | None = None  # writer: opened by the first write with feed=True
+        self._seq_watermarks: dict[int, int] = {}  # writer: shard -> highest seq it holds (store_writes)
         self._closed = False
 
     # ------------------------------------------------------------------ admin

@@ -12,6 +12,7 @@ import functools
 import os
 import shutil
 import tempfile
+from collections import deque
 from typing import Any, Iterable
 
 from rocksdict import (
@@ -142,8 +143,7 @@ class RocksDBStore(EmbeddingStore):
     def _write_batch(self, shard: int, keys: list[bytes], values: list[bytes], sync: bool,
                      wal: bool = True) -> None:
         wb = WriteBatch(raw_mode=True)
-        for k, v in zip(keys, values):
-            wb.put(k, v)
+        deque(map(wb.put, keys, values), maxlen=0)  # rocksdict has no batched put: map runs the loop in C
         wo = WriteOptions()
         wo.sync = sync
         wo.disable_wal = not wal
@@ -164,6 +164,13 @@ class RocksDBStore(EmbeddingStore):
         ro = ReadOptions()
         ro.set_iterate_upper_bound(META_PREFIX)
         return self._dbs[shard].keys(read_opt=ro)
+
+    def _iter_values(self, shard: int, lower: bytes, upper: bytes) -> Iterable[bytes]:
+        ro = ReadOptions()
+        ro.fill_cache(False)
+        ro.set_iterate_lower_bound(lower)
+        ro.set_iterate_upper_bound(upper)
+        return self._dbs[shard].values(from_key=lower, read_opt=ro)
 
     def _shard_info(self, shard: int) -> dict[str, Any]:
         db = self._dbs[shard]

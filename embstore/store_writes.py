@@ -12,11 +12,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from .feed import FeedReader, FeedWriter
-from .internal_keys import RESERVED_META, decode_seqs, seq_key_list, seq_value_list
+import logging
+
+from .internal_keys import (RESERVED_META, SEQ_END, SEQ_PREFIX, SEQ_WATERMARK_KEY, decode_seq, decode_seqs,
+                            encode_seq, seq_key_list, seq_value_list)
 from .keys import META_PREFIX, as_key_arrays, key_array, key_list, shard_of
 from .write_plan_impl import check_seqs, winners
 
 DURABILITY = ("wal", "flush")
+
+log = logging.getLogger("offgraph.store")
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,9 @@ class StoreWrites:
         Without ``seqs`` the stored seqs are neither read nor changed and a later
         duplicate in the call wins. The read-compare-write of seqs assumes ONE writer
         (one process, writes serialized by a lock), which is what mode ``"w"`` gives.
+        Stored seqs are read only for rows whose new seq is at or below the shard's
+        watermark (the highest seq it holds, kept in the same atomic batch): producers
+        that number updates in increasing order cost no reads.
 
         ``feed``: feed the followers: the applied rows of all shards go, as ONE batch,
         to the store's write feed (``embstore.feed``) before the first shard batch is
@@ -118,6 +126,7 @@ class StoreWrites:
             fed_records: list[np.ndarray] = []
             fed_span: dict[int, tuple[int, int]] = {}  # shard -> its rows in the feed batch
             fed_rows = 0
+            new_watermarks: dict[int, int] = {}  # taken in memory once the shard's batch is written
             for s in sorted(set(rows_by_shard) | meta_targets):
                 keys: list[bytes] = []
                 values: list[bytes] = []
@@ -125,14 +134,19 @@ class StoreWrites:
                 if idx is not None:
                     ka = key_array(t[idx], r[idx])
                     if sq is not None:
-                        sk = seq_key_list(ka)
-                        fresh = sq[idx] > decode_seqs(self._multi_get(s, sk))
+                        wm = self._seq_watermark(s)
+                        fresh = self._fresh(s, ka, sq[idx], wm)
                         skipped += len(idx) - int(fresh.sum())
                         if not fresh.all():
                             idx, ka = idx[fresh], ka[fresh]
-                            sk = [k for k, f in zip(sk, fresh.tolist()) if f]
-                        keys += sk
-                        values += seq_value_list(sq[idx])
+                        if len(idx):
+                            keys += seq_key_list(ka)
+                            values += seq_value_list(sq[idx])
+                            top = max(wm, int(sq[idx].max()))
+                            if top > wm:
+                                keys.append(SEQ_WATERMARK_KEY)
+                                values.append(encode_seq(top))
+                                new_watermarks[s] = top
                     if len(idx):
                         keys += key_list(ka)
                         values += _record_list(records[idx])
@@ -153,11 +167,40 @@ class StoreWrites:
                 # flushes before its own
                 self._write_batch(s, keys, values, sync and wal, wal)
                 applied += n_rows
+                if s in new_watermarks:
+                    self._seq_watermarks[s] = new_watermarks[s]
                 if not wal:
                     self._flush(s)
                 if staged is not None and s in fed_span:
                     staged.publish(*fed_span[s])  # in the WAL (survives a crash of this process) or an SST
         return WriteResult(applied, skipped)
+
+    def _fresh(self, s: int, ka: np.ndarray, new: np.ndarray, watermark: int) -> np.ndarray:
+        """Which rows of shard ``s`` (keys ``ka``) hold an older seq than ``new``: reads the
+        stored seqs of those at or below the watermark only (above it none can be stale)."""
+        fresh = new > watermark
+        if not fresh.all():
+            maybe = np.flatnonzero(~fresh)
+            stored = decode_seqs(self._multi_get(s, seq_key_list(ka[maybe])))
+            fresh[maybe] = new[maybe] > stored
+        return fresh
+
+    def _seq_watermark(self, s: int) -> int:
+        """The highest seq shard ``s`` holds (-1: none): its watermark record, or, in a store
+        written before the record existed, the maximum over its seq records (read once)."""
+        wm = self._seq_watermarks.get(s)
+        if wm is None:
+            raw = self._multi_get(s, [SEQ_WATERMARK_KEY])[0]
+            if raw is not None:
+                wm = decode_seq(raw)
+            else:
+                seqs = decode_seqs(list(self._iter_values(s, SEQ_PREFIX, SEQ_END)))
+                wm = int(seqs.max()) if len(seqs) else -1
+                if len(seqs):
+                    log.info("%s shard %d: seq watermark %d from %d seq records (a store written before "
+                             "watermarks were kept)", self.path, s, wm, len(seqs))
+            self._seq_watermarks[s] = wm
+        return wm
 
     def _feed_writer(self) -> FeedWriter:
         if self._feed is None:

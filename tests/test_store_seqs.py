@@ -67,8 +67,12 @@ def test_older_seq_never_overwrites_newer(tmp_path, cfg):
 def test_many_random_seq_writes_keep_the_max(tmp_path, cfg):
     rng = np.random.default_rng(0)
     best: dict[int, tuple[int, float]] = {}
-    with open_store(tmp_path / "s", cfg, mode="w") as st:
-        for _ in range(30):
+    st = open_store(tmp_path / "s", cfg, mode="w")
+    try:
+        for i in range(30):
+            if i % 10 == 9:  # a reopened writer knows its shards' seq watermarks from the store
+                st.close()
+                st = open_store(tmp_path / "s", cfg, mode="w")
             rows = rng.integers(0, 40, 25)
             seqs = rng.integers(0, 1000, 25)
             vals = rng.standard_normal(25).astype(np.float32)
@@ -86,6 +90,56 @@ def test_many_random_seq_writes_keep_the_max(tmp_path, cfg):
         keys = sorted(best)
         assert st.row_seqs(5, keys).tolist() == [best[k][0] for k in keys]
         assert st.read(5, keys)[1].tolist() == pytest.approx([best[k][1] for k in keys])
+    finally:
+        st.close()
+
+
+def _count_seq_reads(st, monkeypatch) -> list[int]:
+    """Spy on the store's reads: how many stored row seqs each write looked up."""
+    from embstore.internal_keys import SEQ_PREFIX
+
+    looked: list[int] = []
+    real = st._multi_get
+
+    def spy(shard, keys):
+        looked.append(sum(k.startswith(SEQ_PREFIX) for k in keys))
+        return real(shard, keys)
+
+    monkeypatch.setattr(st, "_multi_get", spy)
+    return looked
+
+
+def test_increasing_seqs_read_no_stored_seq_and_lower_ones_still_lose(tmp_path, cfg, monkeypatch):
+    with open_store(tmp_path / "s", cfg, mode="w") as st:
+        st.write(1, np.arange(50), *vecs(np.zeros(50)), seqs=np.arange(100, 150))  # learns the watermarks
+        looked = _count_seq_reads(st, monkeypatch)
+        for k in range(5):  # increasing seqs, as stream-train numbers them: nothing to read back
+            res = st.write(1, np.arange(50), *vecs(np.full(50, k + 1.0)), seqs=np.arange(200 + 50 * k, 250 + 50 * k))
+            assert res == WriteResult(applied=50, skipped_stale=0)
+        assert sum(looked) == 0
+        # at or below a shard's watermark the stored seq is read and decides
+        res = st.write(1, [0, 1, 99], *vecs([7, 7, 7]), seqs=[120, 10_000, 5])
+        assert res == WriteResult(applied=2, skipped_stale=1)
+        assert sum(looked) >= 2  # rows 0 and 99 are below their shard's watermark
+        assert st.read(1, [0, 1, 99])[1].tolist() == [5, 7, 7]
+
+
+def test_a_store_without_watermark_records_finds_them_from_its_seqs(tmp_path, cfg):
+    """A store written before watermarks were kept (their records deleted here) must not
+    let an older seq win: the writer derives each shard's watermark from its seq records."""
+    from embstore.internal_keys import SEQ_WATERMARK_KEY
+
+    with open_store(tmp_path / "s", cfg, mode="w") as st:
+        st.write(2, np.arange(30), *vecs(np.ones(30)), seqs=np.full(30, 500))
+        for db in st._dbs:  # the shards' RocksDB instances
+            assert db.get(SEQ_WATERMARK_KEY) is not None
+            db.delete(SEQ_WATERMARK_KEY)
+    with open_store(tmp_path / "s", cfg, mode="w") as st:
+        res = st.write(2, np.arange(30), *vecs(np.full(30, 9.0)), seqs=np.full(30, 400))
+        assert res == WriteResult(applied=0, skipped_stale=30)
+        res = st.write(2, [3], *vecs([8.0]), seqs=[501])
+        assert res == WriteResult(applied=1, skipped_stale=0)
+        assert st.read(2, [2, 3])[1].tolist() == [1, 8]
 
 
 def test_seq_and_meta_validation(tmp_path, cfg):
