@@ -30,11 +30,15 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                    help="delta files per store write (default %(default)s)")
     p.add_argument("--max-batch-rows", type=int, default=_default("max_batch_rows"),
                    help="rows per store write at most (default %(default)s)")
+    p.add_argument("--max-batch-delay", type=float, default=_default("max_batch_delay_s"),
+                   help="seconds spent gathering one batch at most before it is written (default %(default)g); "
+                        "a batch is also written as soon as no more files wait")
     p.add_argument("--wait-timeout", type=float, default=_default("wait_timeout_s"),
                    help="seconds a file for a not-yet-complete version may wait before it is dead-lettered "
                         "(default %(default)g)")
     p.add_argument("--poll-interval", type=float, default=_default("poll_interval_s"),
-                   help="seconds between polls when idle (default %(default)g)")
+                   help="seconds between polls when idle (default %(default)g); with inotify (Linux) a new "
+                        "file is picked up at once and this only bounds the fallback")
     p.add_argument("--sync", action="store_true", help="fsync every write batch (survives power loss; WAL only)")
     p.add_argument("--durability", choices=DURABILITY, default=_default("durability"),
                    help="flush: no WAL, memtables flushed to SST after every batch (followers pick up files instead "
@@ -60,6 +64,7 @@ def run_update(args) -> int:
     from streaming.updater import Updater
 
     config = UpdaterConfig(batch_files=args.batch_files, max_batch_rows=args.max_batch_rows,
+                           max_batch_delay_s=args.max_batch_delay,
                            wait_timeout_s=args.wait_timeout, poll_interval_s=args.poll_interval, sync=args.sync,
                            durability=args.durability, max_deltas_per_s=args.max_deltas_per_s)
     pin_cpus(args.cpus)  # before the store opens: RocksDB's threads inherit it

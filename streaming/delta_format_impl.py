@@ -105,6 +105,16 @@ def fsync_dir(d: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- read side
+def count_rows(path: Path) -> int:
+    """Deltas in a file, from its Arrow footer (0 for a file that is not readable as one:
+    the updater's read says why)."""
+    try:
+        with pa.memory_map(os.fspath(path)) as m:
+            return int(ipc.open_file(m).count_rows())
+    except (OSError, pa.ArrowException, ValueError):
+        return 0
+
+
 def _meta_int(meta: dict, key: bytes, what: str, minimum: int, maximum: int | None = None) -> int:
     raw = meta.get(key)
     if raw is None:

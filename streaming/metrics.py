@@ -1,9 +1,17 @@
-"""Updater metrics: counters, lag, a log line every few seconds, optional Prometheus."""
+"""Updater metrics: counters, lag, backlog, a log line every few seconds, optional Prometheus.
+
+Backpressure is visible: the backlog (files and rows after the source's cursor), the age of
+the oldest unapplied file, and the rows applied per second. When the stream outruns the
+updater the backlog and the oldest age grow, and the log says so (see streaming/README.md,
+"When the stream outruns the updater").
+"""
 from __future__ import annotations
 
 import logging
 import math
 import time
+
+from streaming.sources import Backlog
 
 log = logging.getLogger("offgraph.update")
 
@@ -19,6 +27,11 @@ class UpdaterMetrics:
         self.batches = 0
         self.newest_event_ms: int | None = None
         self.waiting = 0
+        self.backlog = Backlog()
+        self.backlog_max = Backlog()  # the largest of each figure seen
+        self.rows_applied_per_s = 0.0
+        self._rate_t, self._rate_rows = time.monotonic(), 0
+        self._last_backlog = -math.inf
         self.version: int | None = None
         self.log_every_s = log_every_s
         self._last_log = time.monotonic()
@@ -39,7 +52,12 @@ class UpdaterMetrics:
             "files": Counter("offgraph_update_files_applied", "delta files applied", lbl),
             "dead": Counter("offgraph_update_files_dead_lettered", "delta files refused", lbl),
             "lag": Gauge("offgraph_update_lag_seconds", "now - newest applied event time", lbl),
-            "waiting": Gauge("offgraph_update_files_waiting", "delta files not yet applied", lbl),
+            "waiting": Gauge("offgraph_update_files_waiting", "delta files not yet applied (backlog)", lbl),
+            "backlog_rows": Gauge("offgraph_update_backlog_rows", "deltas in the files not yet applied", lbl),
+            "oldest": Gauge("offgraph_update_oldest_unapplied_seconds",
+                            "how long the oldest file not yet applied has waited", lbl),
+            "applied_rate": Gauge("offgraph_update_rows_applied_per_second",
+                                  "rows written to the store per second (last second or so)", lbl),
             "rate": Gauge("offgraph_update_deltas_per_second", "deltas consumed per second (last interval)", lbl),
             "version": Gauge("offgraph_update_live_version", "model version being updated", lbl),
         }
@@ -75,14 +93,29 @@ class UpdaterMetrics:
         if self._prom:
             self._prom["dead"].labels(self.model).inc()
 
-    def tick(self, waiting: int, version: int | None, force: bool = False) -> None:
-        self.waiting, self.version = waiting, version
+    def tick(self, source, version: int | None, force: bool = False, every_s: float = 0.5) -> None:
+        """After a step: refresh the backlog of ``source`` (a DeltaSource) and the rates at
+        most every ``every_s``, and log every ``log_every_s``."""
+        self.version = version
         now = time.monotonic()
-        dt = now - self._last_log
+        if not force and now - self._last_backlog < every_s:
+            return
+        self._last_backlog = now
+        b = self.backlog = source.backlog()
+        self.waiting = b.items
+        m = self.backlog_max
+        self.backlog_max = Backlog(max(m.items, b.items), max(m.rows, b.rows), max(m.oldest_age_s, b.oldest_age_s))
+        if now - self._rate_t >= 1.0 or force:
+            self.rows_applied_per_s = (self.rows_applied - self._rate_rows) / max(now - self._rate_t, 1e-9)
+            self._rate_t, self._rate_rows = now, self.rows_applied
         if self._prom:
-            self._prom["waiting"].labels(self.model).set(waiting)
+            self._prom["waiting"].labels(self.model).set(b.items)
+            self._prom["backlog_rows"].labels(self.model).set(b.rows)
+            self._prom["oldest"].labels(self.model).set(b.oldest_age_s)
+            self._prom["applied_rate"].labels(self.model).set(self.rows_applied_per_s)
             if version is not None:
                 self._prom["version"].labels(self.model).set(version)
+        dt = now - self._last_log
         if dt < self.log_every_s and not force:
             return
         self.deltas_per_s = (self.deltas - self._last_deltas) / max(dt, 1e-9)
@@ -90,12 +123,19 @@ class UpdaterMetrics:
         if self._prom:
             self._prom["rate"].labels(self.model).set(self.deltas_per_s)
         log.info("update %s v%s: %d deltas (%.0f/s over %.1fs) -> %d rows written, %d stale skipped, %d files, "
-                 "%d dead-lettered, lag %.2fs, %d files waiting", self.model, version, self.deltas,
-                 self.deltas_per_s, dt, self.rows_applied, self.rows_stale, self.files_applied, self.files_dead,
-                 self.lag_s(), waiting)
+                 "%d dead-lettered, lag %.2fs; backlog %d files, %d rows, oldest %.1fs", self.model, version,
+                 self.deltas, self.deltas_per_s, dt, self.rows_applied, self.rows_stale, self.files_applied,
+                 self.files_dead, self.lag_s(), b.items, b.rows, b.oldest_age_s)
+        if b.oldest_age_s > max(2 * self.log_every_s, 10.0):
+            log.warning("update %s: the oldest unapplied file has waited %.1fs (%d files, %d rows behind): the "
+                        "stream outruns the updater; see streaming/README.md, 'When the stream outruns the "
+                        "updater'", self.model, b.oldest_age_s, b.items, b.rows)
 
     def summary(self) -> dict:
         return {"deltas": self.deltas, "rows_applied": self.rows_applied, "rows_skipped_stale": self.rows_stale,
                 "files_applied": self.files_applied, "files_dead_lettered": self.files_dead,
                 "batches": self.batches, "lag_s": self.lag_s(), "files_waiting": self.waiting,
+                "backlog_rows": self.backlog.rows, "oldest_unapplied_s": self.backlog.oldest_age_s,
+                "backlog_max": {"files": self.backlog_max.items, "rows": self.backlog_max.rows,
+                                "oldest_unapplied_s": self.backlog_max.oldest_age_s},
                 "version": self.version}

@@ -24,7 +24,9 @@ import time
 from pathlib import Path
 
 from streaming.delta_format import SUFFIX
-from streaming.sources import DeltaSource, SourceItem
+from streaming.delta_format_impl import count_rows
+from streaming.sources import Backlog, DeltaSource, SourceItem
+from streaming.spool_watch import DirWatch
 
 log = logging.getLogger("offgraph.update.spool")
 
@@ -58,7 +60,10 @@ class SpoolSource(DeltaSource):
         self.delete_applied = bool(delete_applied)
         self._cursor: str | None = None
         self._handled: set[str] = set()  # acked/rejected here, maybe still listed
-        self._pending = 0
+        self._todo: list[str] = []  # files after the cursor, as of the last poll
+        self._rows: dict[str, int] = {}  # rows of files in _todo (a published file never changes)
+        self._watch = DirWatch.open(directory, _consumed)
+        self.wakeup = self._watch.mode
 
     # -- DeltaSource ----------------------------------------------------------------
     @property
@@ -83,7 +88,7 @@ class SpoolSource(DeltaSource):
         names = self._list()
         self._handled.intersection_update(names)
         todo = [n for n in names if n not in self._handled]
-        self._pending = len(todo)
+        self._todo = todo
         out = []
         for name in todo[:max_items]:
             path = self.dir / name
@@ -115,7 +120,43 @@ class SpoolSource(DeltaSource):
         return target
 
     def pending(self) -> int:
-        return self._pending
+        return sum(n not in self._handled for n in self._todo)
+
+    def backlog(self, max_counts: int = 256) -> Backlog:
+        """Files after the cursor, their rows and the oldest one's age. Rows are read from
+        the files' Arrow footers, each file once and at most ``max_counts`` new ones a call
+        (bounded work for a sudden flood): files not yet counted are taken at the mean of
+        the others."""
+        todo = [n for n in self._todo if n not in self._handled]  # as of the last poll, less what was done since
+        if not todo:
+            self._rows.clear()
+            return Backlog()
+        if len(self._rows) > 2 * len(todo):
+            self._rows = {n: self._rows[n] for n in todo if n in self._rows}
+        counted = 0
+        for name in todo:
+            if name in self._rows:
+                continue
+            if counted == max_counts:
+                break
+            self._rows[name] = count_rows(self.dir / name)
+            counted += 1
+        known = [self._rows[n] for n in todo if n in self._rows]
+        rows = sum(known) + round((len(todo) - len(known)) * (sum(known) / max(len(known), 1)))
+        try:
+            age = max(0.0, time.time() - (self.dir / todo[0]).stat().st_mtime)
+        except OSError:  # applied meanwhile
+            age = 0.0
+        return Backlog(len(todo), int(rows), age)
+
+    def wait(self, timeout: float) -> None:
+        self._watch.wait(timeout)
+
+    def interrupt(self) -> None:
+        self._watch.interrupt()
+
+    def close(self) -> None:
+        self._watch.close()
 
     def describe(self) -> str:
         return f"spool:{self.dir}"
@@ -130,9 +171,8 @@ class SpoolSource(DeltaSource):
         out = []
         with os.scandir(self.dir) as it:
             for e in it:
-                n = e.name
-                if n.endswith(SUFFIX) and not n.startswith(".") and e.is_file(follow_symlinks=False):
-                    out.append(n)
+                if _consumed(e.name) and e.is_file(follow_symlinks=False):
+                    out.append(e.name)
         out.sort()
         return out
 
@@ -149,3 +189,8 @@ class SpoolSource(DeltaSource):
             pass
         except OSError as e:  # harmless: the position recorded in the store decides
             log.warning("spool %s: could not retire %s: %s", self.dir, path.name, e)
+
+
+def _consumed(name: str) -> bool:
+    """Whether a file of this name in the spool is a delta to apply (not temporary, not hidden)."""
+    return name.endswith(SUFFIX) and not name.startswith(".")

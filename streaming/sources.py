@@ -24,7 +24,12 @@ Semantics (every backend):
   before ``ack`` is harmless: after a restart ``seek`` skips what the store recorded.
 - ``reject(item, reason)``: the item is not appliable; it goes to ``dead_letter_dir``
   (the item's bytes + ``<name>.reason.txt``) and the cursor moves past it.
-- ``pending()``: how many items wait after the cursor (for the lag metric).
+- ``pending()``: how many items wait after the cursor (for the lag metric);
+  ``backlog()``: the same in items and rows, and how long the oldest has waited.
+- ``wait(timeout)``: block until new items may have arrived (the spool: inotify) or
+  ``timeout`` passes; ``interrupt()`` (any thread) ends a wait at once. The updater
+  waits only when a poll found nothing to do, so an item that arrives while it is idle
+  is applied at once, and one that arrives while it is busy joins the next batch.
 
 A message broker backend (Kafka/Pulsar partition offsets as positions, zero-padded)
 plugs in with :func:`register_source`.
@@ -32,6 +37,7 @@ plugs in with :func:`register_source`.
 from __future__ import annotations
 
 import abc
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -60,13 +66,39 @@ class SourceItem:
         return read_delta_bytes(self.payload or b"")
 
 
+@dataclass(frozen=True)
+class Backlog:
+    """What waits after the cursor: items, their rows, and how long the oldest has waited."""
+
+    items: int = 0
+    rows: int = 0
+    oldest_age_s: float = 0.0
+
+
 class DeltaSource(abc.ABC):
     """Where deltas come from (see the module docstring for the contract)."""
 
     scheme = ""
+    wakeup = "poll"  # how wait() learns of new items: "poll" (it sleeps), or e.g. "inotify"
 
     def __init__(self, dead_letter_dir: str | Path | None = None) -> None:
         self.dead_letter_dir = Path(dead_letter_dir) if dead_letter_dir else None
+        self._interrupted = threading.Event()
+
+    def wait(self, timeout: float) -> None:
+        """Return when new items may be there, or after ``timeout`` seconds, or at
+        :meth:`interrupt`. This default sleeps: a backend that can be told of new items
+        overrides it."""
+        self._interrupted.wait(timeout)
+        self._interrupted.clear()
+
+    def interrupt(self) -> None:
+        """End a :meth:`wait` now (from any thread, e.g. a signal handler's stop)."""
+        self._interrupted.set()
+
+    def backlog(self) -> Backlog:
+        """Items waiting after the cursor (as of the last poll), their rows and age."""
+        return Backlog(self.pending())
 
     @abc.abstractmethod
     def seek(self, position: str | None) -> None:
@@ -137,4 +169,4 @@ def _load_builtin(scheme: str) -> None:
         register_source(scheme, cls)
 
 
-__all__ = ["DeltaSource", "SourceItem", "open_source", "register_source", "SOURCES"]
+__all__ = ["Backlog", "DeltaSource", "SourceItem", "open_source", "register_source", "SOURCES"]

@@ -73,7 +73,7 @@ class Updater:
                 if self.step() == 0:
                     if once:
                         break
-                    self._stop.wait(self.config.poll_interval_s)
+                    self.source.wait(self.config.poll_interval_s)  # a new file ends it (inotify)
         except OSError as e:  # disk full, I/O error: stop; what was not acked is applied after a restart
             log.error("stopping: %s. Files not yet applied stay in %s and are applied after a restart "
                       "(shards that recorded a batch are not written twice)", e, self.source.describe())
@@ -82,7 +82,7 @@ class Updater:
         except BaseException:
             self._close_after_error()
             raise
-        self.metrics.tick(self.source.pending(), self.live.version, force=True)
+        self.metrics.tick(self.source, self.live.version, force=True)
         self.close()
         return self.metrics.summary()
 
@@ -90,13 +90,14 @@ class Updater:
         """Close without hiding the error in flight behind one of closing (a store that hit
         a full disk fails to close too)."""
         try:
-            self.metrics.tick(self.source.pending(), self.live.version, force=True)
+            self.metrics.tick(self.source, self.live.version, force=True)
             self.close()
         except Exception as e:
             log.warning("while closing after the error: %s", e)
 
     def stop(self) -> None:
         self._stop.set()
+        self.source.interrupt()
 
     def close(self) -> None:
         self.live.close()
@@ -104,15 +105,37 @@ class Updater:
 
     # ------------------------------------------------------------------ one round
     def step(self) -> int:
-        """Poll once and apply what can be applied; returns the files handled."""
+        """Apply what the source holds now, in batches cut at ``max_batch_rows`` rows or
+        once ``max_batch_delay_s`` was spent gathering, whichever comes first (a lone file is
+        applied at once, a flood in big batches); returns the files handled."""
         now = time.monotonic()
         if now - self._last_version_check >= self.config.version_check_s:
             self._last_version_check = now
             self._maybe_switch()
-        items = self.source.poll(self.config.batch_files)
         self.blocked = None
-        pending: list[tuple[SourceItem, DeltaBatch]] = []
-        handled = rows = 0
+        self._pending: list[tuple[SourceItem, DeltaBatch]] = []
+        self._pending_rows, self._gather_t0 = 0, now
+        handled = 0
+        while True:
+            items = self.source.poll(self.config.batch_files)
+            self.metrics.tick(self.source, self.live.version)  # the backlog as polled (at most every 0.5 s)
+            handled += self._take(items)
+            if self.blocked is not None or len(items) < self.config.batch_files or self._stop.is_set():
+                break
+            self._flush_pending()  # before polling again: a source returns unacked items again
+        self._flush_pending()
+        self.metrics.tick(self.source, self.live.version)
+        return handled
+
+    def _flush_pending(self) -> None:
+        self._flush(self._pending)
+        self._pending, self._pending_rows, self._gather_t0 = [], 0, time.monotonic()
+        self.metrics.tick(self.source, self.live.version)  # a long step (a big backlog) still reports
+
+    def _take(self, items: list[SourceItem]) -> int:
+        """Check ``items`` and add them to the batch being gathered (flushed whenever it is
+        full); returns the files handled (applied or refused)."""
+        handled = 0
         for item in items:
             try:
                 item.position.encode("utf-8")  # recorded in the store as UTF-8
@@ -133,8 +156,7 @@ class Updater:
                 continue
             verdict = self._route(item, batch)
             if verdict == SWITCH:
-                self._flush(pending)
-                pending, rows = [], 0
+                self._flush_pending()
                 self._maybe_switch()
                 verdict = self._route(item, batch)
             if verdict == WAIT:
@@ -147,17 +169,14 @@ class Updater:
             handled += 1
             lag = lagging_shards(self.positions, item.position)
             if not item.late and len(lag) < len(self.positions):
-                self._flush(pending)  # recovery: some shards already hold this file
-                pending, rows = [], 0
+                self._flush_pending()  # recovery: some shards already hold this file
                 self._apply_to_shards(item, batch, lag)
                 continue
-            pending.append((item, batch))
-            rows += len(batch)
-            if rows >= self.config.max_batch_rows:
-                self._flush(pending)
-                pending, rows = [], 0
-        self._flush(pending)
-        self.metrics.tick(self.source.pending(), self.live.version)
+            self._pending.append((item, batch))
+            self._pending_rows += len(batch)
+            if (self._pending_rows >= self.config.max_batch_rows
+                    or time.monotonic() - self._gather_t0 >= self.config.max_batch_delay_s):
+                self._flush_pending()
         return handled
 
     def _route(self, item: SourceItem, b: DeltaBatch) -> str:

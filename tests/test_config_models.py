@@ -140,7 +140,8 @@ HTTP = {"header_timeout": "header_timeout_s", "body_timeout": "body_timeout_s",
 STREAM = {"lr": "lr", "optimizer": "optimizer", "batch_size": "batch_size", "l2": "l2",
           "adagrad_init": "adagrad_init", "every_events": "every_events", "every_seconds": "every_seconds",
           "seq_start": "seq_start", "time_unit": "time_unit", "lr_first_order": "lr_first_order"}
-UPDATE = {"batch_files": "batch_files", "max_batch_rows": "max_batch_rows", "wait_timeout": "wait_timeout_s",
+UPDATE = {"batch_files": "batch_files", "max_batch_rows": "max_batch_rows", "max_batch_delay": "max_batch_delay_s",
+          "wait_timeout": "wait_timeout_s",
           "poll_interval": "poll_interval_s", "durability": "durability", "max_deltas_per_s": "max_deltas_per_s"}
 TRAIN = {"epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "optimizer": "optimizer", "loss": "loss",
          "split": "split", "held_out": "held_out", "seed": "seed"}
