@@ -22,8 +22,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("update", help="apply streaming row deltas to the live model version's store")
     p.add_argument("--models", required=True, help="models directory (MODELS/NAME/VERSION)")
     p.add_argument("--model", required=True, help="model name NAME")
-    p.add_argument("--source", required=True, help="delta source, e.g. spool:DIR")
-    p.add_argument("--dead-letter", help="folder for refused files (default: DIR/dead for spool:DIR)")
+    p.add_argument("--source", required=True, help="delta source: spool:DIR or kafka://HOST:PORT/TOPIC")
+    p.add_argument("--dead-letter", help="where refused deltas go: a folder for spool:DIR (default DIR/dead), a "
+                                         "topic for kafka://... (default TOPIC.dead)")
     p.add_argument("--delete-applied", action="store_true",
                    help="delete applied spool files instead of moving them to DIR/applied/")
     p.add_argument("--batch-files", type=int, default=_default("batch_files"),
@@ -76,7 +77,10 @@ def run_update(args) -> int:
         if not hasattr(os, "SCHED_IDLE"):
             raise ValueError("--idle-priority needs Linux (SCHED_IDLE)")
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # inherited by RocksDB's threads too
-    source = open_source(args.source, dead_letter_dir=args.dead_letter, delete_applied=args.delete_applied)
+    kw = {"dead_letter_dir": args.dead_letter, "delete_applied": args.delete_applied}
+    if args.source.startswith("kafka:"):  # names the group whose (informational) offsets it commits
+        kw["store_hint"] = f"{os.path.abspath(args.models)}/{args.model}@{os.uname().nodename}"
+    source = open_source(args.source, **kw)
     metrics = UpdaterMetrics(args.model, port=args.metrics_port, log_every_s=args.log_every)
     up = Updater(args.models, args.model, source, config, metrics=metrics)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -24,7 +24,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                                    "--model-version")
     p.add_argument("--events", required=True, help="labelled events: Parquet, CSV/TSV or JSON lines, with the "
                                                    "spec's input and label columns (time order by its time column)")
-    p.add_argument("--emit", required=True, help="delta sink: spool:DIR")
+    p.add_argument("--emit", required=True, help="delta sink: spool:DIR or kafka://HOST:PORT/TOPIC")
+    p.add_argument("--partitions", type=int, default=4,
+                   help="kafka: partitions of the topic if it has to be created (default %(default)s)")
     p.add_argument("--lr", type=float, default=_default("lr"),
                    help="embedding step size (default %(default)g; the loss is summed over a batch: keep lr x "
                         "batch small)")
@@ -63,15 +65,18 @@ def run(args: argparse.Namespace) -> int:
                             adagrad_init=args.adagrad_init, every_events=args.every_events,
                             every_seconds=args.every_seconds, seq_start=args.seq_start, time_unit=args.time_unit)
     from features.tables import read_table  # TensorFlow: only once the settings are known to be good
-    from streaming.stream_train import open_trainer, parse_emit, stream_train_table
+    from streaming.sinks import open_sink
+    from streaming.stream_train import open_trainer, stream_train_table
 
-    spool = parse_emit(args.emit)
+    if not (args.emit.startswith("kafka://") or args.emit.startswith("spool:")):
+        raise ValueError(f"--emit {args.emit!r}: expected spool:DIR or kafka://HOST:PORT/TOPIC")
     table = read_table(args.events)
     with open_trainer(model_dir=args.model, run_dir=args.run, config=cfg, model_name=args.model_name,
                       model_version=args.model_version) as trainer:
-        s = stream_train_table(trainer, table, spool, progress=not args.no_progress, source=str(args.events))
+        with open_sink(args.emit, version_dir=trainer.source.version_dir, partitions=args.partitions) as sink:
+            s = stream_train_table(trainer, table, sink, progress=not args.no_progress, source=str(args.events))
     print(f"stream-train {s['model']}/{s['model_version']}: {s['events']} events, {s['rows_touched']} rows touched, "
-          f"{s['files_emitted']} delta file(s) -> {spool}, {s['seconds']:.1f}s ({s['events_per_second']:,.0f} ev/s); "
+          f"{s['files_emitted']} delta batch(es) -> {args.emit}, {s['seconds']:.1f}s ({s['events_per_second']:,.0f} ev/s); "
           f"progressive AUC {s['progressive_auc']:.4f} logloss {s['progressive_logloss']:.4f}")
     if args.json:
         with open(args.json, "w") as f:

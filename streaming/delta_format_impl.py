@@ -84,13 +84,17 @@ def build_table(*, model, model_version, table_ids, rows, vectors, first_order, 
     return pa.Table.from_arrays(arrays, schema=schema(dim, meta))
 
 
-def write_table(path: Path, table: pa.Table, *, compression: str | None, fsync: bool) -> None:
+def write_ipc(f, table: pa.Table, compression: str | None = None) -> None:
+    """``table`` as an Arrow IPC file into the open binary file ``f`` (a file or a BytesIO)."""
     if compression not in (None, "lz4", "zstd"):
         raise ValueError(f"compression must be None, 'lz4' or 'zstd', got {compression!r}")
-    opts = ipc.IpcWriteOptions(compression=compression)
+    with ipc.new_file(f, table.schema, options=ipc.IpcWriteOptions(compression=compression)) as w:
+        w.write_table(table)
+
+
+def write_table(path: Path, table: pa.Table, *, compression: str | None, fsync: bool) -> None:
     with open(path, "wb") as f:
-        with ipc.new_file(f, table.schema, options=opts) as w:
-            w.write_table(table)
+        write_ipc(f, table, compression)
         if fsync:
             f.flush()
             os.fsync(f.fileno())
@@ -105,10 +109,12 @@ def fsync_dir(d: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- read side
-def count_rows(path: Path) -> int:
-    """Deltas in a file, from its Arrow footer (0 for a file that is not readable as one:
-    the updater's read says why)."""
+def count_rows(path: Path | bytes) -> int:
+    """Deltas in a file (or a message's bytes), from its Arrow footer (0 for one that is not
+    readable as such: the updater's read says why)."""
     try:
+        if isinstance(path, bytes):
+            return int(ipc.open_file(pa.BufferReader(path)).count_rows())
         with pa.memory_map(os.fspath(path)) as m:
             return int(ipc.open_file(m).count_rows())
     except (OSError, pa.ArrowException, ValueError):

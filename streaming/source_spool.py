@@ -25,7 +25,7 @@ from pathlib import Path
 
 from streaming.delta_format import SUFFIX
 from streaming.delta_format_impl import count_rows
-from streaming.sources import Backlog, DeltaSource, SourceItem
+from streaming.sources import SPOOL_POSITION_KEY, Backlog, DeltaSource, SourceItem
 from streaming.spool_watch import DirWatch
 
 log = logging.getLogger("offgraph.update.spool")
@@ -66,11 +66,11 @@ class SpoolSource(DeltaSource):
         self.wakeup = self._watch.mode
 
     # -- DeltaSource ----------------------------------------------------------------
-    @property
-    def position(self) -> str | None:
-        return self._cursor
+    def positions(self) -> dict[bytes, str]:
+        return {} if self._cursor is None else {SPOOL_POSITION_KEY: self._cursor}
 
-    def seek(self, position: str | None) -> None:
+    def seek(self, positions: dict[bytes, str | None]) -> None:
+        position = positions.get(SPOOL_POSITION_KEY)
         self._cursor = position
         if position is None:
             return

@@ -1,29 +1,35 @@
 """Delta sources: one interface, one module per backend, opened by a string URL.
 
     src = open_source("spool:/data/spool")        # scheme -> backend (SOURCES registry)
-    src.seek(position_recorded_in_the_store)      # None: from the beginning
+    src.seek(positions_recorded_in_the_store)     # {key: position}; {} : from the beginning
     for item in src.poll(max_items=64):           # in position order, after the cursor
         batch = item.read()                       # DeltaBatch (DeltaFormatError if malformed)
-        ... store.write(..., meta={b"spool_position": item.position.encode()})
+        ... store.write(..., meta={item.key: item.position.encode()})
         src.ack(item)                             # applied and recorded: clean up, advance
 
 Semantics (every backend):
 
-- A **position** is a string; positions of one source compare (as strings) in
-  delivery order. The updater records the position of the last item of each applied
-  batch IN THE STORE, in the same atomic batch as the rows; that record, never the
-  source, decides what was applied.
-- ``seek(p)``: items at or before ``p`` are consumed; the source may clean them up
-  (the spool moves leftover files to ``applied/``). ``poll`` then starts after ``p``.
-- ``poll(n)`` returns up to ``n`` items after the cursor in position order, without
-  consuming them: polling again returns the same items until they are acked or
+- A **position** is a string under a **position key** (bytes): the spool has one key
+  (``b"spool_position"``), a broker one per partition. Positions of one key compare (as
+  strings) in delivery order. The updater records, per key, the position of the last
+  item of each applied batch IN THE STORE, in the same atomic batch as the rows; that
+  record, never the source, decides what was applied. ``position_keys()`` lists the
+  keys the updater must read back on start.
+- ``seek({key: p})``: items at or before ``p`` under ``key`` are consumed; the source
+  may clean them up (the spool moves leftover files to ``applied/``). ``poll`` then
+  starts after them. A key that is absent (or None) starts from the beginning, or from
+  ``version_start(version_dir)`` where the store of a new version holds no position.
+- ``poll(n)`` returns up to ``n`` items after the cursor, in position order per key,
+  without consuming them: polling again returns the same items until they are acked or
   rejected. An item the caller does not ack (e.g. one waiting for its model version)
   blocks the items behind it, so positions stay a valid high-water mark.
 - ``ack(item)``: the item is applied and its position durably recorded; the source
   advances its cursor and cleans up (spool: move to ``applied/`` or delete). A crash
   before ``ack`` is harmless: after a restart ``seek`` skips what the store recorded.
-- ``reject(item, reason)``: the item is not appliable; it goes to ``dead_letter_dir``
-  (the item's bytes + ``<name>.reason.txt``) and the cursor moves past it.
+- ``reject(item, reason)``: the item is not appliable; it goes to the dead letters
+  (the spool: ``dead_letter_dir``, the item's bytes + ``<name>.reason.txt``) and the
+  cursor moves past it.
+- ``positions()``: the cursor, ``{key: last position consumed}``.
 - ``pending()``: how many items wait after the cursor (for the lag metric);
   ``backlog()``: the same in items and rows, and how long the oldest has waited.
 - ``wait(timeout)``: block until new items may have arrived (the spool: inotify) or
@@ -31,8 +37,8 @@ Semantics (every backend):
   waits only when a poll found nothing to do, so an item that arrives while it is idle
   is applied at once, and one that arrives while it is busy joins the next batch.
 
-A message broker backend (Kafka/Pulsar partition offsets as positions, zero-padded)
-plugs in with :func:`register_source`.
+Built in: ``spool:DIR`` (``source_spool``) and ``kafka://HOST:PORT/TOPIC`` (``source_kafka``);
+another backend plugs in with :func:`register_source`.
 """
 from __future__ import annotations
 
@@ -45,11 +51,15 @@ from typing import Callable
 from streaming.delta_format import DeltaBatch, read_delta_bytes, read_delta_file
 
 
+SPOOL_POSITION_KEY = b"spool_position"
+
+
 @dataclass(frozen=True)
 class SourceItem:
     """One unit of delivery: a delta file (spool) or a message payload (broker)."""
 
     position: str
+    key: bytes = SPOOL_POSITION_KEY  # the position key (meta record) it advances
     path: Path | None = None
     payload: bytes | None = None
     late: bool = False  # it arrived after a later position was delivered (see the spool's notes)
@@ -100,9 +110,18 @@ class DeltaSource(abc.ABC):
         """Items waiting after the cursor (as of the last poll), their rows and age."""
         return Backlog(self.pending())
 
+    def position_keys(self) -> list[bytes]:
+        """The position keys whose records the updater reads back on start."""
+        return [SPOOL_POSITION_KEY]
+
     @abc.abstractmethod
-    def seek(self, position: str | None) -> None:
-        """Resume after ``position`` (None: from the beginning)."""
+    def seek(self, positions: dict[bytes, str | None]) -> None:
+        """Resume after ``positions[key]`` for each key (absent or None: from the beginning)."""
+
+    def version_start(self, version_dir: Path) -> dict[bytes, str]:
+        """Where a version's deltas begin in this source (positions just before them), for a
+        store that holds no position yet (a new replica); {} : from the beginning."""
+        return {}
 
     @abc.abstractmethod
     def poll(self, max_items: int) -> list[SourceItem]:
@@ -120,10 +139,9 @@ class DeltaSource(abc.ABC):
     def pending(self) -> int:
         """Items waiting after the cursor (as of the last poll)."""
 
-    @property
     @abc.abstractmethod
-    def position(self) -> str | None:
-        """The cursor: the last position consumed (None: nothing yet)."""
+    def positions(self) -> dict[bytes, str]:
+        """The cursor: the last position consumed under each key (keys with none: absent)."""
 
     def close(self) -> None:
         pass
@@ -156,7 +174,7 @@ def open_source(url: str, **kwargs) -> DeltaSource:
     return SOURCES[scheme](rest, **kwargs)
 
 
-_BUILTIN = {"spool": "streaming.source_spool"}  # scheme -> module defining its DeltaSource (loaded on use)
+_BUILTIN = {"spool": "streaming.source_spool", "kafka": "streaming.source_kafka"}  # scheme -> module defining its DeltaSource (loaded on use)
 
 
 def _load_builtin(scheme: str) -> None:
@@ -169,4 +187,4 @@ def _load_builtin(scheme: str) -> None:
         register_source(scheme, cls)
 
 
-__all__ = ["Backlog", "DeltaSource", "SourceItem", "open_source", "register_source", "SOURCES"]
+__all__ = ["Backlog", "DeltaSource", "SourceItem", "SPOOL_POSITION_KEY", "open_source", "register_source", "SOURCES"]

@@ -21,6 +21,8 @@ The maths (pooling, loss, gradient, optimizers, local row state) is in
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import time
 from dataclasses import dataclass, field
@@ -38,6 +40,9 @@ from features.spec import FeatureSpec
 from streaming import stream_train_impl as impl
 from streaming.stream_train_config import StreamTrainConfig
 
+if TYPE_CHECKING:
+    from streaming.sinks import DeltaSink
+
 log = logging.getLogger("offgraph.stream_train")
 
 
@@ -54,6 +59,7 @@ class ModelSource:
     description: str
     close: Callable[[], None] = lambda: None
     keep: list = field(default_factory=list)  # objects that must stay alive (the loaded SavedModel)
+    version_dir: Path | None = None  # the exported MODELS/NAME/VERSION, when the rows come from one
 
 
 def exported_source(model_dir: str | Path) -> ModelSource:
@@ -79,7 +85,7 @@ def exported_source(model_dir: str | Path) -> ModelSource:
     version = int(vdir.name) if vdir.name.isdigit() else None
     return ModelSource(spec, int(m["embedding_dim"]), read_rows, logit_fn, vdir.parent.name, version,
                        f"exported {vdir} ({m['store']['quant']}, gradient through the dense SavedModel)",
-                       close=store.close, keep=[loaded, serve])
+                       close=store.close, keep=[loaded, serve], version_dir=Path(vdir))
 
 
 def run_source(run_dir: str | Path) -> ModelSource:
@@ -212,16 +218,17 @@ class StreamTrainer:
         return dict(model=self.model_name, model_version=self.model_version, table_ids=t, rows=r, vectors=v,
                     first_order=w, seqs=seqs, event_time_ms=times)
 
-    def emit(self, spool_dir: str | Path) -> Path | None:
-        """Publish ONE delta file with the rows touched since the last emit into the spool."""
-        from streaming.delta_format import publish_delta
+    def emit(self, sink: "DeltaSink | str | Path") -> str | None:
+        """Deliver the rows touched since the last emit to ``sink`` (a DeltaSink, or a spool
+        directory: ONE delta file); returns where they went (None: nothing to emit)."""
+        from streaming.sinks import DeltaSink, SpoolSink
 
         delta = self.take_delta()
         if delta is None:
             return None
-        path = publish_delta(spool_dir, **delta)
-        self.files.append(path)
-        return path
+        where = (sink if isinstance(sink, DeltaSink) else SpoolSink(sink)).emit(delta)
+        self.files.append(where)
+        return where
 
     def progressive_predictions(self) -> tuple[np.ndarray, np.ndarray]:
         """(labels, predictions) of every event trained on, in training order, each predicted
@@ -304,15 +311,18 @@ def prepare_events(spec: FeatureSpec, table: pa.Table, time_unit: str = "auto", 
     return table, labels.astype(np.float32), times
 
 
-def stream_train_table(trainer: StreamTrainer, table: pa.Table, spool_dir: str | Path, *, progress: bool = True,
-                       source: str = "<events>", chunk_rows: int = 65536,
-                       on_emit: Callable[[Path], None] | None = None) -> dict:
-    """Train on every event of ``table`` in time order, emitting into ``spool_dir`` every K events /
-    T seconds and once at the end. Returns a summary."""
+def stream_train_table(trainer: StreamTrainer, table: pa.Table, sink: "DeltaSink | str | Path", *,
+                       progress: bool = True, source: str = "<events>", chunk_rows: int = 65536,
+                       on_emit: Callable[[str], None] | None = None) -> dict:
+    """Train on every event of ``table`` in time order, emitting to ``sink`` (a DeltaSink, or a
+    spool directory) every K events / T seconds and once at the end. Returns a summary."""
+    from streaming.sinks import DeltaSink, SpoolSink
+
     cfg, spec = trainer.cfg, trainer.spec
-    spool_dir = Path(spool_dir)
-    if not spool_dir.is_dir():
-        raise ValueError(f"spool directory {spool_dir} does not exist")
+    if not isinstance(sink, DeltaSink):
+        if not Path(sink).is_dir():
+            raise ValueError(f"spool directory {sink} does not exist")
+        sink = SpoolSink(sink)
     table, labels, times = prepare_events(spec, table, cfg.time_unit, source)
     inputs = sorted({f.input for f in spec.fields if f.input})
     n = table.num_rows
@@ -323,10 +333,10 @@ def stream_train_table(trainer: StreamTrainer, table: pa.Table, spool_dir: str |
 
     def emit():
         nonlocal last_emit, since_emit
-        path = trainer.emit(spool_dir)
+        where = trainer.emit(sink)
         last_emit, since_emit = time.perf_counter(), 0
-        if path is not None and on_emit is not None:
-            on_emit(path)
+        if where is not None and on_emit is not None:
+            on_emit(where)
 
     bar = tqdm(total=n, unit="ev", desc="stream-train", disable=not progress)
     try:
@@ -365,15 +375,5 @@ def stream_train_table(trainer: StreamTrainer, table: pa.Table, spool_dir: str |
             "config": cfg.model_dump()}
 
 
-def parse_emit(target: str) -> Path:
-    """``spool:DIR`` -> DIR (created if absent)."""
-    scheme, sep, rest = target.partition(":")
-    if not sep or scheme != "spool" or not rest:
-        raise ValueError(f"--emit {target!r}: expected spool:DIR (the only delta sink of this trainer)")
-    d = Path(rest)
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
 __all__ = ["StreamTrainConfig", "StreamTrainer", "ModelSource", "open_trainer", "exported_source", "run_source",
-           "prepare_events", "stream_train_table", "parse_emit"]
+           "prepare_events", "stream_train_table"]

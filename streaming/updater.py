@@ -4,10 +4,11 @@
     up.run()                      # until stop() (SIGTERM); run(once=True): until drained
 
 Exactly once (see streaming/README.md): every store write carries, in the SAME atomic
-batch of every shard, the position (file name) of the last delta file it holds. On
-start the per-shard positions are read back: files at or before the lowest are done;
-a file between a shard's position and the highest (a crash between the shard batches
-of one write) is re-applied to the shards that lack it only.
+batch of every shard, the position of the last item it holds under each position key
+(the spool: one key, file names; Kafka: one key per partition, offsets). On start the
+per-shard positions are read back: items at or before the lowest are done; an item
+between a shard's position and the highest (a crash between the shard batches of one
+write) is re-applied to the shards that lack it only.
 """
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ from streaming.live_version import LiveModel
 from streaming.metrics import UpdaterMetrics
 from streaming.sources import DeltaSource, SourceItem
 from streaming.updater_config import UpdaterConfig
-from streaming.updater_impl import (POSITION_KEY, check_batch, concat, lagging_shards, positions_from_meta,
-                                    shard_subset)
+from streaming.updater_impl import check_batch, concat, lagging_shards, positions_from_meta, shard_subset
 
 log = logging.getLogger("offgraph.update")
 
@@ -41,7 +41,7 @@ class Updater:
         self.source = source
         self._budget_t, self._budget_n = time.monotonic(), 0
         self.metrics = metrics or UpdaterMetrics(model)
-        self.positions: list[str] = []
+        self.positions: dict[bytes, list[str]] = {}  # position key -> per-shard position ("" : none)
         self.blocked: SourceItem | None = None
         self._stop = threading.Event()
         self._last_version_check = 0.0
@@ -54,10 +54,12 @@ class Updater:
                              "once its manifest.json exists)")
         self.live.open(v)
         self._read_positions()
-        lo = min(self.positions) or None
-        log.info("recorded spool positions of %s v%d: lowest %s, highest %s", self.live.name, v, lo,
-                 max(self.positions) or None)
-        self.source.seek(lo)
+        lowest = {k: min(p) or None for k, p in self.positions.items()}
+        if not any(any(p) for p in self.positions.values()):  # a new store: where its version begins
+            lowest = self.source.version_start(self.live.model_dir / str(v)) or lowest
+        log.info("recorded positions of %s v%d in %s: %s", self.live.name, v, self.source.describe(),
+                 _show({k: (lowest.get(k), max(p) or None) for k, p in self.positions.items()}))
+        self.source.seek(lowest)
         self._last_version_check = time.monotonic()
         self.metrics.restart_clock()
 
@@ -71,9 +73,9 @@ class Updater:
                 if t_end is not None and time.monotonic() > t_end:
                     break
                 if self.step() == 0:
-                    if once:
+                    self.source.wait(self.config.poll_interval_s)  # a new file ends it (inotify, a message)
+                    if once and self.step() == 0:  # nothing came in that wait either: drained
                         break
-                    self.source.wait(self.config.poll_interval_s)  # a new file ends it (inotify)
         except OSError as e:  # disk full, I/O error: stop; what was not acked is applied after a restart
             log.error("stopping: %s. Files not yet applied stay in %s and are applied after a restart "
                       "(shards that recorded a batch are not written twice)", e, self.source.describe())
@@ -167,8 +169,9 @@ class Updater:
                 handled += 1
                 continue
             handled += 1
-            lag = lagging_shards(self.positions, item.position)
-            if not item.late and len(lag) < len(self.positions):
+            shard_pos = self._shard_positions(item.key)
+            lag = lagging_shards(shard_pos, item.position)
+            if not item.late and len(lag) < len(shard_pos):
                 self._flush_pending()  # recovery: some shards already hold this file
                 self._apply_to_shards(item, batch, lag)
                 continue
@@ -204,11 +207,13 @@ class Updater:
         if not pending:
             return
         b = concat([x for _, x in pending])
-        pos = max(max(self.positions), max(item.position for item, _ in pending))
+        pos: dict[bytes, str] = {}  # the batch's last position under each key it advances
+        for item, _ in pending:
+            pos[item.key] = max(pos.get(item.key) or max(self._shard_positions(item.key)), item.position)
         try:
             res = self.live.store.write(b.table_ids, b.rows, b.vectors, b.first_order, seqs=b.seqs,
-                                        meta={POSITION_KEY: pos.encode()}, meta_shards="all", feed=True,
-                                        sync=self.config.sync, durability=self.config.durability)
+                                        meta={k: p.encode() for k, p in pos.items()}, meta_shards="all",
+                                        feed=True, sync=self.config.sync, durability=self.config.durability)
         except ValueError as e:
             # the store refused a value that no check of _route foresaw (store.write raises
             # ValueError only before it writes anything): find the file alone, apply the rest
@@ -219,7 +224,8 @@ class Updater:
             for one in pending:
                 self._flush([one])
             return
-        self.positions = [pos] * len(self.positions)
+        for k, p in pos.items():
+            self.positions[k] = [p] * self.live.store.config.shards
         for item, _ in pending:
             self.source.ack(item)
         self._applied(len(pending), res, b)
@@ -230,12 +236,13 @@ class Updater:
             log.info("%s: re-applying to shards %s only (the others recorded it before a restart)",
                      item.name, shards)
         applied = stale = 0
-        for s, idx in shard_subset(b, len(self.positions), shards).items():
+        shard_pos = self._shard_positions(item.key)
+        for s, idx in shard_subset(b, len(shard_pos), shards).items():
             res = self.live.store.write(b.table_ids[idx], b.rows[idx], b.vectors[idx], b.first_order[idx],
-                                        seqs=b.seqs[idx], meta={POSITION_KEY: item.position.encode()},
+                                        seqs=b.seqs[idx], meta={item.key: item.position.encode()},
                                         meta_shards=s, feed=True, sync=self.config.sync,
                                         durability=self.config.durability)
-            self.positions[s] = item.position
+            shard_pos[s] = item.position
             applied, stale = applied + res.applied, stale + res.skipped_stale
         self.metrics.applied(1, len(b), applied, stale, _newest(b))
         self.source.ack(item)
@@ -264,21 +271,37 @@ class Updater:
 
     # ------------------------------------------------------------------ versions
     def _read_positions(self) -> None:
-        self.positions = positions_from_meta(self.live.store.get_meta_per_shard(POSITION_KEY))
+        self.positions = {k: positions_from_meta(self.live.store.get_meta_per_shard(k))
+                          for k in self.source.position_keys()}
+
+    def _shard_positions(self, key: bytes) -> list[str]:
+        """Per-shard positions under ``key`` (a key first seen now, e.g. a new partition: none)."""
+        if key not in self.positions:
+            self.positions[key] = [""] * self.live.store.config.shards
+        return self.positions[key]
 
     def _maybe_switch(self) -> None:
         newest = self.live.newest()
         if newest is None or newest <= self.live.version:
             return
-        old, done = self.live.version, max(max(self.positions), self.source.position or "")
+        old = self.live.version
+        done = {k: max(max(p), self.source.positions().get(k, "")) for k, p in self.positions.items()}
+        done.update({k: p for k, p in self.source.positions().items() if k not in done})
         self.live.open(newest)
         self._read_positions()
-        if done and not any(self.positions):
+        if not any(any(p) for p in self.positions.values()):
             # everything at or before `done` was applied to the old version or refused
-            self.live.store.put_meta(POSITION_KEY, done.encode())
-            self.positions = [done] * len(self.positions)
+            for k, p in done.items():
+                if p:
+                    self.live.store.put_meta(k, p.encode())
+                    self.positions[k] = [p] * self.live.store.config.shards
         log.info("switched %s from version %d to %d; deltas for version %d are refused from now on",
                  self.live.name, old, newest, old)
+
+
+def _show(positions: dict[bytes, tuple]) -> str:
+    return ", ".join(f"{k.decode(errors='replace')}: lowest {lo}, highest {hi}" for k, (lo, hi) in
+                     sorted(positions.items())) or "none"
 
 
 def _newest(b: DeltaBatch) -> int | None:

@@ -9,9 +9,6 @@ from embstore import shard_of
 from embstore.quant import Codec
 from streaming.delta_format import DeltaBatch
 
-POSITION_KEY = b"spool_position"
-
-
 @dataclass(frozen=True)
 class ModelLimits:
     """What a delta for one model version must fit (from its manifest)."""

@@ -18,7 +18,8 @@ from server.scorer import Scorer
 from server.scorer_impl import batch_keys
 from features import FeatureGenerator, load_spec
 from streaming.delta_format import read_delta_file
-from streaming.stream_train import StreamTrainConfig, open_trainer, parse_emit, stream_train_table
+from streaming.sinks import open_sink
+from streaming.stream_train import StreamTrainConfig, open_trainer, stream_train_table
 from embstore.keys import combine_keys, split_keys
 from streaming.stream_train_impl import LocalRows
 
@@ -74,7 +75,7 @@ def _keras_row_gradients(run_dir, table, spec):
 def test_sgd_step_is_minus_lr_times_the_keras_gradient(tiny, tmp_path, source):
     spec, lr = tiny["spec"], 0.1
     events = tiny["events"].slice(0, 24)  # several users, multi-valued genres / title words, repeated rows
-    spool = parse_emit(f"spool:{tmp_path / 'spool'}")
+    spool = open_sink(f"spool:{tmp_path / 'spool'}").dir
     cfg = StreamTrainConfig(lr=lr, optimizer="sgd", batch_size=64)  # ONE step on all 24 events
     kw = {"model_dir": tiny["version"]} if source == "model" else {
         "run_dir": tiny["run"], "model_name": "ml", "model_version": 1}
@@ -152,7 +153,7 @@ def test_positive_events_raise_the_items_score_for_those_users(tiny, tmp_path):
         return out
 
     before = scores(copy)
-    spool = parse_emit(f"spool:{tmp_path / 'spool'}")
+    spool = open_sink(f"spool:{tmp_path / 'spool'}").dir
     with open_trainer(model_dir=copy, config=StreamTrainConfig(lr=0.05, batch_size=64)) as tr:
         stream_train_table(tr, events, spool, progress=False)
     with open_store(copy / "store", mode="w") as st:
@@ -172,7 +173,7 @@ def test_trainer_predicts_what_the_scorer_serves_and_fields_limit_the_deltas(tin
     with Scorer(tiny["version"]) as sc:
         for req, cands, pos in requests_from_rows(spec, columns, np.arange(events.num_rows)):
             served[pos] = sc.score(req, cands)
-    spool = parse_emit(f"spool:{tmp_path / 'spool'}")
+    spool = open_sink(f"spool:{tmp_path / 'spool'}").dir
     cfg = StreamTrainConfig(lr=0.05, lr_first_order=0.2, fields=("user_id", "movie_id"))
     with open_trainer(model_dir=tiny["version"], config=cfg) as tr:
         np.testing.assert_allclose(tr.predict(columns, events.num_rows), served, rtol=1e-5, atol=1e-6)
@@ -187,7 +188,7 @@ def test_trainer_predicts_what_the_scorer_serves_and_fields_limit_the_deltas(tin
 
 
 def test_adagrad_step_is_rowwise_and_bounded(tiny, tmp_path):
-    spool = parse_emit(f"spool:{tmp_path / 'spool'}")
+    spool = open_sink(f"spool:{tmp_path / 'spool'}").dir
     lr, init = 0.01, 0.0
     cfg = StreamTrainConfig(lr=lr, optimizer="adagrad", adagrad_init=init, adagrad_eps=1e-12, batch_size=64)
     events = tiny["events"].slice(0, 24)
@@ -214,15 +215,17 @@ def test_local_rows_lookup_across_merges():
 
 
 def test_bad_arguments_are_named(tiny, tmp_path):
-    with pytest.raises(ValueError, match="spool:DIR"):
-        parse_emit(f"kafka:{tmp_path}")
+    with pytest.raises(ValueError, match="expected spool:DIR or kafka://HOST:PORT/TOPIC"):
+        open_sink(f"kafka:{tmp_path}")
+    with pytest.raises(ValueError, match="is not HOST:PORT"):
+        open_sink("kafka://nohost/topic")
     with pytest.raises(ValueError, match="--model-name and --model-version"):
         open_trainer(run_dir=tiny["run"])
     with pytest.raises(ValueError, match=r"StreamTrainConfig.optimizer \(--optimizer\) must be 'sgd' or 'adagrad'"):
         open_trainer(model_dir=tiny["version"], config=StreamTrainConfig(optimizer="adam"))
     bad = tiny["events"].slice(0, 4).set_column(
         tiny["events"].column_names.index("label"), "label", pa.array([0, 1, 2, 1]))
-    spool = parse_emit(f"spool:{tmp_path / 'spool'}")
+    spool = open_sink(f"spool:{tmp_path / 'spool'}").dir
     with open_trainer(model_dir=tiny["version"]) as tr:
         with pytest.raises(ValueError, match="label 'label' must be 0 or 1"):
             stream_train_table(tr, bad, spool, progress=False)

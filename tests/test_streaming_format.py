@@ -176,10 +176,10 @@ def test_spool_source_order_ack_reject_seek(tmp_path):
     dead = src.reject(items[1], "because")
     assert (spool / "applied" / names[0]).exists() and dead == spool / "dead" / names[1]
     assert "because" in (spool / "dead" / (names[1] + ".reason.txt")).read_text()
-    assert [i.position for i in src.poll(10)] == names[2:] and src.position == names[1]
+    assert [i.position for i in src.poll(10)] == names[2:] and src.positions() == {b"spool_position": names[1]}
     # a restarted source told the recorded position tidies leftovers at or before it
     src2 = open_source(f"spool:{spool}")
-    src2.seek(names[3])
+    src2.seek({b"spool_position": names[3]})
     assert [i.position for i in src2.poll(10)] == [names[4]]
     assert (spool / "applied" / names[3]).exists()
     # a late file (named before the cursor) is still delivered, flagged
@@ -188,6 +188,8 @@ def test_spool_source_order_ack_reject_seek(tmp_path):
     got = src2.poll(10)
     assert [(i.position, i.late) for i in got] == [(late.name, True), (names[4], False)]
     with pytest.raises(ValueError, match="unknown source scheme"):
+        open_source("pulsar:topic")
+    with pytest.raises(ValueError, match="expected kafka://HOST:PORT/TOPIC"):
         open_source("kafka:topic")
     with pytest.raises(ValueError, match="scheme:location"):
         open_source("/just/a/dir")

@@ -391,7 +391,7 @@ def test_bad_files_among_good_ones_with_kill9_restarts(exports, tmp_path):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     log = open(tmp_path / "update.log", "ab")
     handled = lambda: len(spool_files(spool / "applied")) + len(spool_files(spool / "dead"))  # noqa: E731
-    opened = lambda: (tmp_path / "update.log").read_bytes().count(b"recorded spool positions")  # noqa: E731
+    opened = lambda: (tmp_path / "update.log").read_bytes().count(b"recorded positions of")  # noqa: E731
     kills, rnd, exits = 0, random.Random(5), []
     for attempt in range(3 * KILLS):
         if kills >= KILLS or not spool_files(spool):
