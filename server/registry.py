@@ -27,6 +27,7 @@ from server.control import Control, Policy, load_admin_policy, save_admin_policy
 from server.loader import open_version
 from server.refusals import may_retry, refuse, version_signature
 from server.served import ModelHolder, ServedVersion, scorer_stats
+from streaming.status_file import read_status
 
 log = logging.getLogger("offgraph.server")
 
@@ -115,6 +116,7 @@ class ModelRegistry:
                 if may_retry(holder.refused.get(v), holder.dir / str(v)) and self._load(holder, v):
                     break
             holder.attempted = True
+            holder.updater = read_status(holder.dir)
             holder.scans += 1
         self.initial_scan_done = True
 
@@ -342,5 +344,5 @@ class ModelRegistry:
             "refused": [{"version": v, "reason": r.reason, "at_unix": r.at}
                         for v, r in sorted(list(h.refused.items()))],
             "inputs": {s: spec.raw_inputs(s) for s in ("request", "item")} if spec is not None else {},
-            "last_error": h.last_error, "scans": h.scans,
+            "last_error": h.last_error, "scans": h.scans, "updater": h.updater,
         }

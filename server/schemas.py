@@ -188,6 +188,11 @@ class ModelStatus(BaseModel):
     inputs: dict[str, list[str]] = Field(default_factory=dict,
                                          description="Raw feature names read per scope (request, item).")
     last_error: str | None
+    updater: dict[str, Any] | None = Field(
+        None, description="The streaming updater's status (MODELS/NAME/updater-status.json, as of the last scan): "
+                          "version, rows applied per second, backlog (items, rows, oldest_unapplied_s), for Kafka "
+                          "the lag per partition (messages, rows, seconds); age_seconds: how old it is (a stale "
+                          "status means no updater runs). None: no updater has run for this model.")
 
 
 class ModelList(BaseModel):

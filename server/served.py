@@ -102,6 +102,7 @@ class ModelHolder:
         self.last_error: str | None = None
         self.attempted = False  # a load has been tried (readiness)
         self.scans = 0  # polls of MODELS that looked at this model (lets a client wait for the next one)
+        self.updater: dict | None = None  # the updater's status file, as of the last poll
         self.retired_totals: Counter = Counter()
         self.closed = False
 

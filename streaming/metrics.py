@@ -32,6 +32,7 @@ class UpdaterMetrics:
         self.rows_applied_per_s = 0.0
         self._rate_t, self._rate_rows = time.monotonic(), 0
         self._last_backlog = -math.inf
+        self.partitions: dict[int, dict] = {}  # Kafka: per-partition lag (messages, rows, seconds)
         self.version: int | None = None
         self.log_every_s = log_every_s
         self._last_log = time.monotonic()
@@ -58,6 +59,10 @@ class UpdaterMetrics:
                             "how long the oldest file not yet applied has waited", lbl),
             "applied_rate": Gauge("offgraph_update_rows_applied_per_second",
                                   "rows written to the store per second (last second or so)", lbl),
+            "lag_rows": Gauge("offgraph_update_consumer_lag_rows", "Kafka: deltas behind the partition's end "
+                              "(counted in fetched messages, estimated for the rest)", lbl + ["partition"]),
+            "lag_seconds": Gauge("offgraph_update_consumer_lag_seconds",
+                                 "Kafka: age of the partition's oldest unapplied message", lbl + ["partition"]),
             "rate": Gauge("offgraph_update_deltas_per_second", "deltas consumed per second (last interval)", lbl),
             "version": Gauge("offgraph_update_live_version", "model version being updated", lbl),
         }
@@ -93,15 +98,17 @@ class UpdaterMetrics:
         if self._prom:
             self._prom["dead"].labels(self.model).inc()
 
-    def tick(self, source, version: int | None, force: bool = False, every_s: float = 0.5) -> None:
+    def tick(self, source, version: int | None, force: bool = False, every_s: float = 0.5) -> bool:
         """After a step: refresh the backlog of ``source`` (a DeltaSource) and the rates at
-        most every ``every_s``, and log every ``log_every_s``."""
+        most every ``every_s``, and log every ``log_every_s``; True if refreshed."""
         self.version = version
         now = time.monotonic()
         if not force and now - self._last_backlog < every_s:
-            return
+            return False
         self._last_backlog = now
         b = self.backlog = source.backlog()
+        lag = getattr(source, "lag", None)
+        self.partitions = lag() if callable(lag) else {}
         self.waiting = b.items
         m = self.backlog_max
         self.backlog_max = Backlog(max(m.items, b.items), max(m.rows, b.rows), max(m.oldest_age_s, b.oldest_age_s))
@@ -115,9 +122,12 @@ class UpdaterMetrics:
             self._prom["applied_rate"].labels(self.model).set(self.rows_applied_per_s)
             if version is not None:
                 self._prom["version"].labels(self.model).set(version)
+            for p, d in self.partitions.items():
+                self._prom["lag_rows"].labels(self.model, str(p)).set(d["rows"])
+                self._prom["lag_seconds"].labels(self.model, str(p)).set(d["seconds"])
         dt = now - self._last_log
         if dt < self.log_every_s and not force:
-            return
+            return True
         self.deltas_per_s = (self.deltas - self._last_deltas) / max(dt, 1e-9)
         self._last_deltas, self._last_log = self.deltas, now
         if self._prom:
@@ -130,6 +140,15 @@ class UpdaterMetrics:
             log.warning("update %s: the oldest unapplied file has waited %.1fs (%d files, %d rows behind): the "
                         "stream outruns the updater; see streaming/README.md, 'When the stream outruns the "
                         "updater'", self.model, b.oldest_age_s, b.items, b.rows)
+        return True
+
+    def status(self) -> dict:
+        """What the updater's status file holds (streaming.status_file)."""
+        b = self.backlog
+        return {"model": self.model, "version": self.version, "deltas": self.deltas, "rows_applied": self.rows_applied,
+                "rows_applied_per_s": self.rows_applied_per_s, "lag_s": _finite(self.lag_s()),
+                "backlog": {"items": b.items, "rows": b.rows, "oldest_unapplied_s": b.oldest_age_s},
+                "partitions": {str(p): d for p, d in self.partitions.items()}}
 
     def summary(self) -> dict:
         return {"deltas": self.deltas, "rows_applied": self.rows_applied, "rows_skipped_stale": self.rows_stale,
@@ -139,3 +158,7 @@ class UpdaterMetrics:
                 "backlog_max": {"files": self.backlog_max.items, "rows": self.backlog_max.rows,
                                 "oldest_unapplied_s": self.backlog_max.oldest_age_s},
                 "version": self.version}
+
+
+def _finite(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else x

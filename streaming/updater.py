@@ -23,6 +23,7 @@ from streaming.delta_format import DeltaBatch, DeltaFormatError
 from streaming.live_version import LiveModel
 from streaming.metrics import UpdaterMetrics
 from streaming.sources import DeltaSource, SourceItem
+from streaming.status_file import write_status
 from streaming.updater_config import UpdaterConfig
 from streaming.updater_impl import check_batch, concat, lagging_shards, positions_from_meta, shard_subset
 
@@ -84,7 +85,7 @@ class Updater:
         except BaseException:
             self._close_after_error()
             raise
-        self.metrics.tick(self.source, self.live.version, force=True)
+        self._tick(force=True)
         self.close()
         return self.metrics.summary()
 
@@ -92,7 +93,7 @@ class Updater:
         """Close without hiding the error in flight behind one of closing (a store that hit
         a full disk fails to close too)."""
         try:
-            self.metrics.tick(self.source, self.live.version, force=True)
+            self._tick(force=True)
             self.close()
         except Exception as e:
             log.warning("while closing after the error: %s", e)
@@ -120,19 +121,24 @@ class Updater:
         handled = 0
         while True:
             items = self.source.poll(self.config.batch_files)
-            self.metrics.tick(self.source, self.live.version)  # the backlog as polled (at most every 0.5 s)
+            self._tick()  # the backlog as polled (at most every 0.5 s)
             handled += self._take(items)
             if self.blocked is not None or len(items) < self.config.batch_files or self._stop.is_set():
                 break
             self._flush_pending()  # before polling again: a source returns unacked items again
         self._flush_pending()
-        self.metrics.tick(self.source, self.live.version)
+        self._tick()
         return handled
+
+    def _tick(self, force: bool = False) -> None:
+        if self.metrics.tick(self.source, self.live.version, force=force):
+            write_status(self.live.model_dir, {**self.metrics.status(), "source": self.source.describe(),
+                                               "wakeup": self.source.wakeup})
 
     def _flush_pending(self) -> None:
         self._flush(self._pending)
         self._pending, self._pending_rows, self._gather_t0 = [], 0, time.monotonic()
-        self.metrics.tick(self.source, self.live.version)  # a long step (a big backlog) still reports
+        self._tick()  # a long step (a big backlog) still reports
 
     def _take(self, items: list[SourceItem]) -> int:
         """Check ``items`` and add them to the batch being gathered (flushed whenever it is
