@@ -59,7 +59,7 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float) -
     scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=row_cache_mb,
                     follow_interval_s=config.follow_interval_s, catch_up_s=config.catch_up_s,
                     item_cache_size=config.item_cache_size, max_request_values=config.max_request_values,
-                    verify=config.verify)
+                    verify=config.verify, store_statistics=True)
     try:
         verify_store(scorer)
         warm_up(scorer, config.warmup_candidates)

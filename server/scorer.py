@@ -38,7 +38,8 @@ class Scorer:
 
     def __init__(self, version_dir: str | Path, *, store_mode: str = "r", item_cache_size: int = 100_000,
                  block_cache_mb: int | None = None, row_cache_mb: float = 0.0, follow_interval_s: float = 0.05,
-                 catch_up_s: float = 30.0, verify: bool = True, max_request_values: int | None = None):
+                 catch_up_s: float = 30.0, verify: bool = True, max_request_values: int | None = None,
+                 store_statistics: bool = False):
         if isinstance(row_cache_mb, bool) or not isinstance(row_cache_mb, (int, float)) or row_cache_mb < 0:
             raise ValueError(f"row_cache_mb must be a number >= 0, got {row_cache_mb!r}")
         if (isinstance(follow_interval_s, bool) or not isinstance(follow_interval_s, (int, float))
@@ -62,7 +63,8 @@ class Scorer:
         self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size, max_request_values=max_request_values)
         self._fg_lock = threading.Lock()
         try:
-            self.store = open_version_store(self.version_dir, m, store_mode, block_cache_mb=block_cache_mb)
+            self.store = open_version_store(self.version_dir, m, store_mode, block_cache_mb=block_cache_mb,
+                                            statistics=store_statistics)
         except ValueError as e:
             raise ModelDirError(f"{self.version_dir}: store does not open: {e}") from None
         self.row_cache = RowCache(row_cache_mb, self.dim) if row_cache_mb > 0 else None
@@ -117,7 +119,8 @@ class Scorer:
 
     def stats(self) -> dict[str, Any]:
         """Cumulative counters (ints) and freshness of this scorer: ``store_rows_read``,
-        ``cache_hits``, ``cache_misses``, ``cache_entries``; when following:
+        ``cache_hits``, ``cache_misses``, ``cache_entries``, ``block_cache_hits`` / ``block_cache_misses``
+        (RocksDB's block cache, with ``store_statistics``; else 0); when following:
         ``last_feed_poll_unix`` (when the follower last read the write feed: rows the writer
         fed before it are served; 0.0 before its first step), ``last_catch_up_unix`` (when
         the last catch-up of the RocksDB secondary began: rows written before it are in the
@@ -132,6 +135,9 @@ class Scorer:
         out["cache_entries"] = cs["entries"] if cs else 0
         out["cache_capacity_rows"] = cs["capacity_rows"] if cs else 0
         out["cache_bytes"] = cs["bytes"] if cs else 0
+        bc = self.store.block_cache_stats()  # None unless store_statistics
+        out["block_cache_hits"] = bc["hits"] if bc else 0
+        out["block_cache_misses"] = bc["misses"] if bc else 0
         if self._follower is not None:
             out.update(self._follower.stats())
         else:
