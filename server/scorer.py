@@ -117,6 +117,32 @@ class Scorer:
             emb, fo, _ = self.pooled(request, candidates)
             return calibrate(self.dense(emb, fo), self.calibration)
 
+    def hot_rows(self, limit: int) -> dict[str, Any] | None:
+        """The ``limit`` most recently used rows of the row cache, with the tables they belong to
+        (``{"tables", "rows", "fields": {table id: (name, rows)}}``), for :meth:`warm_rows` of the
+        next version; None without a row cache."""
+        if self.row_cache is None or limit <= 0:
+            return None
+        t, r = self.row_cache.hot_keys(limit)
+        fields = {int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]}
+        return {"tables": t, "rows": r, "fields": fields}
+
+    def warm_rows(self, hot: dict[str, Any] | None, batch: int = 8192) -> int:
+        """Read the rows of another version's :meth:`hot_rows` that mean the same here (same table
+        id, field name and table size: the same raw value hashes to the same row) through the write
+        feed, row cache and store, as requests do: they fill this version's row cache and its block
+        cache (data and index blocks) before it serves. Returns the rows read."""
+        if not hot or len(hot["rows"]) == 0:
+            return 0
+        mine = {int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]}
+        same = np.array(sorted(t for t, nr in hot["fields"].items() if mine.get(t) == nr), dtype=np.uint32)
+        keep = np.isin(hot["tables"], same)
+        tables, rows = hot["tables"][keep], hot["rows"][keep]
+        for s in range(0, len(rows), batch):
+            t, r = tables[s:s + batch], rows[s:s + batch]
+            scorer_impl.read_through_cache(self.row_cache, self.store, t, r, self._follower)
+        return int(len(rows))
+
     def stats(self) -> dict[str, Any]:
         """Cumulative counters (ints) and freshness of this scorer: ``store_rows_read``,
         ``cache_hits``, ``cache_misses``, ``cache_entries``, ``block_cache_hits`` / ``block_cache_misses``
