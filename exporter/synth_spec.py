@@ -12,6 +12,7 @@ that popularity (hashing scatters distinct raw ids over distinct rows, collision
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 # (name, scope, share of the rows left after the small tables); the last one takes the remainder
@@ -38,7 +39,8 @@ SMALL_TABLES: tuple[tuple[str, str, str, int, dict[str, Any]], ...] = (
 )
 SMALL_ROWS = sum(t[3] for t in SMALL_TABLES)
 MIN_HUGE_ROWS = 1024
-MIN_TOTAL_ROWS = SMALL_ROWS + MIN_HUGE_ROWS * len(HUGE_TABLES)
+# the smallest share must still get MIN_HUGE_ROWS
+MIN_TOTAL_ROWS = SMALL_ROWS + math.ceil(MIN_HUGE_ROWS / min(share for _, _, share in HUGE_TABLES))
 TAGS_PER_ITEM = 3
 MLP = (128, 64)
 
@@ -47,8 +49,8 @@ def huge_table_rows(total_rows: int) -> dict[str, int]:
     """Rows of each huge table for a model of ``total_rows`` rows in all."""
     if total_rows < MIN_TOTAL_ROWS:
         raise ValueError(f"a synthetic model needs at least {MIN_TOTAL_ROWS:,} rows ({SMALL_ROWS:,} in its "
-                         f"{len(SMALL_TABLES)} small tables, {MIN_HUGE_ROWS} in each of its {len(HUGE_TABLES)} huge "
-                         f"ones), got {total_rows:,}")
+                         f"{len(SMALL_TABLES)} small tables, the rest shared by its {len(HUGE_TABLES)} huge ones, "
+                         f"{MIN_HUGE_ROWS} rows at least each), got {total_rows:,}")
     left = total_rows - SMALL_ROWS
     out = {name: int(left * share) for name, _, share in HUGE_TABLES[:-1]}
     out[HUGE_TABLES[-1][0]] = left - sum(out.values())
