@@ -43,7 +43,7 @@ schemathesis: setup
 # about 31 GB free under SCALE_WORK at its peak (the 10^9-row version; it prints the figure first)
 SIZES ?= 1e6,1e7,1e8,2e8,1e9
 SCALE_WORK ?= out/scale-models
-SCALE_OUT ?= bench/out/scale
+SCALE_OUT ?= bench/results/scale
 bench-scale: setup
 	$(VENV)/bin/pip install -q -e '.[bench]'
 	$(PY) -m bench.scale --sizes $(SIZES) --workdir $(SCALE_WORK) --out $(SCALE_OUT)

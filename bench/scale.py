@@ -18,7 +18,7 @@ At ``--swap-size`` (2x10^8) it also runs the swap (``bench.scale_swap``): v1 und
 needed is printed (and checked) before anything is written. Writes ``OUT/scale.json``,
 ``OUT/scale_memory.png``, ``OUT/scale_latency.png``, ``OUT/scale_swap.png``.
 
-    python -m bench.scale --out bench/out/scale --sizes 1e6,1e7 --workdir /work/scale-models
+    python -m bench.scale --sizes 1e6,1e7 --swap-size 1e7 --workdir out/scale-models --out bench/results/scale
 """
 from __future__ import annotations
 
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="1e6,1e7,1e8,2e8,1e9", help="total rows, comma separated")
     p.add_argument("--workdir", default=str(REPO / "out" / "scale-models"),
                    help="where the versions are written (needs the disk printed at the start)")
-    p.add_argument("--out", default=str(REPO / "bench" / "out" / "scale"))
+    p.add_argument("--out", default=str(REPO / "bench" / "results" / "scale"))
     p.add_argument("--workers", default="1,2")
     p.add_argument("--popularities", default=",".join(POPULARITIES))
     p.add_argument("--swap-size", type=count, default=2 * 10**8, help="rows of the swap experiment (0: none)")

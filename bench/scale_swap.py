@@ -64,8 +64,8 @@ async def run_swap(server, model: str, models: Path, hidden_v2: Path, bodies: li
         deadline = time.perf_counter() + timeout_s
         while time.perf_counter() < deadline:
             got = [row for row in trace[-4 * concurrency:] if row[0] >= since and row[3] == v]
-            if got:
-                return min(row[0] for row in got)
+            if got:  # when its first answer arrived: from then on requests are sent to it
+                return min(row[0] + row[1] for row in got)
             await asyncio.sleep(0.05)
         raise RuntimeError(f"version {v} did not serve within {timeout_s:g} s")
 
@@ -109,7 +109,9 @@ def summarize(raw: dict) -> dict:
     version = np.array([r[3] for r in raw["trace"]])
 
     def first_on(v: int, since: float, n: int = 100) -> float:
-        """p99 of the first ``n`` requests answered by version ``v`` after ``since``: the warm-up's test."""
+        """p99 of the first ``n`` requests sent after ``since`` (the first answer of the newcomer) and
+        answered by version ``v``: the warm-up's test (requests queued while the version loaded are
+        in the 1-s bins, not here)."""
         m = np.flatnonzero(ok & (version == v) & (t >= since))[:n]
         return float(np.percentile(lat[m], 99)) if len(m) else float("nan")
 
@@ -125,8 +127,8 @@ def summarize(raw: dict) -> dict:
         "pss_steady_mb": float(np.median([p for ts, p in raw["pss"] if ts < ev["v2_appears"]] or [0])) / 2**20,
         "pss_peak_mb": float(max(swap_pss or [0])) / 2**20,
         "pss_peak_whole_run_mb": float(pss.max()) / 2**20,
-        "first_100_on_v2_p99_ms": first_on(2, ev["v2_appears"]),
-        "first_100_on_v1_again_p99_ms": first_on(1, ev["rollback_called"]),
+        "first_100_on_v2_p99_ms": first_on(2, ev["v2_serving"]),
+        "first_100_on_v1_again_p99_ms": first_on(1, ev["v1_serving"]),
         "v2_appears_to_serving_s": ev["v2_serving"] - ev["v2_appears"],
         "rollback_to_v1_serving_s": ev["v1_serving"] - ev["rollback_called"],
         "events": ev,

@@ -17,6 +17,7 @@ their keys in the row cache).
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -127,7 +128,7 @@ class Scorer:
         fields = {int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]}
         return {"tables": t, "rows": r, "fields": fields}
 
-    def warm_rows(self, hot: dict[str, Any] | None, batch: int = 8192) -> int:
+    def warm_rows(self, hot: dict[str, Any] | None, batch: int = 1024) -> int:
         """Read the rows of another version's :meth:`hot_rows` that mean the same here (same table
         id, field name and table size: the same raw value hashes to the same row) through the write
         feed, row cache and store, as requests do: they fill this version's row cache and its block
@@ -141,6 +142,8 @@ class Scorer:
         for s in range(0, len(rows), batch):
             t, r = tables[s:s + batch], rows[s:s + batch]
             scorer_impl.read_through_cache(self.row_cache, self.store, t, r, self._follower)
+            time.sleep(0)  # small batches, the GIL handed over between them: the serving version's
+            # requests wait milliseconds at most while this one warms
         return int(len(rows))
 
     def stats(self) -> dict[str, Any]:
