@@ -343,7 +343,10 @@ def main(argv: list[str] | None = None) -> int:
         m = synth(models / MODEL / "1", n, args.seed, logs / f"synth-{n}.log")
         rows = sum(m["store"]["row_counts"].values())
         report["synth"][str(n)] = {"rows": rows, "store_seconds": m["export_seconds"]["store"],
-                                   "rows_per_s": rows / m["export_seconds"]["store"],
+                                   "total_seconds": m["export_seconds"]["total"],
+                                   "store_rows_per_s": rows / m["export_seconds"]["store"],
+                                   # the whole version: store, dense head, checksums of every file
+                                   "rows_per_s": rows / m["export_seconds"]["total"],
                                    "bytes_on_disk": m["store"]["bytes_on_disk"],
                                    "disk_bytes_per_row": m["store"]["bytes_on_disk"] / rows}
         if n in sizes:
