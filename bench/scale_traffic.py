@@ -11,9 +11,15 @@ table (as in production, where hot users' rows are nowhere in particular). So:
   case for every cache).
 
 Ranks below ``rows`` keep collisions at the birthday rate of the table (a few per cent of distinct
-ids at most share a row), which changes neither distribution measurably. Small tables (country,
-hour, ...) get uniform values. One request = a user (request fields) and N candidate items (item
-fields, 3 tags each); bodies are serialized beforehand so the client spends no time on them.
+ids at most share a row), which changes neither distribution measurably.
+
+Users and items are drawn with the popularity; an item's other features are fixed functions of
+its id, as in a catalogue: its author and its 3 tags are ranks of the same popularity drawn
+from a hash of (item id, attribute) (so popular items bring their authors and tags along), its
+category, brand, price and age a hash of (item id, attribute) too. A popular item therefore
+repeats with the same features (the server's FG item cache sees it again). Small request
+tables (country, hour, ...) get uniform values. One request = a user and N candidate items;
+bodies are serialized beforehand so the client spends no time on them.
 """
 from __future__ import annotations
 
@@ -22,32 +28,44 @@ from typing import Any
 import numpy as np
 import orjson
 
+from embstore.keys import splitmix64
 from exporter.synth_spec import SMALL_TABLES, TAGS_PER_ITEM, huge_table_rows
 
 POPULARITIES = ("zipf", "uniform")
 ZIPF_EXPONENT = 1.1
 
 
-def draw_ids(rng: np.random.Generator, n_rows: int, size, popularity: str, exponent: float = ZIPF_EXPONENT):
-    """Raw ids in ``[0, n_rows)`` with the given popularity (see the module docstring)."""
+def ranks(u: np.ndarray, n_rows: int, popularity: str, exponent: float = ZIPF_EXPONENT) -> np.ndarray:
+    """Raw ids in ``[0, n_rows)`` with the given popularity, from uniforms ``u`` in [0, 1) (inverse CDF)."""
     if popularity == "uniform":
-        return rng.integers(0, n_rows, size=size)
+        return np.minimum((u * n_rows).astype(np.int64), n_rows - 1)
     if popularity != "zipf":
         raise ValueError(f"popularity must be one of {POPULARITIES}, got {popularity!r}")
     if not exponent > 1:
         raise ValueError(f"the Zipf exponent must be > 1, got {exponent}")
-    u = rng.random(size)
     a = 1.0 - exponent  # inverse CDF of the density x^-s on [1, n + 1)
     x = ((np.power(n_rows + 1.0, a) - 1.0) * u + 1.0) ** (1.0 / a)
     return np.minimum(np.floor(x).astype(np.int64) - 1, n_rows - 1)
 
 
-def _small_value(rng: np.random.Generator, name: str, op: str, rows: int, size: int):
-    if op == "log_bucket":
-        return np.round(rng.lognormal(3.0, 1.5, size), 2)
-    if op == "bucketize":
-        return rng.integers(0, 400, size)
-    return rng.integers(0, rows, size)
+def draw_ids(rng: np.random.Generator, n_rows: int, size, popularity: str, exponent: float = ZIPF_EXPONENT):
+    """Raw ids in ``[0, n_rows)`` drawn with the given popularity (see the module docstring)."""
+    return ranks(rng.random(size), n_rows, popularity, exponent)
+
+
+def item_uniform(item_ids: np.ndarray, attribute: int) -> np.ndarray:
+    """A uniform in [0, 1) fixed by (item id, attribute): an item's features are functions of its id."""
+    z = splitmix64(np.asarray(item_ids, dtype=np.uint64) * np.uint64(64) + np.uint64(attribute))
+    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def _small_value(u: np.ndarray, op: str, rows: int):
+    """A small table's raw value from uniforms ``u``."""
+    if op == "log_bucket":  # a price: log-uniform in [1, 10^4)
+        return np.round(10.0 ** (4 * u), 2)
+    if op == "bucketize":  # an age in days
+        return (u * 400).astype(np.int64)
+    return (u * rows).astype(np.int64)
 
 
 def build_requests(total_rows: int, n_requests: int, n_candidates: int, popularity: str, seed: int = 0,
@@ -60,10 +78,11 @@ def build_requests(total_rows: int, n_requests: int, n_candidates: int, populari
     users = draw_ids(rng, huge["user_id"], n_requests, popularity, exponent)
     nc = n_requests * n_candidates
     items = draw_ids(rng, huge["item_id"], nc, popularity, exponent)
-    authors = draw_ids(rng, huge["author_id"], nc, popularity, exponent)
-    tags = draw_ids(rng, huge["item_tags"], (nc, TAGS_PER_ITEM), popularity, exponent)
-    rs = {n: _small_value(rng, n, op, r, n_requests).tolist() for n, op, r in req_small}
-    cs = {n: _small_value(rng, n, op, r, nc).tolist() for n, op, r in item_small}
+    authors = ranks(item_uniform(items, 0), huge["author_id"], popularity, exponent)
+    tags = np.stack([ranks(item_uniform(items, 1 + k), huge["item_tags"], popularity, exponent)
+                     for k in range(TAGS_PER_ITEM)], axis=1)
+    rs = {n: _small_value(rng.random(n_requests), op, r).tolist() for n, op, r in req_small}
+    cs = {n: _small_value(item_uniform(items, 8 + k), op, r).tolist() for k, (n, op, r) in enumerate(item_small)}
     items, authors, tags = items.tolist(), authors.tolist(), tags.tolist()
     out = []
     for i in range(n_requests):
