@@ -132,7 +132,8 @@ class Scorer:
         """Read the rows of another version's :meth:`hot_rows` that mean the same here (same table
         id, field name and table size: the same raw value hashes to the same row) through the write
         feed, row cache and store, as requests do: they fill this version's row cache and its block
-        cache (data and index blocks) before it serves. Returns the rows read."""
+        cache (data and index blocks) before it serves. Paced (a pause as long as each batch) so the
+        serving version keeps most of the time. Returns the rows read."""
         if not hot or len(hot["rows"]) == 0:
             return 0
         mine = {int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]}
@@ -141,9 +142,11 @@ class Scorer:
         tables, rows = hot["tables"][keep], hot["rows"][keep]
         for s in range(0, len(rows), batch):
             t, r = tables[s:s + batch], rows[s:s + batch]
+            t0 = time.perf_counter()
             scorer_impl.read_through_cache(self.row_cache, self.store, t, r, self._follower)
-            time.sleep(0)  # small batches, the GIL handed over between them: the serving version's
-            # requests wait milliseconds at most while this one warms
+            # small batches, then as long a pause: the serving version's requests wait milliseconds at
+            # most for the GIL and keep at least half of the process's time while this one warms
+            time.sleep(time.perf_counter() - t0)
         return int(len(rows))
 
     def stats(self) -> dict[str, Any]:
