@@ -308,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--swap-after-s", type=float, default=15.0)
     p.add_argument("--swap-bodies", type=int, default=3000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true",
+                   help="keep the figures of OUT/scale.json and measure only what it lacks (a run cut short, "
+                        "or sizes run one at a time)")
     args = p.parse_args(argv)
     try:
         sizes = sorted({count(s) for s in args.sizes.split(",") if s.strip()})
@@ -337,8 +340,17 @@ def main(argv: list[str] | None = None) -> int:
                                 "mem_total_gb": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9},
                     "args": vars(args), "synth": {}, "runs": [], "swap": None}
     json_path = out / "scale.json"
+    if args.resume and json_path.exists():
+        old = json.loads(json_path.read_text())
+        report.update({k: old[k] for k in ("synth", "runs", "swap") if old.get(k)})
+        _log(f"resuming {json_path}: {len(report['runs'])} runs{', the swap' if report['swap'] else ''} kept")
+    done = {(r["rows"], r["workers"], r["popularity"]) for r in report["runs"]}
     sweep = sorted(set(sizes) | ({swap_size} if swap_size else set()))
     for n in sweep:
+        todo = [(w, pop) for w in workers for pop in pops if n in sizes and (n, w, pop) not in done]
+        swap_todo = n == swap_size and not (report["swap"] and report["swap"]["rows"] == n)
+        if not todo and not swap_todo:
+            continue
         models = work / f"m{n}"
         m = synth(models / MODEL / "1", n, args.seed, logs / f"synth-{n}.log")
         rows = sum(m["store"]["row_counts"].values())
@@ -349,14 +361,12 @@ def main(argv: list[str] | None = None) -> int:
                                    "rows_per_s": rows / m["export_seconds"]["total"],
                                    "bytes_on_disk": m["store"]["bytes_on_disk"],
                                    "disk_bytes_per_row": m["store"]["bytes_on_disk"] / rows}
-        if n in sizes:
-            for w in workers:
-                for pop in pops:
-                    r = measure(models, w, pop, n, args, logs)
-                    r["disk_bytes_per_row"] = report["synth"][str(n)]["disk_bytes_per_row"]
-                    report["runs"].append(r)
-                    json_path.write_text(json.dumps(report, indent=1))  # partial results survive a crash
-        if n == swap_size:
+        for w, pop in todo:
+            r = measure(models, w, pop, n, args, logs)
+            r["disk_bytes_per_row"] = report["synth"][str(n)]["disk_bytes_per_row"]
+            report["runs"].append(r)
+            json_path.write_text(json.dumps(report, indent=1))  # partial results survive a crash (--resume)
+        if swap_todo:
             report["swap"] = swap_experiment(models, n, args, logs)
         if not args.keep and n >= args.delete_from:
             _log(f"deleting {models}")
