@@ -15,8 +15,8 @@ with the default cache sizes and measure:
 At ``--swap-size`` (2x10^8) it also runs the swap (``bench.scale_swap``): v1 under concurrency 8, v2
 (written beforehand under a hidden name) renamed into MODELS, then ``:rollback`` to v1. Versions of
 ``--delete-from`` rows (10^8) and more are deleted after their size is done unless ``--keep``. The disk
-needed is printed (and checked) before anything is written. Writes ``OUT/scale.json``,
-``OUT/scale_memory.png``, ``OUT/scale_latency.png``, ``OUT/scale_swap.png``.
+needed is printed (and checked) before anything is written. Writes ``OUT/scale.json``, ``OUT/scale.md``
+(the tables), ``OUT/scale_memory.png``, ``OUT/scale_latency.png``, ``OUT/scale_swap.png``.
 
     python -m bench.scale --sizes 1e6,1e7 --swap-size 1e7 --workdir out/scale-models --out bench/results/scale
 """
@@ -217,6 +217,37 @@ def acceptance(report: dict) -> dict:
     return out
 
 
+def markdown(report: dict) -> str:
+    """The figures as Markdown tables (``OUT/scale.md``, pasted into bench/README.md)."""
+    lines = ["| rows | workers | popularity | ready s | PSS warm MiB | PSS load MiB | c1 p50 ms | c1 p99 ms | "
+             "c8 req/s | c8 p99 ms | row-cache hit | block-cache hit | disk B/row |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(report["runs"], key=lambda r: (r["rows"], r["workers"], r["popularity"] != "zipf")):
+        lines.append(f"| {r['rows']:.0e} | {r['workers']} | {r['popularity']} | {r['start_to_ready_s']:.1f} | "
+                     f"{r['pss_after_warmup_mb']:.0f} | {r['pss_under_load_mb']:.0f} | {r['c1']['p50_ms']:.1f} | "
+                     f"{r['c1']['p99_ms']:.1f} | {r['c8']['rps']:.0f} | {r['c8']['p99_ms']:.0f} | "
+                     f"{r['row_cache_hit_ratio'] or 0:.3f} | {r['block_cache_hit_ratio'] or 0:.3f} | "
+                     f"{r['disk_bytes_per_row']:.1f} |")
+    lines += ["", "| rows | synth rows/s (store) | synth rows/s (whole version) | bytes on disk |", "|---|---|---|---|"]
+    for n, y in sorted(report["synth"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| {int(n):.0e} | {y.get('store_rows_per_s', y['rows_per_s']) / 1e6:.2f} M | "
+                     f"{y['rows_per_s'] / 1e6:.2f} M | {y['bytes_on_disk'] / 2**20:,.0f} MiB |")
+    sw = report.get("swap")
+    if sw:
+        lines += ["", "| swap at | requests | failed | steady p99 ms | worst 1-s p99 after v2 appears ms | "
+                  "first 100 on v2 p99 ms | first 100 on v1 again p99 ms | PSS steady / peak MiB | "
+                  "v2 appears -> serving s | rollback -> v1 serving s |", "|---|---|---|---|---|---|---|---|---|---|",
+                  f"| {sw['rows']:.0e} | {sw['requests']} | {sw['failed_requests']} | {sw['steady_p99_ms']:.0f} | "
+                  f"{sw['max_bin_p99_ms_after_v2_appears']:.0f} | {sw['first_100_on_v2_p99_ms']:.0f} | "
+                  f"{sw['first_100_on_v1_again_p99_ms']:.0f} | {sw['pss_steady_mb']:.0f} / {sw['pss_peak_mb']:.0f} | "
+                  f"{sw['v2_appears_to_serving_s']:.1f} | {sw['rollback_to_v1_serving_s']:.1f} |"]
+    acc = report.get("acceptance") or {}
+    if acc:
+        lines += ["", "| issue 12 check | value | limit | ok |", "|---|---|---|---|"]
+        lines += [f"| {k} | {v['value']:.3g} | {v['limit']} | {'yes' if v['ok'] else '**no**'} |" for k, v in acc.items()]
+    return "\n".join(lines) + "\n"
+
+
 def plot(report: dict, out: Path) -> None:
     import matplotlib
 
@@ -375,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     report["acceptance"] = acceptance(report)
     json_path.write_text(json.dumps(report, indent=1))
     plot(report, out)
+    (out / "scale.md").write_text(markdown(report))
     for k, v in report["acceptance"].items():
         _log(f"{'OK  ' if v['ok'] else 'FAIL'} {k}: {v['value']:.3g} (limit {v['limit']})")
     _log(f"wrote {json_path} and the PNGs next to it")

@@ -544,3 +544,22 @@ def test_stats(tmp_path, cfg):
         assert s["bytes_on_disk"] == disk
         assert sum(x["sst_bytes"] for x in s["shards"]) > 1000 * (4 * D + 4) * 0.5
         assert st.stats(exact=True)["rows_per_table"] == {1: 1000, 2: 2}
+
+
+def test_store_written_before_the_filter_and_statistics_settings_still_opens(tmp_path):
+    """A store.json without ``optimize_filters_for_hits`` / ``statistics`` (older stores) reads as before."""
+    import json as _json
+
+    cfg = StoreConfig(dim=D, quant="int8", shards=2, block_cache_mb=8)
+    v, w = data(1000)
+    with open_store(tmp_path / "s", cfg, mode="w") as st:
+        st.bulk_load(0, chunks_of(np.arange(1000), v, w, 500))
+    path = tmp_path / "s" / "store.json"
+    doc = _json.loads(path.read_text())
+    del doc["config"]["optimize_filters_for_hits"], doc["config"]["statistics"]
+    path.write_text(_json.dumps(doc))
+    for mode in ("r", "follow"):
+        with open_store(tmp_path / "s", mode=mode) as st:
+            assert st.config.optimize_filters_for_hits and not st.config.statistics
+            gv, gw = st.read(0, np.arange(1000))
+            check_close("int8", gv, gw, v, w)
