@@ -40,8 +40,19 @@ class ScaleServer:
     def pid(self) -> int:
         return self.proc.p.pid
 
-    def wait_ready(self, timeout: float = 600) -> float:
+    def wait_ready(self, timeout: float = 600, in_a_row: int = 16) -> float:
+        """Until ``/readyz`` answers 200 on ``in_a_row`` new connections in a row: with ``--workers N`` each
+        connection lands on some worker (SO_REUSEPORT) and a worker answers for itself only, so one 200
+        does not mean that every worker serves. Returns (and keeps) the seconds from start to ready."""
+        deadline = time.perf_counter() + timeout
         self.proc.wait_ready(timeout)
+        ok = 0
+        while ok < in_a_row:
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"{self.url}: not every worker ready within {timeout:g} s")
+            ok = ok + 1 if httpx.get(self.url + "/readyz", timeout=10).status_code == 200 else 0
+            if not ok:
+                time.sleep(0.05)
         self.start_to_ready_s = time.perf_counter() - self.t_start
         return self.start_to_ready_s
 
