@@ -70,6 +70,7 @@ def synth(out: Path, rows: int, seed: int, log_path: Path) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"offgraph synth failed ({r.returncode}); see {log_path}")
     print(Path(log_path).read_text().strip().splitlines()[-1], flush=True)
+    os.sync()  # the kernel's writeback of GBs of fresh files must not land in a measured phase
     return json.loads(manifest.read_text())
 
 
@@ -90,7 +91,7 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
     reqs = build_requests(rows, n_warm + n_c1 + n_c8 + 2, args.candidates, popularity, seed=args.seed)
     bodies = to_bodies(reqs)
     del reqs
-    server = ScaleServer(models, workers, logs / f"serve-{rows}-w{workers}-{popularity}.log")
+    server = ScaleServer(models, workers, logs / f"serve-{rows}-w{workers}-{popularity}.log", args.serve_args.split())
     path = f"/v1/models/{MODEL}:score"
     try:
         ready_s = server.wait_ready()
@@ -153,7 +154,7 @@ def swap_experiment(models: Path, rows: int, args, logs: Path) -> dict:
     reqs = build_requests(rows, args.swap_bodies, args.candidates, "zipf", seed=args.seed + 7)
     bodies = to_bodies(reqs)
     del reqs
-    server = ScaleServer(models, 1, logs / f"serve-{rows}-swap.log")
+    server = ScaleServer(models, 1, logs / f"serve-{rows}-swap.log", args.serve_args.split())
     try:
         server.wait_ready()
         _log(f"swap at {rows:,} rows: steady {args.swap_steady_s:g}s, then v2 appears, then rollback")
@@ -339,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--swap-after-s", type=float, default=15.0)
     p.add_argument("--swap-bodies", type=int, default=3000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--serve-args", default="", help="more flags for every `offgraph serve`, e.g. "
+                                                      "'--cache-mb 128 --warmup-rows 300000' (default: none, the "
+                                                      "defaults are what is measured)")
     p.add_argument("--resume", action="store_true",
                    help="keep the figures of OUT/scale.json and measure only what it lacks (a run cut short, "
                         "or sizes run one at a time)")
