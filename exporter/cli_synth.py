@@ -42,8 +42,7 @@ def run(args) -> int:
     print(f"offgraph synth: {config.rows:,} rows, {config.quant}, D={config.dim}: about "
           f"{config.disk_bytes() / 1e9:.2f} GB on disk", flush=True)
     m = synth_version(args.out, config, progress=not args.no_progress)
-    secs = m["export_seconds"]["store"]
-    print(f"synth -> {args.out}: {len(m['fields'])} tables, {config.rows:,} rows, "
-          f"{m['store']['bytes_on_disk'] / 2**20:.1f} MiB on disk ({m['store']['bytes_on_disk'] / config.rows:.1f} B/row), "
-          f"store {secs:.1f}s ({config.rows / max(secs, 1e-9):,.0f} rows/s)")
+    secs, disk = m["export_seconds"]["store"], m["store"]["bytes_on_disk"]
+    print(f"synth -> {args.out}: {len(m['fields'])} tables, {config.rows:,} rows, {disk / 2**20:.1f} MiB on disk "
+          f"({disk / config.rows:.1f} B/row), store {secs:.1f}s ({config.rows / max(secs, 1e-9):,.0f} rows/s)")
     return 0

@@ -12,8 +12,8 @@ import numpy as np
 from dense_model.model import load_run
 from embstore import StoreConfig, open_store
 from exporter.dense_saved_model import save_dense
-from exporter.manifest import (DENSE_DIR, FORMAT_VERSION, MANIFEST, STORE_DIR, ModelDirError, digest,
-                               store_file_records, tree_checksums, write_manifest)
+from exporter.manifest import (DENSE_DIR, FORMAT_VERSION, STORE_DIR, ModelDirError, check_version_dir,
+                               digest, store_file_records, tree_checksums, write_manifest)
 from features.spec import FG_VERSION
 
 log = logging.getLogger("offgraph.export")
@@ -44,14 +44,6 @@ def _chunks(emb_var, w_var, rows: int):
         e = min(rows, s + CHUNK_ROWS)
         yield (np.arange(s, e, dtype=np.int64), np.asarray(emb_var[s:e], dtype=np.float32),
                np.asarray(w_var[s:e], dtype=np.float32)[:, 0])
-
-
-def check_version_dir(out: Path) -> None:
-    """``out`` must be MODELS/NAME/VERSION and not a complete version (versions are immutable)."""
-    if not out.name.isdigit():
-        raise ValueError(f"--out must end in an integer version directory (MODELS/NAME/VERSION), got {out}")
-    if (out / MANIFEST).exists():
-        raise ValueError(f"{out} is already a complete version; versions are immutable, export to a new one")
 
 
 def prepare_version_dir(out: Path) -> None:

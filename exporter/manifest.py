@@ -44,6 +44,14 @@ def complete_versions(model_dir: str | Path) -> list[int]:
     return sorted(out)
 
 
+def check_version_dir(out: Path) -> None:
+    """``out`` must be MODELS/NAME/VERSION and not a complete version (versions are immutable)."""
+    if not out.name.isdigit():
+        raise ValueError(f"--out must end in an integer version directory (MODELS/NAME/VERSION), got {out}")
+    if (out / MANIFEST).exists():
+        raise ValueError(f"{out} is already a complete version; versions are immutable, export to a new one")
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

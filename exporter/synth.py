@@ -64,14 +64,16 @@ def build_head(num_fields: int, dim: int, mlp: tuple[int, ...], seed: int):
 
 def synth_version(out: str | Path, config: SynthConfig, progress: bool = True) -> dict:
     """Write the synthetic version ``out`` (MODELS/NAME/VERSION); returns its manifest."""
+    from exporter.manifest import check_version_dir
+
+    out = Path(out)
+    check_version_dir(out)  # before TensorFlow is imported: a bad --out is refused at once
+    check_disk(out, config)
     from embstore import StoreConfig
-    from exporter.export import check_version_dir, prepare_version_dir, write_version
+    from exporter.export import prepare_version_dir, write_version
     from exporter.synth_spec import synth_spec
     from features.spec import parse_spec
 
-    out = Path(out)
-    check_version_dir(out)
-    check_disk(out, config)
     spec = parse_spec(synth_spec(config.rows, config.dim), source="offgraph synth")
     head = build_head(len(spec.fields), config.dim, spec.model.mlp, config.seed)
     prepare_version_dir(out)
