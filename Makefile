@@ -45,7 +45,7 @@ SIZES ?= 1e6,1e7,1e8,2e8,1e9
 SCALE_WORK ?= out/scale-models
 SCALE_OUT ?= bench/results/scale
 bench-scale: setup
-	$(VENV)/bin/pip install -q -e '.[bench]'
+	$(VENV)/bin/pip install -q -e '.[scale]'
 	$(PY) -m bench.scale --sizes $(SIZES) --workdir $(SCALE_WORK) --out $(SCALE_OUT)
 
 clean:
