@@ -13,7 +13,6 @@ from exporter.synth import CHUNK_ROWS, synth_version, table_chunks
 from exporter.synth_config import SynthConfig
 from exporter.synth_spec import HUGE_TABLES, MIN_TOTAL_ROWS, SMALL_TABLES, huge_table_rows, synth_spec
 from features.spec import parse_spec
-from server.scorer import load
 from bench.scale_traffic import build_requests
 
 ROWS = 60_000
@@ -71,6 +70,8 @@ def test_chunks_are_seeded_per_table_and_chunk():
 
 
 def test_same_seed_same_model_and_it_scores(tmp_path):
+    from server.scorer import load  # TensorFlow: imported by the tests that score only
+
     cfg = SynthConfig(rows=ROWS, seed=7, shards=2)
     ma = synth_version(tmp_path / "a" / "scale" / "1", cfg, progress=False)
     mb = synth_version(tmp_path / "b" / "scale" / "1", cfg, progress=False)
