@@ -33,7 +33,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 from bench.scale_server import ScaleServer, hit_ratios
 from bench.scale_swap import run_swap, summarize
