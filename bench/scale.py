@@ -33,7 +33,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from bench.scale_server import ScaleServer, hit_ratios
 from bench.scale_swap import run_swap, summarize
 from bench.scale_traffic import POPULARITIES, bodies as to_bodies, build_requests
