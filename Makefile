@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 DEMO   ?= out/demo
 
-.PHONY: setup demo test test-fast schemathesis clean
+.PHONY: setup demo test test-fast schemathesis bench-scale clean
 
 setup: $(VENV)/.installed
 
@@ -38,6 +38,15 @@ test-fast: setup
 EXAMPLES ?= 400
 schemathesis: setup
 	OFFGRAPH_SCHEMATHESIS_EXAMPLES=$(EXAMPLES) OFFGRAPH_SCHEMATHESIS_SEED= $(PY) -m pytest -q -s --timeout 0 tests/test_schemathesis.py
+
+# issue 12: synthetic models of 10^6..10^9 rows served and swapped under load (bench/README.md). Needs
+# about 31 GB free under SCALE_WORK at its peak (the 10^9-row version; it prints the figure first)
+SIZES ?= 1e6,1e7,1e8,2e8,1e9
+SCALE_WORK ?= out/scale-models
+SCALE_OUT ?= bench/results/scale
+bench-scale: setup
+	$(VENV)/bin/pip install -q -e '.[scale]'
+	$(PY) -m bench.scale --sizes $(SIZES) --workdir $(SCALE_WORK) --out $(SCALE_OUT)
 
 clean:
 	rm -rf $(VENV) out

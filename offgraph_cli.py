@@ -15,6 +15,7 @@ COMMANDS = [
     "dense_model.cli_data",
     "dense_model.cli_train",
     "exporter.cli",
+    "exporter.cli_synth",
     "server.cli",
     "streaming.cli",
     "streaming.cli_stream_train",

@@ -32,7 +32,15 @@ class StoreConfig(ConfigModel, frozen=True):
     quant: record format, one of ``fp32``, ``fp16``, ``int8`` (see ``embstore.quant``).
     shards: number of shards S (each its own RocksDB directory).
     block_cache_mb: capacity of the ONE block cache shared by all shards (MiB).
-    bloom_bits_per_key: bloom filter bits per key in every SST file.
+    bloom_bits_per_key: bloom filter bits per key in SST files above the bottommost level
+        (memtable flushes of live updates; see ``optimize_filters_for_hits``).
+    optimize_filters_for_hits: no filter in the bottommost level's files, which hold every row
+        of a table (every hashed row exists, so a filter there never saves a read, while 10
+        bits a key of 10^9 keys are 1.2 GB to hold in the cache); bulk-loaded SST files are
+        written without one. False: filters everywhere (stores written before this setting
+        carry filters in their bulk-loaded files either way; they are read as before).
+    statistics: RocksDB statistics (block-cache hits and misses: ``block_cache_stats``); a
+        server's scorers turn it on, at a small cost per read.
     read_threads: threads reading shards in parallel; default (None) ``min(shards, 8)``.
     compression: block compression of SST files above the bottommost level (memtable
         flushes of live updates).
@@ -53,6 +61,8 @@ class StoreConfig(ConfigModel, frozen=True):
     shards: int = Field(1, ge=1)
     block_cache_mb: int = Field(64, ge=1)
     bloom_bits_per_key: int = Field(10, ge=0)
+    optimize_filters_for_hits: bool = True
+    statistics: bool = False
     read_threads: int | None = Field(None, ge=1, validate_default=True)
     compression: Literal[COMPRESSIONS] = "lz4"
     bottommost_compression: Literal[COMPRESSIONS] | None = "lz4hc"

@@ -26,14 +26,19 @@ def make_cache(config: StoreConfig) -> Cache:
     return Cache(config.block_cache_mb << 20)
 
 
-def make_options(config: StoreConfig, cache: Cache) -> Options:
+def make_options(config: StoreConfig, cache: Cache, *, bulk_load: bool = False) -> Options:
+    """The options of a store's shards; ``bulk_load``: of the SST writers of a bulk load, whose
+    files are ingested into the bottommost level (no filter there with ``optimize_filters_for_hits``)."""
     table = BlockBasedOptions()
     table.set_block_cache(cache)
     table.set_block_size(config.block_size_kb << 10)
     table.set_block_restart_interval(config.block_restart_interval)
     table.set_format_version(5)
-    if config.bloom_bits_per_key > 0:
-        # full (not block-based) filter over whole keys: no prefix extractor is set
+    if config.bloom_bits_per_key > 0 and not (bulk_load and config.optimize_filters_for_hits):
+        # full (not block-based) filter over whole keys: no prefix extractor is set. It saves the
+        # reads of a key in files that do not hold it: the live writer's flushes above the
+        # bottommost level. In the bottommost level every row of a table exists, so there it is
+        # only memory (optimize_filters_for_hits: none, and none in bulk-loaded files).
         table.set_bloom_filter(config.bloom_bits_per_key, False)
     # Index and filter blocks are charged to the bounded cache, not held outside it.
     # Both are partitioned (two-level) so a big table's filter is read and evicted in
@@ -47,6 +52,9 @@ def make_options(config: StoreConfig, cache: Cache) -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.set_block_based_table_factory(table)
+    opts.set_optimize_filters_for_hits(config.optimize_filters_for_hits)
+    if config.statistics:  # one Statistics object shared by every shard opened with these options
+        opts.enable_statistics()
     opts.set_compression_type(_COMPRESSION[config.compression]())
     level = 32767 if config.compression_level is None else config.compression_level  # 32767: default
     # (window bits, level, strategy, max dictionary bytes): only the level is set

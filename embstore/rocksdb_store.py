@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import re
 import shutil
 import tempfile
 from collections import deque
@@ -259,6 +260,18 @@ class RocksDBStore(EmbeddingStore):
         """Bytes now held by the shared block cache."""
         return self._cache.get_usage()
 
+    def block_cache_stats(self) -> dict[str, int] | None:
+        """Block-cache ``hits`` and ``misses`` (data, index and filter blocks) over all shards since
+        the store opened; None unless opened with ``StoreConfig.statistics``."""
+        text = self._opts.get_statistics() if self.config.statistics else None
+        if not text:
+            return None
+        got = dict(_BLOCK_CACHE_STAT.findall(text))
+        return {"hits": int(got.get("hit", 0)), "misses": int(got.get("miss", 0))}
+
+
+_BLOCK_CACHE_STAT = re.compile(r"^rocksdb\.block\.cache\.(hit|miss) COUNT : (\d+)$", re.M)
+
 
 def _read_error(shard: int, e: Exception) -> StoreReadError:
     """RocksDB's status message (it names the file) as a StoreReadError; ``kind`` is its first words
@@ -271,7 +284,7 @@ def _read_error(shard: int, e: Exception) -> StoreReadError:
 def _make_sst_writer(config: StoreConfig, shard: int, path: str) -> SstWriter:
     """An SST writer with exactly the store's table options (bloom filter, partitioned
     index, block size, compression); picklable for worker processes."""
-    return _RocksSstWriter(make_options(config, Cache(1 << 20)), path)
+    return _RocksSstWriter(make_options(config, Cache(1 << 20), bulk_load=True), path)
 
 
 def _dir_bytes(path: str) -> int:

@@ -18,7 +18,7 @@ import threading
 
 import numpy as np
 
-from .keys import MAX_TABLE_ID, ROW_LIMIT, combine_keys
+from .keys import MAX_TABLE_ID, ROW_LIMIT, combine_keys, split_keys
 from .row_cache_impl import CacheArrays, slot_bytes
 
 
@@ -84,6 +84,15 @@ class RowCache:
         k = combine_keys(t, r)
         with self._lock:
             return self._a.invalidate(k)
+
+    def hot_keys(self, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(table_ids uint32, rows int64)`` of up to ``limit`` cached rows, the most recently used
+        first: what a freshly loaded version of the same model warms its caches with."""
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 0:
+            raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+        with self._lock:
+            k = self._a.hot_keys(int(limit)) if limit else np.zeros(0, np.uint64)
+        return split_keys(k)
 
     def clear(self) -> None:
         with self._lock:

@@ -59,6 +59,13 @@ class CacheArrays:
         slot = slots[np.arange(len(k)), m.argmax(axis=1)]
         return s, slots, hit, slot
 
+    def hot_keys(self, limit: int) -> np.ndarray:
+        """Up to ``limit`` cached keys, the most recently used first."""
+        used = np.flatnonzero(self.clock >= 0)
+        if len(used) > limit:
+            used = used[np.argpartition(-self.clock[used], limit - 1)[:limit]]
+        return self.keys[used[np.argsort(-self.clock[used], kind="stable")]]
+
     def lookup(self, k: np.ndarray):
         n = len(k)
         vec = np.zeros((n, self.dim), dtype=np.float32)

@@ -12,8 +12,8 @@ import numpy as np
 from dense_model.model import load_run
 from embstore import StoreConfig, open_store
 from exporter.dense_saved_model import save_dense
-from exporter.manifest import (DENSE_DIR, FORMAT_VERSION, MANIFEST, STORE_DIR, ModelDirError, digest,
-                               store_file_records, tree_checksums, write_manifest)
+from exporter.manifest import (DENSE_DIR, FORMAT_VERSION, STORE_DIR, ModelDirError, check_version_dir,
+                               digest, store_file_records, tree_checksums, write_manifest)
 from features.spec import FG_VERSION
 
 log = logging.getLogger("offgraph.export")
@@ -46,29 +46,26 @@ def _chunks(emb_var, w_var, rows: int):
                np.asarray(w_var[s:e], dtype=np.float32)[:, 0])
 
 
-def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant: str = "int8",
-               block_cache_mb: int = 64, progress: bool = True) -> dict:
-    """Export RUN into a version directory MODELS/NAME/VERSION; returns the manifest."""
-    run_dir, out = Path(run_dir), Path(out_dir)
-    if not out.name.isdigit():
-        raise ValueError(f"--out must end in an integer version directory (MODELS/NAME/VERSION), got {out}")
-    if (out / MANIFEST).exists():
-        raise ValueError(f"{out} is already a complete version; versions are immutable, export to a new one")
-    model, spec, metrics = load_run(run_dir)
-    _check_run(model, spec, metrics, run_dir)
+def prepare_version_dir(out: Path) -> None:
+    """:func:`check_version_dir`, then remove an incomplete version left by an interrupted write."""
+    check_version_dir(out)
     if out.exists():
         log.warning("removing %s: an incomplete version left by an interrupted export", out)
         shutil.rmtree(out)
     out.mkdir(parents=True)
+
+
+def write_version(out: Path, spec, head, tables, *, config: StoreConfig, training: dict,
+                  progress: bool = True, workers: int | None = None) -> dict:
+    """Write a version into the prepared directory ``out``: the store, bulk-loaded from ``tables``
+    (per field in spec order, chunks ``(rows, vectors, first_order)`` in ascending rows), the dense
+    SavedModel of ``head``, then the manifest (last, by rename). Returns the manifest."""
     t0 = time.perf_counter()
     d = spec.model.embedding_dim
-    config = StoreConfig(dim=d, quant=quant, shards=shards, block_cache_mb=block_cache_mb)
     fields, row_counts = [], {}
     with open_store(out / STORE_DIR, config, mode="w") as store:
-        tables = [(i, _chunks(model.front.emb_tables[i].embeddings.value,
-                              model.front.w_tables[i].embeddings.value, f.rows))
-                  for i, f in enumerate(spec.fields)]
-        loaded = store.bulk_load_tables(tables, total_rows=sum(f.rows for f in spec.fields), progress=progress)
+        loaded = store.bulk_load_tables(list(enumerate(tables)), total_rows=sum(f.rows for f in spec.fields),
+                                        progress=progress, workers=workers)
         for i, f in enumerate(spec.fields):
             row_counts[f.name] = loaded[i]
             fields.append({"name": f.name, "table_id": i, "rows": f.rows, "scope": f.scope, "op": f.op,
@@ -76,7 +73,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant:
         store.flush()
         store_stats = store.stats()
     store_seconds = time.perf_counter() - t0
-    signature = save_dense(model.head, len(spec.fields), d, out / DENSE_DIR)
+    signature = save_dense(head, len(spec.fields), d, out / DENSE_DIR)
     checksums = {"dense": tree_checksums(out / DENSE_DIR)}
     checksums["dense_digest"] = digest(checksums["dense"])
     checksums["store_at_export"] = {
@@ -93,17 +90,35 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant:
         "store": {**config.to_dict(), "path": STORE_DIR, "row_counts": row_counts,
                   "bytes_on_disk": store_stats["bytes_on_disk"]},
         "dense": {"path": DENSE_DIR, "signature": signature},
-        "training": {"held_out": metrics.get("held_out"), "train_rows": metrics.get("train_rows"),
-                     "config": metrics.get("config"), "run": str(run_dir.resolve())},
+        "training": training,
         "checksums": checksums,
         "created_at": datetime.now(timezone.utc).isoformat(),
         "export_seconds": {"store": store_seconds, "total": time.perf_counter() - t0},
     }
     write_manifest(out, manifest)
-    total_rows = sum(row_counts.values())
-    log.info("exported %s -> %s: %d rows in %d tables, %s x %d shards, %.1fs (%.0f rows/s)", run_dir, out,
-             total_rows, len(fields), quant, shards, store_seconds, total_rows / max(store_seconds, 1e-9))
     return manifest
 
 
-__all__ = ["export_run", "ModelDirError"]
+def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant: str = "int8",
+               block_cache_mb: int = 64, progress: bool = True) -> dict:
+    """Export RUN into a version directory MODELS/NAME/VERSION; returns the manifest."""
+    run_dir, out = Path(run_dir), Path(out_dir)
+    check_version_dir(out)  # before the run is read
+    model, spec, metrics = load_run(run_dir)
+    _check_run(model, spec, metrics, run_dir)
+    prepare_version_dir(out)
+    config = StoreConfig(dim=spec.model.embedding_dim, quant=quant, shards=shards, block_cache_mb=block_cache_mb)
+    tables = [_chunks(model.front.emb_tables[i].embeddings.value, model.front.w_tables[i].embeddings.value, f.rows)
+              for i, f in enumerate(spec.fields)]
+    training = {"held_out": metrics.get("held_out"), "train_rows": metrics.get("train_rows"),
+                "config": metrics.get("config"), "run": str(run_dir.resolve())}
+    manifest = write_version(out, spec, model.head, tables, config=config, training=training, progress=progress)
+    total_rows = sum(manifest["store"]["row_counts"].values())
+    store_seconds = manifest["export_seconds"]["store"]
+    log.info("exported %s -> %s: %d rows in %d tables, %s x %d shards, %.1fs (%.0f rows/s)", run_dir, out,
+             total_rows, len(manifest["fields"]), quant, shards, store_seconds,
+             total_rows / max(store_seconds, 1e-9))
+    return manifest
+
+
+__all__ = ["export_run", "write_version", "check_version_dir", "prepare_version_dir", "ModelDirError"]

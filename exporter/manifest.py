@@ -44,6 +44,14 @@ def complete_versions(model_dir: str | Path) -> list[int]:
     return sorted(out)
 
 
+def check_version_dir(out: Path) -> None:
+    """``out`` must be MODELS/NAME/VERSION and not a complete version (versions are immutable)."""
+    if not out.name.isdigit():
+        raise ValueError(f"--out must end in an integer version directory (MODELS/NAME/VERSION), got {out}")
+    if (out / MANIFEST).exists():
+        raise ValueError(f"{out} is already a complete version; versions are immutable, export to a new one")
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -229,7 +237,7 @@ def load_manifest(version_dir: str | Path, verify_dense: bool = True,
 
 
 def open_version_store(version_dir: str | Path, manifest: dict[str, Any], mode: str, *,
-                       block_cache_mb: int | None = None):
+                       block_cache_mb: int | None = None, statistics: bool = False):
     """The store of a model version, opened with the store settings its manifest records
     (``mode``: ``"r"``, ``"w"`` or ``"follow"``; ``block_cache_mb`` overrides the recorded
     block cache). The manifest's record also holds figures (row counts, bytes on disk) that
@@ -239,4 +247,6 @@ def open_version_store(version_dir: str | Path, manifest: dict[str, Any], mode: 
     cfg = StoreConfig.from_record(manifest["store"])
     if block_cache_mb is not None:
         cfg = cfg.replace(block_cache_mb=block_cache_mb)
+    if statistics:
+        cfg = cfg.replace(statistics=True)
     return open_store(Path(version_dir) / STORE_DIR, cfg, mode=mode)

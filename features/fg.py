@@ -142,8 +142,8 @@ class FeatureGenerator:
         self._cross = [f for f in spec.fields if f.scope == "cross"]
         self._item_inputs = spec.raw_inputs("item")
         self._cache_size = item_cache_size
-        # item cache entry: (values per item field, ids of all item fields back to back,
-        # (ids count per item field..., value-set id per item field...))
+        # item cache entry: (values per item field (None for a field no cross reads), ids of all
+        # item fields back to back, (ids count per item field..., value-set id per item field...))
         self._cache: OrderedDict[tuple, tuple[Values, np.ndarray, tuple[int, ...]]] = OrderedDict()
         self.cache_hits = 0
         self.cache_misses = 0
@@ -172,6 +172,9 @@ class FeatureGenerator:
                     req.add(x)
             deps[f.name] = (frozenset(req), frozenset(item))
             self._cross_deps.append((tuple(sorted(req)), np.array(sorted(item), dtype=np.int64)))
+        # item fields a cross reads: only their values (and value-set ids) are kept in the item cache;
+        # the others' cost ~2 KB an item for nothing (a spec without crosses keeps none)
+        self._item_crossed = frozenset(int(j) for _, cols in self._cross_deps for j in cols)
 
     # -- values ---------------------------------------------------------------------------
     def _values(self, fields: Sequence[FieldSpec], columns: Mapping[str, Sequence[Any]], n: int,
@@ -356,17 +359,21 @@ class FeatureGenerator:
         if len(self._vid_intern) > self._vid_limit:
             self._vid_intern.clear()
         intern = self._vid_intern
+        crossed = self._item_crossed
         out = []
         for r in range(m):
             lens, vid = [], []
             for j in range(len(per_field)):
-                key = (j, tuple(per_field[j][r]))
-                v = intern.get(key)
-                if v is None:
-                    v = intern[key] = self._vid_next
-                    self._vid_next += 1
+                if j in crossed:
+                    key = (j, tuple(per_field[j][r]))
+                    v = intern.get(key)
+                    if v is None:
+                        v = intern[key] = self._vid_next
+                        self._vid_next += 1
+                else:  # no cross reads it: no value-set id needed
+                    v = 0
                 vid.append(v)
                 lens.append(int(rags[j].offsets[r + 1] - rags[j].offsets[r]))
             ids = np.concatenate([rg.ids[rg.offsets[r]:rg.offsets[r + 1]] for rg in rags])
-            out.append(([pf[r] for pf in per_field], ids, tuple(lens + vid)))
+            out.append(([pf[r] if j in crossed else None for j, pf in enumerate(per_field)], ids, tuple(lens + vid)))
         return out

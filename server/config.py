@@ -60,6 +60,10 @@ class ServerConfig(ConfigModel, frozen=True):
         holds the GIL for milliseconds per shard, so rarely; the feed keeps rows fresh meanwhile).
     item_cache_size: per-model FG item cache (items).
     warmup_candidates: candidates in the warm-up request of a freshly loaded version.
+    warmup_rows: a version that replaces another first reads up to this many of the serving
+        version's most recently used rows (its row cache) into its own row cache and block cache,
+        so its first requests are no slower than steady traffic (0: off; bounded time: a few
+        seconds per 10^5 rows read from disk).
     verify: check the dense model's checksums when a version loads.
     tune_gc: ``gc.freeze()`` the objects alive when the app is built (TF's ~400k) and raise the
         young-generation threshold (see ``server.gc_tuning``).
@@ -84,6 +88,7 @@ class ServerConfig(ConfigModel, frozen=True):
     catch_up_s: float = option(30.0, ge=0.01, flag="--catch-up-seconds")
     item_cache_size: int = Field(100_000, ge=0)
     warmup_candidates: int = Field(200, ge=1)
+    warmup_rows: int = option(100_000, ge=0, flag="--warmup-rows")
     verify: bool = True
     tune_gc: bool = True
     workers: int = option(1, ge=1, flag="--workers")

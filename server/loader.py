@@ -53,16 +53,24 @@ def verify_store(scorer) -> None:
              got["seeks"], time.perf_counter() - t0)
 
 
-def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float) -> ServedVersion:
-    """Load, warm up and return one version; raises whatever made it unservable."""
+def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
+                 hot: dict | None = None) -> ServedVersion:
+    """Load, warm up and return one version; raises whatever made it unservable. ``hot``: the
+    serving version's most recently used rows (``Scorer.hot_rows``), read into this version's
+    row cache and block cache before it serves, so that its first requests find them there."""
     t0 = time.perf_counter()
     scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=row_cache_mb,
                     follow_interval_s=config.follow_interval_s, catch_up_s=config.catch_up_s,
                     item_cache_size=config.item_cache_size, max_request_values=config.max_request_values,
-                    verify=config.verify)
+                    verify=config.verify, store_statistics=True)
     try:
         verify_store(scorer)
         warm_up(scorer, config.warmup_candidates)
+        if hot is not None:
+            t = time.perf_counter()
+            n = scorer.warm_rows(hot)
+            log.info("%s: warmed with %d hot rows of the serving version in %.2fs", version_dir, n,
+                     time.perf_counter() - t)
     except BaseException:
         scorer.close()
         raise

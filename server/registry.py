@@ -123,6 +123,17 @@ class ModelRegistry:
     def _row_cache_mb(self) -> float:
         return self.config.cache_mb / max(1, len(self.holders))
 
+    def _hot_rows(self, holder: ModelHolder) -> dict | None:
+        """The serving version's most recently used rows (``--warmup-rows`` at most), to warm the next."""
+        sv = holder.current
+        if sv is None or sv.closed or self.config.warmup_rows <= 0:
+            return None
+        try:
+            return sv.scorer.hot_rows(self.config.warmup_rows)
+        except Exception:  # noqa: BLE001 - a warm-up aid: never a reason not to load
+            log.exception("model %s: reading the hot rows of version %d failed", holder.name, sv.version)
+            return None
+
     def _load(self, holder: ModelHolder, version: int) -> bool:
         """Load, warm up and swap in one version; on failure refuse it (logged, reported) and return False."""
         vdir = holder.dir / str(version)
@@ -130,7 +141,7 @@ class ModelRegistry:
         holder.loading_version = version
         log.info("model %s: loading version %d", holder.name, version)
         try:
-            sv = open_version(vdir, self.config, self._row_cache_mb())
+            sv = open_version(vdir, self.config, self._row_cache_mb(), self._hot_rows(holder))
         except Exception as e:  # noqa: BLE001 - whatever it is, this version must not serve
             reason = f"{type(e).__name__}: {e}"
             holder.refused[version] = refuse(holder.refused.get(version), reason, signature,

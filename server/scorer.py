@@ -17,6 +17,7 @@ their keys in the row cache).
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -38,7 +39,8 @@ class Scorer:
 
     def __init__(self, version_dir: str | Path, *, store_mode: str = "r", item_cache_size: int = 100_000,
                  block_cache_mb: int | None = None, row_cache_mb: float = 0.0, follow_interval_s: float = 0.05,
-                 catch_up_s: float = 30.0, verify: bool = True, max_request_values: int | None = None):
+                 catch_up_s: float = 30.0, verify: bool = True, max_request_values: int | None = None,
+                 store_statistics: bool = False):
         if isinstance(row_cache_mb, bool) or not isinstance(row_cache_mb, (int, float)) or row_cache_mb < 0:
             raise ValueError(f"row_cache_mb must be a number >= 0, got {row_cache_mb!r}")
         if (isinstance(follow_interval_s, bool) or not isinstance(follow_interval_s, (int, float))
@@ -62,7 +64,8 @@ class Scorer:
         self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size, max_request_values=max_request_values)
         self._fg_lock = threading.Lock()
         try:
-            self.store = open_version_store(self.version_dir, m, store_mode, block_cache_mb=block_cache_mb)
+            self.store = open_version_store(self.version_dir, m, store_mode, block_cache_mb=block_cache_mb,
+                                            statistics=store_statistics)
         except ValueError as e:
             raise ModelDirError(f"{self.version_dir}: store does not open: {e}") from None
         self.row_cache = RowCache(row_cache_mb, self.dim) if row_cache_mb > 0 else None
@@ -115,9 +118,41 @@ class Scorer:
             emb, fo, _ = self.pooled(request, candidates)
             return calibrate(self.dense(emb, fo), self.calibration)
 
+    def hot_rows(self, limit: int) -> dict[str, Any] | None:
+        """The ``limit`` most recently used rows of the row cache, with the tables they belong to
+        (``{"tables", "rows", "fields": {table id: (name, rows)}}``), for :meth:`warm_rows` of the
+        next version; None without a row cache."""
+        if self.row_cache is None or limit <= 0:
+            return None
+        t, r = self.row_cache.hot_keys(limit)
+        fields = {int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]}
+        return {"tables": t, "rows": r, "fields": fields}
+
+    def warm_rows(self, hot: dict[str, Any] | None, batch: int = 1024) -> int:
+        """Read the rows of another version's :meth:`hot_rows` that mean the same here (same table
+        id, field name and table size: the same raw value hashes to the same row) through the write
+        feed, row cache and store, as requests do: they fill this version's row cache and its block
+        cache (data and index blocks) before it serves. Paced (a pause as long as each batch) so the
+        serving version keeps most of the time. Returns the rows read."""
+        if not hot or len(hot["rows"]) == 0:
+            return 0
+        mine = {int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]}
+        same = np.array(sorted(t for t, nr in hot["fields"].items() if mine.get(t) == nr), dtype=np.uint32)
+        keep = np.isin(hot["tables"], same)
+        tables, rows = hot["tables"][keep], hot["rows"][keep]
+        for s in range(0, len(rows), batch):
+            t, r = tables[s:s + batch], rows[s:s + batch]
+            t0 = time.perf_counter()
+            scorer_impl.read_through_cache(self.row_cache, self.store, t, r, self._follower)
+            # small batches, then as long a pause: the serving version's requests wait milliseconds at
+            # most for the GIL and keep at least half of the process's time while this one warms
+            time.sleep(time.perf_counter() - t0)
+        return int(len(rows))
+
     def stats(self) -> dict[str, Any]:
         """Cumulative counters (ints) and freshness of this scorer: ``store_rows_read``,
-        ``cache_hits``, ``cache_misses``, ``cache_entries``; when following:
+        ``cache_hits``, ``cache_misses``, ``cache_entries``, ``block_cache_hits`` / ``block_cache_misses``
+        (RocksDB's block cache, with ``store_statistics``; else 0); when following:
         ``last_feed_poll_unix`` (when the follower last read the write feed: rows the writer
         fed before it are served; 0.0 before its first step), ``last_catch_up_unix`` (when
         the last catch-up of the RocksDB secondary began: rows written before it are in the
@@ -132,6 +167,9 @@ class Scorer:
         out["cache_entries"] = cs["entries"] if cs else 0
         out["cache_capacity_rows"] = cs["capacity_rows"] if cs else 0
         out["cache_bytes"] = cs["bytes"] if cs else 0
+        bc = self.store.block_cache_stats()  # None unless store_statistics
+        out["block_cache_hits"] = bc["hits"] if bc else 0
+        out["block_cache_misses"] = bc["misses"] if bc else 0
         if self._follower is not None:
             out.update(self._follower.stats())
         else:

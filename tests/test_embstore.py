@@ -411,7 +411,8 @@ def _latest_options_file(shard_dir):
 def test_reopen_keeps_block_cache_and_bloom_filter(tmp_path):
     """rocksdict ignores Options for an existing DB's column family unless passed
     again: reopening must still give the configured cache and bloom filter."""
-    cfg = StoreConfig(dim=D, quant="int8", shards=2, block_cache_mb=24, bloom_bits_per_key=12)
+    cfg = StoreConfig(dim=D, quant="int8", shards=2, block_cache_mb=24, bloom_bits_per_key=12,
+                      optimize_filters_for_hits=False)
     v, w = data(4000)
     with open_store(tmp_path / "s", cfg, mode="w") as st:
         st.bulk_load(1, chunks_of(np.arange(2000), v[:2000], w[:2000], 1000))
@@ -437,6 +438,46 @@ def test_reopen_keeps_block_cache_and_bloom_filter(tmp_path):
             assert re.search(r"partition_filters=true", opts)
         gv, _ = st.read(1, np.arange(4000))
         check_close("int8", gv, st.read(1, np.arange(4000))[1], v, w)
+
+
+def test_no_filter_in_bulk_loaded_files_by_default(tmp_path):
+    """Every row of a bulk-loaded table exists: its files (the bottommost level) get no filter, while
+    the live writer's flushes above them do (a filter there saves reads of keys they do not hold)."""
+    cfg = StoreConfig(dim=D, quant="int8", shards=2, block_cache_mb=8)
+    assert cfg.optimize_filters_for_hits
+    v, w = data(4000)
+    with open_store(tmp_path / "s", cfg, mode="w") as st:
+        st.bulk_load(1, chunks_of(np.arange(2000), v[:2000], w[:2000], 1000))
+        for s in range(2):
+            props = _agg_props(st, s)
+            assert int(props["# entries"]) > 900 and int(props["# entries for filter"]) == 0
+        st.write(1, np.arange(2000, 4000), v[2000:], w[2000:])
+        st.flush()
+    with open_store(tmp_path / "s", mode="r") as st:
+        for s in range(2):
+            props = _agg_props(st, s)
+            assert 0 < int(props["# entries for filter"]) < int(props["# entries"])
+            opts = open(_latest_options_file(str(tmp_path / "s" / f"shard-{s:03d}"))).read()
+            assert "optimize_filters_for_hits=true" in opts
+            assert "cache_index_and_filter_blocks=true" in opts
+        gv, gw = st.read(1, np.arange(4000))
+        check_close("int8", gv, gw, v, w)
+
+
+def test_block_cache_stats_with_statistics(tmp_path):
+    cfg = StoreConfig(dim=D, quant="int8", shards=2, block_cache_mb=8)
+    v, w = data(3000)
+    with open_store(tmp_path / "s", cfg, mode="w") as st:
+        st.bulk_load(0, chunks_of(np.arange(3000), v, w, 1000))
+    with open_store(tmp_path / "s", mode="r") as st:
+        assert st.block_cache_stats() is None  # statistics off: nothing counted
+    with open_store(tmp_path / "s", cfg.replace(statistics=True), mode="r") as st:
+        st.read(0, np.arange(3000))
+        first = st.block_cache_stats()
+        st.read(0, np.arange(3000))
+        second = st.block_cache_stats()
+    assert first["misses"] > 0
+    assert second["misses"] == first["misses"] and second["hits"] > first["hits"]
 
 
 # ---------------------------------------------------------------- modes
@@ -503,3 +544,22 @@ def test_stats(tmp_path, cfg):
         assert s["bytes_on_disk"] == disk
         assert sum(x["sst_bytes"] for x in s["shards"]) > 1000 * (4 * D + 4) * 0.5
         assert st.stats(exact=True)["rows_per_table"] == {1: 1000, 2: 2}
+
+
+def test_store_written_before_the_filter_and_statistics_settings_still_opens(tmp_path):
+    """A store.json without ``optimize_filters_for_hits`` / ``statistics`` (older stores) reads as before."""
+    import json as _json
+
+    cfg = StoreConfig(dim=D, quant="int8", shards=2, block_cache_mb=8)
+    v, w = data(1000)
+    with open_store(tmp_path / "s", cfg, mode="w") as st:
+        st.bulk_load(0, chunks_of(np.arange(1000), v, w, 500))
+    path = tmp_path / "s" / "store.json"
+    doc = _json.loads(path.read_text())
+    del doc["config"]["optimize_filters_for_hits"], doc["config"]["statistics"]
+    path.write_text(_json.dumps(doc))
+    for mode in ("r", "follow"):
+        with open_store(tmp_path / "s", mode=mode) as st:
+            assert st.config.optimize_filters_for_hits and not st.config.statistics
+            gv, gw = st.read(0, np.arange(1000))
+            check_close("int8", gv, gw, v, w)

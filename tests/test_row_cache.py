@@ -268,3 +268,20 @@ def test_concurrent_threads_keep_the_cache_consistent():
     assert not errors
     s = c.stats()
     assert s["hits"] > 0 and s["entries"] == np.count_nonzero(c._a.keys != EMPTY) <= s["capacity_rows"]
+
+
+def test_hot_keys_are_the_most_recently_used_first():
+    c = RowCache(1, D)
+    rows = np.arange(100, dtype=np.int64)
+    _, _, _, epoch = c.lookup(np.uint32(3), rows)
+    c.insert(np.full(100, 3, np.uint32), rows, *rows_of(rows), epoch)
+    c.lookup(np.uint32(3), rows[[42]])  # then 7, then 42 used last
+    c.lookup(np.uint32(3), rows[[7]])
+    c.lookup(np.uint32(3), rows[[42]])
+    t, r = c.hot_keys(2)
+    assert t.tolist() == [3, 3] and r.tolist() == [42, 7]
+    t, r = c.hot_keys(1000)
+    assert len(r) == 100 and sorted(r.tolist()) == list(range(100)) and r[0] == 42
+    assert len(c.hot_keys(0)[1]) == 0
+    with pytest.raises(ValueError, match="limit must be an int >= 0"):
+        c.hot_keys(-1)

@@ -19,7 +19,7 @@ SLOW_FIXTURES = frozenset({"small_run", "tiny_model", "requests_"})
 
 # names whose use means training, exporting or another process: a server, an updater, a writer
 SLOW_NAMES = frozenset({
-    "train_run", "export_run",                                        # a model is trained / exported
+    "train_run", "export_run", "synth_version",                       # a model is trained / exported / written
     "subprocess", "Popen", "executable", "StdinWriter", "StoreWriter", "run_then_kill",  # a child Python
     "multiprocessing", "get_context", "Process",                       # a multiprocessing child
     "uvicorn",                                                          # a server

@@ -1,0 +1,86 @@
+"""One `offgraph serve` under measurement for the scale bench: start-to-ready, PSS, cache counters, admin.
+
+Reuses ``bench.serve_latency.Proc`` (the server subprocess) and ``server.harness`` (free port, readiness).
+"""
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.proc_memory import tree_pss_bytes
+from bench.serve_latency import Proc
+from server.harness import free_port
+
+ADMIN_TOKEN = "scale-bench"
+CACHE_METRICS = {  # what the hit ratios are made of: /metrics counters, summed over the workers
+    "row_hits": "offgraph_row_cache_hits_total",
+    "row_misses": "offgraph_row_cache_misses_total",
+    "block_hits": "offgraph_block_cache_hits_total",
+    "block_misses": "offgraph_block_cache_misses_total",
+}
+
+
+class ScaleServer:
+    """``offgraph serve --models MODELS --workers W`` with the default cache sizes, on a free port."""
+
+    def __init__(self, models: Path, workers: int, log_path: Path, extra: list[str] | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port", str(self.port),
+               "--workers", str(workers), "--admin-token", ADMIN_TOKEN, *(extra or [])]
+        self.t_start = time.perf_counter()
+        self.proc = Proc(f"serve-w{workers}", cmd, self.port, log_path)
+        self.start_to_ready_s: float | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.p.pid
+
+    def wait_ready(self, timeout: float = 600, in_a_row: int = 16) -> float:
+        """Until ``/readyz`` answers 200 on ``in_a_row`` new connections in a row: with ``--workers N`` each
+        connection lands on some worker (SO_REUSEPORT) and a worker answers for itself only, so one 200
+        does not mean that every worker serves. Returns (and keeps) the seconds from start to ready."""
+        deadline = time.perf_counter() + timeout
+        self.proc.wait_ready(timeout)
+        ok = 0
+        while ok < in_a_row:
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"{self.url}: not every worker ready within {timeout:g} s")
+            ok = ok + 1 if httpx.get(self.url + "/readyz", timeout=10).status_code == 200 else 0
+            if not ok:
+                time.sleep(0.05)
+        self.start_to_ready_s = time.perf_counter() - self.t_start
+        return self.start_to_ready_s
+
+    def pss_bytes(self) -> int:
+        return tree_pss_bytes(self.pid)
+
+    def counters(self) -> dict[str, float]:
+        """The cache counters of /metrics (workers publish theirs every 0.25 s: wait before reading)."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        out = {}
+        for key, name in CACHE_METRICS.items():
+            out[key] = sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M))
+        return out
+
+    def admin(self, model: str, action: str, body: dict | None = None) -> httpx.Response:
+        r = httpx.post(f"{self.url}/v1/models/{model}:{action}", json=body,
+                       headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=600)
+        r.raise_for_status()
+        return r
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def hit_ratios(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """Row-cache and block-cache hit ratios of the requests between two :meth:`ScaleServer.counters`."""
+    d = {k: after[k] - before[k] for k in CACHE_METRICS}
+    row, block = d["row_hits"] + d["row_misses"], d["block_hits"] + d["block_misses"]
+    return {"row_cache_hit_ratio": d["row_hits"] / row if row else None,
+            "block_cache_hit_ratio": d["block_hits"] / block if block else None,
+            "row_cache_lookups": row, "block_cache_lookups": block}
