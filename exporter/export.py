@@ -14,6 +14,7 @@ from embstore import StoreConfig, open_store
 from exporter.dense_saved_model import save_dense
 from exporter.manifest import (DENSE_DIR, FORMAT_VERSION, MANIFEST, STORE_DIR, ModelDirError, digest,
                                store_file_records, tree_checksums, write_manifest)
+from features.segment import check_segmenters, segmenters_of
 from features.spec import FG_VERSION
 
 log = logging.getLogger("offgraph.export")
@@ -56,6 +57,8 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant:
         raise ValueError(f"{out} is already a complete version; versions are immutable, export to a new one")
     model, spec, metrics = load_run(run_dir)
     _check_run(model, spec, metrics, run_dir)
+    check_segmenters(spec, metrics.get("segmenters"), f"run {run_dir}")
+    segmenters = metrics.get("segmenters") or segmenters_of(spec)
     if out.exists():
         log.warning("removing %s: an incomplete version left by an interrupted export", out)
         shutil.rmtree(out)
@@ -76,7 +79,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant:
         store.flush()
         store_stats = store.stats()
     store_seconds = time.perf_counter() - t0
-    signature = save_dense(model.head, len(spec.fields), d, out / DENSE_DIR)
+    signature = save_dense(model.head, len(spec.fields), d, out / DENSE_DIR, num_dense=len(spec.numeric))
     checksums = {"dense": tree_checksums(out / DENSE_DIR)}
     checksums["dense_digest"] = digest(checksums["dense"])
     checksums["store_at_export"] = {
@@ -88,6 +91,10 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant:
         "hash": spec.model.hash,
         "embedding_dim": d,
         "fields": fields,
+        # numeric fields: column j of the dense [N, k] input, with the statistics training computed
+        "dense_inputs": [{"name": f.name, "scope": f.scope, "input": f.input, **f.params} for f in spec.numeric],
+        # segmenter (and library version) of each tokenize field at training: a scorer with another refuses
+        "segmenters": segmenters,
         "spec": spec.to_dict(),
         "calibration": vars(spec.model.calibration),
         "store": {**config.to_dict(), "path": STORE_DIR, "row_counts": row_counts,

@@ -79,6 +79,8 @@ MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) 
     "feed_hits": ("offgraph_feed_rows_served", "Rows served from the live writer's feed (fresher than the "
                      "store view)"),
     "load_failures": ("offgraph_model_load_failures", "Versions refused at load"),
+    "ignored_keys": ("offgraph_ignored_keys", "Raw keys of scored requests and candidates that the model does not "
+                     "read (ignored by design; a rise shows a misspelt or renamed input)"),
 }
 
 

@@ -21,7 +21,8 @@ from embstore import StoreReadError
 log = logging.getLogger("offgraph.server")
 
 # cumulative Scorer.stats() counters, summed over a model's retired versions for /metrics
-COUNTERS = ("store_rows_read", "cache_hits", "cache_misses", "catch_ups", "changes_applied", "feed_hits")
+COUNTERS = ("store_rows_read", "cache_hits", "cache_misses", "catch_ups", "changes_applied", "feed_hits",
+            "ignored_keys")
 
 
 class NotServing(LookupError):
