@@ -43,7 +43,8 @@ def tiny_model(movielens_table, tmp_path_factory):
 
     raw = yaml.safe_load((REPO / "examples" / "movielens.yaml").read_text())
     for f in raw["fields"]:
-        f["rows"] = max(16, f["rows"] // 50)
+        if "rows" in f:  # numeric fields have no table
+            f["rows"] = max(16, f["rows"] // 50)
     spec = parse_spec(raw, source="tiny movielens")
     table = movielens_table.slice(0, 8000)
     root = tmp_path_factory.mktemp("server_model")
@@ -59,7 +60,7 @@ def requests_(tiny_model):
     _, table = tiny_model
     cols = table.to_pydict()
     req_in = ["user_id", "age", "gender", "occupation", "zip_prefix"]
-    item_in = ["movie_id", "genres", "title_words", "release_year"]
+    item_in = ["movie_id", "genres", "title_words", "release_year", "movie_prior_mean"]
     groups: dict[str, list[int]] = {}
     for i, rid in enumerate(cols["request_id"]):
         groups.setdefault(rid, []).append(i)
