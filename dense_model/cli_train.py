@@ -30,6 +30,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                         "best weights restored; 0: keep the last epoch (default %(default)g)")
     p.add_argument("--patience", type=int, default=d.patience,
                    help="epochs without a better validation AUC before stopping (default %(default)s)")
+    p.add_argument("--no-refit", action="store_true",
+                   help="keep the best epoch's weights of the validation pass instead of retraining on all the "
+                        "training rows for that many epochs")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -52,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
                       loss=args.loss, split=args.split, held_out=args.held_out, seed=args.seed,
-                      validation=args.validation, patience=args.patience)
+                      validation=args.validation, patience=args.patience, refit=not args.no_refit)
     spec = load_spec(args.spec)
     cfg.validate(spec)
     table = read_table_args(args)

@@ -149,8 +149,9 @@ class Trainer:
                   + f"  ({ev['seconds']:.1f}s)", flush=True)
             if v is None:
                 continue
-            if v["auc"] > best_auc:
-                best_auc, best_epoch = v["auc"], epoch
+            score = v["auc"] if np.isfinite(v["auc"]) else -np.inf  # undefined with one class: never better
+            if best_weights is None or score > best_auc:
+                best_auc, best_epoch = score, epoch
                 best_weights = [w.copy() for w in self.model.get_weights()]
             elif epoch - best_epoch >= cfg.patience:
                 stopped = epoch
@@ -160,7 +161,7 @@ class Trainer:
             self.model.set_weights(best_weights)
         early = None
         if validation is not None:
-            early = {"best_epoch": best_epoch, "best_validation_auc": float(best_auc), "epochs_run": len(history),
+            early = {"best_epoch": best_epoch, "best_validation_auc": float(best_auc) if np.isfinite(best_auc) else None, "epochs_run": len(history),
                      "stopped_early_at": stopped, "restored_best_weights": restored, "patience": cfg.patience,
                      "validation_rows": int(validation.n)}
             print(f"best epoch {best_epoch} (validation AUC {best_auc:.4f}) of {len(history)}"
@@ -190,9 +191,9 @@ def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | 
     data = encode_table(spec, table, source)
     train, held = split_encoded(spec, data, cfg)
     fit_rows, validation = carve_validation(train, cfg)
-    if needs_stats(spec):  # standardize statistics of the rows fitted on only, then the same maths for all
-        spec = fit_numeric_stats(spec, fit_rows)
-        for part in (fit_rows, validation, held):
+    if needs_stats(spec):  # standardize statistics of the training rows only, then the same maths for all
+        spec = fit_numeric_stats(spec, train)
+        for part in (train, fit_rows, validation, held):
             if part is not None:
                 finish_dense(spec, part)
     fg_seconds = time.perf_counter() - t0
@@ -201,6 +202,17 @@ def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | 
           + f"{held.n} held-out ({cfg.split} split); FG {fg_seconds:.1f}s", flush=True)
     trainer = Trainer(spec, cfg)
     fit = trainer.fit(fit_rows, validation, progress)
+    early = fit["early_stopping"]
+    if early is not None and cfg.refit:
+        # the epoch count is chosen; the rows carved off for choosing it are the latest of each key, the most
+        # like the held-out ones: retrain from the same start on all the training rows for that many epochs
+        early["held_out_auc_before_refit"] = trainer.evaluate(held)["auc"]  # reported, never used to choose
+        print(f"refit on all {train.n} training rows for {early['best_epoch']} epochs", flush=True)
+        trainer = Trainer(spec, cfg.replace(epochs=early["best_epoch"]))
+        refit = trainer.fit(train, None, progress)
+        early.update(refit_epochs=early["best_epoch"], refit_rows=int(train.n), refit_seconds=refit["train_seconds"])
+        fit["train_seconds"] += refit["train_seconds"]
+        fit_rows = train
     final = trainer.evaluate(held)  # once, with the weights kept
     print(f"held-out AUC {final['auc']:.4f}  logloss {final['logloss']:.4f}"
           + (f"  NDCG@10 {final['ndcg@10']:.4f}" if "ndcg@10" in final else ""), flush=True)
@@ -219,6 +231,8 @@ def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | 
         "table_rows": {f.name: f.rows for f in spec.fields},
         "config": cfg.model_dump(),
         "source": source,
+        # the training file, absolute: `offgraph check` checks the held-out rows of this file only
+        "data_file": str(Path(source).resolve()) if Path(source).is_file() else None,
     }
     if out_dir is not None:
         write_run(out_dir, trainer.model, spec, cfg, metrics)

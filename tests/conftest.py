@@ -33,6 +33,19 @@ def small_run(movielens_table, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def numeric_run(movielens_table, tmp_path_factory):
+    """Like ``small_run`` with examples/movielens_numeric.yaml (a standardized continuous field): (run_dir, table)."""
+    from dense_model.train import TrainConfig, train_run
+    from features import load_spec
+
+    spec = load_spec(REPO / "examples" / "movielens_numeric.yaml")
+    table = movielens_table.slice(0, 30000)
+    run = tmp_path_factory.mktemp("numeric_run") / "run"
+    train_run(spec, table, TrainConfig(epochs=1, split="per-key-time"), run, progress=False)
+    return run, table
+
+
+@pytest.fixture(scope="session")
 def tiny_model(movielens_table, tmp_path_factory):
     """(pristine MODELS dir holding ml/1, the table slice): a 1-epoch DeepFM with tables 1/50 of the example's."""
     from dense_model.train import TrainConfig, train_run
@@ -60,7 +73,7 @@ def requests_(tiny_model):
     _, table = tiny_model
     cols = table.to_pydict()
     req_in = ["user_id", "age", "gender", "occupation", "zip_prefix"]
-    item_in = ["movie_id", "genres", "title_words", "release_year", "movie_prior_mean"]
+    item_in = ["movie_id", "genres", "title_words", "release_year"]
     groups: dict[str, list[int]] = {}
     for i, rid in enumerate(cols["request_id"]):
         groups.setdefault(rid, []).append(i)

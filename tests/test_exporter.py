@@ -18,17 +18,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def exported(small_run, tmp_path_factory):
-    run, _ = small_run
+def exported(numeric_run, tmp_path_factory):
+    """fp32 (1) and int8 (2) exports of a run whose spec has a continuous field."""
+    run, _ = numeric_run
     models = tmp_path_factory.mktemp("models")
     export_run(run, models / "ml" / "1", shards=4, quant="fp32", progress=False)
     export_run(run, models / "ml" / "2", shards=4, quant="int8", progress=False)
     return models / "ml"
 
 
-def test_fp32_parity_on_real_held_out_rows(small_run, exported):
+def test_fp32_parity_on_real_held_out_rows(numeric_run, exported):
     """The example spec has a continuous field (movie_prior_mean, standardized): parity covers it."""
-    run, table = small_run
+    run, table = numeric_run
     m = load_manifest(exported / "1")
     assert [d["name"] for d in m["dense_inputs"]] == ["movie_prior_mean"]
     assert m["dense"]["signature"]["inputs"]["dense"]["shape"] == [None, 1]
@@ -39,8 +40,8 @@ def test_fp32_parity_on_real_held_out_rows(small_run, exported):
     assert abs(res["auc_delta"]) < 1e-6
 
 
-def test_int8_close_to_fp32(small_run, exported):
-    run, table = small_run
+def test_int8_close_to_fp32(numeric_run, exported):
+    run, table = numeric_run
     res = run_check(exported / "2", run, table, limit=3000)
     assert res["max_abs_dp"] < 0.01 and abs(res["auc_delta"]) < 0.002, res
     # the default tolerance: what the int8 codec alone does to the Keras model's scores, + 1e-5
@@ -50,8 +51,8 @@ def test_int8_close_to_fp32(small_run, exported):
     assert int8 < 0.45 * fp32
 
 
-def test_manifest_records_what_lookups_need(small_run, exported):
-    run, _ = small_run
+def test_manifest_records_what_lookups_need(numeric_run, exported):
+    run, _ = numeric_run
     m = json.loads((exported / "1" / "manifest.json").read_text())
     spec = yaml.safe_load((run / "spec.yaml").read_text())
     assert m["spec"] == spec
@@ -68,7 +69,7 @@ def test_manifest_records_what_lookups_need(small_run, exported):
     assert "auc" in m["training"]["held_out"]
 
 
-def test_dense_savedmodel_loads_in_fresh_process_without_embedding_tables(exported, small_run):
+def test_dense_savedmodel_loads_in_fresh_process_without_embedding_tables(exported, numeric_run):
     code = r"""
 import json, sys, numpy as np, tensorflow as tf
 m = tf.saved_model.load(sys.argv[1])
@@ -183,12 +184,12 @@ def test_segmenter_recorded_and_checked_at_load(exported, tmp_path):
             load(d, verify=False)
 
 
-def test_check_cli_defaults(small_run, exported, tmp_path):
+def test_check_cli_defaults(numeric_run, exported, tmp_path):
     """`offgraph check` without --rows / --max-diff: all rows of a file that is not the training file, and the
     tolerance derived from the quantization."""
     import pyarrow.parquet as pq
 
-    run, table = small_run
+    run, table = numeric_run
     other = tmp_path / "other.parquet"
     pq.write_table(table.slice(0, 400), other)
     r = subprocess.run([sys.executable, "-m", "offgraph_cli", "check", "--model", str(exported / "2"), "--run", str(run),

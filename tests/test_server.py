@@ -233,7 +233,7 @@ def test_ignored_keys_are_counted(client, requests_):
 def test_model_status_lists_inputs_by_scope(client):
     inputs = client.get("/v1/models/ml").json()["inputs"]
     assert inputs["request"] == ["user_id", "age", "gender", "occupation", "zip_prefix"]
-    assert inputs["item"] == ["movie_id", "genres", "title_words", "release_year", "movie_prior_mean"]
+    assert inputs["item"] == ["movie_id", "genres", "title_words", "release_year"]
 
 
 def test_admin_needs_the_token(client):
