@@ -112,7 +112,7 @@ class Trainer:
             res["ndcg@10"] = metrics_impl.ndcg_at_k(data.labels, p, data.groups, 10)
         return res
 
-    def fit(self, train: Encoded, validation: Encoded | None, progress: bool = True) -> dict:
+    def fit(self, train: Encoded, validation: Encoded | None, progress: bool = True, label: str = "epoch") -> dict:
         """Epochs over ``train``; after each, AUC on ``validation`` (rows carved from the training rows,
         never the held-out ones): the best epoch's weights are kept and restored, and training stops after
         ``cfg.patience`` epochs without a better one. No validation: every epoch runs, the last is kept."""
@@ -131,7 +131,7 @@ class Trainer:
                                                 output_signature=sig).prefetch(4)
             steps = int(np.ceil(train.n / cfg.batch_size))
             # leave=False: the bar goes when the epoch ends, so each epoch stays on screen as one line (the print)
-            bar = tqdm(ds, total=steps, desc=f"epoch {epoch}/{cfg.epochs}", disable=not progress, unit="step",
+            bar = tqdm(ds, total=steps, desc=f"{label} {epoch}/{cfg.epochs}", disable=not progress, unit="step",
                        leave=False)
             losses = []
             for xb, yb, seg in bar:
@@ -144,7 +144,7 @@ class Trainer:
             ev["seconds"] = time.perf_counter() - t0
             history.append(ev)
             v = ev.get("validation")
-            print(f"epoch {epoch}: train loss {ev['train_loss']:.4f}"
+            print(f"{label} {epoch}: train loss {ev['train_loss']:.4f}"
                   + (f"  validation AUC {v['auc']:.4f}  logloss {v['logloss']:.4f}" if v else "")
                   + f"  ({ev['seconds']:.1f}s)", flush=True)
             if v is None:
@@ -164,8 +164,9 @@ class Trainer:
             early = {"best_epoch": best_epoch, "best_validation_auc": float(best_auc) if np.isfinite(best_auc) else None, "epochs_run": len(history),
                      "stopped_early_at": stopped, "restored_best_weights": restored, "patience": cfg.patience,
                      "validation_rows": int(validation.n)}
-            print(f"best epoch {best_epoch} (validation AUC {best_auc:.4f}) of {len(history)}"
-                  + (f": its weights restored" if restored else ""), flush=True)
+            # worded without "epoch N": each epoch is one line of the output
+            print(f"best validation AUC {best_auc:.4f} after {best_epoch} of {len(history)} epochs"
+                  + ("; those weights restored" if restored else ""), flush=True)
         return {"history": history, "train_seconds": time.perf_counter() - t0, "early_stopping": early}
 
 
@@ -209,7 +210,7 @@ def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | 
         early["held_out_auc_before_refit"] = trainer.evaluate(held)["auc"]  # reported, never used to choose
         print(f"refit on all {train.n} training rows for {early['best_epoch']} epochs", flush=True)
         trainer = Trainer(spec, cfg.replace(epochs=early["best_epoch"]))
-        refit = trainer.fit(train, None, progress)
+        refit = trainer.fit(train, None, progress, label="refit")
         early.update(refit_epochs=early["best_epoch"], refit_rows=int(train.n), refit_seconds=refit["train_seconds"])
         fit["train_seconds"] += refit["train_seconds"]
         fit_rows = train

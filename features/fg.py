@@ -33,8 +33,9 @@ class ScopeError(FeatureValueError):
 
     def __init__(self, key: str, where: str, belongs: str):
         home = "in 'request' (once per request)" if belongs == "request" else "in each of 'candidates'"
-        super().__init__(f"input '{key}' sent in {where}: the model reads it as a {belongs}-scope input, only "
-                         f"{home}; move it there")
+        article = "an" if belongs == "item" else "a"
+        super().__init__(f"input '{key}' sent in {where}: the model reads it as {article} {belongs}-scope input, "
+                         f"only {home}; move it there")
         self.key, self.where, self.belongs = key, where, belongs
 
 
