@@ -320,13 +320,14 @@ class FeatureGenerator:
             if wrong:
                 raise ScopeError(wrong[0], "request", "item")
             ignored = len(extra)
-        item_keys, request_only = self._item_keys, self._request_only
-        for i, c in enumerate(candidates):
-            extra = c.keys() - item_keys
-            if extra:
-                if not request_only.isdisjoint(extra):
-                    raise ScopeError(sorted(extra & request_only)[0], f"candidates[{i}]", "request")
-                ignored += len(extra)
+        # the union of all candidates' keys in one C-level pass; per candidate only when some key is extra
+        extra = set().union(*candidates) - self._item_keys
+        if extra:
+            wrong = extra & self._request_only
+            for i, c in enumerate(candidates):
+                if wrong and not wrong.isdisjoint(c):
+                    raise ScopeError(sorted(wrong.intersection(c))[0], f"candidates[{i}]", "request")
+                ignored += len(extra.intersection(c))
         return ignored
 
     def _cross_field(self, c: int, f: FieldSpec, req_vals: dict[str, Values], entries: list, vids: np.ndarray,
