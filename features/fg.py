@@ -20,6 +20,7 @@ import numpy as np
 
 from features.hashing_impl import rows_of
 from features.numeric import finish, numeric_values, pre_standardize
+from features.segment import prepare
 from features.ops_impl import DERIVED_OPS, RAW_OPS, FeatureValueError, Values
 from features.spec import LIST_OPS, FeatureSpec, FieldSpec
 from features.value_limits import Bound, TooManyValues
@@ -159,6 +160,9 @@ class FeatureGenerator:
         self._cross = [f for f in spec.fields if f.scope == "cross"]
         self._item_inputs = spec.raw_inputs("item", numeric=False)  # the item cache's key: table fields only
         self._numeric = spec.numeric
+        for f in spec.fields:
+            if f.op == "tokenize":
+                prepare(f.params.get("segmenter", "whitespace"))
         # scope checks of serving (``check_scopes``): keys read from one place only
         req_in, item_in = set(spec.raw_inputs("request")), set(spec.raw_inputs("item"))
         self._request_only, self._item_only = frozenset(req_in - item_in), frozenset(item_in - req_in)

@@ -43,7 +43,7 @@ def _jieba_module():
     return jieba
 
 
-def _jieba(text: str, sep: str | None) -> list[str]:
+def _jieba_tok():
     global _jieba_tokenizer
     tok = _jieba_tokenizer
     if tok is None:
@@ -55,7 +55,19 @@ def _jieba(text: str, sep: str | None) -> list[str]:
                 t.initialize()
                 _jieba_tokenizer = t
             tok = _jieba_tokenizer
-    return [t for t in tok.cut(text, HMM=False) if _HAS_WORD.search(t)]
+    return tok
+
+
+def _jieba(text: str, sep: str | None) -> list[str]:
+    return [t for t in _jieba_tok().cut(text, HMM=False) if _HAS_WORD.search(t)]
+
+
+def prepare(name: str) -> None:
+    """Load what a segmenter needs before the first text (jieba's dictionary: about a second), so that a
+    server pays it while loading the model, not on a request."""
+    segment_fn(name)
+    if name == "jieba":
+        _jieba_tok()
 
 
 def _whitespace(text: str, sep: str | None) -> list[str]:
