@@ -25,6 +25,14 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--held-out", type=float, default=d.held_out,
                    help="held-out fraction, in (0, 1) (default %(default)g)")
     p.add_argument("--seed", type=int, default=d.seed, help="default %(default)s")
+    p.add_argument("--validation", type=float, default=d.validation,
+                   help="fraction of the training rows (same split) that picks the best epoch: early stopping, "
+                        "best weights restored; 0: keep the last epoch (default %(default)g)")
+    p.add_argument("--patience", type=int, default=d.patience,
+                   help="epochs without a better validation AUC before stopping (default %(default)s)")
+    p.add_argument("--no-refit", action="store_true",
+                   help="keep the best epoch's weights of the validation pass instead of retraining on all the "
+                        "training rows for that many epochs")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -46,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from features.spec import load_spec
 
     cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
-                      loss=args.loss, split=args.split, held_out=args.held_out, seed=args.seed)
+                      loss=args.loss, split=args.split, held_out=args.held_out, seed=args.seed,
+                      validation=args.validation, patience=args.patience, refit=not args.no_refit)
     spec = load_spec(args.spec)
     cfg.validate(spec)
     table = read_table_args(args)

@@ -14,7 +14,11 @@ user_id, movie_id):
            weekday int64 (0 = Monday .. 6 = Sunday, UTC),
            request_id str ("<user_id>-<YYYY-MM-DD>", UTC day), timestamp int64 (s)
   item:    movie_id int64, genres list<str>, title_words list<str>,
-           release_year int64 (null if unknown)
+           release_year int64 (null if unknown),
+           movie_prior_mean float64 / movie_prior_count int64: the movie's mean rating and
+           number of ratings strictly BEFORE this rating's timestamp (ratings at the same
+           second excluded, so no row sees its own label or a simultaneous one; mean null
+           when there is none): what a live system knows at the event, no leakage
   label:   rating int64, label int64 (1 if rating >= 4 else 0)
 """
 
@@ -187,8 +191,30 @@ def _attach(left: pa.Table, right: pa.Table, key: str) -> pa.Table:
 
 COLUMNS = [
     "user_id", "age", "gender", "occupation", "zip_prefix", "hour", "weekday", "request_id",
-    "timestamp", "movie_id", "genres", "title_words", "release_year", "rating", "label",
+    "timestamp", "movie_id", "genres", "title_words", "release_year", "movie_prior_mean", "movie_prior_count",
+    "rating", "label",
 ]
+
+
+def prior_mean_by_key(key: np.ndarray, ts: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean of ``value`` over the rows of the same key with a strictly smaller ``ts`` (NaN if none), count
+    of those rows), vectorized: exclusive cumulative sums per key in time order, each (key, ts) group
+    taking the sums at its first row so that rows at the same time never see one another."""
+    n = len(key)
+    order = np.lexsort((ts, key))
+    k, t, v = key[order], ts[order], value[order].astype(np.float64)
+    csum = np.concatenate([[0.0], np.cumsum(v)[:-1]])
+    new_key = np.r_[True, k[1:] != k[:-1]]
+    new_group = new_key | np.r_[True, t[1:] != t[:-1]]
+    key_start = np.maximum.accumulate(np.where(new_key, np.arange(n), 0))
+    group_start = np.maximum.accumulate(np.where(new_group, np.arange(n), 0))
+    s = csum[group_start] - csum[key_start]
+    c = (group_start - key_start).astype(np.int64)
+    mean = np.full(n, np.nan)
+    np.divide(s, c, out=mean, where=c > 0)
+    out_m, out_c = np.empty(n), np.empty(n, np.int64)
+    out_m[order], out_c[order] = mean, c
+    return out_m, out_c
 
 
 def load(source: str | os.PathLike | None = None, fetch: bool = True) -> pa.Table:
@@ -212,6 +238,10 @@ def load(source: str | os.PathLike | None = None, fetch: bool = True) -> pa.Tabl
         "rating": data.column("rating").cast(pa.int64()),
         "label": pa.array((data.column("rating").to_numpy() >= POSITIVE_RATING).astype(np.int64)),
     })
+    prior_mean, prior_count = prior_mean_by_key(ratings.column("movie_id").to_numpy(), ts,
+                                                ratings.column("rating").to_numpy())
+    ratings = ratings.append_column("movie_prior_mean", pa.array(prior_mean, mask=np.isnan(prior_mean)))
+    ratings = ratings.append_column("movie_prior_count", pa.array(prior_count))
     t = _attach(_attach(ratings, users, "user_id"), items, "movie_id")
     t = t.sort_by([("timestamp", "ascending"), ("user_id", "ascending"), ("movie_id", "ascending")])
     return t.select(COLUMNS).combine_chunks()

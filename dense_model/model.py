@@ -27,7 +27,8 @@ class DeepFM(keras.Model):
         m = spec.model
         self.spec = spec
         self.front = EmbeddingFront(spec, name="front")
-        self.head = DeepFMHead(len(spec.fields), m.embedding_dim, m.mlp, m.dropout, m.l2_dense, name="head")
+        self.head = DeepFMHead(len(spec.fields), m.embedding_dim, m.mlp, m.dropout, m.l2_dense,
+                               num_dense=len(spec.numeric), name="head")
         self.front.build()
         self.head.build()
         self.built = True
@@ -39,11 +40,13 @@ class DeepFM(keras.Model):
     def logit_and_l2(self, inputs, training=False):
         """(logit [N], sum of squares of the looked-up table rows in the batch)."""
         emb, first, sq = self.front(inputs)
-        return self.head((emb, first), training=training), sq
+        head_in = (emb, first, inputs["dense"]) if self.spec.numeric else (emb, first)
+        return self.head(head_in, training=training), sq
 
 
 def predict_proba(model: DeepFM, x: dict, batch_size: int = 8192) -> "np.ndarray":
-    """Sigmoid outputs of the full Keras model on padded inputs ``x`` (ids_<i>/mask_<i>)."""
+    """Sigmoid outputs of the full Keras model on padded inputs ``x`` (ids_<i>/mask_<i>, and ``dense``
+    with numeric fields)."""
     import numpy as np
     import tensorflow as tf
 

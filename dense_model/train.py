@@ -12,11 +12,12 @@ import yaml
 from tqdm import tqdm
 
 from dense_model import losses_impl, metrics_impl
-from dense_model.inputs import Encoded, encode_table
+from dense_model.inputs import Encoded, encode_table, finish_dense, fit_numeric_stats, needs_stats
 from dense_model.model import (CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_FILE, DeepFM, build_deepfm,
                                predict_proba)
 from dense_model.splits import held_out_mask
 from dense_model.train_config import LOSSES, OPTIMIZERS, SCHEDULES, TrainConfig  # noqa: F401 (re-exported)
+from features.segment import segmenters_of
 from features.spec import FeatureSpec
 
 # the Keras object behind each name of train_config.OPTIMIZERS / SCHEDULES
@@ -111,7 +112,10 @@ class Trainer:
             res["ndcg@10"] = metrics_impl.ndcg_at_k(data.labels, p, data.groups, 10)
         return res
 
-    def fit(self, train: Encoded, held_out: Encoded, progress: bool = True) -> dict:
+    def fit(self, train: Encoded, validation: Encoded | None, progress: bool = True, label: str = "epoch") -> dict:
+        """Epochs over ``train``; after each, AUC on ``validation`` (rows carved from the training rows,
+        never the held-out ones): the best epoch's weights are kept and restored, and training stops after
+        ``cfg.patience`` epochs without a better one. No validation: every epoch runs, the last is kept."""
         cfg = self.cfg
         total_steps = cfg.epochs * int(np.ceil(train.n / cfg.batch_size))
         self.opt = OPTIMIZER_FACTORIES[cfg.optimizer](SCHEDULE_FACTORIES[cfg.schedule](cfg.lr, total_steps))
@@ -120,31 +124,64 @@ class Trainer:
         listwise = cfg.loss != "pointwise"
         sig = (self._signature(train.x), tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32))
         history = []
+        best_auc, best_epoch, best_weights, stopped = -np.inf, 0, None, None
         t0 = time.perf_counter()
         for epoch in range(1, cfg.epochs + 1):
             ds = tf.data.Dataset.from_generator(lambda: _batches(train, cfg, rng, listwise),
                                                 output_signature=sig).prefetch(4)
             steps = int(np.ceil(train.n / cfg.batch_size))
             # leave=False: the bar goes when the epoch ends, so each epoch stays on screen as one line (the print)
-            bar = tqdm(ds, total=steps, desc=f"epoch {epoch}/{cfg.epochs}", disable=not progress, unit="step",
+            bar = tqdm(ds, total=steps, desc=f"{label} {epoch}/{cfg.epochs}", disable=not progress, unit="step",
                        leave=False)
             losses = []
             for xb, yb, seg in bar:
                 losses.append(float(self._step(xb, yb, seg)))
                 if len(losses) % 20 == 0:
                     bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
-            ev = self.evaluate(held_out)
-            ev.update(epoch=epoch, train_loss=float(np.mean(losses)), seconds=time.perf_counter() - t0)
+            ev = {"epoch": epoch, "train_loss": float(np.mean(losses))}
+            if validation is not None:
+                ev["validation"] = self.evaluate(validation)
+            ev["seconds"] = time.perf_counter() - t0
             history.append(ev)
-            print(f"epoch {epoch}: held-out AUC {ev['auc']:.4f}  logloss {ev['logloss']:.4f}"
-                  + (f"  NDCG@10 {ev['ndcg@10']:.4f}" if "ndcg@10" in ev else "")
+            v = ev.get("validation")
+            print(f"{label} {epoch}: train loss {ev['train_loss']:.4f}"
+                  + (f"  validation AUC {v['auc']:.4f}  logloss {v['logloss']:.4f}" if v else "")
                   + f"  ({ev['seconds']:.1f}s)", flush=True)
-        return {"history": history, "train_seconds": time.perf_counter() - t0}
+            if v is None:
+                continue
+            score = v["auc"] if np.isfinite(v["auc"]) else -np.inf  # undefined with one class: never better
+            if best_weights is None or score > best_auc:
+                best_auc, best_epoch = score, epoch
+                best_weights = [w.copy() for w in self.model.get_weights()]
+            elif epoch - best_epoch >= cfg.patience:
+                stopped = epoch
+                break
+        restored = best_weights is not None and best_epoch != history[-1]["epoch"]
+        if restored:
+            self.model.set_weights(best_weights)
+        early = None
+        if validation is not None:
+            early = {"best_epoch": best_epoch, "best_validation_auc": float(best_auc) if np.isfinite(best_auc) else None, "epochs_run": len(history),
+                     "stopped_early_at": stopped, "restored_best_weights": restored, "patience": cfg.patience,
+                     "validation_rows": int(validation.n)}
+            # worded without "epoch N": each epoch is one line of the output
+            print(f"best validation AUC {best_auc:.4f} after {best_epoch} of {len(history)} epochs"
+                  + ("; those weights restored" if restored else ""), flush=True)
+        return {"history": history, "train_seconds": time.perf_counter() - t0, "early_stopping": early}
 
 
 def split_encoded(spec: FeatureSpec, data: Encoded, cfg: TrainConfig) -> tuple[Encoded, Encoded]:
     test = held_out_mask(cfg.split, data.n, cfg.held_out, cfg.seed, time=data.time, key=data.key)
     return data.take(np.flatnonzero(~test)), data.take(np.flatnonzero(test))
+
+
+def carve_validation(train: Encoded, cfg: TrainConfig) -> tuple[Encoded, Encoded | None]:
+    """(rows to fit, validation rows): ``cfg.validation`` of the training rows by the same split (per-key-time:
+    each key's latest training rows), so the epoch is picked on rows like the held-out ones but not them."""
+    if cfg.validation == 0:
+        return train, None
+    val = held_out_mask(cfg.split, train.n, cfg.validation, cfg.seed + 1, time=train.time, key=train.key)
+    return train.take(np.flatnonzero(~val)), train.take(np.flatnonzero(val))
 
 
 def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | None,
@@ -154,23 +191,49 @@ def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | 
     cfg.validate(spec)
     data = encode_table(spec, table, source)
     train, held = split_encoded(spec, data, cfg)
+    fit_rows, validation = carve_validation(train, cfg)
+    if needs_stats(spec):  # standardize statistics of the training rows only, then the same maths for all
+        spec = fit_numeric_stats(spec, train)
+        for part in (train, fit_rows, validation, held):
+            if part is not None:
+                finish_dense(spec, part)
     fg_seconds = time.perf_counter() - t0
-    print(f"data {source}: {data.n} rows -> {train.n} train / {held.n} held-out ({cfg.split} split); "
-          f"FG {fg_seconds:.1f}s", flush=True)
+    print(f"data {source}: {data.n} rows -> {fit_rows.n} train / "
+          + (f"{validation.n} validation / " if validation is not None else "")
+          + f"{held.n} held-out ({cfg.split} split); FG {fg_seconds:.1f}s", flush=True)
     trainer = Trainer(spec, cfg)
-    fit = trainer.fit(train, held, progress)
-    final = fit["history"][-1]
+    fit = trainer.fit(fit_rows, validation, progress)
+    early = fit["early_stopping"]
+    if early is not None and cfg.refit:
+        # the epoch count is chosen; the rows carved off for choosing it are the latest of each key, the most
+        # like the held-out ones: retrain from the same start on all the training rows for that many epochs
+        early["held_out_auc_before_refit"] = trainer.evaluate(held)["auc"]  # reported, never used to choose
+        print(f"refit on all {train.n} training rows for {early['best_epoch']} epochs", flush=True)
+        trainer = Trainer(spec, cfg.replace(epochs=early["best_epoch"]))
+        refit = trainer.fit(train, None, progress, label="refit")
+        early.update(refit_epochs=early["best_epoch"], refit_rows=int(train.n), refit_seconds=refit["train_seconds"])
+        fit["train_seconds"] += refit["train_seconds"]
+        fit_rows = train
+    final = trainer.evaluate(held)  # once, with the weights kept
+    print(f"held-out AUC {final['auc']:.4f}  logloss {final['logloss']:.4f}"
+          + (f"  NDCG@10 {final['ndcg@10']:.4f}" if "ndcg@10" in final else ""), flush=True)
     metrics = {
         "held_out": {k: final[k] for k in ("auc", "logloss", "ndcg@10", "rows", "positive_rate") if k in final},
         "history": fit["history"],
-        "train_rows": int(train.n),
+        "early_stopping": fit["early_stopping"],
+        "train_rows": int(fit_rows.n),
+        "validation_rows": int(validation.n) if validation is not None else 0,
         "held_out_rows": int(held.n),
         "train_seconds": fit["train_seconds"],
         "fg_seconds": fg_seconds,
         "fg_version": spec.fg_version,
+        "segmenters": segmenters_of(spec),
+        "numeric_stats": {f.name: f.params["stats"] for f in spec.numeric if "stats" in f.params},
         "table_rows": {f.name: f.rows for f in spec.fields},
         "config": cfg.model_dump(),
         "source": source,
+        # the training file, absolute: `offgraph check` checks the held-out rows of this file only
+        "data_file": str(Path(source).resolve()) if Path(source).is_file() else None,
     }
     if out_dir is not None:
         write_run(out_dir, trainer.model, spec, cfg, metrics)

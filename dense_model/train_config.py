@@ -21,6 +21,11 @@ class TrainConfig(ConfigModel, validate_assignment=True):
     """Settings of one training run (recorded in the run's ``train_config.json``).
 
     held_out: the held-out fraction, in (0, 1); split: a name of ``dense_model.splits.SPLITS``.
+    validation: the fraction of the TRAINING rows (after the held-out ones are set aside) carved off, by
+    the same split, to pick the best epoch on (early stopping with the best weights restored; 0: no
+    validation, the last epoch is kept); patience: epochs without a better validation AUC before stopping;
+    refit: then retrain from the same initial weights on all the training rows for the best epoch count
+    (the carved rows are each key's latest, the most useful to learn from; off: keep the restored weights).
     """
 
     epochs: int = option(6, ge=1, flag="--epochs")
@@ -31,6 +36,9 @@ class TrainConfig(ConfigModel, validate_assignment=True):
     split: str = option("per-key-time", flag="--split")
     held_out: float = option(0.2, gt=0, lt=1, flag="--held-out")
     seed: int = option(0, ge=0, flag="--seed")
+    validation: float = option(0.1, ge=0, lt=1, flag="--validation")
+    patience: int = option(2, ge=1, flag="--patience")
+    refit: bool = option(True, flag="--no-refit")
     eval_batch_size: int = Field(8192, ge=1)
     schedule: Literal[SCHEDULES] = "constant"
 

@@ -1,5 +1,15 @@
 """`offgraph check`: the skew checker. Scores the same rows with the trained Keras
-model and with the library scorer (out-of-graph path) and compares them."""
+model and with the library scorer (out-of-graph path) and compares them.
+
+Defaults a user will not trip over:
+
+- the tolerance (``derived_max_diff``) comes from the model's quantization: the Keras model is
+  also scored with its tables passed through the store's codec (encode + decode, ``fp16`` /
+  ``int8``), and the largest |dp| that quantization alone makes on the checked rows, plus 1e-5
+  for float summation order, is what the served scores may differ by (fp32: 1e-5);
+- rows: the held-out rows when ``--data`` is the file the run was trained on (its split is
+  recomputed), every row of any other file (a held-out mask means nothing there).
+"""
 from __future__ import annotations
 
 import json
@@ -32,9 +42,53 @@ def requests_from_rows(spec, columns: dict[str, list], idx: np.ndarray):
         yield request, cands, np.asarray(positions)
 
 
-def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str = "held-out", scorer: Scorer | None = None,
-              source: str = "<table>") -> dict:
-    model, spec, _ = load_run(run_dir)
+FLOAT_SLACK = 1e-5
+"""|dp| between two exact float32 paths that sum in different orders (the fp32 tolerance)."""
+
+
+def is_training_file(metrics: dict, data_path) -> bool:
+    """Whether ``data_path`` is the file the run was trained on (``metrics.json``'s ``data_file``, or for
+    runs before it, its ``source`` as a path)."""
+    if data_path is None:
+        return False
+    recorded = metrics.get("data_file") or metrics.get("source")
+    try:
+        return recorded is not None and Path(recorded).resolve() == Path(data_path).resolve()
+    except OSError:
+        return False
+
+
+def default_rows(metrics: dict, data_path) -> str:
+    """Held-out rows of the training file, every row of another; a table given without its path (the library
+    call) is taken as the training table, as before this default existed."""
+    if data_path is None:
+        return "held-out"
+    return "held-out" if is_training_file(metrics, data_path) else "all"
+
+
+def quantized_model(model, spec, quant: str):
+    """A copy of the Keras model whose tables went through the store codec ``quant`` (what the store holds)."""
+    from dense_model.model import build_deepfm
+    from embstore.quant import get_codec
+
+    codec = get_codec(quant, spec.model.embedding_dim)
+    q = build_deepfm(spec)
+    q.set_weights(model.get_weights())
+    for et, wt in zip(q.front.emb_tables, q.front.w_tables):
+        v, w = et.embeddings.numpy(), wt.embeddings.numpy()
+        for s in range(0, len(v), 1 << 18):  # bounded memory for big tables
+            dv, dw = codec.decode(codec.encode(v[s:s + (1 << 18)], w[s:s + (1 << 18), 0]))
+            v[s:s + len(dv)], w[s:s + len(dw), 0] = dv, dw
+        et.embeddings.assign(v)
+        wt.embeddings.assign(w)
+    return q
+
+
+def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str | None = None, scorer: Scorer | None = None,
+              source: str = "<table>", data_path=None) -> dict:
+    """``rows`` None: ``default_rows`` (held-out rows of the training file, else all)."""
+    model, spec, metrics = load_run(run_dir)
+    rows = rows or default_rows(metrics, data_path)
     own_scorer = scorer is None
     scorer = scorer or Scorer(resolve_version(model_dir))
     try:
@@ -66,7 +120,14 @@ def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str = "held-o
         served_s = time.perf_counter() - t0
         dp = np.abs(p_keras.astype(np.float64) - p_served.astype(np.float64))
         auc_k, auc_s = auc(sub.labels, p_keras), auc(sub.labels, p_served)
-        return {"rows": int(len(idx)), "requests": n_requests, "max_abs_dp": float(dp.max(initial=0.0)),
+        quant = scorer.manifest["store"]["quant"]
+        quant_dp = 0.0
+        if quant != "fp32":
+            p_quant = calibrate(predict_proba(quantized_model(model, spec, quant), sub.x), spec.model.calibration)
+            quant_dp = float(np.abs(p_quant.astype(np.float64) - p_keras).max(initial=0.0))
+        return {"rows": int(len(idx)), "row_set": rows, "requests": n_requests,
+                "quant_max_abs_dp": quant_dp, "derived_max_diff": FLOAT_SLACK + quant_dp,
+                "max_abs_dp": float(dp.max(initial=0.0)),
                 "mean_abs_dp": float(dp.mean()) if len(dp) else 0.0, "auc_keras": auc_k, "auc_served": auc_s,
                 "auc_delta": auc_s - auc_k, "quant": scorer.manifest["store"]["quant"],
                 "keras_seconds": keras_s, "served_seconds": served_s, "version": str(scorer.version_dir)}

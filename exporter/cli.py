@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 # `offgraph --help` imports this module: nothing heavy here (the exporter is imported in run_export)
 from dense_model.cli_train import add_table_args, read_table_args
@@ -25,8 +26,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--data", required=True)
     add_table_args(c)
     c.add_argument("--limit", type=int, default=10000, help="rows to score (0: all)")
-    c.add_argument("--rows", choices=["held-out", "all"], default="held-out")
-    c.add_argument("--max-diff", type=float, default=1e-5, help="fail above this max |dp|")
+    c.add_argument("--rows", choices=["held-out", "all"], default=None,
+                   help="rows to check (default: held-out when --data is the run's training file, else all)")
+    c.add_argument("--max-diff", type=float, default=None,
+                   help="fail above this max |dp| (default: derived from the model's quantization: 1e-5 plus the "
+                        "largest |dp| the codec alone makes on these rows; 1e-5 for fp32)")
     c.add_argument("--json", help="also write the figures to this file")
     c.set_defaults(func=run_check_cli)
 
@@ -45,15 +49,22 @@ def run_export(args) -> int:
 
 def run_check_cli(args) -> int:
     from exporter.check import run_check
-    res = run_check(args.model, args.run, read_table_args(args), args.limit, args.rows, source=args.data)
-    print(f"check {res['version']} ({res['quant']}): {res['rows']} {args.rows} rows in {res['requests']} requests: "
+    if args.max_diff is not None and not args.max_diff >= 0:
+        print(f"offgraph check: error: --max-diff must be a number >= 0, got {args.max_diff}", file=sys.stderr)
+        return 2
+    res = run_check(args.model, args.run, read_table_args(args), args.limit, args.rows, source=args.data,
+                    data_path=args.data)
+    max_diff = args.max_diff if args.max_diff is not None else res["derived_max_diff"]
+    how = "--max-diff" if args.max_diff is not None else (
+        f"derived from {res['quant']}: 1e-5 + the codec's own max |dp| {res['quant_max_abs_dp']:.3g}")
+    print(f"check {res['version']} ({res['quant']}): {res['rows']} {res['row_set']} rows in {res['requests']} requests: "
           f"max |dp| {res['max_abs_dp']:.3g}, mean |dp| {res['mean_abs_dp']:.3g}; "
           f"AUC keras {res['auc_keras']:.5f} served {res['auc_served']:.5f} (delta {res['auc_delta']:+.5f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
-    if res["max_abs_dp"] > args.max_diff:
-        print(f"FAIL: max |dp| {res['max_abs_dp']:.3g} > --max-diff {args.max_diff:g}")
+    if res["max_abs_dp"] > max_diff:
+        print(f"FAIL: max |dp| {res['max_abs_dp']:.3g} > {max_diff:.3g} ({how})")
         return 1
-    print(f"OK: max |dp| <= {args.max_diff:g}")
+    print(f"OK: max |dp| <= {max_diff:.3g} ({how})")
     return 0

@@ -14,6 +14,7 @@ from embstore import StoreConfig, open_store
 from exporter.dense_saved_model import save_dense
 from exporter.manifest import (DENSE_DIR, FORMAT_VERSION, STORE_DIR, ModelDirError, check_version_dir,
                                digest, store_file_records, tree_checksums, write_manifest)
+from features.segment import check_segmenters, segmenters_of
 from features.spec import FG_VERSION
 
 log = logging.getLogger("offgraph.export")
@@ -56,10 +57,11 @@ def prepare_version_dir(out: Path) -> None:
 
 
 def write_version(out: Path, spec, head, tables, *, config: StoreConfig, training: dict,
-                  progress: bool = True, workers: int | None = None) -> dict:
+                  progress: bool = True, workers: int | None = None, segmenters: dict | None = None) -> dict:
     """Write a version into the prepared directory ``out``: the store, bulk-loaded from ``tables``
     (per field in spec order, chunks ``(rows, vectors, first_order)`` in ascending rows), the dense
-    SavedModel of ``head``, then the manifest (last, by rename). Returns the manifest."""
+    SavedModel of ``head``, then the manifest (last, by rename). ``segmenters``: those the model
+    was trained with (default: the spec's, as this library has them). Returns the manifest."""
     t0 = time.perf_counter()
     d = spec.model.embedding_dim
     fields, row_counts = [], {}
@@ -73,7 +75,7 @@ def write_version(out: Path, spec, head, tables, *, config: StoreConfig, trainin
         store.flush()
         store_stats = store.stats()
     store_seconds = time.perf_counter() - t0
-    signature = save_dense(head, len(spec.fields), d, out / DENSE_DIR)
+    signature = save_dense(head, len(spec.fields), d, out / DENSE_DIR, num_dense=len(spec.numeric))
     checksums = {"dense": tree_checksums(out / DENSE_DIR)}
     checksums["dense_digest"] = digest(checksums["dense"])
     checksums["store_at_export"] = {
@@ -85,6 +87,10 @@ def write_version(out: Path, spec, head, tables, *, config: StoreConfig, trainin
         "hash": spec.model.hash,
         "embedding_dim": d,
         "fields": fields,
+        # numeric fields: column j of the dense [N, k] input, with the statistics training computed
+        "dense_inputs": [{"name": f.name, "scope": f.scope, "input": f.input, **f.params} for f in spec.numeric],
+        # segmenter (and library version) of each tokenize field at training: a scorer with another refuses
+        "segmenters": segmenters if segmenters is not None else segmenters_of(spec),
         "spec": spec.to_dict(),
         "calibration": vars(spec.model.calibration),
         "store": {**config.to_dict(), "path": STORE_DIR, "row_counts": row_counts,
@@ -106,13 +112,15 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant:
     check_version_dir(out)  # before the run is read
     model, spec, metrics = load_run(run_dir)
     _check_run(model, spec, metrics, run_dir)
+    check_segmenters(spec, metrics.get("segmenters"), f"run {run_dir}")
     prepare_version_dir(out)
     config = StoreConfig(dim=spec.model.embedding_dim, quant=quant, shards=shards, block_cache_mb=block_cache_mb)
     tables = [_chunks(model.front.emb_tables[i].embeddings.value, model.front.w_tables[i].embeddings.value, f.rows)
               for i, f in enumerate(spec.fields)]
     training = {"held_out": metrics.get("held_out"), "train_rows": metrics.get("train_rows"),
                 "config": metrics.get("config"), "run": str(run_dir.resolve())}
-    manifest = write_version(out, spec, model.head, tables, config=config, training=training, progress=progress)
+    manifest = write_version(out, spec, model.head, tables, config=config, training=training, progress=progress,
+                             segmenters=metrics.get("segmenters") or segmenters_of(spec))
     total_rows = sum(manifest["store"]["row_counts"].values())
     store_seconds = manifest["export_seconds"]["store"]
     log.info("exported %s -> %s: %d rows in %d tables, %s x %d shards, %.1fs (%.0f rows/s)", run_dir, out,

@@ -19,11 +19,25 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from features.hashing_impl import rows_of
+from features.numeric import finish, numeric_values, pre_standardize
+from features.segment import prepare
 from features.ops_impl import DERIVED_OPS, RAW_OPS, FeatureValueError, Values
 from features.spec import LIST_OPS, FeatureSpec, FieldSpec
 from features.value_limits import Bound, TooManyValues
 
-__all__ = ["FeatureGenerator", "RaggedIds", "FGBatch", "FeatureValueError", "TooManyValues"]
+__all__ = ["FeatureGenerator", "RaggedIds", "FGBatch", "FeatureValueError", "ScopeError", "TooManyValues"]
+
+
+class ScopeError(FeatureValueError):
+    """A raw input sent where the model does not read it: a request-scope input inside a candidate, or an
+    item-scope input in the request. Scored anyway it would be no value there: a silently wrong score."""
+
+    def __init__(self, key: str, where: str, belongs: str):
+        home = "in 'request' (once per request)" if belongs == "request" else "in each of 'candidates'"
+        article = "an" if belongs == "item" else "a"
+        super().__init__(f"input '{key}' sent in {where}: the model reads it as {article} {belongs}-scope input, "
+                         f"only {home}; move it there")
+        self.key, self.where, self.belongs = key, where, belongs
 
 
 @dataclass(frozen=True)
@@ -63,11 +77,15 @@ class FGBatch:
     """FG output for n rows: one RaggedIds per field, in spec order.
 
     ``broadcast[f]`` is True for request-scope fields computed once (their
-    RaggedIds has n == 1) and shared by all n candidates.
+    RaggedIds has n == 1) and shared by all n candidates. ``dense`` [n, k] float32: the
+    numeric fields' values (``features.numeric``), in ``spec.numeric`` order.
+    ``ignored_keys``: raw keys of the request and candidates that the spec does not read (serving).
     """
     n: int
     fields: tuple[RaggedIds, ...]
     broadcast: tuple[bool, ...]
+    dense: np.ndarray | None = None
+    ignored_keys: int = 0
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
@@ -140,7 +158,15 @@ class FeatureGenerator:
         self._request = [f for f in spec.fields if f.scope == "request"]
         self._item = [f for f in spec.fields if f.scope == "item"]
         self._cross = [f for f in spec.fields if f.scope == "cross"]
-        self._item_inputs = spec.raw_inputs("item")
+        self._item_inputs = spec.raw_inputs("item", numeric=False)  # the item cache's key: table fields only
+        self._numeric = spec.numeric
+        for f in spec.fields:
+            if f.op == "tokenize":
+                prepare(f.params.get("segmenter", "whitespace"))
+        # scope checks of serving (``check_scopes``): keys read from one place only
+        req_in, item_in = set(spec.raw_inputs("request")), set(spec.raw_inputs("item"))
+        self._request_only, self._item_only = frozenset(req_in - item_in), frozenset(item_in - req_in)
+        self._req_keys, self._item_keys = frozenset(req_in), frozenset(item_in)
         self._cache_size = item_cache_size
         # item cache entry: (values per item field (None for a field no cross reads), ids of all
         # item fields back to back, (ids count per item field..., value-set id per item field...))
@@ -211,11 +237,30 @@ class FeatureGenerator:
         return RaggedIds(ids, _offsets(lengths))
 
     # -- training ---------------------------------------------------------------------------
-    def transform_columns(self, columns: Mapping[str, Sequence[Any]], n: int) -> FGBatch:
-        """Every field for n rows given column-wise raw values (training, offline checks)."""
+    def transform_columns(self, columns: Mapping[str, Sequence[Any]], n: int, dense: bool = True) -> FGBatch:
+        """Every field for n rows given column-wise raw values (training, offline checks); ``dense``:
+        also the numeric fields' values (their standardize statistics must be in the spec)."""
         known = self._values(self._fields, columns, n, {})
         fields = tuple(self._ragged(f, known[f.name]) for f in self._fields)
-        return FGBatch(n, fields, (False,) * len(fields))
+        values = self.numeric_columns(columns, n) if dense else None
+        return FGBatch(n, fields, (False,) * len(fields), values)
+
+    def numeric_columns(self, columns: Mapping[str, Sequence[Any]], n: int, finished: bool = True) -> np.ndarray:
+        """[n, k]: the numeric fields' model inputs (float32), or with ``finished`` False their values before
+        standardize (float64, NaN where no value: what training computes statistics on)."""
+        out = np.zeros((n, len(self._numeric)), np.float32 if finished else np.float64)
+        for j, f in enumerate(self._numeric):
+            col = columns.get(f.input)
+            col = [None] * n if col is None else col
+            out[:, j] = numeric_values(f, col) if finished else pre_standardize(f, col)
+        return out
+
+    def finish_numeric(self, pre: np.ndarray) -> np.ndarray:
+        """``numeric_columns(finished=False)`` -> the finished [n, k] float32 inputs (same maths as serving)."""
+        out = np.zeros(pre.shape, np.float32)
+        for j, f in enumerate(self._numeric):
+            out[:, j] = finish(f, pre[:, j])
+        return out
 
     def values_columns(self, columns: Mapping[str, Sequence[Any]], n: int) -> dict[str, Values]:
         """Generated value strings per field (for inspection and tests)."""
@@ -230,6 +275,7 @@ class FeatureGenerator:
         memoized, then scattered to the candidates (same ids as ``transform_columns``).
         """
         n = len(candidates)
+        ignored = self.check_scopes(request, candidates)
         bound = Bound(self.max_request_values, _at_request)
         req_cols = {f.input: [request.get(f.input)] for f in self._request}
         req_vals = self._values(self._request, req_cols, 1, {}, bound)
@@ -255,7 +301,41 @@ class FeatureGenerator:
             out[f.name] = self._cross_field(c, f, req_vals, entries, vids, groups)
             bound.spend(len(out[f.name].ids))
         fields = tuple(out[f.name] for f in self._fields)
-        return FGBatch(n, fields, tuple(f.scope == "request" for f in self._fields))
+        dense = self._serving_numeric(request, candidates, n)
+        return FGBatch(n, fields, tuple(f.scope == "request" for f in self._fields), dense, ignored)
+
+    def _serving_numeric(self, request, candidates, n: int) -> np.ndarray:
+        dense = np.zeros((n, len(self._numeric)), np.float32)
+        for j, f in enumerate(self._numeric):
+            try:
+                if f.scope == "request":
+                    dense[:, j] = numeric_values(f, [request.get(f.input)])[0]
+                else:
+                    dense[:, j] = numeric_values(f, [c.get(f.input) for c in candidates])
+            except FeatureValueError as e:
+                raise e.at("request" if f.scope == "request" else f"candidates[{e.row}]") from None
+        return dense
+
+    def check_scopes(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> int:
+        """Refuse (ScopeError) a request-only input inside a candidate, or an item-only input in the request
+        (the model would never read it there: the request would score silently wrong); returns the number of
+        keys the spec does not read at all (ignored, by design: counted for the metrics)."""
+        extra = request.keys() - self._req_keys
+        ignored = 0
+        if extra:
+            wrong = sorted(extra & self._item_only)
+            if wrong:
+                raise ScopeError(wrong[0], "request", "item")
+            ignored = len(extra)
+        # the union of all candidates' keys in one C-level pass; per candidate only when some key is extra
+        extra = set().union(*candidates) - self._item_keys
+        if extra:
+            wrong = extra & self._request_only
+            for i, c in enumerate(candidates):
+                if wrong and not wrong.isdisjoint(c):
+                    raise ScopeError(sorted(wrong.intersection(c))[0], f"candidates[{i}]", "request")
+                ignored += len(extra.intersection(c))
+        return ignored
 
     def _cross_field(self, c: int, f: FieldSpec, req_vals: dict[str, Values], entries: list, vids: np.ndarray,
                      groups: dict[str, tuple[np.ndarray, list[list[str]]]]) -> RaggedIds:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from features.hashing_impl import canonical
+from features.segment import segment_fn
 
 Values = list[list[str]]
 
@@ -83,6 +84,7 @@ def op_id(field: str, column: Sequence[Any], params: dict) -> Values:
 def op_tokenize(field: str, column: Sequence[Any], params: dict) -> Values:
     sep = params.get("separator")  # None: any whitespace
     lower = params.get("lowercase", True)
+    split = segment_fn(params.get("segmenter", "whitespace"))
     out: Values = []
     for i, v in enumerate(column):
         _check_scalar(field, i, v)
@@ -98,7 +100,7 @@ def op_tokenize(field: str, column: Sequence[Any], params: dict) -> Values:
                 raise FeatureValueError.in_row(field, i, f"tokenize needs text, got {t!r}")
             if lower:
                 t = t.lower()
-            terms.extend(x for x in t.split(sep) if x)
+            terms.extend(split(t, sep))
         out.append(terms)
     return out
 

@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 from features.hashing import check_hash_name
+from features.numeric import TRANSFORMS
+from features.segment import SEGMENTERS
 
 FG_VERSION = "offgraph-fg-1"
 """Semantics version of feature generation + hashing. Bump on any change that
@@ -25,16 +27,19 @@ SCOPES = ("request", "item", "cross")
 POOLINGS = ("mean", "sum")
 RAW_OPS = ("id", "tokenize", "bucketize", "log_bucket")
 DERIVED_OPS = ("cross", "match_count")
-OPS = RAW_OPS + DERIVED_OPS
+NUMERIC_OPS = ("numeric",)
+"""Ops of continuous inputs (``features.numeric``): one float per row into the dense [N, k] input, no table."""
+OPS = RAW_OPS + DERIVED_OPS + NUMERIC_OPS
 
 # parameters each op accepts besides name/scope/op/input(s)/rows/pooling
 _OP_PARAMS: dict[str, set[str]] = {
     "id": {"separator", "max_values"},
-    "tokenize": {"separator", "lowercase", "max_values"},
+    "tokenize": {"separator", "lowercase", "max_values", "segmenter"},
     "bucketize": {"boundaries"},
     "log_bucket": {"base"},
     "cross": {"separator", "max_values"},
     "match_count": {"boundaries"},
+    "numeric": {"transform", "clip", "stats", "missing"},
 }
 _COMMON = {"name", "scope", "op", "input", "inputs", "rows", "pooling"}
 _TOP = {"model", "label", "group", "time", "split_key", "item_key", "fields"}
@@ -94,13 +99,22 @@ class FieldSpec:
 class FeatureSpec:
     model: ModelConfig
     label: str
-    fields: tuple[FieldSpec, ...]
+    fields: tuple[FieldSpec, ...]      # embedding fields: one table each, table id = index here
     group: str | None = None
     time: str | None = None
     split_key: str | None = None
     item_key: str | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
     fg_version: str = FG_VERSION
+    numeric: tuple[FieldSpec, ...] = ()  # numeric fields, in spec order: column j of the dense [N, k] input
+
+    def with_stats(self, stats: dict[str, dict]) -> "FeatureSpec":
+        """The spec with ``stats: {mean, std}`` set on the named numeric fields (training's statistics)."""
+        raw = copy.deepcopy(self.raw)
+        for fr in raw["fields"]:
+            if fr.get("name") in stats:
+                fr["stats"] = {k: float(v) for k, v in stats[fr["name"]].items()}
+        return parse_spec(raw)
 
     @property
     def field_names(self) -> list[str]:
@@ -112,10 +126,11 @@ class FeatureSpec:
                 return i
         raise KeyError(name)
 
-    def raw_inputs(self, scope: str) -> list[str]:
-        """Raw input columns read by fields of one scope ('request' or 'item')."""
+    def raw_inputs(self, scope: str, numeric: bool = True) -> list[str]:
+        """Raw input columns read by fields of one scope ('request' or 'item'), numeric fields' included
+        unless ``numeric`` is False."""
         out: list[str] = []
-        for f in self.fields:
+        for f in self.fields + (self.numeric if numeric else ()):
             if f.scope == scope and f.input is not None and f.input not in out:
                 out.append(f.input)
         return out
@@ -164,13 +179,16 @@ def parse_spec(raw: Any, source: str = "<spec>") -> FeatureSpec:
     if not isinstance(fields_raw, list) or not fields_raw:
         fail("'fields' must be a non-empty list")
     fields: list[FieldSpec] = []
+    numeric: list[FieldSpec] = []
     by_name: dict[str, FieldSpec] = {}
     for i, fr in enumerate(fields_raw):
         f = _parse_field(fr, i, model, by_name, fail)
         by_name[f.name] = f
-        fields.append(f)
+        (numeric if f.op in NUMERIC_OPS else fields).append(f)
+    if not fields:
+        fail("'fields' needs at least one embedding field (numeric fields alone have no tables)")
     normalized = copy.deepcopy(raw)
-    return FeatureSpec(model=model, label=label, fields=tuple(fields), raw=normalized, **opt)
+    return FeatureSpec(model=model, label=label, fields=tuple(fields), raw=normalized, numeric=tuple(numeric), **opt)
 
 
 def _num(v) -> bool:
@@ -249,6 +267,8 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
     scope = fr.get("scope")
     if scope not in SCOPES:
         fail(f"{where}: scope must be one of {SCOPES}, got {scope!r}")
+    if op in NUMERIC_OPS:
+        return _parse_numeric(fr, name, scope, fail)
     rows = fr.get("rows")
     if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
         fail(f"{where}: rows must be an integer >= 1, got {rows!r}")
@@ -281,6 +301,9 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
             if x not in known:
                 fail(f"{where}: input '{x}' is not a field defined above it (a cross or match_count "
                      "combines fields declared earlier in 'fields')")
+            if known[x].op in NUMERIC_OPS:
+                fail(f"{where}: input '{x}' is a numeric field (a float, no values to combine): cross a "
+                     "bucketize or log_bucket field of the same column instead")
         parts = {known[x].scope for x in inputs}
         derived = "cross" if ("cross" in parts or parts == {"request", "item"}) else parts.pop()
         if scope != derived:
@@ -315,5 +338,52 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
         params.setdefault("lowercase", True)
         if not isinstance(params["lowercase"], bool):
             fail(f"{where}: lowercase must be true or false")
+        seg = params.get("segmenter", "whitespace")
+        if seg not in SEGMENTERS:
+            fail(f"{where}: segmenter must be one of {list(SEGMENTERS)}, got {seg!r}")
+        if seg != "whitespace" and "separator" in params:
+            fail(f"{where}: 'separator' is for the whitespace segmenter; segmenter '{seg}' finds its own terms")
     return FieldSpec(name=name, scope=scope, op=op, rows=rows, pooling=pooling,
                      input=inp, inputs=inputs_t, params=params)
+
+
+def _parse_numeric(fr: dict, name: str, scope: str, fail) -> FieldSpec:
+    """A numeric field (``features.numeric``): one raw column, transforms, no table."""
+    where = f"field '{name}'"
+    for k in ("rows", "pooling", "inputs"):
+        if k in fr:
+            fail(f"{where}: op 'numeric' feeds a float, not table rows: it takes no '{k}'")
+    inp = fr.get("input")
+    if not isinstance(inp, str) or not inp:
+        fail(f"{where}: missing 'input' (the raw column op 'numeric' reads)")
+    if scope == "cross":
+        fail(f"{where}: a numeric field reads either the request or the candidate: scope must be 'request' or 'item'")
+    params: dict[str, Any] = {}
+    steps = fr.get("transform", [])
+    if isinstance(steps, str):
+        steps = [steps]
+    if not isinstance(steps, list) or any(t not in TRANSFORMS for t in steps) or len(set(steps)) != len(steps):
+        fail(f"{where}: transform must be a list of distinct steps among {list(TRANSFORMS)}, got {fr.get('transform')!r}")
+    if "standardize" in steps and steps[-1] != "standardize":
+        fail(f"{where}: standardize must be the last step (its statistics are of the values before it)")
+    params["transform"] = list(steps)
+    if ("clip" in steps) != ("clip" in fr):
+        fail(f"{where}: 'clip: [lo, hi]' goes with the clip step, and only with it")
+    if "clip" in fr:
+        c = fr["clip"]
+        if not isinstance(c, list) or len(c) != 2 or not all(_num(x) for x in c) or not c[0] < c[1]:
+            fail(f"{where}: clip must be [lo, hi] with lo < hi, got {c!r}")
+        params["clip"] = [float(c[0]), float(c[1])]
+    if "stats" in fr:
+        st = fr["stats"]
+        if "standardize" not in steps:
+            fail(f"{where}: 'stats' are for the standardize step")
+        if (not isinstance(st, dict) or set(st) != {"mean", "std"} or not all(_num(v) for v in st.values())
+                or not st["std"] > 0 or st["mean"] != st["mean"]):
+            fail(f"{where}: stats must be {{mean: number, std: number > 0}}, got {st!r}")
+        params["stats"] = {"mean": float(st["mean"]), "std": float(st["std"])}
+    missing = fr.get("missing", 0.0)
+    if not _num(missing) or missing != missing or abs(missing) == float("inf"):
+        fail(f"{where}: missing must be a finite number (what no value is fed as), got {missing!r}")
+    params["missing"] = float(missing)
+    return FieldSpec(name=name, scope=scope, op="numeric", rows=0, pooling="none", input=inp, params=params)

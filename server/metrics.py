@@ -83,6 +83,8 @@ MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) 
     "block_cache_misses": ("offgraph_block_cache_misses", "RocksDB block-cache misses (blocks read from the "
                            "files)"),
     "load_failures": ("offgraph_model_load_failures", "Versions refused at load"),
+    "ignored_keys": ("offgraph_ignored_keys", "Raw keys of scored requests and candidates that the model does not "
+                     "read (ignored by design; a rise shows a misspelt or renamed input)"),
 }
 
 

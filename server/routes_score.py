@@ -25,7 +25,8 @@ _ERRORS = error_responses(
     e413="Body larger than the server's limit.",
     e415="The body's Content-Type is not JSON.",
     e422="Invalid body: the message names each problem (invalid JSON, NaN/Infinity, a number beyond the float64 "
-         "range, nested objects, no candidates, too many candidates, a value the feature generation cannot use).")
+         "range, nested objects, no candidates, too many candidates, a value the feature generation cannot use, an "
+         "input sent in the other scope's place).")
 
 
 def build_router(config: ServerConfig) -> APIRouter:
@@ -47,7 +48,9 @@ def build_router(config: ServerConfig) -> APIRouter:
 
         Feature names are the model's raw input names (`GET /v1/models/{name}` lists them under `inputs`).
         Values are strings, finite numbers, booleans, null, or lists of those. A missing key, null, "" or []
-        is *no value* (a zero embedding); keys the model does not read are **ignored**.
+        is *no value* (a zero embedding); keys the model does not read are **ignored** (and counted in
+        `offgraph_ignored_keys_total{model}`); a request-scope input inside a candidate, or an item-scope input
+        in the request, is a 422 naming the key and where it belongs (it would be no value there).
         """
         try:
             version, scores = await state.run_scoring(holder.score, body.request, body.candidates, body.version)

@@ -85,7 +85,9 @@ Features = dict[str, FeatureValue]
 
 _FEATURES_DOC = ("Raw features by input name (the feature spec's `input` columns, listed by "
                  "`GET /v1/models/{name}` under `inputs`). A missing key, null, \"\" or [] is *no value* (a zero "
-                 "embedding); keys the model does not read are ignored.")
+                 "embedding); keys the model does not read are ignored (counted in `offgraph_ignored_keys_total`); "
+                 "an input sent in the other place (a request-scope input in a candidate, an item-scope input in "
+                 "the request) is a 422 naming it.")
 
 
 CANDIDATES_DOC = ("Candidates (item-scope raw features), scored in this order; at least one, at most the "
@@ -186,7 +188,8 @@ class ModelStatus(BaseModel):
     scans: int = Field(0, description="Scans of MODELS that have looked at this model since the server started "
                                       "(every --poll-seconds): wait for it to grow to see what the next scan did.")
     inputs: dict[str, list[str]] = Field(default_factory=dict,
-                                         description="Raw feature names read per scope (request, item).")
+                                         description="Raw feature names read per scope: `request` (sent once, in "
+                                                     "`request`), `item` (sent in each candidate).")
     last_error: str | None
     updater: dict[str, Any] | None = Field(
         None, description="The streaming updater's status (MODELS/NAME/updater-status.json, as of the last scan): "

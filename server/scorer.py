@@ -32,6 +32,7 @@ from server.dense import load_dense
 from embstore.follower import NOT_FOLLOWING, Activity, Follower
 from exporter.manifest import DENSE_DIR, ModelDirError, complete_versions, load_manifest, open_version_store
 from features.fg import FeatureGenerator
+from features.segment import check_segmenters
 from features.spec import parse_spec
 
 class Scorer:
@@ -59,7 +60,12 @@ class Scorer:
             raise ModelDirError(f"{self.version_dir}: tables of more than 2**{ROW_BITS} rows are not supported")
         if len(self.spec.fields) > MAX_TABLE_ID + 1:
             raise ModelDirError(f"{self.version_dir}: {len(self.spec.fields)} fields; at most {MAX_TABLE_ID + 1}")
+        try:  # a tokenize field's terms depend on its segmenter (and a library's version): refuse another
+            check_segmenters(self.spec, m.get("segmenters"), str(self.version_dir))
+        except ValueError as e:
+            raise ModelDirError(str(e)) from None
         self.calibration = self.spec.model.calibration
+        self.num_dense = len(self.spec.numeric)
         # max_request_values bounds one score call's feature values (see features.value_limits)
         self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size, max_request_values=max_request_values)
         self._fg_lock = threading.Lock()
@@ -69,7 +75,7 @@ class Scorer:
         except ValueError as e:
             raise ModelDirError(f"{self.version_dir}: store does not open: {e}") from None
         self.row_cache = RowCache(row_cache_mb, self.dim) if row_cache_mb > 0 else None
-        self._counts = {"store_rows_read": 0, "cache_hits": 0, "cache_misses": 0}
+        self._counts = {"store_rows_read": 0, "cache_hits": 0, "cache_misses": 0, "ignored_keys": 0}
         self._counts_lock = threading.Lock()
         self._follower: Follower | None = None
         self.activity = Activity()
@@ -90,7 +96,8 @@ class Scorer:
     def pooled(self, request, candidates) -> tuple[np.ndarray, np.ndarray, dict]:
         """``(emb [N, F, D], first_order [N, F], stats)``: FG, unique keys, row cache, store
         reads of the cache misses only, pooling. ``stats``: lookups, unique_rows,
-        cache_hits, store_rows_read and found_rows (of the rows read from the store)."""
+        cache_hits, store_rows_read and found_rows (of the rows read from the store), ``dense``
+        (the numeric fields' [N, k] values) and ``ignored_keys`` (raw keys the model does not read)."""
         batch = self.features(request, candidates)
         keys = scorer_impl.batch_keys(batch)
         feed = self._follower  # fresh rows from the writer's feed, looked up first
@@ -99,24 +106,29 @@ class Scorer:
         with self._counts_lock:
             c = self._counts
             c["store_rows_read"] += read
+            c["ignored_keys"] += batch.ignored_keys
             if self.row_cache is not None:
                 c["cache_hits"] += hits
                 c["cache_misses"] += read
         emb, fo = scorer_impl.pool_batch(batch, keys, vec, w, self.poolings, self.dim)
         stats = {"lookups": int(len(keys.inverse)), "unique_rows": int(len(keys.unique_rows)),
-                 "cache_hits": hits, "store_rows_read": read, "found_rows": found}
+                 "cache_hits": hits, "store_rows_read": read, "found_rows": found, "dense": batch.dense,
+                 "ignored_keys": batch.ignored_keys}
         return emb, fo, stats
 
-    def dense(self, emb: np.ndarray, first_order: np.ndarray) -> np.ndarray:
-        out = self._serve(emb=tf.constant(emb), first_order=tf.constant(first_order))
+    def dense(self, emb: np.ndarray, first_order: np.ndarray, dense: np.ndarray | None = None) -> np.ndarray:
+        if self.num_dense:
+            out = self._serve(emb=tf.constant(emb), first_order=tf.constant(first_order), dense=tf.constant(dense))
+        else:
+            out = self._serve(emb=tf.constant(emb), first_order=tf.constant(first_order))
         return out["ctr"].numpy()
 
     def score(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> np.ndarray:
         if len(candidates) == 0:
             return np.zeros(0, np.float32)
         with self.activity:  # the follower defers its work while a score runs
-            emb, fo, _ = self.pooled(request, candidates)
-            return calibrate(self.dense(emb, fo), self.calibration)
+            emb, fo, st = self.pooled(request, candidates)
+            return calibrate(self.dense(emb, fo, st["dense"]), self.calibration)
 
     def hot_rows(self, limit: int) -> dict[str, Any] | None:
         """The ``limit`` most recently used rows of the row cache, with the tables they belong to

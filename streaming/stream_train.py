@@ -125,6 +125,9 @@ class StreamTrainer:
         spec = source.spec
         if max(f.rows for f in spec.fields) > impl.ROW_LIMIT:
             raise ValueError("tables of more than 2**48 rows are not supported by the stream trainer")
+        if spec.numeric:  # the frozen head would need the dense [N, k] input, which this trainer does not feed
+            raise ValueError(f"numeric fields {[f.name for f in spec.numeric]} are not supported by the stream "
+                             "trainer yet (it updates table rows; train and export such a model instead)")
         self.source, self.cfg, self.spec = source, config, spec
         self.model_name, self.model_version = model_name, int(model_version)
         self.poolings = [f.pooling for f in spec.fields]

@@ -51,9 +51,25 @@ def test_movielens_schema(ml):
         "zip_prefix": pa.string(), "hour": pa.int64(), "weekday": pa.int64(),
         "request_id": pa.string(), "timestamp": pa.int64(), "movie_id": pa.int64(),
         "genres": pa.list_(pa.string()), "title_words": pa.list_(pa.string()),
-        "release_year": pa.int64(), "rating": pa.int64(), "label": pa.int64(),
+        "release_year": pa.int64(), "movie_prior_mean": pa.float64(), "movie_prior_count": pa.int64(),
+        "rating": pa.int64(), "label": pa.int64(),
     }
     assert {f.name: f.type for f in ml.schema} == want
+
+
+@needs_ml
+def test_movielens_prior_mean_sees_only_earlier_ratings(ml):
+    """The continuous feature has no leakage: each row's movie_prior_mean is the mean of the movie's ratings
+    at strictly earlier timestamps (checked by brute force on a sample of rows)."""
+    cols = ml.select(["movie_id", "timestamp", "rating", "movie_prior_mean", "movie_prior_count"]).to_pydict()
+    movie, ts, rating = (np.asarray(cols[c]) for c in ("movie_id", "timestamp", "rating"))
+    for i in np.random.default_rng(0).choice(len(movie), 300, replace=False):
+        earlier = rating[(movie == movie[i]) & (ts < ts[i])]
+        assert cols["movie_prior_count"][i] == len(earlier)
+        if len(earlier):
+            assert cols["movie_prior_mean"][i] == pytest.approx(earlier.mean())
+        else:
+            assert cols["movie_prior_mean"][i] is None
 
 
 @needs_ml

@@ -202,6 +202,40 @@ def test_metrics_and_no_5xx_after_bad_input(client, requests_):
     assert 'code="5' not in text, [ln for ln in text.splitlines() if 'code="5' in ln]
 
 
+def _ignored_keys(client) -> float:
+    for ln in client.get("/metrics").text.splitlines():
+        if ln.startswith('offgraph_ignored_keys_total{model="ml"}'):
+            return float(ln.split()[-1])
+    raise AssertionError("no offgraph_ignored_keys_total{model=\"ml\"} on /metrics")
+
+
+def test_inputs_in_the_wrong_scope_are_422_naming_the_key(client, requests_):
+    """The issue's case: request-scope fields sent inside each candidate with an empty request used to score
+    200 (the request fields were no value); now a 422 naming the key and where it belongs."""
+    req, cands = requests_[0]
+    flat = [{**req, **c} for c in cands]
+    r = score(client, {"request": {}, "candidates": flat})
+    assert r.status_code == 422, r.text
+    assert "input 'age' sent in candidates[0]" in r.json()["detail"] and "'request'" in r.json()["detail"]
+    r = score(client, {"request": {**req, "genres": ["Drama"]}, "candidates": cands})
+    assert r.status_code == 422, r.text
+    assert "input 'genres' sent in request" in r.json()["detail"] and "each of 'candidates'" in r.json()["detail"]
+
+
+def test_ignored_keys_are_counted(client, requests_):
+    req, cands = requests_[1]
+    before = _ignored_keys(client)
+    r = score(client, {"request": {**req, "usr_id": 1}, "candidates": [{**c, "genre": "x"} for c in cands[:3]]})
+    assert r.status_code == 200, r.text
+    assert _ignored_keys(client) == before + 4
+
+
+def test_model_status_lists_inputs_by_scope(client):
+    inputs = client.get("/v1/models/ml").json()["inputs"]
+    assert inputs["request"] == ["user_id", "age", "gender", "occupation", "zip_prefix"]
+    assert inputs["item"] == ["movie_id", "genres", "title_words", "release_year"]
+
+
 def test_admin_needs_the_token(client):
     r = client.post("/v1/models/ml:rollback")
     assert r.status_code == 401 and "Bearer" in r.json()["detail"]

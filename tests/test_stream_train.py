@@ -229,3 +229,10 @@ def test_bad_arguments_are_named(tiny, tmp_path):
     with open_trainer(model_dir=tiny["version"]) as tr:
         with pytest.raises(ValueError, match="label 'label' must be 0 or 1"):
             stream_train_table(tr, bad, spool, progress=False)
+
+
+def test_numeric_fields_are_refused_by_name(numeric_run):
+    """The stream trainer feeds the frozen head emb and first_order only: a model with numeric fields is
+    refused at start, naming them, not failed inside TensorFlow."""
+    with pytest.raises(ValueError, match=r"numeric fields \['movie_prior_mean'\] are not supported"):
+        open_trainer(run_dir=numeric_run[0], model_name="ml", model_version=1)

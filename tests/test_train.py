@@ -44,7 +44,7 @@ def test_per_key_time_split_holds_out_each_keys_last_20_percent():
 
 
 def test_small_movielens_training_beats_chance(movielens_table, tmp_path):
-    spec = load_spec(REPO / "examples" / "movielens.yaml")
+    spec = load_spec(REPO / "examples" / "movielens_numeric.yaml")
     table = movielens_table.slice(0, 30000)
     cfg = TrainConfig(epochs=2, batch_size=512, split="per-key-time")
     model, metrics = train_run(spec, table, cfg, tmp_path / "run", progress=False)
@@ -52,10 +52,41 @@ def test_small_movielens_training_beats_chance(movielens_table, tmp_path):
     assert 0 < metrics["held_out"]["ndcg@10"] <= 1
     # the run directory rebuilds the same model
     model2, spec2, m2 = load_run(tmp_path / "run")
-    assert spec2.fingerprint() == spec.fingerprint()
+    assert spec2.fingerprint() == model.spec.fingerprint()  # the run's spec: with the standardize statistics
+    assert spec2.numeric[0].params["stats"] == m2["numeric_stats"]["movie_prior_mean"]
     assert m2["held_out"]["auc"] == pytest.approx(metrics["held_out"]["auc"])
     for a, b in zip(model.front.emb_tables, model2.front.emb_tables):
         np.testing.assert_array_equal(a.embeddings.numpy(), b.embeddings.numpy())
+
+
+def test_early_stopping_keeps_the_best_validation_epoch(movielens_table):
+    """The epoch is picked on validation rows carved from the training rows (never the held-out ones), and
+    the model kept is that epoch's: its validation AUC, recomputed, is the best one in the history."""
+    from dense_model.inputs import encode_table
+    from dense_model.metrics_impl import auc
+    from dense_model.model import predict_proba
+    from dense_model.train import carve_validation, split_encoded
+
+    spec = load_spec(REPO / "examples" / "movielens.yaml")
+    table = movielens_table.slice(0, 20000)
+    cfg = TrainConfig(epochs=5, lr=0.01, patience=1, refit=False, split="per-key-time")
+    model, m = train_run(spec, table, cfg, None, progress=False)
+    es = m["early_stopping"]
+    aucs = [h["validation"]["auc"] for h in m["history"]]
+    assert es["best_epoch"] == 1 + int(np.argmax(aucs)) and es["best_validation_auc"] == max(aucs)
+    assert es["epochs_run"] == len(aucs)
+    if es["stopped_early_at"] is not None:  # patience 1: the first epoch not better than the best stops
+        assert es["stopped_early_at"] == es["best_epoch"] + 1 == len(aucs) < 5
+    data = encode_table(model.spec, table)
+    train, held = split_encoded(model.spec, data, cfg)
+    _, val = carve_validation(train, cfg)
+    assert val.n == es["validation_rows"] == m["validation_rows"] and m["held_out_rows"] == held.n
+    assert auc(val.labels, predict_proba(model, val.x)) == pytest.approx(max(aucs), abs=1e-6)
+    # refit: the same epoch count again, on all the training rows
+    cfg2 = cfg.replace(epochs=2, refit=True)
+    _, m2 = train_run(spec, table, cfg2, None, progress=False)
+    es2 = m2["early_stopping"]
+    assert es2["refit_epochs"] == es2["best_epoch"] and m2["train_rows"] == es2["refit_rows"] == train.n
 
 
 def test_listwise_training_runs(movielens_table):

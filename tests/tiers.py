@@ -15,7 +15,7 @@ import types
 import pytest
 
 # conftest fixtures that train (and export) a model
-SLOW_FIXTURES = frozenset({"small_run", "tiny_model", "requests_"})
+SLOW_FIXTURES = frozenset({"small_run", "numeric_run", "tiny_model", "requests_"})
 
 # names whose use means training, exporting or another process: a server, an updater, a writer
 SLOW_NAMES = frozenset({
