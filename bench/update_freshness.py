@@ -420,7 +420,8 @@ def main(argv=None) -> int:
     ap.add_argument("--file-rows", type=int, default=20_000)
     ap.add_argument("--probe-every", type=float, default=0.1,
                     help="seconds between one probe's answer and the next probe (freshness while the load runs)")
-    ap.add_argument("--batch-files", type=int, default=16)
+    ap.add_argument("--batch-files", type=int, default=None,
+                    help="the updater's --batch-files (default: the updater's own default)")
     ap.add_argument("--cache-mb", type=float, default=64.0)
     ap.add_argument("--update-args", default="", help="extra `offgraph update` flags, e.g. '--nice 10'")
     ap.add_argument("--serve-args", default="", help="extra `offgraph serve` flags, e.g. '--follow-seconds 1'")
@@ -457,8 +458,9 @@ def main(argv=None) -> int:
     try:
         mport = free_port()
         updater = _start(py + ["update", "--models", str(models), "--model", NAME, "--source", f"spool:{spool}",
-                               "--metrics-port", str(mport), "--delete-applied", "--batch-files",
-                               str(args.batch_files), "--log-every", "2", *args.update_args.split()],
+                               "--metrics-port", str(mport), "--delete-applied", "--log-every", "2",
+                               *([] if args.batch_files is None else ["--batch-files", str(args.batch_files)]),
+                               *args.update_args.split()],
                          work / "update.log", env)
         report["update_args"] = args.update_args
         scorer, report["target"] = None, "in-process Scorer(store_mode='follow', row_cache_mb=64) (fallback)"
