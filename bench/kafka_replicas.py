@@ -115,7 +115,7 @@ def drain(replicas: dict[str, tuple[int, Path]], last: dict[int, int], timeout: 
     t0: dict[str, float] = {}
     t_done: dict[str, float] = {}
     rows: dict[str, float] = {n: 0.0 for n in replicas}
-    seen: dict[str, float] = {n: 0.0 for n in replicas}
+    seen: dict[str, float] = {n: max(0.0, _deltas_done(port)) for n, (port, _) in replicas.items()}  # before
     killed = False
     t_end = time.monotonic() + timeout
     while len(t_done) < len(replicas) and time.monotonic() < t_end:
@@ -125,10 +125,11 @@ def drain(replicas: dict[str, tuple[int, Path]], last: dict[int, int], timeout: 
                 continue
             d = _deltas_done(port)
             if d >= 0:
-                rows[n] += d - seen[n] if d >= seen[n] else d  # a restarted process counts from 0
+                new = d - seen[n] if d >= seen[n] else d  # a restarted process counts from 0
+                if new > 0 and n not in t0:
+                    t0[n] = now
+                rows[n] += new
                 seen[n] = d
-            if d > 0 and n not in t0:
-                t0[n] = now
             got = _consumed(model_dir)
             if all(got.get(p, -1) >= off for p, off in last.items()):
                 t_done[n] = now
@@ -139,8 +140,8 @@ def drain(replicas: dict[str, tuple[int, Path]], last: dict[int, int], timeout: 
         time.sleep(0.05)
     if len(t_done) < len(replicas):
         raise RuntimeError(f"replicas {sorted(set(replicas) - set(t_done))} did not catch up in {timeout:g}s")
-    return {n: {"rows": rows[n], "seconds": t_done[n] - t0[n],
-                "rows_per_s": rows[n] / max(t_done[n] - t0[n], 1e-9)} for n in replicas}
+    return {n: {"rows": rows[n], "seconds": t_done[n] - t0.get(n, t_done[n]),
+                "rows_per_s": rows[n] / max(t_done[n] - t0.get(n, t_done[n]), 1e-3)} for n in replicas}
 
 
 def compare(vdirs: list[Path], prod: Producer) -> dict:
