@@ -311,3 +311,33 @@ def test_flush_durability_persists_without_wal_and_reaches_followers(tmp_path, c
     st.close()
     with open_store(path, mode="r") as ro:
         np.testing.assert_array_equal(ro.read(np.zeros(3, np.uint32), np.array([4, 5, 6]))[0], v)
+
+
+META_ONLY_WRITER = textwrap.dedent(
+    """
+    import sys, numpy as np
+    sys.path.insert(0, {root!r})
+    from embstore import StoreConfig, open_store
+    st = open_store({path!r}, StoreConfig(dim={dim}, quant="fp32", shards=3), mode="w")
+    v = np.full((1, {dim}), 7.0, np.float32)
+    st.write(1, [0], v, v[:, 0], seqs=[1], meta={{b"pos": b"f1"}}, meta_shards="all", durability="flush")
+    print("ready", flush=True)
+    import time; time.sleep(60)
+    """
+)
+
+
+def test_flush_durability_flushes_row_shards_and_logs_meta_only_ones(tmp_path, cfg):
+    """durability="flush": the shard that got the row is flushed into an SST file; the shards that
+    got only the meta record are not flushed (no SST file, no fsyncs) but go through the WAL, so a
+    SIGKILL loses none of it."""
+    import glob
+
+    path = str(tmp_path / "s")
+    run_then_kill(META_ONLY_WRITER.format(root=ROOT, path=path, dim=D), seconds=0.1)
+    row_shard = int(shard_of(1, 0, 3))
+    ssts = [len(glob.glob(os.path.join(path, f"shard-{s:03d}", "*.sst"))) for s in range(3)]
+    assert ssts[row_shard] == 1 and sum(ssts) == 1, ssts
+    with open_store(path, mode="r") as st:
+        assert st.get_meta_per_shard(b"pos") == [b"f1"] * 3
+        assert st.read(1, [0])[1].tolist() == [7.0] and st.row_seqs(1, [0]).tolist() == [1]
