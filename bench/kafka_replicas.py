@@ -1,7 +1,7 @@
 """Two replicas fed by one Kafka topic: throughput, freshness on both, convergence under SIGKILL.
 
     python -m bench.kafka_replicas --model-src out/demo/models/movielens/1 --data out/demo/data/movielens.parquet \\
-        [--deltas 1000000] [--rate 50000] [--live-seconds 60] [--out kafka_replicas.json]
+        [--deltas 1000000] [--rate 60000] [--live-seconds 60] [--out kafka_replicas.json]
 
 A Tansu broker (``streaming.tansu``) on loopback; a topic of ``--partitions`` (4). Each replica
 is its own copy of the exported version, its own `offgraph update --source kafka://...` and,
@@ -10,9 +10,10 @@ excepted) and carry one increasing seq counter, so the expected final state of a
 last produced value.
 
 1. one replica alone drains ``--deltas`` pre-produced deltas: rows/s (acceptance >= 200k);
-2. a second replica starts from the version directory (``stream-start.json``) while
-   ``--deltas`` more are produced; both drain at once (rows/s of each); the second one is
-   SIGKILLed halfway through and restarted;
+2. ``--deltas`` more are produced while the first replica is stopped; then it and a second
+   replica, started from the version directory (``stream-start.json``: it reads both
+   phases), drain at once (rows/s of each); the second one is SIGKILLed halfway through
+   its backlog and restarted;
 3. both serve; a live stream of ``--rate`` deltas/s for ``--live-seconds``; every
    ``--probe-every`` s a one-row delta for the probe request's user row is produced and
    both servers are scored until both changed: delta produced -> score changed on each
@@ -173,9 +174,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model-src", required=True, help="an exported MovieLens version (MODELS/movielens/1)")
     ap.add_argument("--data", required=True, help="the MovieLens parquet (requests are drawn from it)")
     ap.add_argument("--deltas", type=int, default=1_000_000, help="deltas per drain phase")
-    ap.add_argument("--rate", type=float, default=50_000, help="deltas/s of the live stream (phase 3)")
+    ap.add_argument("--rate", type=float, default=60_000, help="deltas/s of the live stream (phase 3)")
     ap.add_argument("--live-seconds", type=float, default=60)
-    ap.add_argument("--probe-every", type=float, default=0.1)
+    ap.add_argument("--probe-every", type=float, default=0.02, help="pause between one probe's end and the next")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--batch-rows", type=int, default=20_000, help="deltas per produced batch")
     ap.add_argument("--work", help="scratch folder (default: a temporary one, removed)")
@@ -229,11 +230,13 @@ def main(argv=None) -> int:
             report["one_replica"] = drain({"a": (mports["a"], models["a"] / NAME)}, prod.sink.last_offsets)["a"]
             print(f"produced {prod.rows:,} deltas at {report['produce_rows_per_s']:,.0f}/s; one replica alone "
                   f"applied {report['one_replica']['rows_per_s']:,.0f}/s", flush=True)
-            # 2. a second replica from the version directory, both draining; b SIGKILLed halfway
-            t0 = time.perf_counter()
+            # 2. a second replica from the version directory, both draining a backlog at once (a
+            # stopped meanwhile); b SIGKILLed halfway
+            _stop(procs.pop("up_a"))
             while prod.rows < 2 * args.deltas:
                 prod.emit_random(min(args.batch_rows, 2 * args.deltas - prod.rows))
             prod.sink.flush()
+            updater("a")
             updater("b")
 
             def kill_and_restart():
