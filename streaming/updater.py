@@ -121,7 +121,7 @@ class Updater:
         handled = 0
         while True:
             items = self.source.poll(self.config.batch_files)
-            self._tick()  # the backlog as polled (at most every 0.5 s)
+            self._tick()  # the backlog as polled, before it is applied (at most every 0.5 s; a long drain polls often)
             handled += self._take(items)
             if self.blocked is not None or len(items) < self.config.batch_files or self._stop.is_set():
                 break
@@ -138,7 +138,6 @@ class Updater:
     def _flush_pending(self) -> None:
         self._flush(self._pending)
         self._pending, self._pending_rows, self._gather_t0 = [], 0, time.monotonic()
-        self._tick()  # a long step (a big backlog) still reports
 
     def _take(self, items: list[SourceItem]) -> int:
         """Check ``items`` and add them to the batch being gathered (flushed whenever it is
