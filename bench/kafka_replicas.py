@@ -1,7 +1,7 @@
 """Two replicas fed by one Kafka topic: throughput, freshness on both, convergence under SIGKILL.
 
     python -m bench.kafka_replicas --model-src out/demo/models/movielens/1 --data out/demo/data/movielens.parquet \\
-        [--deltas 1000000] [--rate 60000] [--live-seconds 60] [--out kafka_replicas.json]
+        [--deltas 1000000] [--rate 60000] [--live-seconds 60] [--out kafka_replicas.json]   # + .png
 
 A Tansu broker (``streaming.tansu``) on loopback; a topic of ``--partitions`` (4). Each replica
 is its own copy of the exported version, its own `offgraph update --source kafka://...` and,
@@ -169,6 +169,31 @@ def compare(vdirs: list[Path], prod: Producer) -> dict:
             s.close()
 
 
+def plot(report: dict, path: Path) -> None:
+    """Throughput per phase and replica; delta-to-score latency of the live probes on each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
+    names = ["one replica", "two: a", "two: b (killed)"]
+    vals = [report["one_replica"]["rows_per_s"], report["two_replicas"]["a"]["rows_per_s"],
+            report["two_replicas"]["b"]["rows_per_s"]]
+    ax[0].bar(names, [v / 1000 for v in vals], color=["C0", "C1", "C1"])
+    ax[0].axhline(200, color="r", ls="--", label="200k/s")
+    ax[0].set(title="Kafka -> store, draining a backlog", ylabel="k rows/s")
+    ax[0].legend()
+    lv = report["live"]
+    for n in ("a", "b"):
+        ax[1].hist(np.asarray(lv["probes_ms"][n]), bins=40, alpha=0.6, label=f"replica {n}")
+    ax[1].axvline(lv["both"]["p99_ms"], color="r", ls="--", label="p99 (both)")
+    ax[1].set(title=f"produced -> score changed, {lv['achieved_rate']:,.0f} deltas/s live", xlabel="ms")
+    ax[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-src", required=True, help="an exported MovieLens version (MODELS/movielens/1)")
@@ -307,6 +332,7 @@ def main(argv=None) -> int:
             report["live"] = {"offered_rate": args.rate, "rows": live_rows[0],
                               "achieved_rate": live_rows[0] / (time.perf_counter() - t_live),
                               "probes": {n: _pct(v) for n, v in lat.items()}, "timeouts_10s": timeouts,
+                              "probes_ms": {n: [round(x * 1e3, 2) for x in v] for n, v in lat.items()},
                               "both": _pct([max(a, b) for a, b in zip(lat["a"], lat["b"])])}
             lv = report["live"]
             print(f"live stream {lv['achieved_rate']:,.0f} deltas/s into both; produced -> score changed: "
@@ -338,7 +364,11 @@ def main(argv=None) -> int:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     Path(args.out).write_text(json.dumps(report, indent=2, default=float))
-    print(f"wrote {args.out}")
+    try:
+        plot(report, Path(args.out).with_suffix(".png"))
+    except Exception as e:  # noqa: BLE001 - the PNG is a convenience
+        print(f"no plot: {e}")
+    print(f"wrote {args.out} and its PNG")
     return 0
 
 
