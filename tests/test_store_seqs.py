@@ -335,7 +335,7 @@ def test_flush_durability_flushes_row_shards_and_logs_meta_only_ones(tmp_path, c
 
     path = str(tmp_path / "s")
     run_then_kill(META_ONLY_WRITER.format(root=ROOT, path=path, dim=D), seconds=0.1)
-    row_shard = int(shard_of(1, 0, 3))
+    row_shard = int(shard_of(np.array([1], np.uint32), np.array([0]), 3)[0])
     ssts = [len(glob.glob(os.path.join(path, f"shard-{s:03d}", "*.sst"))) for s in range(3)]
     assert ssts[row_shard] == 1 and sum(ssts) == 1, ssts
     with open_store(path, mode="r") as st:
