@@ -74,7 +74,7 @@ class ServerConfig(ConfigModel, frozen=True):
     """
 
     models_dir: LaxPath = option(flag="--models")
-    cache_mb: float = option(256.0, ge=0, flag="--cache-mb")
+    cache_mb: float = option(128.0, ge=0, flag="--cache-mb")
     max_candidates: int = option(2000, ge=1, flag="--max-candidates")
     max_body_bytes: int = option(8 * MiB, ge=1024, flag="--max-body-mb")
     max_request_values: int = option(100_000, ge=1, flag="--max-request-values")
