@@ -312,7 +312,7 @@ def main(argv=None) -> int:
                 w = (probe_rng.standard_normal(1) * 0.1).astype(np.float32)
                 t0 = time.perf_counter()
                 probe_sink.emit(prod.delta(np.array([tid], np.uint32), np.array([row], np.int64), v, w))
-                probe_sink._producer.flush(5)
+                probe_sink.flush(5)
                 todo = set(models)
                 while todo and time.perf_counter() - t0 < 10:
                     for n in list(todo):

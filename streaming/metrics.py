@@ -107,8 +107,7 @@ class UpdaterMetrics:
             return False
         self._last_backlog = now
         b = self.backlog = source.backlog()
-        lag = getattr(source, "lag", None)
-        self.partitions = lag() if callable(lag) else {}
+        self.partitions = source.lag()
         self.waiting = b.items
         m = self.backlog_max
         self.backlog_max = Backlog(max(m.items, b.items), max(m.rows, b.rows), max(m.oldest_age_s, b.oldest_age_s))

@@ -110,6 +110,10 @@ class DeltaSource(abc.ABC):
         """Items waiting after the cursor (as of the last poll), their rows and age."""
         return Backlog(self.pending())
 
+    def lag(self) -> dict[int, dict]:
+        """Per partition of a broker source: messages, rows and seconds behind ({} : none)."""
+        return {}
+
     def position_keys(self) -> list[bytes]:
         """The position keys whose records the updater reads back on start."""
         return [SPOOL_POSITION_KEY]

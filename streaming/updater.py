@@ -45,6 +45,8 @@ class Updater:
         self.positions: dict[bytes, list[str]] = {}  # position key -> per-shard position ("" : none)
         self.blocked: SourceItem | None = None
         self._stop = threading.Event()
+        self._pending: list[tuple[SourceItem, DeltaBatch]] = []  # the batch being gathered (step)
+        self._pending_rows, self._gather_t0 = 0, 0.0
         self._last_version_check = 0.0
 
     # ------------------------------------------------------------------ lifecycle
@@ -116,8 +118,7 @@ class Updater:
             self._last_version_check = now
             self._maybe_switch()
         self.blocked = None
-        self._pending: list[tuple[SourceItem, DeltaBatch]] = []
-        self._pending_rows, self._gather_t0 = 0, now
+        self._pending, self._pending_rows, self._gather_t0 = [], 0, now
         handled = 0
         while True:
             items = self.source.poll(self.config.batch_files)

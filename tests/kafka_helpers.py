@@ -1,8 +1,6 @@
-"""Kafka test helpers: the real broker (``streaming.tansu``) and a reader of a whole topic."""
+"""Kafka test helper: a reader of a whole topic (the broker itself: ``streaming.tansu``)."""
 import os
 import time
-
-from streaming.tansu import tansu_broker  # noqa: F401 - the tests' broker
 
 
 def consume_all(bootstrap: str, topic: str, partitions: int, expect: int, timeout: float = 60.0) -> list:

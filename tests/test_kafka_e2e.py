@@ -17,10 +17,11 @@ import pyarrow.parquet as pq
 
 from embstore import open_store
 from exporter.export import export_run
-from kafka_helpers import consume_all, tansu_broker
+from kafka_helpers import consume_all
 from server.harness import free_port, wait_ready
 from server.scorer import Scorer
 from streaming.delta_format import read_delta_bytes
+from streaming.tansu import tansu_broker
 
 REPO = Path(__file__).resolve().parent.parent
 P = 4

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from embstore.keys import shard_of
-from kafka_helpers import consume_all, tansu_broker
+from kafka_helpers import consume_all
 from streaming.kafka_messages import encode_messages
+from streaming.tansu import tansu_broker
 from streaming_helpers import DIM, NAME, REPO, export_tiny, install_version, last_write_wins, make_deltas
 from streaming_helpers import open_version_store, train_tiny, update_cmd
 
