@@ -134,8 +134,10 @@ class ModelRegistry:
             log.exception("model %s: reading the hot rows of version %d failed", holder.name, sv.version)
             return None
 
-    def _load(self, holder: ModelHolder, version: int) -> bool:
-        """Load, warm up and swap in one version; on failure refuse it (logged, reported) and return False."""
+    def _load(self, holder: ModelHolder, version: int, note: str | None = None) -> bool:
+        """Load, warm up and swap in one version; on failure refuse it (logged, reported) and return False.
+        ``note``: the model's ``last_error`` once it serves (set before the swap, so that no status shows
+        the new version without it)."""
         vdir = holder.dir / str(version)
         signature = version_signature(vdir)  # as the try begins: a change during it is retried
         holder.loading_version = version
@@ -154,7 +156,7 @@ class ModelRegistry:
         finally:
             holder.loading_version = None
         holder.refused.pop(version, None)
-        holder.last_error = None
+        holder.last_error = note
         holder.swap(sv)
         log.info("model %s: serving version %d (loaded and warmed up in %.2fs)", holder.name, version,
                  sv.load_seconds)
@@ -223,9 +225,9 @@ class ModelRegistry:
             if tried == FALLBACK_TRIES:
                 break
             tried += 1
-            if self._load(holder, c):
-                holder.last_error = f"version {v} is unhealthy ({sv.unhealthy}): fell back to version {c}"
-                log.error("model %s: %s", holder.name, holder.last_error)
+            note = f"version {v} is unhealthy ({sv.unhealthy}): fell back to version {c}"
+            if self._load(holder, c, note=note):
+                log.error("model %s: %s", holder.name, note)
                 return
         holder.last_error = f"version {v} is unhealthy ({sv.unhealthy}) and no other version loads: it keeps serving"
         log.error("model %s: %s", holder.name, holder.last_error)
