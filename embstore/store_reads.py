@@ -6,7 +6,7 @@ A mixin of ``base.EmbeddingStore``: it uses the store's primitives (``_multi_get
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,13 +103,16 @@ class StoreReads:
         found[hit_pos] = True
         return vec, w, found
 
-    def verify_sample(self, table_rows: dict[int, int], max_reads: int = 4096) -> dict[str, int]:
+    def verify_sample(self, table_rows: dict[int, int], max_reads: int = 4096,
+                      between: Callable[[], None] | None = None) -> dict[str, int]:
         """Read real rows of every table from every shard, spread so that a small store has every
         data block read and a big one a sample of at most ~``max_reads`` seeks (``embstore.verify``);
         the block cache is left as it was. ``table_rows``: table id -> rows (all of ``0..rows-1``
         are in the store, as after an export). Raises StoreReadError on a read that fails (RocksDB
         checks each block's checksum), a record of the wrong size or with a non-finite value, or a
-        shard that holds no row of a table it must hold rows of. Returns ``{"seeks", "rows_read"}``."""
+        shard that holds no row of a table it must hold rows of. ``between`` is called after each
+        (shard, table) chunk of seeks (a server loading a version while another serves paces itself
+        there: seeks hold the GIL). Returns ``{"seeks", "rows_read"}``."""
         self._check_open()
         rb, shards = self.codec.record_bytes, self.config.shards
         plan = seek_rows(table_rows, shards, rb, self.config.block_size_kb << 10, max_reads)
@@ -135,6 +138,8 @@ class StoreReads:
                     raise StoreReadError(f"store {self.path!r}: shard {s}, table {t}: non-finite values",
                                          "non-finite values")
                 rows_read += len(values)
+                if between is not None:
+                    between()
         return {"seeks": seeks, "rows_read": rows_read}
 
     def row_seqs(self, table_ids, rows) -> np.ndarray:

@@ -202,6 +202,33 @@ class FeatureGenerator:
         # the others' cost ~2 KB an item for nothing (a spec without crosses keeps none)
         self._item_crossed = frozenset(int(j) for _, cols in self._cross_deps for j in cols)
 
+    # -- carrying the item cache over to the next version ---------------------------------
+    def item_cache_state(self, limit: int | None = None) -> dict[str, Any]:
+        """A copy of the item cache (its ``limit`` most recently used items at most) and the
+        value-set ids its entries name, for :meth:`adopt_item_cache` of a generator of the same
+        spec. Entries are never mutated once made, so the copy shares them."""
+        items = list(self._cache.items())
+        if limit is not None:
+            items = items[max(0, len(items) - limit):]
+        return {"spec": self.spec.fingerprint(), "items": items, "vid_intern": dict(self._vid_intern),
+                "vid_next": self._vid_next}
+
+    def adopt_item_cache(self, state: dict[str, Any] | None) -> int:
+        """Start from another generator's :meth:`item_cache_state` if it ran the same spec (the same
+        raw item values then give the same ids); returns the items adopted (0 for another spec).
+        A version that replaces one of the same spec then computes no item FG for the items its
+        predecessor served recently."""
+        if not state or state["spec"] != self.spec.fingerprint() or self._cache_size <= 0:
+            return 0
+        items = state["items"][-self._cache_size:]
+        self._cache = OrderedDict(items)
+        self._vid_intern = dict(state["vid_intern"])
+        self._vid_next = max(self._vid_next, int(state["vid_next"]))
+        # memoized crosses are keyed by value-set ids, which now mean the adopted ones
+        self._cross_memo = [{} for _ in self._cross]
+        self._cross_memo_len = [0] * len(self._cross)
+        return len(items)
+
     # -- values ---------------------------------------------------------------------------
     def _values(self, fields: Sequence[FieldSpec], columns: Mapping[str, Sequence[Any]], n: int,
                 known: dict[str, Values], bound: Bound | None = None) -> dict[str, Values]:
@@ -386,7 +413,7 @@ class FeatureGenerator:
                 memo = table[req_key] = {}
                 self._cross_memo_len[c] = 1
             for m, g in enumerate(missing):
-                results[g] = (vals[m], rag.ids[rag.offsets[m]:rag.offsets[m + 1]])
+                results[g] = (tuple(vals[m]), rag.ids[rag.offsets[m]:rag.offsets[m + 1]])  # untracked by gc
                 memo[gkeys[g]] = results[g]
             self._cross_memo_len[c] += len(missing) if self._memo_size > 0 else 0
         groups[f.name] = (inv, [r[0] for r in results])
@@ -455,5 +482,9 @@ class FeatureGenerator:
                 vid.append(v)
                 lens.append(int(rags[j].offsets[r + 1] - rags[j].offsets[r]))
             ids = np.concatenate([rg.ids[rg.offsets[r]:rg.offsets[r + 1]] for rg in rags])
-            out.append(([pf[r] if j in crossed else None for j, pf in enumerate(per_field)], ids, tuple(lens + vid)))
+            # tuples all the way down: the collector untracks a tuple of untracked items when it sees it,
+            # so once an entry has been through a collection or two, full collections no longer walk
+            # the cached items (two objects an item made them ~half a full collection's work)
+            values = tuple([tuple(pf[r]) if j in crossed else None for j, pf in enumerate(per_field)])
+            out.append((values, ids, tuple(lens + vid)))
         return out

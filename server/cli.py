@@ -68,6 +68,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup-rows", type=int, default=server("warmup_rows"),
                    help="rows of the serving version's row cache (most recently used first) a new version of the "
                         "model reads into its caches before it replaces it (default %(default)s; 0: off)")
+    p.add_argument("--load-share", type=float, default=server("load_share"),
+                   help="while a version serves, loading and warming the next takes at most this share of the "
+                        "time, so that its requests keep the rest (default %(default)g; 1: flat out)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_cpus_argument(p, "the server and its workers")
     p.set_defaults(func=run)
@@ -84,7 +87,8 @@ def run(args) -> int:
                         keep_alive_timeout_s=args.keep_alive_timeout, max_connections=args.max_connections),
         admin_token=args.admin_token or ServerConfig.admin_token_from_env(), score_threads=args.score_threads,
         follow_interval_s=args.follow_seconds, catch_up_s=args.catch_up_seconds,
-        intra_threads=args.intra_threads, inter_threads=args.inter_threads, warmup_rows=args.warmup_rows)
+        intra_threads=args.intra_threads, inter_threads=args.inter_threads, warmup_rows=args.warmup_rows,
+        load_share=args.load_share)
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.workers > 1:

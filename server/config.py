@@ -64,6 +64,9 @@ class ServerConfig(ConfigModel, frozen=True):
         version's most recently used rows (its row cache) into its own row cache and block cache,
         so its first requests are no slower than steady traffic (0: off; bounded time: a few
         seconds per 10^5 rows read from disk).
+    load_share: while a version serves, loading and warming the next takes at most this share of
+        the wall clock (``server.pacing``: pauses between its steps), so that a busy server's
+        requests keep the rest; 1 loads flat out. The first version of a model loads flat out.
     verify: check the dense model's checksums when a version loads.
     tune_gc: ``gc.freeze()`` the objects alive when the app is built (TF's ~400k) and raise the
         young-generation threshold (see ``server.gc_tuning``).
@@ -89,6 +92,7 @@ class ServerConfig(ConfigModel, frozen=True):
     item_cache_size: int = Field(100_000, ge=0)
     warmup_candidates: int = Field(200, ge=1)
     warmup_rows: int = option(100_000, ge=0, flag="--warmup-rows")
+    load_share: float = option(0.25, gt=0, le=1, flag="--load-share")
     verify: bool = True
     tune_gc: bool = True
     workers: int = option(1, ge=1, flag="--workers")

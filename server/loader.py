@@ -17,6 +17,7 @@ import numpy as np
 
 from server.scorer import Scorer
 from server.config import ServerConfig
+from server.pacing import Pacer
 from server.served import ServedVersion
 
 log = logging.getLogger("offgraph.server")
@@ -28,7 +29,7 @@ VERIFY_MAX_READS = 4096
 """Seeks of the row verification per version (a seek reads one data block per SST at that position)."""
 
 
-def warm_up(scorer, n: int) -> None:
+def warm_up(scorer, n: int, pace=None) -> None:
     """Score requests built from the spec's raw inputs (no values: zero embeddings) at a few sizes.
 
     Raises ValueError if the scores are not finite CTRs in [0, 1].
@@ -42,35 +43,43 @@ def warm_up(scorer, n: int) -> None:
         if not np.all(np.isfinite(scores)) or scores.min() < 0 or scores.max() > 1:
             raise ValueError(f"warm-up: scores are not finite CTRs in [0, 1] (min {scores.min()}, "
                              f"max {scores.max()})")
+        if pace is not None:
+            pace()
 
 
-def verify_store(scorer) -> None:
+def verify_store(scorer, pace=None) -> None:
     """Read real rows of every table from every shard (``EmbeddingStore.verify_sample``)."""
     tables = {int(f["table_id"]): int(f["rows"]) for f in scorer.manifest["fields"]}
     t0 = time.perf_counter()
-    got = scorer.store.verify_sample(tables, VERIFY_MAX_READS)
+    got = scorer.store.verify_sample(tables, VERIFY_MAX_READS, between=pace)
     log.info("%s: store verified: %d rows read by %d seeks in %.2fs", scorer.version_dir, got["rows_read"],
              got["seeks"], time.perf_counter() - t0)
 
 
 def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
-                 hot: dict | None = None) -> ServedVersion:
-    """Load, warm up and return one version; raises whatever made it unservable. ``hot``: the
-    serving version's most recently used rows (``Scorer.hot_rows``), read into this version's
-    row cache and block cache before it serves, so that its first requests find them there."""
+                 hot: dict | None = None, pacer: Pacer | None = None) -> ServedVersion:
+    """Load, warm up and return one version; raises whatever made it unservable. ``hot``: what the
+    serving version used last (``Scorer.hot_rows``: its most recently used rows and FG items),
+    read into this version's row cache, block cache and FG item cache before it serves, so that
+    its first requests find them there. ``pacer``: while another version serves, the load takes
+    only ``pacer.share`` of the time (``server.pacing``)."""
     t0 = time.perf_counter()
+    pace = pacer.tick if pacer is not None else None
     scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=row_cache_mb,
                     follow_interval_s=config.follow_interval_s, catch_up_s=config.catch_up_s,
                     item_cache_size=config.item_cache_size, max_request_values=config.max_request_values,
-                    verify=config.verify, store_statistics=True)
+                    verify=config.verify, store_statistics=True, pace=pace)
     try:
-        verify_store(scorer)
-        warm_up(scorer, config.warmup_candidates)
+        verify_store(scorer, pace)
+        items = scorer.warm_features(hot)  # before warm-up: adopting replaces the FG's item state
+        warm_up(scorer, config.warmup_candidates, pace)
         if hot is not None:
             t = time.perf_counter()
-            n = scorer.warm_rows(hot)
-            log.info("%s: warmed with %d hot rows of the serving version in %.2fs", version_dir, n,
-                     time.perf_counter() - t)
+            n = scorer.warm_rows(hot, pace=pace)
+            log.info("%s: warmed with %d hot rows and %d FG items of the serving version in %.2fs%s", version_dir,
+                     n, items, time.perf_counter() - t,
+                     f" (paced to {pacer.share:.0%} of the time: {pacer.slept_s:.2f}s of pauses)"
+                     if pacer is not None and pacer.share < 1 else "")
     except BaseException:
         scorer.close()
         raise

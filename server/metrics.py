@@ -26,6 +26,7 @@ START_KEY = "offgraph.t0"
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.010, 0.012, 0.015, 0.020, 0.030,
                    0.050, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
+GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 CANDIDATE_BUCKETS = (1, 5, 10, 25, 50, 100, 200, 300, 500, 1000, 2000, 5000)
 
 
@@ -39,6 +40,9 @@ class ServerMetrics:
                                  ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.candidates = Histogram("offgraph_candidates_per_request", "Candidates per score request",
                                     ["model"], buckets=CANDIDATE_BUCKETS, registry=self.registry)
+        self.gc_pause = Histogram("offgraph_gc_pause_seconds", "Pauses of Python's cyclic garbage collector "
+                                  "(each holds the GIL: every request of the process waits)", ["generation"],
+                                  buckets=GC_BUCKETS, registry=self.registry)
         self.errors = Counter("offgraph_http_errors", "HTTP responses with a 4xx or 5xx status, by code",
                               ["code"], registry=self.registry)
         if multiprocess:

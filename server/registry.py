@@ -25,6 +25,7 @@ from exporter.manifest import ModelDirError, check_model_name, complete_versions
 from server.config import ServerConfig
 from server.control import Control, Policy, load_admin_policy, save_admin_policy
 from server.loader import open_version
+from server.pacing import Pacer
 from server.refusals import may_retry, refuse, version_signature
 from server.served import ModelHolder, ServedVersion, scorer_stats
 from streaming.status_file import read_status
@@ -143,7 +144,9 @@ class ModelRegistry:
         holder.loading_version = version
         log.info("model %s: loading version %d", holder.name, version)
         try:
-            sv = open_version(vdir, self.config, self._row_cache_mb(), self._hot_rows(holder))
+            # while another version serves, the load yields to its requests (server.pacing)
+            pacer = Pacer(self.config.load_share if holder.current is not None else 1.0)
+            sv = open_version(vdir, self.config, self._row_cache_mb(), self._hot_rows(holder), pacer)
         except Exception as e:  # noqa: BLE001 - whatever it is, this version must not serve
             reason = f"{type(e).__name__}: {e}"
             holder.refused[version] = refuse(holder.refused.get(version), reason, signature,

@@ -17,9 +17,8 @@ their keys in the row cache).
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -41,14 +40,16 @@ class Scorer:
     def __init__(self, version_dir: str | Path, *, store_mode: str = "r", item_cache_size: int = 100_000,
                  block_cache_mb: int | None = None, row_cache_mb: float = 0.0, follow_interval_s: float = 0.05,
                  catch_up_s: float = 30.0, verify: bool = True, max_request_values: int | None = None,
-                 store_statistics: bool = False):
+                 store_statistics: bool = False, pace: Callable[[], None] | None = None):
         if isinstance(row_cache_mb, bool) or not isinstance(row_cache_mb, (int, float)) or row_cache_mb < 0:
             raise ValueError(f"row_cache_mb must be a number >= 0, got {row_cache_mb!r}")
         if (isinstance(follow_interval_s, bool) or not isinstance(follow_interval_s, (int, float))
                 or not follow_interval_s > 0):
             raise ValueError(f"follow_interval_s must be a number > 0, got {follow_interval_s!r}")
         self.version_dir = Path(version_dir)
+        pace = pace or _no_pause  # called between the load's steps (server.pacing: a load yields to serving)
         self.manifest = load_manifest(self.version_dir, verify_dense=verify)
+        pace()
         m = self.manifest
         self.version = int(self.version_dir.name) if self.version_dir.name.isdigit() else 0
         self.spec = parse_spec(m["spec"], source=str(self.version_dir / "manifest.json"))
@@ -74,6 +75,7 @@ class Scorer:
                                             statistics=store_statistics)
         except ValueError as e:
             raise ModelDirError(f"{self.version_dir}: store does not open: {e}") from None
+        pace()
         self.row_cache = RowCache(row_cache_mb, self.dim) if row_cache_mb > 0 else None
         self._counts = {"store_rows_read": 0, "cache_hits": 0, "cache_misses": 0, "ignored_keys": 0}
         self._counts_lock = threading.Lock()
@@ -81,6 +83,7 @@ class Scorer:
         self.activity = Activity()
         try:
             self._loaded, self._serve = load_dense(self.version_dir / DENSE_DIR)
+            pace()
             if store_mode == "follow":
                 self._follower = Follower(self.store, self.row_cache, float(follow_interval_s),
                                           catch_up_s=catch_up_s, idle=self.activity)
@@ -131,34 +134,46 @@ class Scorer:
             return calibrate(self.dense(emb, fo, st["dense"]), self.calibration)
 
     def hot_rows(self, limit: int) -> dict[str, Any] | None:
-        """The ``limit`` most recently used rows of the row cache, with the tables they belong to
-        (``{"tables", "rows", "fields": {table id: (name, rows)}}``), for :meth:`warm_rows` of the
-        next version; None without a row cache."""
-        if self.row_cache is None or limit <= 0:
+        """What the next version warms up with (:meth:`warm_rows`, :meth:`warm_features`): the
+        ``limit`` most recently used rows of the row cache with the tables they belong to
+        (``"tables"``, ``"rows"``, ``"fields"``: {table id: (name, rows)}; none without a row cache)
+        and a copy of the FG item cache (``"fg"``, its ``limit`` most recent items at most)."""
+        if limit <= 0:
             return None
-        t, r = self.row_cache.hot_keys(limit)
-        fields = {int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]}
-        return {"tables": t, "rows": r, "fields": fields}
+        with self._fg_lock:
+            out: dict[str, Any] = {"fg": self.fg.item_cache_state(limit)}
+        if self.row_cache is not None:
+            t, r = self.row_cache.hot_keys(limit)
+            out.update(tables=t, rows=r,
+                       fields={int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]})
+        return out
 
-    def warm_rows(self, hot: dict[str, Any] | None, batch: int = 1024) -> int:
+    def warm_features(self, hot: dict[str, Any] | None) -> int:
+        """Adopt another version's FG item cache (:meth:`hot_rows`) if it ran the same spec; returns
+        the items adopted. Its first requests then run no item FG for recently served items."""
+        if not hot or "fg" not in hot:
+            return 0
+        with self._fg_lock:
+            return self.fg.adopt_item_cache(hot["fg"])
+
+    def warm_rows(self, hot: dict[str, Any] | None, batch: int = 1024, pace: Callable[[], None] | None = None) -> int:
         """Read the rows of another version's :meth:`hot_rows` that mean the same here (same table
         id, field name and table size: the same raw value hashes to the same row) through the write
         feed, row cache and store, as requests do: they fill this version's row cache and its block
-        cache (data and index blocks) before it serves. Paced (a pause as long as each batch) so the
-        serving version keeps most of the time. Returns the rows read."""
-        if not hot or len(hot["rows"]) == 0:
+        cache (data and index blocks) before it serves. ``pace`` is called after each batch (the
+        loader's ``server.pacing.Pacer``: the serving version keeps most of the time). Returns the
+        rows read."""
+        if not hot or len(hot.get("rows", ())) == 0:
             return 0
+        pace = pace or _no_pause
         mine = {int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]}
         same = np.array(sorted(t for t, nr in hot["fields"].items() if mine.get(t) == nr), dtype=np.uint32)
         keep = np.isin(hot["tables"], same)
         tables, rows = hot["tables"][keep], hot["rows"][keep]
         for s in range(0, len(rows), batch):
-            t, r = tables[s:s + batch], rows[s:s + batch]
-            t0 = time.perf_counter()
-            scorer_impl.read_through_cache(self.row_cache, self.store, t, r, self._follower)
-            # small batches, then as long a pause: the serving version's requests wait milliseconds at
-            # most for the GIL and keep at least half of the process's time while this one warms
-            time.sleep(time.perf_counter() - t0)
+            scorer_impl.read_through_cache(self.row_cache, self.store, tables[s:s + batch], rows[s:s + batch],
+                                           self._follower)
+            pace()  # small batches: the serving version's requests wait milliseconds at most for the GIL
         return int(len(rows))
 
     def stats(self) -> dict[str, Any]:
@@ -198,6 +213,10 @@ class Scorer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _no_pause() -> None:
+    return None
 
 
 def resolve_version(path: str | Path) -> Path:

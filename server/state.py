@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from server.config import ServerConfig
+from server.gc_tuning import GcPauses
 from server.metrics import ServerMetrics
 from server.registry import ModelRegistry
 
@@ -21,6 +22,7 @@ class ServerState:
     metrics: ServerMetrics
     pool: ThreadPoolExecutor | None = None
     _poll_task: asyncio.Task | None = field(default=None, repr=False)
+    _gc: GcPauses | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, config: ServerConfig) -> "ServerState":
@@ -35,11 +37,15 @@ class ServerState:
         # the models are known before the first request (one directory listing): a request for a model
         # that is still loading is then a 503 to retry, not a 404
         await self.models.run_in_loader(self.models.discover)
+        self._gc = GcPauses(self.metrics.gc_pause)
+        self._gc.start()
         self.pool = ThreadPoolExecutor(max_workers=self.config.score_threads, thread_name_prefix="offgraph-score")
         self._poll_task = asyncio.create_task(self.models.poll_forever(on_tick=self.metrics.publish),
                                              name="offgraph-poll")
 
     async def stop(self) -> None:
+        if self._gc is not None:
+            self._gc.stop()
         if self._poll_task is not None:
             self._poll_task.cancel()
             try:

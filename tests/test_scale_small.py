@@ -113,7 +113,9 @@ def test_synth_model_served_swapped_under_load_and_scored_like_the_library(tmp_p
             request, candidates = reqs[0] if version == 1 else reqs[1]
             np.testing.assert_array_equal(served, lib.score(request, candidates))
     assert not np.allclose(served_v1, served_v2)  # two different models were served
-    # each newcomer was warmed with the rows the version it replaced had been serving
+    # each newcomer was warmed with the rows and FG items the version it replaced had been serving (same
+    # spec), at the default share of the time while the other served
     text = log.read_text()
-    assert re.search(r"scale/2: warmed with [1-9]\d* hot rows", text), text[-3000:]
-    assert re.search(r"scale/1: warmed with [1-9]\d* hot rows", text), text[-3000:]
+    for v in (2, 1):
+        assert re.search(rf"scale/{v}: warmed with [1-9]\d* hot rows and [1-9]\d* FG items .* \(paced to 25% ",
+                         text), text[-3000:]

@@ -3,8 +3,10 @@
 A tiny DeepFM (MovieLens spec with small tables, conftest's ``tiny_model``) is trained on a
 MovieLens slice and exported once per session; each server gets its own copy of MODELS.
 """
+import gc
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -200,6 +202,16 @@ def test_metrics_and_no_5xx_after_bad_input(client, requests_):
     assert 'offgraph_model_loaded_version{model="ml"} 1.0' in text
     assert 'offgraph_http_errors_total{code="422"}' in text and 'code="413"' in text
     assert 'code="5' not in text, [ln for ln in text.splitlines() if 'code="5' in ln]
+
+
+def test_gc_pauses_are_on_metrics(client):
+    def count() -> float:
+        m = re.search(r'^offgraph_gc_pause_seconds_count\{generation="2"\} (\S+)$', client.get("/metrics").text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    before = count()
+    gc.collect()  # the server runs in this process: a full collection of it
+    assert count() >= before + 1
 
 
 def _ignored_keys(client) -> float:
