@@ -11,6 +11,11 @@ restarted) applies the recorded policies before it reports ready.
 A record is ``{"policy": "latest" | "pinned" | "unloaded", "version": int | null,
 "generation": int}``; generations are nanosecond timestamps, a later decision wins.
 
+Readiness is shared the same way: each worker keeps ``CONTROL/ready/<worker>.json``
+(``{"ready": bool, "pid": int}``) up to date, and ``/readyz`` answers 200 only when every
+worker is ready, whichever worker the kernel hands the probe to; a worker whose process is
+gone counts as not ready.
+
 The control directory lives as long as the server. What must survive a restart, the model's
 policy itself, is also kept in ``MODELS/<model>/admin-policy.json`` (``save_admin_policy``,
 written and fsynced before the admin call answers; read when the model is discovered).
@@ -70,6 +75,25 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
+def _alive(pid) -> bool:
+    """The process exists and has not exited (a killed worker stays a zombie until the supervisor reaps it)."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: whether the pid exists at all
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
 def save_admin_policy(model_dir: Path, policy: str, version: int | None) -> Path:
     """Record a model's admin policy under MODELS (durably): a restarted server applies it."""
     if policy not in POLICIES:
@@ -99,6 +123,24 @@ class Control:
         self.root, self.worker, self.workers = Path(root), worker, workers
         (self.root / "policy").mkdir(parents=True, exist_ok=True)
         (self.root / "acks" / str(worker)).mkdir(parents=True, exist_ok=True)
+        (self.root / "ready").mkdir(parents=True, exist_ok=True)
+        self._ready: bool | None = None
+        self.publish_ready(False)  # a restarted worker is not ready until it has loaded again
+
+    def publish_ready(self, ready: bool) -> None:
+        """Record this worker's readiness (written when it changes)."""
+        if ready != self._ready:
+            _write_json(self.root / "ready" / f"{self.worker}.json", {"ready": bool(ready), "pid": os.getpid()})
+            self._ready = ready
+
+    def workers_not_ready(self) -> list[int]:
+        """The workers that have not recorded themselves ready, or whose process is gone."""
+        out = []
+        for w in range(self.workers):
+            d = _read_json(self.root / "ready" / f"{w}.json")
+            if not isinstance(d, dict) or d.get("ready") is not True or not _alive(d.get("pid")):
+                out.append(w)
+        return out
 
     def record(self, model: str, policy: str, version: int | None) -> Policy:
         if policy not in POLICIES:

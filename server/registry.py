@@ -311,6 +311,8 @@ class ModelRegistry:
                 if time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + self.config.poll_seconds
                     await self.run_in_loader(self.poll_once)
+                if self.control is not None:  # every worker's /readyz answers for all of them
+                    await self.run_in_loader(self.control.publish_ready, self.ready)
                 if on_tick is not None:
                     on_tick()
             except Exception:  # noqa: BLE001 - the poller must survive anything

@@ -1,6 +1,8 @@
 """GET /healthz, /readyz, /metrics."""
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -20,10 +22,17 @@ async def healthz() -> Health:
 
 @router.get("/readyz", summary="Readiness", responses={503: {"model": Readiness}})
 async def readyz(state: State, request: Request) -> Readiness:
-    """200 once every model is loaded and warmed up (or unloaded by an admin), 503 before."""
+    """200 once every model is loaded and warmed up (or unloaded by an admin), in every worker
+    process of the server, 503 before."""
     models = {h.name: h.state for h in state.models.all()}
+    control = state.models.control
     if state.models.ready:
-        return Readiness(ready=True, models=models, detail="every model is serving")
+        waiting = await asyncio.to_thread(control.workers_not_ready) if control is not None else []
+        if not waiting:
+            return Readiness(ready=True, models=models, detail="every model is serving")
+        detail = (f"worker {control.worker} is serving every model; worker(s) {', '.join(map(str, waiting))} "
+                  f"of {control.workers} not yet")
+        return JSONResponse(Readiness(ready=False, models=models, detail=detail).model_dump(), status_code=503)
     if not state.models.initial_scan_done:
         detail = "the first load of the models is in progress"
     else:

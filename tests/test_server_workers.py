@@ -99,7 +99,12 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
         # a worker killed -9 is restarted and follows the pinned version before it serves
         victim = sorted(workers)[0]
         os.kill(victim, signal.SIGKILL)
+        # readiness is the whole server's: the survivor answers 503 until the restarted worker has loaded
+        r = httpx.get(url + "/readyz", timeout=10)
+        assert r.status_code == 503 and "not yet" in r.json()["detail"], r.text
         wait_for(lambda: len(set(_children(proc.pid)) - workers) == 1, 30, "a restarted worker")
+        wait_ready(url, 120, proc)
+        assert {httpx.get(url + "/readyz", timeout=10).status_code for _ in range(10)} == {200}
         wait_for(lambda: str(victim) not in _worker_pids(url) and len(_worker_pids(url)) == 2, 90,
                  "the restarted worker publishing metrics")
         rs = _fresh(url, body, 30)
