@@ -12,7 +12,6 @@ Defaults a user will not trip over:
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -21,8 +20,7 @@ import numpy as np
 from dense_model.inputs import encode_table
 from dense_model.metrics_impl import auc
 from dense_model.model import load_run, predict_proba
-from dense_model.splits import held_out_mask
-from dense_model.train import TrainConfig
+from exporter.feature_build import run_held_out_mask
 from server.calibration import calibrate
 from server.scorer import Scorer, resolve_version
 from features.fg import freeze_value
@@ -96,10 +94,7 @@ def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str | None = 
             raise ValueError(f"model {scorer.version_dir} was not exported from run {run_dir}: their specs differ")
         data = encode_table(spec, table, source)
         if rows == "held-out":
-            cfg_path = Path(run_dir) / "train_config.json"
-            cfg = TrainConfig(**json.loads(cfg_path.read_text())) if cfg_path.exists() else TrainConfig()
-            mask = held_out_mask(cfg.split, data.n, cfg.held_out, cfg.seed, time=data.time, key=data.key)
-            idx = np.flatnonzero(mask)
+            idx = np.flatnonzero(run_held_out_mask(run_dir, spec, table))
         elif rows == "all":
             idx = np.arange(data.n)
         else:

@@ -17,6 +17,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--quant", choices=LazyChoices("embstore.quant", "CODECS"), metavar="QUANT", default="int8",
                    help="row format: %(choices)s (default %(default)s)")
+    p.add_argument("--feature-data", help="build the spec's feature tables (MODELS/NAME/features/, shared by the "
+                   "versions) from this file: the latest value per key of its training rows (see --feature-rows)")
+    p.add_argument("--feature-rows", choices=["training", "all"], default="training",
+                   help="rows of --feature-data the tables are built from: the run's training rows (the values "
+                        "known before the held-out cut; default) or all")
+    add_table_args(p)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_export)
 
@@ -38,7 +44,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def run_export(args) -> int:
     from exporter.export import export_run
 
-    m = export_run(args.run, args.out, shards=args.shards, quant=args.quant, progress=not args.no_progress)
+    feature_data = None
+    if args.feature_data:
+        args.data = args.feature_data
+        feature_data = read_table_args(args)
+    m = export_run(args.run, args.out, shards=args.shards, quant=args.quant, progress=not args.no_progress,
+                   feature_data=feature_data, feature_source=args.feature_data or "<data>",
+                   feature_rows=args.feature_rows)
     rows = sum(m["store"]["row_counts"].values())
     secs = m["export_seconds"]["store"]
     print(f"exported {args.run} -> {args.out}: {len(m['fields'])} tables, {rows:,} rows, {m['store']['quant']} "

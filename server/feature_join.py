@@ -1,0 +1,156 @@
+"""The join at serving time: fill a request's raw inputs from the model's feature tables, before FG.
+
+``{"request": {"user_id": 196}, "candidates": [{"movie_id": 242}, ...]}`` becomes the full
+request: the request-scope tables (a user profile) are read once, with the request's key; the
+item-scope tables (the catalog) in ONE batched multi_get for all candidates' keys.
+
+Rules (server/README.md, "Request forms"):
+
+- a value sent in the body overrides the stored one, key by key: a key present in the body
+  is used as sent, even null ("no value"); a key absent from the body is filled from the table;
+- an unknown key (no row) fills nothing (no value, as a missing feature always is); the
+  response counts the candidates with an unknown key (``unknown_candidates``) and says whether
+  the request's own row was unknown (``unknown_request``); a candidate without the key is not
+  counted (nothing was looked up);
+- a model without tables cannot fill anything: a request that sends only a key where the model
+  reads more (every candidate holding only ``item_key``, or the request holding only
+  ``split_key``) is refused (``IdsOnlyError``, a 422) rather than scored silently with no
+  features. A full request with some values missing still scores, as before.
+
+FG's item cache is keyed by the candidate's raw values AFTER the join, so a changed item row is
+a new cache key: its hashed rows are recomputed, nothing to invalidate.
+
+Follow mode: the tables are RocksDB secondaries, caught up by one daemon thread every
+``catch_up_s`` (0.2 s: a catch-up of such a small DB costs well under a millisecond), so a streamed
+feature row is served within that bound (plus the updater's own latency).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from embstore.feature_db import FeatureDB, FeatureTableError, row_key
+from features.fg import FeatureValueError
+from features.spec import FeatureSpec
+
+log = logging.getLogger("offgraph.server")
+
+FOLLOW_CATCH_UP_S = 0.2
+
+
+class IdsOnlyError(FeatureValueError):
+    """A request that sends only keys to a model that cannot fill the rest (a 422)."""
+
+
+@dataclass(frozen=True)
+class Joined:
+    request: Mapping[str, Any]
+    candidates: Sequence[Mapping[str, Any]]
+    unknown_candidates: int = 0
+    unknown_request: bool = False
+
+
+def check_not_ids_only(spec: FeatureSpec, name: str, request: Mapping[str, Any],
+                       candidates: Sequence[Mapping[str, Any]]) -> None:
+    """``IdsOnlyError`` when the body sends only a key, in a scope that no table of ``spec`` fills."""
+    filled = {t.key for t in spec.tables}
+    for scope, key in (("item", spec.item_key), ("request", spec.split_key)):
+        if key is None or key in filled:
+            continue
+        others = [c for c in spec.raw_inputs(scope) if c != key]
+        if not others:
+            continue
+        rows = candidates if scope == "item" else (request,)
+        if rows and all(key in r and not any(c in r for c in others) for r in rows):
+            where = "every candidate holds" if scope == "item" else "the request holds"
+            raise IdsOnlyError(
+                f"model '{name}' has no feature table keyed by '{key}', but {where} only '{key}': it would be "
+                f"scored with none of its {scope} features {others}. Send them (GET /v1/models/{name} lists "
+                f"`inputs`), or serve a version whose spec declares `tables` (ids-only requests)")
+
+
+class FeatureJoin:
+    """The feature tables of one version, opened "r" (a snapshot) or "follow" (caught up in the
+    background)."""
+
+    def __init__(self, version_dir: str | Path, spec: FeatureSpec, mode: str = "r",
+                 catch_up_s: float = FOLLOW_CATCH_UP_S):
+        self.spec = spec
+        self.dbs: dict[str, FeatureDB] = {}
+        db_mode = "follow" if mode == "follow" else "r"
+        try:
+            for t in spec.tables:
+                self.dbs[t.name] = FeatureDB(Path(version_dir).parent / "features" / t.name, db_mode)
+        except FeatureTableError:
+            self.close()
+            raise
+        # rows of a table whose columns on disk are this spec's (or fewer) can be merged whole
+        self._whole = {t.name: set(self.dbs[t.name].info["columns"]) <= set(t.columns) for t in spec.tables}
+        self.request_tables = [t for t in spec.tables if t.scope == "request"]
+        self.item_tables = [t for t in spec.tables if t.scope == "item"]
+        self.catch_ups = 0
+        self._stop = threading.Event()
+        self._thread = None
+        if db_mode == "follow" and self.dbs:
+            self.catch_up_s = float(catch_up_s)
+            self._thread = threading.Thread(target=self._follow, name="feature-tables-follow", daemon=True)
+            self._thread.start()
+
+    def fill(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> Joined:
+        unknown_request = False
+        if self.request_tables:
+            request = dict(request)
+            for t in self.request_tables:
+                if t.key not in request:
+                    continue
+                k = row_key(request[t.key])
+                row = self.dbs[t.name].get([k])[0]
+                if row is None:
+                    unknown_request = unknown_request or k is not None
+                    continue
+                for c in t.columns:
+                    if c not in request and c in row:
+                        request[c] = row[c]
+        unknown = 0
+        if self.item_tables:
+            n = len(candidates)
+            out = list(candidates)  # a candidate is copied only when a row is merged into it
+            lacking = [False] * n
+            for t in self.item_tables:
+                keys = [row_key(c[t.key]) if t.key in c else None for c in candidates]
+                rows = self.dbs[t.name].get(keys)  # one multi_get for all candidates
+                cols, whole = t.columns, self._whole[t.name]
+                for i, (k, row) in enumerate(zip(keys, rows)):
+                    if row is None:
+                        lacking[i] = lacking[i] or k is not None
+                    elif whole:
+                        row.update(out[i])  # the body's values win
+                        out[i] = row
+                    else:
+                        c = out[i] = dict(out[i])  # never the caller's dict
+                        for col in cols:
+                            if col not in c and col in row:
+                                c[col] = row[col]
+            unknown = sum(lacking)
+            candidates = out
+        return Joined(request, candidates, unknown, unknown_request)
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.catch_up_s):
+            for name, db in list(self.dbs.items()):
+                try:
+                    db.catch_up()
+                except Exception as e:  # noqa: BLE001 - keep following; the next round retries
+                    log.warning("feature table %s: catch-up failed: %s", name, e)
+            self.catch_ups += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for db in self.dbs.values():
+            db.close()
+        self.dbs = {}
