@@ -1,0 +1,122 @@
+"""The join at serving time (server/feature_join.py): ids-only requests on a real exported model, real RocksDB
+feature tables, the library scorer and a real uvicorn server."""
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from embstore.feature_db import FeatureDB, row_key, table_dir
+from exporter.feature_build import build_feature_tables
+from server.feature_join import IdsOnlyError
+from server.scorer import Scorer
+from server_helpers import ThreadServer, copy_models, copy_version, score, server_config
+
+
+@pytest.fixture()
+def models(tiny_model, tmp_path):
+    """The tiny model, with its user and item tables loaded from every row of its table."""
+    pristine, table = tiny_model
+    models = copy_models(pristine, tmp_path / "models")
+    s = Scorer(models / "ml" / "1", verify=False)
+    spec = s.spec
+    s.close()
+    build_feature_tables(models / "ml", spec, table, progress=False)
+    return models
+
+
+def _ids_only(request, cands):
+    return {"user_id": request["user_id"]}, [{"movie_id": c["movie_id"]} for c in cands]
+
+
+def test_ids_only_scores_exactly_as_full_features(models, requests_):
+    with Scorer(models / "ml" / "1") as s:
+        for request, cands in requests_[:30]:
+            full = s.score(request, cands)
+            r, c = _ids_only(request, cands)
+            ids, joined = s.score_joined(r, c)
+            assert joined.unknown_candidates == 0 and not joined.unknown_request
+            np.testing.assert_array_equal(ids, full)  # |delta| = 0, not a tolerance
+
+
+def test_body_values_override_stored_ones(models, requests_):
+    request, cands = requests_[0]
+    with Scorer(models / "ml" / "1") as s:
+        r, c = _ids_only(request, cands)
+        c[0]["release_year"] = 1931  # sent: wins over the stored year
+        c[1]["genres"] = None        # sent as null: no value, not the stored genres
+        r["gender"] = "F" if request["gender"] == "M" else "M"
+        got = s.score(r, c)
+        changed = [dict(x) for x in cands]
+        changed[0]["release_year"] = 1931
+        changed[1]["genres"] = None
+        want = s.score({**request, "gender": r["gender"]}, changed)
+        np.testing.assert_array_equal(got, want)
+        assert not np.array_equal(got, s.score(request, cands))  # the override did change scores
+
+
+def test_unknown_keys_fill_nothing_and_are_counted(models, requests_):
+    request, cands = requests_[0]
+    with Scorer(models / "ml" / "1") as s:
+        r, c = _ids_only(request, cands)
+        c[1] = {"movie_id": 987654321}
+        c.append({"genres": ["Drama"]})  # no key: nothing looked up, not counted
+        got, joined = s.score_joined({"user_id": 99999999}, c)
+        assert joined.unknown_candidates == 1 and joined.unknown_request
+        no_values = [dict(x) for x in cands] + [{"genres": ["Drama"]}]
+        no_values[1] = {"movie_id": 987654321, "genres": None, "title_words": None, "release_year": None}
+        want = s.score({"user_id": 99999999}, no_values)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_changed_item_row_is_served_through_the_item_cache(models, requests_):
+    """FG's item cache is keyed by the joined raw values: a changed row is a new key (no stale hashed ids)."""
+    request, cands = requests_[0]
+    r, c = _ids_only(request, cands)
+    with Scorer(models / "ml" / "1", store_mode="follow") as s:
+        before = s.score(r, c)
+        assert s.fg.cache_misses > 0
+        with FeatureDB(table_dir(models / "ml", "item"), "w") as db:
+            new = {**{k: cands[0][k] for k in ("genres", "title_words")}, "release_year": 1931}
+            db.write([row_key(cands[0]["movie_id"])], [new], [1])
+        want = s.score(request, [{**cands[0], "release_year": 1931}, *cands[1:]])
+        t0 = time.monotonic()
+        while not np.array_equal(got := s.score(r, c), want):
+            assert time.monotonic() - t0 < 1.0, "the change was not served within 1 s"
+            time.sleep(0.02)
+        assert got[0] != before[0] and np.array_equal(got[1:], before[1:])
+
+
+def _drop_tables(m):
+    m["spec"].pop("tables")
+    m.pop("feature_tables")
+
+
+def test_http_ids_only_and_the_422_of_a_model_without_tables(models, requests_):
+    copy_version(models / "ml" / "1", models / "plain" / "1", manifest_edit=_drop_tables)
+    request, cands = requests_[0]
+    r, c = _ids_only(request, cands)
+    srv = ThreadServer(server_config(models))
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as client:
+            full = score(client, {"request": request, "candidates": cands}).json()
+            got = score(client, {"request": r, "candidates": c + [{"movie_id": 987654321}]})
+            assert got.status_code == 200, got.text
+            body = got.json()
+            assert body["scores"][:-1] == full["scores"] and body["unknown_candidates"] == 1
+            assert full["unknown_candidates"] == 0 and body["unknown_request"] is False
+            refused = score(client, {"request": r, "candidates": c}, name="plain")
+            assert refused.status_code == 422, refused.text
+            assert "no feature table keyed by 'movie_id'" in refused.json()["detail"]
+            assert score(client, {"request": request, "candidates": cands}, name="plain").status_code == 200
+    finally:
+        srv.stop()
+
+
+def test_library_scorer_refuses_ids_only_without_tables(models, requests_):
+    copy_version(models / "ml" / "1", models / "plain" / "1", manifest_edit=_drop_tables)
+    request, cands = requests_[0]
+    with Scorer(models / "plain" / "1") as s:
+        with pytest.raises(IdsOnlyError, match="'user_id'"):
+            s.score({"user_id": 1}, cands)  # full candidates, a bare user id: the user side is refused
+        s.score(request, cands + [{"movie_id": 5}])  # a full request with a candidate lacking values still scores
