@@ -72,6 +72,15 @@ def check_not_ids_only(spec: FeatureSpec, name: str, request: Mapping[str, Any],
                 f"`inputs`), or serve a version whose spec declares `tables` (ids-only requests)")
 
 
+def ids_only(spec: FeatureSpec, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]):
+    """The ids-only form of a full request: every column a table of ``spec`` fills is left out
+    (the keys, and inputs no table holds, stay)."""
+    req_cols = {c for t in spec.tables if t.scope == "request" for c in t.columns}
+    item_cols = {c for t in spec.tables if t.scope == "item" for c in t.columns}
+    return ({k: v for k, v in request.items() if k not in req_cols},
+            [{k: v for k, v in c.items() if k not in item_cols} for c in candidates])
+
+
 class FeatureJoin:
     """The feature tables of one version, opened "r" (a snapshot) or "follow" (caught up in the
     background)."""

@@ -120,3 +120,32 @@ def test_library_scorer_refuses_ids_only_without_tables(models, requests_):
         with pytest.raises(IdsOnlyError, match="'user_id'"):
             s.score({"user_id": 1}, cands)  # full candidates, a bare user id: the user side is refused
         s.score(request, cands + [{"movie_id": 5}])  # a full request with a candidate lacking values still scores
+
+
+def test_check_ids_only_parity_on_held_out_rows_fp32(models, tiny_model):
+    """`offgraph check --ids-only`: the held-out rows of the fp32 model, ids-only vs every feature sent: |dp| = 0."""
+    from exporter.check import run_check
+
+    pristine, table = tiny_model
+    res = run_check(models / "ml" / "1", pristine.parent / "run", table, limit=0, rows="held-out", ids_only=True)
+    assert res["quant"] == "fp32" and res["rows"] > 1000
+    assert res["ids_only_max_abs_dp"] == 0.0 and res["ids_only_unknown_candidates"] == 0
+    assert res["max_abs_dp"] <= 1e-5 and res["ids_only_vs_keras_max_abs_dp"] <= 1e-5
+
+
+def test_exporter_builds_tables_from_the_training_rows_only(tiny_model, tmp_path):
+    """The latest value per key BEFORE the cut: keys seen only in held-out rows are not loaded (unknown)."""
+    from exporter.export import export_run
+    from exporter.feature_build import run_held_out_mask
+
+    pristine, table = tiny_model
+    run = pristine.parent / "run"
+    export_run(run, tmp_path / "m" / "ml" / "1", shards=1, quant="fp32", progress=False, feature_data=table)
+    with Scorer(tmp_path / "m" / "ml" / "1") as s:
+        held = run_held_out_mask(run, s.spec, table)
+    train_movies = set(table.filter(~held).column("movie_id").to_pylist())
+    only_held = set(table.filter(held).column("movie_id").to_pylist()) - train_movies
+    assert only_held  # the per-user time split leaves some movies to held-out rows only
+    with FeatureDB(table_dir(tmp_path / "m" / "ml", "item"), "r") as db:
+        assert sum(1 for _ in db.rows()) == len(train_movies)
+        assert db.get([row_key(m) for m in sorted(only_held)]) == [None] * len(only_held)
