@@ -49,8 +49,8 @@ def build_feature_tables(model_dir: str | Path, spec: FeatureSpec, table: pa.Tab
             continue
         latest = latest_per_key(table, t.key, spec.time, train_mask)
         res = load_table(model_dir, t, spec, latest.select([t.key, *t.columns]), source=source, progress=progress)
-        log.info("feature table %s: %d keys (latest value per key of the training rows of %s)", t.name,
-                 res["rows"], source)
+        log.info("feature table %s: %d keys (latest value per key of %s of %s)", t.name, res["rows"],
+                 "the training rows" if train_mask is not None else "every row", source)
         out[t.name] = {"rows": res["rows"], "path": res["path"]}
     return out
 
