@@ -16,7 +16,7 @@ COMMANDS = [
     "dense_model.cli_train",
     "exporter.cli",
     "exporter.cli_synth",
-    "features.cli",
+    "exporter.cli_features",
     "server.cli",
     "streaming.cli",
     "streaming.cli_stream_train",
