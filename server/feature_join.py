@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from embstore.feature_db import FeatureDB, FeatureTableError, row_key
+from embstore.feature_db import TABLE_FILE, FeatureDB, FeatureTableError, row_key, table_dir
 from features.fg import FeatureValueError
 from features.spec import FeatureSpec
 
@@ -88,25 +88,46 @@ class FeatureJoin:
     def __init__(self, version_dir: str | Path, spec: FeatureSpec, mode: str = "r",
                  catch_up_s: float = FOLLOW_CATCH_UP_S):
         self.spec = spec
-        self.dbs: dict[str, FeatureDB] = {}
-        db_mode = "follow" if mode == "follow" else "r"
+        self._stop = threading.Event()
+        self._thread = None
+        self.dbs: dict[str, FeatureDB | None] = {}
+        self._db_mode = "follow" if mode == "follow" else "r"
+        self._dirs = {t.name: table_dir(Path(version_dir).parent, t.name) for t in spec.tables}
+        self._whole: dict[str, bool] = {}
         try:
             for t in spec.tables:
-                self.dbs[t.name] = FeatureDB(Path(version_dir).parent / "features" / t.name, db_mode)
+                self._open(t)
         except FeatureTableError:
             self.close()
             raise
-        # rows of a table whose columns on disk are this spec's (or fewer) can be merged whole
-        self._whole = {t.name: set(self.dbs[t.name].info["columns"]) <= set(t.columns) for t in spec.tables}
         self.request_tables = [t for t in spec.tables if t.scope == "request"]
         self.item_tables = [t for t in spec.tables if t.scope == "item"]
         self.catch_ups = 0
-        self._stop = threading.Event()
-        self._thread = None
-        if db_mode == "follow" and self.dbs:
+        if self._db_mode == "follow" and spec.tables:
             self.catch_up_s = float(catch_up_s)
             self._thread = threading.Thread(target=self._follow, name="feature-tables-follow", daemon=True)
             self._thread.start()
+
+    def _open(self, t) -> None:
+        """Open table ``t``; a table never created (no directory: a version copied without its model's
+        ``features/``) is served as empty, every key unknown, until it appears (follow mode: looked for
+        at each catch-up) rather than refusing the version. A table that exists but fails to open is an
+        error (FeatureTableError)."""
+        path = self._dirs[t.name]
+        if not (path / TABLE_FILE).exists():
+            if t.name not in self.dbs:
+                log.warning("feature table %s is missing (%s): every %s key is unknown until it is created "
+                            "(offgraph features load, or offgraph export)", t.name, path, t.key)
+            self.dbs[t.name] = None
+            return
+        db = FeatureDB(path, self._db_mode)
+        self.dbs[t.name] = db
+        # rows of a table whose columns on disk are this spec's (or fewer) can be merged whole
+        self._whole[t.name] = set(db.info["columns"]) <= set(t.columns)
+
+    def _rows(self, name: str, keys: list) -> list:
+        db = self.dbs.get(name)
+        return db.get(keys) if db is not None else [None] * len(keys)
 
     def fill(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> Joined:
         unknown_request = False
@@ -116,7 +137,7 @@ class FeatureJoin:
                 if t.key not in request:
                     continue
                 k = row_key(request[t.key])
-                row = self.dbs[t.name].get([k])[0]
+                row = self._rows(t.name, [k])[0]
                 if row is None:
                     unknown_request = unknown_request or k is not None
                     continue
@@ -130,8 +151,8 @@ class FeatureJoin:
             lacking = [False] * n
             for t in self.item_tables:
                 keys = [row_key(c[t.key]) if t.key in c else None for c in candidates]
-                rows = self.dbs[t.name].get(keys)  # one multi_get for all candidates
-                cols, whole = t.columns, self._whole[t.name]
+                rows = self._rows(t.name, keys)  # one multi_get for all candidates
+                cols, whole = t.columns, self._whole.get(t.name, False)
                 for i, (k, row) in enumerate(zip(keys, rows)):
                     if row is None:
                         lacking[i] = lacking[i] or k is not None
@@ -148,10 +169,14 @@ class FeatureJoin:
         return Joined(request, candidates, unknown, unknown_request)
 
     def _follow(self) -> None:
+        tables = {t.name: t for t in self.spec.tables}
         while not self._stop.wait(self.catch_up_s):
             for name, db in list(self.dbs.items()):
                 try:
-                    db.catch_up()
+                    if db is None:
+                        self._open(tables[name])
+                    else:
+                        db.catch_up()
                 except Exception as e:  # noqa: BLE001 - keep following; the next round retries
                     log.warning("feature table %s: catch-up failed: %s", name, e)
             self.catch_ups += 1
@@ -161,5 +186,6 @@ class FeatureJoin:
         if self._thread is not None:
             self._thread.join(timeout=5)
         for db in self.dbs.values():
-            db.close()
+            if db is not None:
+                db.close()
         self.dbs = {}

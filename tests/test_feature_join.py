@@ -149,3 +149,21 @@ def test_exporter_builds_tables_from_the_training_rows_only(tiny_model, tmp_path
     with FeatureDB(table_dir(tmp_path / "m" / "ml", "item"), "r") as db:
         assert sum(1 for _ in db.rows()) == len(train_movies)
         assert db.get([row_key(m) for m in sorted(only_held)]) == [None] * len(only_held)
+
+
+def test_a_missing_table_serves_unknown_until_it_is_created(tiny_model, requests_, tmp_path):
+    """A version copied without its model's features/ still loads (every key unknown, counted), and a follower
+    picks the table up once it is created, rather than refusing the version for good."""
+    pristine, table = tiny_model
+    copy_version(pristine / "ml" / "1", tmp_path / "models" / "ml" / "1")
+    request, cands = requests_[0]
+    r, c = _ids_only(request, cands)
+    with Scorer(tmp_path / "models" / "ml" / "1", store_mode="follow") as s:
+        _, joined = s.score_joined(r, c)
+        assert joined.unknown_candidates == len(c) and joined.unknown_request
+        build_feature_tables(tmp_path / "models" / "ml", s.spec, table, progress=False)
+        want = s.score(request, cands)
+        t0 = time.monotonic()
+        while not np.array_equal(s.score(r, c), want):
+            assert time.monotonic() - t0 < 5.0, "the created table was not picked up"
+            time.sleep(0.05)
