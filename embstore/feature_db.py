@@ -15,9 +15,9 @@ The key is the canonical string of ``features.hashing_impl`` (so 242, 242.0 and 
 one movie, as they are one embedding row). ``seq`` is the last-write-wins number of streamed
 rows; bulk-loaded rows carry -1 (any streamed row replaces them). A column absent from a row
 is no value. A small separate DB (not the embedding store) because followers catch it up
-every ``catch_up_s`` (0.1 s by default in the scorer): a catch-up of a DB this size costs
-tens of microseconds (bench/feature_catch_up figures in streaming/README.md), where the
-embedding store's shards are caught up every 30 s.
+every 0.2 s (``server/feature_join.py``): a catch-up of a DB this size costs ~0.5 ms (p99 ~5 ms
+on a 2-vCPU machine, streaming/README.md "Feature deltas"), where the embedding store's shards
+are caught up every 30 s.
 """
 from __future__ import annotations
 

@@ -12,10 +12,11 @@ Rules (server/README.md, "Request forms"):
   response counts the candidates with an unknown key (``unknown_candidates``) and says whether
   the request's own row was unknown (``unknown_request``); a candidate without the key is not
   counted (nothing was looked up);
-- a model without tables cannot fill anything: a request that sends only a key where the model
-  reads more (every candidate holding only ``item_key``, or the request holding only
-  ``split_key``) is refused (``IdsOnlyError``, a 422) rather than scored silently with no
-  features. A full request with some values missing still scores, as before.
+- a scope no table fills cannot be sent ids-only: a request that sends only a key where the model
+  reads more and has no table keyed by it (every candidate holding only ``item_key``, or the
+  request holding only ``split_key``) is refused (``IdsOnlyError``, a 422) rather than scored
+  silently with no features (a model without tables, or with an item table and no user table).
+  A full request with some values missing still scores, as before.
 
 FG's item cache is keyed by the candidate's raw values AFTER the join, so a changed item row is
 a new cache key: its hashed rows are recomputed, nothing to invalidate.

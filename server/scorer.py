@@ -136,11 +136,9 @@ class Scorer:
                      candidates: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, Joined]:
         """Scores, and the join's result (the filled request and candidates, unknown counts): the
         feature tables fill what the body did not send (server/feature_join.py)."""
-        if self.join is not None:
-            joined = self.join.fill(request, candidates)
-        else:
-            check_not_ids_only(self.spec, self.version_dir.parent.name, request, candidates)
-            joined = Joined(request, candidates)
+        # a scope no table fills must not be sent ids-only (a model may have an item table and no user table)
+        check_not_ids_only(self.spec, self.version_dir.parent.name, request, candidates)
+        joined = self.join.fill(request, candidates) if self.join is not None else Joined(request, candidates)
         if len(candidates) == 0:
             return np.zeros(0, np.float32), joined
         with self.activity:  # the follower defers its work while a score runs

@@ -9,6 +9,7 @@ shared by the model's versions, so a feature delta names no version:
                      b"offgraph.delta.kind"    = b"features"
                      b"model"                  = model name
                      b"table"                  = table name (the spec's `tables`)
+                     b"key"                    = the key column's name
     columns          <key>           the table's key column (no nulls)
                      <each column>   every column of the table: the WHOLE row (a row replaces the
                                      stored one; a null is no value)
@@ -39,6 +40,7 @@ FORMAT_VERSION = str(_FORMAT).encode()
 META_KIND = b"offgraph.delta.kind"
 KIND_FEATURES = b"features"
 META_TABLE = b"table"
+META_KEY = b"key"
 RESERVED = ("seq", "event_time_ms")
 
 
@@ -71,9 +73,9 @@ def from_table(table: pa.Table) -> FeatureDeltaBatch:
         raise DeltaFormatError(f"feature delta of format version {meta.get(META_VERSION)!r}; this offgraph reads "
                                f"{FORMAT_VERSION.decode()}")
     try:
-        model, name = meta[META_MODEL].decode(), meta[META_TABLE].decode()
+        model, name, key = meta[META_MODEL].decode(), meta[META_TABLE].decode(), meta[META_KEY].decode()
     except (KeyError, UnicodeDecodeError):
-        raise DeltaFormatError("feature delta without valid 'model' and 'table' metadata") from None
+        raise DeltaFormatError("feature delta without valid 'model', 'table' and 'key' metadata") from None
     for c in RESERVED:
         if c not in table.column_names:
             raise DeltaFormatError(f"feature delta without the {c!r} column")
@@ -84,15 +86,13 @@ def from_table(table: pa.Table) -> FeatureDeltaBatch:
     times = table.column("event_time_ms").to_numpy()
     if (seqs < 0).any() or (times < 0).any():
         raise DeltaFormatError("feature delta: seq and event_time_ms must be >= 0")
-    names = [c for c in table.column_names if c not in RESERVED]
-    if not names:
-        raise DeltaFormatError("feature delta without a key column")
-    key = names[0]
+    if key not in table.column_names or key in RESERVED:
+        raise DeltaFormatError(f"feature delta without its key column {key!r}")
     keys = [row_key(v) for v in table.column(key).to_pylist()]
     bad = [i for i, k in enumerate(keys) if k is None]
     if bad:
         raise DeltaFormatError(f"feature delta: key column {key!r} has no value at row {bad[0]}")
-    cols = names[1:]
+    cols = [c for c in table.column_names if c not in RESERVED and c != key]
     values = {c: table.column(c).to_pylist() for c in cols}
     rows = [{c: values[c][i] for c in cols} for i in range(table.num_rows)]
     return FeatureDeltaBatch(model, name, key, tuple(cols), table.schema, keys, rows, seqs, times)
@@ -109,7 +109,7 @@ def build_table(*, model: str, table: str, key: str, rows: Sequence[dict], seqs,
     t = pa.table({**{c: [r.get(c) for r in rows] for c in cols}, "seq": pa.array(np.asarray(seqs, np.int64)),
                   "event_time_ms": pa.array(et)})
     return t.replace_schema_metadata({META_VERSION: FORMAT_VERSION, META_KIND: KIND_FEATURES,
-                                      META_MODEL: model.encode(), META_TABLE: table.encode()})
+                                      META_MODEL: model.encode(), META_TABLE: table.encode(), META_KEY: key.encode()})
 
 
 def encode_feature_delta(**kwargs) -> bytes:

@@ -167,3 +167,19 @@ def test_a_missing_table_serves_unknown_until_it_is_created(tiny_model, requests
         while not np.array_equal(s.score(r, c), want):
             assert time.monotonic() - t0 < 5.0, "the created table was not picked up"
             time.sleep(0.05)
+
+
+def test_a_scope_without_a_table_is_still_refused_ids_only(models, requests_):
+    """A model with an item table but no user table: ids-only candidates are joined, a bare user id is a 422."""
+    def item_only(m):
+        m["spec"]["tables"].pop("user")
+        m["feature_tables"] = [t for t in m["feature_tables"] if t["name"] != "user"]
+
+    copy_version(models / "ml" / "1", models / "ml" / "2", manifest_edit=item_only)
+    request, cands = requests_[0]
+    r, c = _ids_only(request, cands)
+    with Scorer(models / "ml" / "2") as s:
+        with pytest.raises(IdsOnlyError, match="no feature table keyed by 'user_id'"):
+            s.score(r, c)
+        with Scorer(models / "ml" / "1") as full:
+            np.testing.assert_array_equal(s.score(request, c), full.score(request, cands))
