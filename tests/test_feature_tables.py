@@ -127,3 +127,50 @@ def test_cli_load_errors_name_the_problem(tmp_path):
                           "--spec", str(REPO / "examples" / "movielens.yaml"), "--table", "movies", "--data", str(bad)],
                          capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2 and "declares no table 'movies'" in out.stderr, out.stderr
+
+
+def test_feature_delta_round_trip_and_malformed_files(tmp_path):
+    from streaming.delta_format import DeltaFormatError, read_delta_bytes, read_delta_file
+    from streaming.feature_delta import FeatureDeltaBatch, build_table, encode_feature_delta, publish_feature_delta
+
+    rows = [{"movie_id": 242, "genres": ["Comedy"], "title_words": ["kolya"], "release_year": 1996}]
+    p = publish_feature_delta(tmp_path, model="ml", table="item", key="movie_id", rows=rows, seqs=[3],
+                              event_time_ms=5)
+    b = read_delta_file(p)
+    assert isinstance(b, FeatureDeltaBatch) and (b.model, b.table, b.key) == ("ml", "item", "movie_id")
+    assert b.keys == [row_key(242)] and b.rows == [{k: v for k, v in rows[0].items() if k != "movie_id"}]
+    assert b.columns == ("genres", "title_words", "release_year") and b.seqs.tolist() == [3]
+    ok = dict(model="ml", table="item", key="movie_id", rows=rows, seqs=[3], event_time_ms=5)
+    assert read_delta_bytes(encode_feature_delta(**ok)).rows == b.rows
+
+    def broken(edit) -> bytes:
+        import io
+        t = edit(build_table(**ok))
+        buf = io.BytesIO()
+        with pa.ipc.new_file(buf, t.schema) as w:
+            w.write_table(t)
+        return buf.getvalue()
+
+    meta = build_table(**ok).schema.metadata
+    cases = [
+        (lambda t: t.replace_schema_metadata({k: v for k, v in meta.items() if k != b"key"}), "'key' metadata"),
+        (lambda t: t.drop(["seq"]), "without the 'seq' column"),
+        (lambda t: t.set_column(t.column_names.index("seq"), "seq", pa.array([-1])), "must be >= 0"),
+        (lambda t: t.set_column(0, "movie_id", pa.array([None], pa.int64())), "no value at row 0"),
+    ]
+    for edit, msg in cases:
+        with pytest.raises(DeltaFormatError, match=msg):
+            read_delta_bytes(broken(edit))
+
+
+def test_cli_load_success_replaces_rows(tmp_path):
+    data = tmp_path / "movies.parquet"
+    pq.write_table(_movies(), data)
+    args = [sys.executable, "-m", "offgraph_cli", "features", "load", "--model", str(tmp_path / "ml"), "--spec",
+            str(REPO / "examples" / "movielens.yaml"), "--table", "item", "--data", str(data), "--no-progress"]
+    out = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and "loaded 50 rows" in out.stdout, out.stderr
+    pq.write_table(_movies(10, release_year=[1900] * 10, genres=[["X"]] * 10, title_words=[["y"]] * 10), data)
+    assert subprocess.run(args, capture_output=True, text=True, cwd=REPO).returncode == 0
+    with FeatureDB(table_dir(tmp_path / "ml", "item"), "r") as db:
+        assert [r["release_year"] for r in db.get([row_key(3), row_key(30)])] == [1900, 1990 + 29 % 9]
