@@ -76,7 +76,8 @@ class Scorer:
         except ValueError as e:
             raise ModelDirError(f"{self.version_dir}: store does not open: {e}") from None
         self.row_cache = RowCache(row_cache_mb, self.dim) if row_cache_mb > 0 else None
-        self._counts = {"store_rows_read": 0, "cache_hits": 0, "cache_misses": 0, "ignored_keys": 0}
+        self._counts = {"store_rows_read": 0, "cache_hits": 0, "cache_misses": 0, "ignored_keys": 0,
+                        "unknown_candidates": 0}
         self._counts_lock = threading.Lock()
         self._follower: Follower | None = None
         self.join: FeatureJoin | None = None  # the spec's feature tables (server/feature_join.py)
@@ -139,6 +140,9 @@ class Scorer:
         # a scope no table fills must not be sent ids-only (a model may have an item table and no user table)
         check_not_ids_only(self.spec, self.version_dir.parent.name, request, candidates)
         joined = self.join.fill(request, candidates) if self.join is not None else Joined(request, candidates)
+        if joined.unknown_candidates:
+            with self._counts_lock:
+                self._counts["unknown_candidates"] += joined.unknown_candidates
         if len(candidates) == 0:
             return np.zeros(0, np.float32), joined
         with self.activity:  # the follower defers its work while a score runs

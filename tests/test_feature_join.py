@@ -109,6 +109,8 @@ def test_http_ids_only_and_the_422_of_a_model_without_tables(models, requests_):
             assert refused.status_code == 422, refused.text
             assert "no feature table keyed by 'movie_id'" in refused.json()["detail"]
             assert score(client, {"request": request, "candidates": cands}, name="plain").status_code == 200
+            metrics = client.get("/metrics").text
+            assert 'offgraph_unknown_candidates_total{model="ml"} 1.0' in metrics, metrics[-3000:]
     finally:
         srv.stop()
 
