@@ -55,8 +55,8 @@ def build_router(config: ServerConfig) -> APIRouter:
         **Ids-only requests**: for a model whose spec declares feature `tables`, the server fills every
         input the body does not send from the tables, by key (`{"request": {"user_id": 196}, "candidates":
         [{"movie_id": 242}]}`); a value sent in the body overrides the stored one (even null). Unknown keys
-        fill nothing: `unknown_candidates` counts them. A model without tables answers a request that sends
-        only the keys with a 422.
+        fill nothing: `unknown_candidates` counts them. A request that sends only a key in a scope no table of the
+        model fills (a model without tables) is a 422.
         """
         try:
             version, scores, joined = await state.run_scoring(holder.score, body.request, body.candidates,

@@ -4,8 +4,9 @@
     scorer = load("models/movielens")               # newest complete version
     ctr = scorer.score(request, candidates)          # float32 [N]
 
-FG -> unique keys -> row cache -> store read of the misses -> pool into [N, F, D] and
-[N, F] -> one signature call -> calibration.
+(feature tables: fill what the body did not send, ``server/feature_join.py``) -> FG -> unique
+keys -> row cache -> store read of the misses -> pool into [N, F, D] and [N, F] -> one
+signature call -> calibration.
 
 ``store_mode="follow"`` opens the store as a RocksDB secondary of the live writer (the
 streaming updater) and starts one daemon thread (``embstore.follower``) that, every
