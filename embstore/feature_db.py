@@ -120,24 +120,8 @@ class FeatureDB:
 
     @classmethod
     def create(cls, path: str | Path, table: TableSpec) -> "FeatureDB":
-        """Open the table at ``path`` for writing, creating it (``table.json`` + an empty DB) if
-        needed. An existing table must have the same key and scope; its columns grow to include
-        ``table``'s (rows written before lack the new ones: no value)."""
-        path = Path(path)
-        f = path / TABLE_FILE
-        if f.exists():
-            info = json.loads(f.read_text())
-            if (info.get("key"), info.get("scope")) != (table.key, table.scope):
-                raise FeatureTableError(
-                    f"feature table {path}: keyed by {info.get('key')!r} ({info.get('scope')}) on disk, but the "
-                    f"spec keys '{table.name}' by {table.key!r} ({table.scope}): a table's key cannot change; "
-                    "declare a new table name")
-            cols = list(info["columns"]) + [c for c in table.columns if c not in info["columns"]]
-            if cols != info["columns"]:
-                _write_json(f, {**info, "columns": cols})
-        else:
-            path.mkdir(parents=True, exist_ok=True)
-            _write_json(f, table_record(table))
+        """Open the table at ``path`` for writing, creating it if needed (:func:`ensure_table`)."""
+        ensure_table(path, table)
         return cls(path, "w")
 
     # ------------------------------------------------------------------ reads
@@ -147,6 +131,10 @@ class FeatureDB:
         got = self._db.get(want) if want else []
         it = iter(got)
         return [None if k is None else _row(next(it)) for k in keys]
+
+    def seqs(self, keys: Sequence[bytes]) -> list[int | None]:
+        """The stored seq of each record key (None: no row), in one multi_get."""
+        return [None if v is None else _decode(v)[0] for v in (self._db.get(list(keys)) if keys else [])]
 
     def get_meta(self, key: bytes) -> bytes | None:
         return self._db.get(META_PREFIX + key)
@@ -239,6 +227,30 @@ class FeatureDB:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def ensure_table(path: str | Path, table: TableSpec) -> None:
+    """Make ``path`` a table for ``table`` without opening an existing DB (its writer, the updater,
+    may hold it): write ``table.json``, or check an existing one (same key and scope) and grow its
+    columns to include ``table``'s (rows written before lack the new ones: no value); create the
+    empty DB only when there is none."""
+    path = Path(path)
+    f = path / TABLE_FILE
+    if f.exists():
+        info = json.loads(f.read_text())
+        if (info.get("key"), info.get("scope")) != (table.key, table.scope):
+            raise FeatureTableError(
+                f"feature table {path}: keyed by {info.get('key')!r} ({info.get('scope')}) on disk, but the "
+                f"spec keys '{table.name}' by {table.key!r} ({table.scope}): a table's key cannot change; "
+                "declare a new table name")
+        cols = list(info["columns"]) + [c for c in table.columns if c not in info["columns"]]
+        if cols != info["columns"]:
+            _write_json(f, {**info, "columns": cols})
+    else:
+        path.mkdir(parents=True, exist_ok=True)
+        _write_json(f, table_record(table))
+    if not (path / "db" / "CURRENT").exists():
+        Rdict(str(path / "db"), _options()).close()
 
 
 def _row(v: bytes | None) -> dict[str, Any] | None:

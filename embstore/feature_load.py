@@ -74,13 +74,21 @@ def encoded_rows(table: pa.Table, t: TableSpec, source: str) -> list[tuple[bytes
 
 
 def load_table(model_dir: str | Path, t: TableSpec, spec: FeatureSpec, table: pa.Table, *, source: str = "<data>",
-               progress: bool = True) -> dict[str, Any]:
+               progress: bool = True, keep_streamed: bool = False) -> dict[str, Any]:
     """Check ``table`` against ``t`` and ingest its rows into MODELS/NAME/features/TABLE (created if
-    needed; rows of keys already there are replaced). Returns {rows, ignored_columns, path}."""
+    needed; rows of keys already there are replaced, except, with ``keep_streamed``, rows a stream
+    wrote (seq >= 0): the exporter's values are as of a training cut, older than those).
+    Returns {rows, kept_streamed, ignored_columns, path}."""
     extra = check_schema(table, t, spec, source)
     items = encoded_rows(table, t, source)
     path = table_dir(model_dir, t.name)
     with FeatureDB.create(path, t) as db:
+        kept = 0
+        if keep_streamed and items:
+            seqs = db.seqs([k for k, _ in items])
+            kept = sum(1 for s in seqs if s is not None and s > LOADED_SEQ)
+            if kept:
+                items = [it for it, s in zip(items, seqs) if s is None or s <= LOADED_SEQ]
         bar = tqdm(total=len(items), unit="rows", desc=f"load {t.name}", disable=not progress)
 
         def counted():
@@ -92,7 +100,7 @@ def load_table(model_dir: str | Path, t: TableSpec, spec: FeatureSpec, table: pa
 
         n = db.ingest_sorted(counted(), path)
         bar.close()
-    return {"rows": n, "ignored_columns": extra, "path": str(path)}
+    return {"rows": n, "kept_streamed": kept, "ignored_columns": extra, "path": str(path)}
 
 
 def latest_per_key(table: pa.Table, key: str, time: str | None, mask: np.ndarray | None = None) -> pa.Table:

@@ -4,8 +4,10 @@ Each table of the spec gets the latest value per key (by the spec's ``time``) am
 TRAINING rows, i.e. the values known before the held-out cut (``dense_model.splits``: the same
 split the run used, recomputed from its ``train_config.json``). A key seen only in held-out rows
 is not loaded: the server reports it as unknown (load the catalog with ``offgraph features load``
-to serve it). Without data the tables are only created (empty, or left as they are): the
-version then opens, and every key is unknown until a load or a streamed row fills it.
+to serve it). Rows a stream wrote (seq >= 0) are kept: they are newer than any training cut. Loading
+needs the tables' write lock (stop ``offgraph update`` first); without data the tables are only
+created (empty) or their ``table.json`` extended, never opened, so exporting a version beside a
+running updater works, and every key is unknown until a load or a streamed row fills it.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from embstore.feature_db import FeatureDB, table_dir
+from embstore.feature_db import ensure_table, table_dir
 from embstore.feature_load import latest_per_key, load_table
 from features.spec import FeatureSpec
 
@@ -43,12 +45,13 @@ def build_feature_tables(model_dir: str | Path, spec: FeatureSpec, table: pa.Tab
     Returns per table {rows, path} (rows None: created or kept, nothing loaded)."""
     out: dict[str, dict] = {}
     for t in spec.tables:
-        if table is None:
-            FeatureDB.create(table_dir(model_dir, t.name), t).close()
+        if table is None:  # never opens an existing DB: the updater may hold it
+            ensure_table(table_dir(model_dir, t.name), t)
             out[t.name] = {"rows": None, "path": str(table_dir(model_dir, t.name))}
             continue
         latest = latest_per_key(table, t.key, spec.time, train_mask)
-        res = load_table(model_dir, t, spec, latest.select([t.key, *t.columns]), source=source, progress=progress)
+        res = load_table(model_dir, t, spec, latest.select([t.key, *t.columns]), source=source, progress=progress,
+                         keep_streamed=True)
         log.info("feature table %s: %d keys (latest value per key of %s of %s)", t.name, res["rows"],
                  "the training rows" if train_mask is not None else "every row", source)
         out[t.name] = {"rows": res["rows"], "path": res["path"]}

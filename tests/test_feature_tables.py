@@ -174,3 +174,28 @@ def test_cli_load_success_replaces_rows(tmp_path):
     assert subprocess.run(args, capture_output=True, text=True, cwd=REPO).returncode == 0
     with FeatureDB(table_dir(tmp_path / "ml", "item"), "r") as db:
         assert [r["release_year"] for r in db.get([row_key(3), row_key(30)])] == [1900, 1990 + 29 % 9]
+
+
+def test_exporter_path_never_opens_a_held_table_and_keeps_streamed_rows(tmp_path):
+    """Exporting beside a running updater: creating/extending a table does not open its DB (the updater holds the
+    lock); the exporter's load keeps rows a stream wrote (newer than a training cut), `features load` replaces them."""
+    from embstore.feature_db import ensure_table
+    from exporter.feature_build import build_feature_tables
+
+    spec = load_spec(REPO / "examples" / "movielens.yaml")
+    item = spec.tables[1]
+    load_table(tmp_path / "ml", item, spec, _movies(), progress=False)
+    with FeatureDB(table_dir(tmp_path / "ml", "item"), "w") as held:  # the updater, say
+        held.write([row_key(3)], [{"genres": ["Streamed"], "title_words": [], "release_year": 2001}], [3])
+        build_feature_tables(tmp_path / "ml", spec, None)  # a new version's export without data: no lock needed
+        wider = parse_spec({**_raw(), "tables": {"item": {"key": "movie_id", "columns": ["genres", "release_year",
+                                                                                           "title_words"]}}})
+        ensure_table(table_dir(tmp_path / "ml", "item"), wider.tables[0])
+    res = load_table(tmp_path / "ml", item, spec, _movies(), progress=False, keep_streamed=True)
+    assert res["kept_streamed"] == 1 and res["rows"] == 49
+    with FeatureDB(table_dir(tmp_path / "ml", "item"), "r") as db:
+        assert db.get([row_key(3)])[0]["release_year"] == 2001
+    load_table(tmp_path / "ml", item, spec, _movies(), progress=False)  # an operator's load replaces it
+    with FeatureDB(table_dir(tmp_path / "ml", "item"), "r") as db:
+        assert db.get([row_key(3)])[0]["release_year"] == 1992
+    assert (table_dir(tmp_path / "ml", "user") / "db" / "CURRENT").exists()  # created empty by the export
