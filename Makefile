@@ -19,8 +19,9 @@ demo: setup
 	$(VENV)/bin/offgraph data movielens-100k --out $(DEMO)/data
 	$(VENV)/bin/offgraph train --spec examples/movielens.yaml --data $(DEMO)/data/movielens.parquet --out $(DEMO)/run --split per-key-time
 	rm -rf $(DEMO)/models
-	$(VENV)/bin/offgraph export --run $(DEMO)/run --out $(DEMO)/models/movielens/1 --quant fp32 --shards 4
-	$(VENV)/bin/offgraph check --model $(DEMO)/models/movielens/1 --run $(DEMO)/run --data $(DEMO)/data/movielens.parquet --limit 20000
+	$(VENV)/bin/offgraph export --run $(DEMO)/run --out $(DEMO)/models/movielens/1 --quant fp32 --shards 4 \
+	    --feature-data $(DEMO)/data/movielens.parquet --feature-rows all
+	$(VENV)/bin/offgraph check --model $(DEMO)/models/movielens/1 --run $(DEMO)/run --data $(DEMO)/data/movielens.parquet --limit 20000 --ids-only
 	$(VENV)/bin/offgraph export --run $(DEMO)/run --out $(DEMO)/models/movielens/2 --quant int8 --shards 4
 	$(VENV)/bin/offgraph check --model $(DEMO)/models/movielens/2 --run $(DEMO)/run --data $(DEMO)/data/movielens.parquet --limit 20000
 	$(PY) examples/demo_request.py --models $(DEMO)/models --data $(DEMO)/data/movielens.parquet

@@ -16,6 +16,7 @@ COMMANDS = [
     "dense_model.cli_train",
     "exporter.cli",
     "exporter.cli_synth",
+    "exporter.cli_features",
     "server.cli",
     "streaming.cli",
     "streaming.cli_stream_train",

@@ -1,5 +1,7 @@
 """`python examples/demo_request.py`: start `offgraph serve` on loopback, score one real
-MovieLens request over HTTP, print it, stop the server (the serving step of `make demo`)."""
+MovieLens request over HTTP in its ids-only form (the server joins the user and movie features from
+its feature tables), check it against the same request with every feature sent, print it, stop the
+server (the serving step of `make demo`)."""
 from __future__ import annotations
 
 import argparse
@@ -42,15 +44,22 @@ def main(argv=None) -> int:
             print(e, file=sys.stderr)
             return 1
         with httpx.Client(base_url=base, timeout=10.0) as client:
-            body = real_request(args.data, args.candidates)
-            r = client.post(f"/v1/models/{args.model}:score", json=body)
+            full = real_request(args.data, args.candidates)
+            ids = {"request": {"user_id": full["request"]["user_id"]},
+                   "candidates": [{"movie_id": c["movie_id"]} for c in full["candidates"]]}
+            r = client.post(f"/v1/models/{args.model}:score", json=ids)
             print(f"POST {base}/v1/models/{args.model}:score -> {r.status_code}")
-            print("request:", json.dumps(body["request"]))
+            print("ids-only body:", json.dumps(ids))
             out = r.json()
-            for cand, score in zip(body["candidates"], out.get("scores", [])):
+            for cand, score in zip(full["candidates"], out.get("scores", [])):
                 print(f"  movie {cand['movie_id']:>5}  {score:.4f}  {' '.join(cand['title_words'])}")
-            print(f"model {out.get('model')} version {out.get('version')}")
-            return 0 if r.status_code == 200 else 1
+            print(f"model {out.get('model')} version {out.get('version')}, unknown candidates "
+                  f"{out.get('unknown_candidates')}")
+            r_full = client.post(f"/v1/models/{args.model}:score", json=full)
+            same = r.status_code == 200 and r_full.json().get("scores") == out.get("scores")
+            print(f"the same request with every feature sent ({len(json.dumps(full))} bytes instead of "
+                  f"{len(json.dumps(ids))}): {'identical scores' if same else 'DIFFERENT scores'}")
+            return 0 if same else 1
     finally:
         server.terminate()
         try:

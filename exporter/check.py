@@ -12,7 +12,6 @@ Defaults a user will not trip over:
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -21,11 +20,11 @@ import numpy as np
 from dense_model.inputs import encode_table
 from dense_model.metrics_impl import auc
 from dense_model.model import load_run, predict_proba
-from dense_model.splits import held_out_mask
-from dense_model.train import TrainConfig
+from exporter.feature_build import run_held_out_mask
 from server.calibration import calibrate
 from server.scorer import Scorer, resolve_version
 from features.fg import freeze_value
+from server.feature_join import ids_only as ids_only_form
 
 
 def requests_from_rows(spec, columns: dict[str, list], idx: np.ndarray):
@@ -85,8 +84,11 @@ def quantized_model(model, spec, quant: str):
 
 
 def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str | None = None, scorer: Scorer | None = None,
-              source: str = "<table>", data_path=None) -> dict:
-    """``rows`` None: ``default_rows`` (held-out rows of the training file, else all)."""
+              source: str = "<table>", data_path=None, ids_only: bool = False) -> dict:
+    """``rows`` None: ``default_rows`` (held-out rows of the training file, else all). ``ids_only``: also
+    score each request in its ids-only form (the columns the feature tables fill left out: the server
+    joins them) and compare with the full-feature form (``ids_only_max_abs_dp``; 0 when the tables
+    hold the rows' values) and with Keras."""
     model, spec, metrics = load_run(run_dir)
     rows = rows or default_rows(metrics, data_path)
     own_scorer = scorer is None
@@ -96,10 +98,7 @@ def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str | None = 
             raise ValueError(f"model {scorer.version_dir} was not exported from run {run_dir}: their specs differ")
         data = encode_table(spec, table, source)
         if rows == "held-out":
-            cfg_path = Path(run_dir) / "train_config.json"
-            cfg = TrainConfig(**json.loads(cfg_path.read_text())) if cfg_path.exists() else TrainConfig()
-            mask = held_out_mask(cfg.split, data.n, cfg.held_out, cfg.seed, time=data.time, key=data.key)
-            idx = np.flatnonzero(mask)
+            idx = np.flatnonzero(run_held_out_mask(run_dir, spec, table))
         elif rows == "all":
             idx = np.arange(data.n)
         else:
@@ -111,11 +110,19 @@ def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str | None = 
         keras_s = time.perf_counter() - t0
         inputs = set(spec.raw_inputs("request")) | set(spec.raw_inputs("item"))
         columns = {c: table.column(c).to_pylist() for c in inputs}
+        if ids_only and not scorer.spec.tables:
+            raise ValueError(f"model {scorer.version_dir} declares no feature tables: it cannot score ids-only "
+                             "requests")
         p_served = np.zeros(len(idx), np.float32)
+        p_ids = np.zeros(len(idx), np.float32)
+        unknown = 0
         t0 = time.perf_counter()
         n_requests = 0
         for request, cands, pos in requests_from_rows(spec, columns, idx):
             p_served[pos] = scorer.score(request, cands)
+            if ids_only:
+                p_ids[pos], joined = scorer.score_joined(*ids_only_form(scorer.spec, request, cands))
+                unknown += joined.unknown_candidates
             n_requests += 1
         served_s = time.perf_counter() - t0
         dp = np.abs(p_keras.astype(np.float64) - p_served.astype(np.float64))
@@ -125,7 +132,13 @@ def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str | None = 
         if quant != "fp32":
             p_quant = calibrate(predict_proba(quantized_model(model, spec, quant), sub.x), spec.model.calibration)
             quant_dp = float(np.abs(p_quant.astype(np.float64) - p_keras).max(initial=0.0))
-        return {"rows": int(len(idx)), "row_set": rows, "requests": n_requests,
+        extra = {}
+        if ids_only:
+            d_ids = np.abs(p_ids.astype(np.float64) - p_served.astype(np.float64))
+            extra = {"ids_only_max_abs_dp": float(d_ids.max(initial=0.0)),
+                     "ids_only_vs_keras_max_abs_dp": float(np.abs(p_ids.astype(np.float64) - p_keras).max(initial=0.0)),
+                     "ids_only_unknown_candidates": int(unknown)}
+        return {**extra, "rows": int(len(idx)), "row_set": rows, "requests": n_requests,
                 "quant_max_abs_dp": quant_dp, "derived_max_diff": FLOAT_SLACK + quant_dp,
                 "max_abs_dp": float(dp.max(initial=0.0)),
                 "mean_abs_dp": float(dp.mean()) if len(dp) else 0.0, "auc_keras": auc_k, "auc_served": auc_s,

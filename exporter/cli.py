@@ -17,6 +17,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--quant", choices=LazyChoices("embstore.quant", "CODECS"), metavar="QUANT", default="int8",
                    help="row format: %(choices)s (default %(default)s)")
+    p.add_argument("--feature-data", help="build the spec's feature tables (MODELS/NAME/features/, shared by the "
+                   "versions) from this file: the latest value per key of its training rows (see --feature-rows)")
+    p.add_argument("--feature-rows", choices=["training", "all"], default="training",
+                   help="rows of --feature-data the tables are built from: the run's training rows (the values "
+                        "known before the held-out cut; default) or all")
+    add_table_args(p)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_export)
 
@@ -31,6 +37,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--max-diff", type=float, default=None,
                    help="fail above this max |dp| (default: derived from the model's quantization: 1e-5 plus the "
                         "largest |dp| the codec alone makes on these rows; 1e-5 for fp32)")
+    c.add_argument("--ids-only", action="store_true",
+                   help="also score every request in its ids-only form (the feature tables fill the rest) and "
+                        "compare with the full-feature form: any difference fails the check")
     c.add_argument("--json", help="also write the figures to this file")
     c.set_defaults(func=run_check_cli)
 
@@ -38,7 +47,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def run_export(args) -> int:
     from exporter.export import export_run
 
-    m = export_run(args.run, args.out, shards=args.shards, quant=args.quant, progress=not args.no_progress)
+    feature_data = None
+    if args.feature_data:
+        args.data = args.feature_data
+        feature_data = read_table_args(args)
+    m = export_run(args.run, args.out, shards=args.shards, quant=args.quant, progress=not args.no_progress,
+                   feature_data=feature_data, feature_source=args.feature_data or "<data>",
+                   feature_rows=args.feature_rows)
     rows = sum(m["store"]["row_counts"].values())
     secs = m["export_seconds"]["store"]
     print(f"exported {args.run} -> {args.out}: {len(m['fields'])} tables, {rows:,} rows, {m['store']['quant']} "
@@ -53,7 +68,7 @@ def run_check_cli(args) -> int:
         print(f"offgraph check: error: --max-diff must be a number >= 0, got {args.max_diff}", file=sys.stderr)
         return 2
     res = run_check(args.model, args.run, read_table_args(args), args.limit, args.rows, source=args.data,
-                    data_path=args.data)
+                    data_path=args.data, ids_only=args.ids_only)
     max_diff = args.max_diff if args.max_diff is not None else res["derived_max_diff"]
     how = "--max-diff" if args.max_diff is not None else (
         f"derived from {res['quant']}: 1e-5 + the codec's own max |dp| {res['quant_max_abs_dp']:.3g}")
@@ -63,6 +78,14 @@ def run_check_cli(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
+    if args.ids_only:
+        print(f"ids-only vs full features: max |dp| {res['ids_only_max_abs_dp']:.3g} "
+              f"({res['ids_only_unknown_candidates']} candidates with an unknown key); ids-only vs keras: max |dp| "
+              f"{res['ids_only_vs_keras_max_abs_dp']:.3g}")
+        if res["ids_only_max_abs_dp"] > 0:
+            print("FAIL: ids-only requests score differently from the same requests with every feature sent "
+                  "(a key the tables lack, or a stored value that differs from the data's)")
+            return 1
     if res["max_abs_dp"] > max_diff:
         print(f"FAIL: max |dp| {res['max_abs_dp']:.3g} > {max_diff:.3g} ({how})")
         return 1

@@ -14,6 +14,7 @@ from embstore import StoreConfig, open_store
 from exporter.dense_saved_model import save_dense
 from exporter.manifest import (DENSE_DIR, FORMAT_VERSION, STORE_DIR, ModelDirError, check_version_dir,
                                digest, store_file_records, tree_checksums, write_manifest)
+from exporter.feature_build import build_feature_tables, manifest_record, run_held_out_mask
 from features.segment import check_segmenters, segmenters_of
 from features.spec import FG_VERSION
 
@@ -93,6 +94,7 @@ def write_version(out: Path, spec, head, tables, *, config: StoreConfig, trainin
         "segmenters": segmenters if segmenters is not None else segmenters_of(spec),
         "spec": spec.to_dict(),
         "calibration": vars(spec.model.calibration),
+        **({"feature_tables": manifest_record(spec)} if spec.tables else {}),  # shared by versions: ../features
         "store": {**config.to_dict(), "path": STORE_DIR, "row_counts": row_counts,
                   "bytes_on_disk": store_stats["bytes_on_disk"]},
         "dense": {"path": DENSE_DIR, "signature": signature},
@@ -106,14 +108,27 @@ def write_version(out: Path, spec, head, tables, *, config: StoreConfig, trainin
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant: str = "int8",
-               block_cache_mb: int = 64, progress: bool = True) -> dict:
-    """Export RUN into a version directory MODELS/NAME/VERSION; returns the manifest."""
+               block_cache_mb: int = 64, progress: bool = True, feature_data=None, feature_source: str = "<data>",
+               feature_rows: str = "training") -> dict:
+    """Export RUN into a version directory MODELS/NAME/VERSION; returns the manifest.
+
+    The spec's feature tables (MODELS/NAME/features/, shared by versions) are created before the
+    manifest is written; with ``feature_data`` (a pyarrow table: the run's training file) they are
+    loaded with the latest value per key of its ``feature_rows``: "training" (the run's training
+    rows: what was known before the held-out cut) or "all"."""
     run_dir, out = Path(run_dir), Path(out_dir)
     check_version_dir(out)  # before the run is read
     model, spec, metrics = load_run(run_dir)
     _check_run(model, spec, metrics, run_dir)
     check_segmenters(spec, metrics.get("segmenters"), f"run {run_dir}")
+    if feature_rows not in ("training", "all"):
+        raise ValueError(f"feature_rows must be 'training' or 'all', got {feature_rows!r}")
     prepare_version_dir(out)
+    if spec.tables:
+        mask = None
+        if feature_data is not None and feature_rows == "training":
+            mask = ~run_held_out_mask(run_dir, spec, feature_data)
+        build_feature_tables(out.parent, spec, feature_data, mask, source=feature_source, progress=progress)
     config = StoreConfig(dim=spec.model.embedding_dim, quant=quant, shards=shards, block_cache_mb=block_cache_mb)
     tables = [_chunks(model.front.emb_tables[i].embeddings.value, model.front.w_tables[i].embeddings.value, f.rows)
               for i, f in enumerate(spec.fields)]

@@ -18,6 +18,7 @@ import yaml
 from features.hashing import check_hash_name
 from features.numeric import TRANSFORMS
 from features.segment import SEGMENTERS
+from features.table_spec import TableSpec, parse_tables
 
 FG_VERSION = "offgraph-fg-1"
 """Semantics version of feature generation + hashing. Bump on any change that
@@ -42,7 +43,7 @@ _OP_PARAMS: dict[str, set[str]] = {
     "numeric": {"transform", "clip", "stats", "missing"},
 }
 _COMMON = {"name", "scope", "op", "input", "inputs", "rows", "pooling"}
-_TOP = {"model", "label", "group", "time", "split_key", "item_key", "fields"}
+_TOP = {"model", "label", "group", "time", "split_key", "item_key", "fields", "tables"}
 _MODEL_KEYS = {
     "embedding_dim", "hash", "mlp", "pooling", "dropout", "l2_embedding", "l2_dense",
     "cross_separator", "cross_max_values", "max_values", "calibration",
@@ -107,6 +108,7 @@ class FeatureSpec:
     raw: dict = field(default_factory=dict, compare=False, repr=False)
     fg_version: str = FG_VERSION
     numeric: tuple[FieldSpec, ...] = ()  # numeric fields, in spec order: column j of the dense [N, k] input
+    tables: tuple[TableSpec, ...] = ()  # entity tables the server fills raw inputs from (features.table_spec)
 
     def with_stats(self, stats: dict[str, dict]) -> "FeatureSpec":
         """The spec with ``stats: {mean, std}`` set on the named numeric fields (training's statistics)."""
@@ -187,8 +189,10 @@ def parse_spec(raw: Any, source: str = "<spec>") -> FeatureSpec:
         (numeric if f.op in NUMERIC_OPS else fields).append(f)
     if not fields:
         fail("'fields' needs at least one embedding field (numeric fields alone have no tables)")
-    normalized = copy.deepcopy(raw)
-    return FeatureSpec(model=model, label=label, fields=tuple(fields), raw=normalized, numeric=tuple(numeric), **opt)
+    tables = parse_tables(raw.get("tables"), fields + numeric, fail)
+    normalized = copy.deepcopy(raw)  # a spec without 'tables' keeps its raw dict, hence its fingerprint
+    return FeatureSpec(model=model, label=label, fields=tuple(fields), raw=normalized, numeric=tuple(numeric),
+                       tables=tables, **opt)
 
 
 def _num(v) -> bool:

@@ -89,6 +89,8 @@ MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) 
     "load_failures": ("offgraph_model_load_failures", "Versions refused at load"),
     "ignored_keys": ("offgraph_ignored_keys", "Raw keys of scored requests and candidates that the model does not "
                      "read (ignored by design; a rise shows a misspelt or renamed input)"),
+    "unknown_candidates": ("offgraph_unknown_candidates", "Candidates whose key has no row in the model's item "
+                           "feature table (scored with no stored features; a rise shows a catalog not loaded)"),
 }
 
 

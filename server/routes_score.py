@@ -51,13 +51,21 @@ def build_router(config: ServerConfig) -> APIRouter:
         is *no value* (a zero embedding); keys the model does not read are **ignored** (and counted in
         `offgraph_ignored_keys_total{model}`); a request-scope input inside a candidate, or an item-scope input
         in the request, is a 422 naming the key and where it belongs (it would be no value there).
+
+        **Ids-only requests**: for a model whose spec declares feature `tables`, the server fills every
+        input the body does not send from the tables, by key (`{"request": {"user_id": 196}, "candidates":
+        [{"movie_id": 242}]}`); a value sent in the body overrides the stored one (even null). Unknown keys
+        fill nothing: `unknown_candidates` counts them. A request that sends only a key in a scope no table of the
+        model fills (a model without tables) is a 422.
         """
         try:
-            version, scores = await state.run_scoring(holder.score, body.request, body.candidates, body.version)
+            version, scores, joined = await state.run_scoring(holder.score, body.request, body.candidates,
+                                                              body.version)
         except NotServing as e:
             raise ApiError(404, str(e)) from None
         n = len(body.candidates)
         state.metrics.observe_score(holder.name, n, time.perf_counter() - request.scope.get(START_KEY, 0.0))
-        return ScoreResponse(model=holder.name, version=version, scores=scores.tolist())
+        return ScoreResponse(model=holder.name, version=version, scores=scores.tolist(),
+                             unknown_candidates=joined.unknown_candidates, unknown_request=joined.unknown_request)
 
     return router

@@ -113,6 +113,10 @@ class ScoreResponse(BaseModel):
     model: str = Field(description="Model name.")
     version: int = Field(description="Model version that computed the scores.")
     scores: list[float] = Field(description="Calibrated CTRs, one per candidate, in candidate order.")
+    unknown_candidates: int = Field(0, description="Candidates whose key has no row in the model's item feature "
+                                    "table (scored with no stored features); 0 for a model without tables.")
+    unknown_request: bool = Field(False, description="The request's key (e.g. user_id) has no row in its feature "
+                                  "table.")
 
 
 class ErrorItem(BaseModel):

@@ -4,8 +4,9 @@
     scorer = load("models/movielens")               # newest complete version
     ctr = scorer.score(request, candidates)          # float32 [N]
 
-FG -> unique keys -> row cache -> store read of the misses -> pool into [N, F, D] and
-[N, F] -> one signature call -> calibration.
+(feature tables: fill what the body did not send, ``server/feature_join.py``) -> FG -> unique
+keys -> row cache -> store read of the misses -> pool into [N, F, D] and [N, F] -> one
+signature call -> calibration.
 
 ``store_mode="follow"`` opens the store as a RocksDB secondary of the live writer (the
 streaming updater) and starts one daemon thread (``embstore.follower``) that, every
@@ -31,6 +32,7 @@ from server.dense import load_dense
 from embstore.follower import NOT_FOLLOWING, Activity, Follower
 from exporter.manifest import DENSE_DIR, ModelDirError, complete_versions, load_manifest, open_version_store
 from features.fg import FeatureGenerator
+from server.feature_join import FeatureJoin, Joined, check_not_ids_only
 from features.segment import check_segmenters
 from features.spec import parse_spec
 
@@ -77,17 +79,23 @@ class Scorer:
             raise ModelDirError(f"{self.version_dir}: store does not open: {e}") from None
         pace()
         self.row_cache = RowCache(row_cache_mb, self.dim) if row_cache_mb > 0 else None
-        self._counts = {"store_rows_read": 0, "cache_hits": 0, "cache_misses": 0, "ignored_keys": 0}
+        self._counts = {"store_rows_read": 0, "cache_hits": 0, "cache_misses": 0, "ignored_keys": 0,
+                        "unknown_candidates": 0}
         self._counts_lock = threading.Lock()
         self._follower: Follower | None = None
+        self.join: FeatureJoin | None = None  # the spec's feature tables (server/feature_join.py)
         self.activity = Activity()
         try:
+            if self.spec.tables:
+                self.join = FeatureJoin(self.version_dir, self.spec, store_mode)
             self._loaded, self._serve = load_dense(self.version_dir / DENSE_DIR)
             pace()
             if store_mode == "follow":
                 self._follower = Follower(self.store, self.row_cache, float(follow_interval_s),
                                           catch_up_s=catch_up_s, idle=self.activity)
         except BaseException:
+            if self.join is not None:
+                self.join.close()
             self.store.close()
             raise
 
@@ -127,11 +135,23 @@ class Scorer:
         return out["ctr"].numpy()
 
     def score(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        return self.score_joined(request, candidates)[0]
+
+    def score_joined(self, request: Mapping[str, Any],
+                     candidates: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, Joined]:
+        """Scores, and the join's result (the filled request and candidates, unknown counts): the
+        feature tables fill what the body did not send (server/feature_join.py)."""
+        # a scope no table fills must not be sent ids-only (a model may have an item table and no user table)
+        check_not_ids_only(self.spec, self.version_dir.parent.name, request, candidates)
+        joined = self.join.fill(request, candidates) if self.join is not None else Joined(request, candidates)
+        if joined.unknown_candidates:
+            with self._counts_lock:
+                self._counts["unknown_candidates"] += joined.unknown_candidates
         if len(candidates) == 0:
-            return np.zeros(0, np.float32)
+            return np.zeros(0, np.float32), joined
         with self.activity:  # the follower defers its work while a score runs
-            emb, fo, st = self.pooled(request, candidates)
-            return calibrate(self.dense(emb, fo, st["dense"]), self.calibration)
+            emb, fo, st = self.pooled(joined.request, joined.candidates)
+            return calibrate(self.dense(emb, fo, st["dense"]), self.calibration), joined
 
     def hot_rows(self, limit: int) -> dict[str, Any] | None:
         """What the next version warms up with (:meth:`warm_rows`, :meth:`warm_features`): the
@@ -206,6 +226,8 @@ class Scorer:
     def close(self) -> None:
         if self._follower is not None:
             self._follower.stop()
+        if self.join is not None:
+            self.join.close()
         self.store.close()
 
     def __enter__(self):

@@ -22,7 +22,7 @@ log = logging.getLogger("offgraph.server")
 
 # cumulative Scorer.stats() counters, summed over a model's retired versions for /metrics
 COUNTERS = ("store_rows_read", "cache_hits", "cache_misses", "catch_ups", "changes_applied", "feed_hits",
-            "block_cache_hits", "block_cache_misses", "ignored_keys")
+            "block_cache_hits", "block_cache_misses", "ignored_keys", "unknown_candidates")
 
 
 class NotServing(LookupError):
@@ -129,11 +129,12 @@ class ModelHolder:
         if drained:
             self._close(sv)
 
-    def score(self, request: dict, candidates: list[dict], version: int | None) -> tuple[int, np.ndarray]:
-        """Score on the current version (or the one asked for); runs in a scoring thread."""
+    def score(self, request: dict, candidates: list[dict], version: int | None) -> tuple[int, np.ndarray, Any]:
+        """Score on the current version (or the one asked for); runs in a scoring thread. Returns
+        (version, scores, the feature join's result: ``server.feature_join.Joined``)."""
         sv = self.acquire(version)
         try:
-            return sv.version, sv.scorer.score(request, candidates)
+            return (sv.version, *sv.scorer.score_joined(request, candidates))
         except StoreReadError as e:
             with self._lock:
                 first, sv.unhealthy = sv.unhealthy is None, sv.unhealthy or f"store read failed while serving ({e.kind})"

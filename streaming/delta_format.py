@@ -79,13 +79,18 @@ def write_delta_file(path, *, model: str, model_version: int, table_ids, rows, v
 
 
 def read_delta_file(path) -> DeltaBatch:
-    """Read and validate one delta file; DeltaFormatError says what is wrong."""
-    return DeltaBatch(**_impl.read_file(Path(path)))
+    """Read and validate one delta file; DeltaFormatError says what is wrong. A feature-row delta
+    (``streaming.feature_delta``) is returned as its ``FeatureDeltaBatch``."""
+    return _batch(_impl.read_file(Path(path)))
 
 
 def read_delta_bytes(data: bytes) -> DeltaBatch:
     """:func:`read_delta_file` of an in-memory file (e.g. a broker message payload)."""
-    return DeltaBatch(**_impl.read_buffer(data))
+    return _batch(_impl.read_buffer(data))
+
+
+def _batch(read):
+    return DeltaBatch(**read) if isinstance(read, dict) else read
 
 
 _name_lock = threading.Lock()

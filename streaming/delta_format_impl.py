@@ -242,6 +242,9 @@ def _from_source(source) -> dict:
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as e:
         raise DeltaFormatError(f"not an Arrow IPC file (or a damaged one): {e}") from None
     try:
+        from streaming import feature_delta  # a feature-row delta (streaming/feature_delta.py)
+        if feature_delta.is_feature_table(table):
+            return feature_delta.from_table(table)
         return _columns(table)
     except DeltaFormatError:
         raise

@@ -5,6 +5,7 @@ import logging
 from pathlib import Path
 
 from exporter.manifest import check_model_name, complete_versions, load_manifest, open_version_store
+from features.spec import parse_spec
 from streaming.updater_impl import ModelLimits
 
 log = logging.getLogger("offgraph.update")
@@ -20,6 +21,7 @@ class LiveModel:
         self.version: int | None = None
         self.store = None
         self.limits: ModelLimits | None = None
+        self.spec = None  # the live version's FeatureSpec (its feature tables)
 
     def newest(self) -> int | None:
         v = complete_versions(self.model_dir)
@@ -32,13 +34,14 @@ class LiveModel:
         store = open_version_store(vdir, manifest, "w")
         try:
             limits = ModelLimits.from_manifest(self.name, version, manifest, store.codec)
+            spec = parse_spec(manifest["spec"], source=str(vdir / "manifest.json"))
             if store.config.dim != limits.dim:
                 raise ValueError(f"{vdir}: store dim {store.config.dim} differs from the manifest's {limits.dim}")
         except BaseException:
             store.close()
             raise
         self.close()
-        self.version, self.store, self.limits = int(version), store, limits
+        self.version, self.store, self.limits, self.spec = int(version), store, limits, spec
         log.info("live version of %s: %d (%s, %d shards)", self.name, version, store.config.quant,
                  store.config.shards)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from streaming.kafka_admin import ensure_topic
 from streaming.kafka_messages import MAX_MESSAGE_BYTES, encode_messages, encode_one, headers, parse_kafka_url
-from streaming.kafka_messages import version_start_path
+from streaming.kafka_messages import FORMAT_VERSION, H_MODEL, H_VERSION, version_start_path
 from streaming.sinks import DeltaSink
 
 log = logging.getLogger("offgraph.stream_train.kafka")
@@ -107,6 +107,19 @@ class KafkaSink(DeltaSink):
             self._produce(p, value, hdrs)
             n += 1
         return f"{n} message(s) to {self.url}"
+
+    def emit_features(self, **delta) -> str:
+        """A feature-row delta (``streaming.feature_delta.build_table``'s kwargs) as ONE message on
+        partition 0: feature rows are few, and one partition keeps a key's rows in order."""
+        from streaming.feature_delta import encode_feature_delta
+
+        self._raise_errors()
+        value = encode_feature_delta(**delta)
+        if len(value) > MAX_MESSAGE_BYTES:
+            raise ValueError(f"feature delta of {len(value)} bytes; at most {MAX_MESSAGE_BYTES} per message: "
+                             "send fewer rows per call")
+        self._produce(0, value, [(H_VERSION, FORMAT_VERSION), (H_MODEL, delta["model"].encode())])
+        return f"1 message to {self.url}"
 
     def flush(self, timeout_s: float = 60.0) -> None:
         left = self._producer.flush(timeout_s)

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from embstore.feature_db import FeatureTableError
 from streaming.delta_format import DeltaBatch, DeltaFormatError
+from streaming.feature_apply import FeatureTables
+from streaming.feature_delta import FeatureDeltaBatch
 from streaming.live_version import LiveModel
 from streaming.metrics import UpdaterMetrics
 from streaming.sources import DeltaSource, SourceItem
@@ -48,6 +51,7 @@ class Updater:
         self._pending: list[tuple[SourceItem, DeltaBatch]] = []  # the batch being gathered (step)
         self._pending_rows, self._gather_t0 = 0, 0.0
         self._last_version_check = 0.0
+        self.features = FeatureTables(self.live.model_dir)  # feature-row deltas (shared by the versions)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -105,6 +109,7 @@ class Updater:
         self.source.interrupt()
 
     def close(self) -> None:
+        self.features.close()
         self.live.close()
         self.source.close()
 
@@ -160,6 +165,11 @@ class Updater:
                 continue
             except (PermissionError, IsADirectoryError) as e:
                 self._reject(item, f"cannot read the file: {e}")
+                handled += 1
+                continue
+            if isinstance(batch, FeatureDeltaBatch):
+                self._flush_pending()  # in order: the embedding rows gathered before it go first
+                self._apply_features(item, batch)
                 handled += 1
                 continue
             verdict = self._route(item, batch)
@@ -251,6 +261,23 @@ class Updater:
             shard_pos[s] = item.position
             applied, stale = applied + res.applied, stale + res.skipped_stale
         self.metrics.applied(1, len(b), applied, stale, _newest(b))
+        self.source.ack(item)
+
+    def _apply_features(self, item: SourceItem, b: FeatureDeltaBatch) -> None:
+        """A feature-row delta: refused (dead letters) or written with its position in the same batch."""
+        reason = self.features.refusal(b, self.live.name, self.live.spec, self.live.version)
+        if reason is not None:
+            self._reject(item, reason)
+            return
+        try:
+            res = self.features.apply(b, self.live.spec, item.key, item.position, late=item.late,
+                                      sync=self.config.sync)
+        except FeatureTableError as e:  # e.g. a bulk load holds the table: stop; the file stays unapplied
+            raise OSError(str(e)) from None
+        if res is None:
+            log.info("%s: already in feature table %s (applied before a restart)", item.name, b.table)
+        else:
+            self.metrics.applied(1, len(b), res[0], res[1], int(b.event_time_ms.max()) if len(b) else None)
         self.source.ack(item)
 
     def _applied(self, files: int, res, b: DeltaBatch) -> None:

@@ -1,0 +1,192 @@
+"""The join at serving time: fill a request's raw inputs from the model's feature tables, before FG.
+
+``{"request": {"user_id": 196}, "candidates": [{"movie_id": 242}, ...]}`` becomes the full
+request: the request-scope tables (a user profile) are read once, with the request's key; the
+item-scope tables (the catalog) in ONE batched multi_get for all candidates' keys.
+
+Rules (server/README.md, "Request forms"):
+
+- a value sent in the body overrides the stored one, key by key: a key present in the body
+  is used as sent, even null ("no value"); a key absent from the body is filled from the table;
+- an unknown key (no row) fills nothing (no value, as a missing feature always is); the
+  response counts the candidates with an unknown key (``unknown_candidates``) and says whether
+  the request's own row was unknown (``unknown_request``); a candidate without the key is not
+  counted (nothing was looked up);
+- a scope no table fills cannot be sent ids-only: a request that sends only a key where the model
+  reads more and has no table keyed by it (every candidate holding only ``item_key``, or the
+  request holding only ``split_key``) is refused (``IdsOnlyError``, a 422) rather than scored
+  silently with no features (a model without tables, or with an item table and no user table).
+  A full request with some values missing still scores, as before.
+
+FG's item cache is keyed by the candidate's raw values AFTER the join, so a changed item row is
+a new cache key: its hashed rows are recomputed, nothing to invalidate.
+
+Follow mode: the tables are RocksDB secondaries, caught up by one daemon thread every
+``catch_up_s`` (0.2 s: a catch-up of such a small DB costs well under a millisecond), so a streamed
+feature row is served within that bound (plus the updater's own latency).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from embstore.feature_db import TABLE_FILE, FeatureDB, FeatureTableError, row_key, table_dir
+from features.fg import FeatureValueError
+from features.spec import FeatureSpec
+
+log = logging.getLogger("offgraph.server")
+
+FOLLOW_CATCH_UP_S = 0.2
+
+
+class IdsOnlyError(FeatureValueError):
+    """A request that sends only keys to a model that cannot fill the rest (a 422)."""
+
+
+@dataclass(frozen=True)
+class Joined:
+    request: Mapping[str, Any]
+    candidates: Sequence[Mapping[str, Any]]
+    unknown_candidates: int = 0
+    unknown_request: bool = False
+
+
+def check_not_ids_only(spec: FeatureSpec, name: str, request: Mapping[str, Any],
+                       candidates: Sequence[Mapping[str, Any]]) -> None:
+    """``IdsOnlyError`` when the body sends only a key, in a scope that no table of ``spec`` fills."""
+    filled = {t.key for t in spec.tables}
+    for scope, key in (("item", spec.item_key), ("request", spec.split_key)):
+        if key is None or key in filled:
+            continue
+        others = [c for c in spec.raw_inputs(scope) if c != key]
+        if not others:
+            continue
+        rows = candidates if scope == "item" else (request,)
+        if rows and all(key in r and not any(c in r for c in others) for r in rows):
+            where = "every candidate holds" if scope == "item" else "the request holds"
+            raise IdsOnlyError(
+                f"model '{name}' has no feature table keyed by '{key}', but {where} only '{key}': it would be "
+                f"scored with none of its {scope} features {others}. Send them (GET /v1/models/{name} lists "
+                f"`inputs`), or serve a version whose spec declares `tables` (ids-only requests)")
+
+
+def ids_only(spec: FeatureSpec, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]):
+    """The ids-only form of a full request: every column a table of ``spec`` fills is left out
+    (the keys, and inputs no table holds, stay)."""
+    req_cols = {c for t in spec.tables if t.scope == "request" for c in t.columns}
+    item_cols = {c for t in spec.tables if t.scope == "item" for c in t.columns}
+    return ({k: v for k, v in request.items() if k not in req_cols},
+            [{k: v for k, v in c.items() if k not in item_cols} for c in candidates])
+
+
+class FeatureJoin:
+    """The feature tables of one version, opened "r" (a snapshot) or "follow" (caught up in the
+    background)."""
+
+    def __init__(self, version_dir: str | Path, spec: FeatureSpec, mode: str = "r",
+                 catch_up_s: float = FOLLOW_CATCH_UP_S):
+        self.spec = spec
+        self._stop = threading.Event()
+        self._thread = None
+        self.dbs: dict[str, FeatureDB | None] = {}
+        self._db_mode = "follow" if mode == "follow" else "r"
+        self._dirs = {t.name: table_dir(Path(version_dir).parent, t.name) for t in spec.tables}
+        self._whole: dict[str, bool] = {}
+        try:
+            for t in spec.tables:
+                self._open(t)
+        except FeatureTableError:
+            self.close()
+            raise
+        self.request_tables = [t for t in spec.tables if t.scope == "request"]
+        self.item_tables = [t for t in spec.tables if t.scope == "item"]
+        self.catch_ups = 0
+        if self._db_mode == "follow" and spec.tables:
+            self.catch_up_s = float(catch_up_s)
+            self._thread = threading.Thread(target=self._follow, name="feature-tables-follow", daemon=True)
+            self._thread.start()
+
+    def _open(self, t) -> None:
+        """Open table ``t``; a table never created (no directory: a version copied without its model's
+        ``features/``) is served as empty, every key unknown, until it appears (follow mode: looked for
+        at each catch-up) rather than refusing the version. A table that exists but fails to open is an
+        error (FeatureTableError)."""
+        path = self._dirs[t.name]
+        if not (path / TABLE_FILE).exists():
+            if t.name not in self.dbs:
+                log.warning("feature table %s is missing (%s): every %s key is unknown until it is created "
+                            "(offgraph features load, or offgraph export)", t.name, path, t.key)
+            self.dbs[t.name] = None
+            return
+        db = FeatureDB(path, self._db_mode)
+        self.dbs[t.name] = db
+        # rows of a table whose columns on disk are this spec's (or fewer) can be merged whole
+        self._whole[t.name] = set(db.info["columns"]) <= set(t.columns)
+
+    def _rows(self, name: str, keys: list) -> list:
+        db = self.dbs.get(name)
+        return db.get(keys) if db is not None else [None] * len(keys)
+
+    def fill(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> Joined:
+        unknown_request = False
+        if self.request_tables:
+            request = dict(request)
+            for t in self.request_tables:
+                if t.key not in request:
+                    continue
+                k = row_key(request[t.key])
+                row = self._rows(t.name, [k])[0]
+                if row is None:
+                    unknown_request = unknown_request or k is not None
+                    continue
+                for c in t.columns:
+                    if c not in request and c in row:
+                        request[c] = row[c]
+        unknown = 0
+        if self.item_tables:
+            n = len(candidates)
+            out = list(candidates)  # a candidate is copied only when a row is merged into it
+            lacking = [False] * n
+            for t in self.item_tables:
+                keys = [row_key(c[t.key]) if t.key in c else None for c in candidates]
+                rows = self._rows(t.name, keys)  # one multi_get for all candidates
+                cols, whole = t.columns, self._whole.get(t.name, False)
+                for i, (k, row) in enumerate(zip(keys, rows)):
+                    if row is None:
+                        lacking[i] = lacking[i] or k is not None
+                    elif whole:
+                        row.update(out[i])  # the body's values win
+                        out[i] = row
+                    else:
+                        c = out[i] = dict(out[i])  # never the caller's dict
+                        for col in cols:
+                            if col not in c and col in row:
+                                c[col] = row[col]
+            unknown = sum(lacking)
+            candidates = out
+        return Joined(request, candidates, unknown, unknown_request)
+
+    def _follow(self) -> None:
+        tables = {t.name: t for t in self.spec.tables}
+        while not self._stop.wait(self.catch_up_s):
+            for name, db in list(self.dbs.items()):
+                try:
+                    if db is None:
+                        self._open(tables[name])
+                    else:
+                        db.catch_up()
+                except Exception as e:  # noqa: BLE001 - keep following; the next round retries
+                    log.warning("feature table %s: catch-up failed: %s", name, e)
+            self.catch_ups += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for db in self.dbs.values():
+            if db is not None:
+                db.close()
+        self.dbs = {}

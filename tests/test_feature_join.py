@@ -1,0 +1,187 @@
+"""The join at serving time (server/feature_join.py): ids-only requests on a real exported model, real RocksDB
+feature tables, the library scorer and a real uvicorn server."""
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from embstore.feature_db import FeatureDB, row_key, table_dir
+from exporter.feature_build import build_feature_tables
+from server.feature_join import IdsOnlyError
+from server.scorer import Scorer
+from server_helpers import ThreadServer, copy_models, copy_version, score, server_config
+
+
+@pytest.fixture()
+def models(tiny_model, tmp_path):
+    """The tiny model, with its user and item tables loaded from every row of its table."""
+    pristine, table = tiny_model
+    models = copy_models(pristine, tmp_path / "models")
+    s = Scorer(models / "ml" / "1", verify=False)
+    spec = s.spec
+    s.close()
+    build_feature_tables(models / "ml", spec, table, progress=False)
+    return models
+
+
+def _ids_only(request, cands):
+    return {"user_id": request["user_id"]}, [{"movie_id": c["movie_id"]} for c in cands]
+
+
+def test_ids_only_scores_exactly_as_full_features(models, requests_):
+    with Scorer(models / "ml" / "1") as s:
+        for request, cands in requests_[:30]:
+            full = s.score(request, cands)
+            r, c = _ids_only(request, cands)
+            ids, joined = s.score_joined(r, c)
+            assert joined.unknown_candidates == 0 and not joined.unknown_request
+            np.testing.assert_array_equal(ids, full)  # |delta| = 0, not a tolerance
+
+
+def test_body_values_override_stored_ones(models, requests_):
+    request, cands = requests_[0]
+    with Scorer(models / "ml" / "1") as s:
+        r, c = _ids_only(request, cands)
+        c[0]["release_year"] = 1931  # sent: wins over the stored year
+        c[1]["genres"] = None        # sent as null: no value, not the stored genres
+        r["gender"] = "F" if request["gender"] == "M" else "M"
+        got = s.score(r, c)
+        changed = [dict(x) for x in cands]
+        changed[0]["release_year"] = 1931
+        changed[1]["genres"] = None
+        want = s.score({**request, "gender": r["gender"]}, changed)
+        np.testing.assert_array_equal(got, want)
+        assert not np.array_equal(got, s.score(request, cands))  # the override did change scores
+
+
+def test_unknown_keys_fill_nothing_and_are_counted(models, requests_):
+    request, cands = requests_[0]
+    with Scorer(models / "ml" / "1") as s:
+        r, c = _ids_only(request, cands)
+        c[1] = {"movie_id": 987654321}
+        c.append({"genres": ["Drama"]})  # no key: nothing looked up, not counted
+        got, joined = s.score_joined({"user_id": 99999999}, c)
+        assert joined.unknown_candidates == 1 and joined.unknown_request
+        no_values = [dict(x) for x in cands] + [{"genres": ["Drama"]}]
+        no_values[1] = {"movie_id": 987654321, "genres": None, "title_words": None, "release_year": None}
+        want = s.score({"user_id": 99999999}, no_values)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_changed_item_row_is_served_through_the_item_cache(models, requests_):
+    """FG's item cache is keyed by the joined raw values: a changed row is a new key (no stale hashed ids)."""
+    request, cands = requests_[0]
+    r, c = _ids_only(request, cands)
+    with Scorer(models / "ml" / "1", store_mode="follow") as s:
+        before = s.score(r, c)
+        assert s.fg.cache_misses > 0
+        with FeatureDB(table_dir(models / "ml", "item"), "w") as db:
+            new = {**{k: cands[0][k] for k in ("genres", "title_words")}, "release_year": 1931}
+            db.write([row_key(cands[0]["movie_id"])], [new], [1])
+        want = s.score(request, [{**cands[0], "release_year": 1931}, *cands[1:]])
+        t0 = time.monotonic()
+        while not np.array_equal(got := s.score(r, c), want):
+            assert time.monotonic() - t0 < 1.0, "the change was not served within 1 s"
+            time.sleep(0.02)
+        assert got[0] != before[0] and np.array_equal(got[1:], before[1:])
+
+
+def _drop_tables(m):
+    m["spec"].pop("tables")
+    m.pop("feature_tables")
+
+
+def test_http_ids_only_and_the_422_of_a_model_without_tables(models, requests_):
+    copy_version(models / "ml" / "1", models / "plain" / "1", manifest_edit=_drop_tables)
+    request, cands = requests_[0]
+    r, c = _ids_only(request, cands)
+    srv = ThreadServer(server_config(models))
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as client:
+            full = score(client, {"request": request, "candidates": cands}).json()
+            got = score(client, {"request": r, "candidates": c + [{"movie_id": 987654321}]})
+            assert got.status_code == 200, got.text
+            body = got.json()
+            assert body["scores"][:-1] == full["scores"] and body["unknown_candidates"] == 1
+            assert full["unknown_candidates"] == 0 and body["unknown_request"] is False
+            refused = score(client, {"request": r, "candidates": c}, name="plain")
+            assert refused.status_code == 422, refused.text
+            assert "no feature table keyed by 'movie_id'" in refused.json()["detail"]
+            assert score(client, {"request": request, "candidates": cands}, name="plain").status_code == 200
+            metrics = client.get("/metrics").text
+            assert 'offgraph_unknown_candidates_total{model="ml"} 1.0' in metrics, metrics[-3000:]
+    finally:
+        srv.stop()
+
+
+def test_library_scorer_refuses_ids_only_without_tables(models, requests_):
+    copy_version(models / "ml" / "1", models / "plain" / "1", manifest_edit=_drop_tables)
+    request, cands = requests_[0]
+    with Scorer(models / "plain" / "1") as s:
+        with pytest.raises(IdsOnlyError, match="'user_id'"):
+            s.score({"user_id": 1}, cands)  # full candidates, a bare user id: the user side is refused
+        s.score(request, cands + [{"movie_id": 5}])  # a full request with a candidate lacking values still scores
+
+
+def test_check_ids_only_parity_on_held_out_rows_fp32(models, tiny_model):
+    """`offgraph check --ids-only`: the held-out rows of the fp32 model, ids-only vs every feature sent: |dp| = 0."""
+    from exporter.check import run_check
+
+    pristine, table = tiny_model
+    res = run_check(models / "ml" / "1", pristine.parent / "run", table, limit=0, rows="held-out", ids_only=True)
+    assert res["quant"] == "fp32" and res["rows"] > 1000
+    assert res["ids_only_max_abs_dp"] == 0.0 and res["ids_only_unknown_candidates"] == 0
+    assert res["max_abs_dp"] <= 1e-5 and res["ids_only_vs_keras_max_abs_dp"] <= 1e-5
+
+
+def test_exporter_builds_tables_from_the_training_rows_only(tiny_model, tmp_path):
+    """The latest value per key BEFORE the cut: keys seen only in held-out rows are not loaded (unknown)."""
+    from exporter.export import export_run
+    from exporter.feature_build import run_held_out_mask
+
+    pristine, table = tiny_model
+    run = pristine.parent / "run"
+    export_run(run, tmp_path / "m" / "ml" / "1", shards=1, quant="fp32", progress=False, feature_data=table)
+    with Scorer(tmp_path / "m" / "ml" / "1") as s:
+        held = run_held_out_mask(run, s.spec, table)
+    train_movies = set(table.filter(~held).column("movie_id").to_pylist())
+    only_held = set(table.filter(held).column("movie_id").to_pylist()) - train_movies
+    assert only_held  # the per-user time split leaves some movies to held-out rows only
+    with FeatureDB(table_dir(tmp_path / "m" / "ml", "item"), "r") as db:
+        assert sum(1 for _ in db.rows()) == len(train_movies)
+        assert db.get([row_key(m) for m in sorted(only_held)]) == [None] * len(only_held)
+
+
+def test_a_missing_table_serves_unknown_until_it_is_created(tiny_model, requests_, tmp_path):
+    """A version copied without its model's features/ still loads (every key unknown, counted), and a follower
+    picks the table up once it is created, rather than refusing the version for good."""
+    pristine, table = tiny_model
+    copy_version(pristine / "ml" / "1", tmp_path / "models" / "ml" / "1")
+    request, cands = requests_[0]
+    r, c = _ids_only(request, cands)
+    with Scorer(tmp_path / "models" / "ml" / "1", store_mode="follow") as s:
+        _, joined = s.score_joined(r, c)
+        assert joined.unknown_candidates == len(c) and joined.unknown_request
+        build_feature_tables(tmp_path / "models" / "ml", s.spec, table, progress=False)
+        want = s.score(request, cands)
+        t0 = time.monotonic()
+        while not np.array_equal(s.score(r, c), want):
+            assert time.monotonic() - t0 < 5.0, "the created table was not picked up"
+            time.sleep(0.05)
+
+
+def test_a_scope_without_a_table_is_still_refused_ids_only(models, requests_):
+    """A model with an item table but no user table: ids-only candidates are joined, a bare user id is a 422."""
+    def item_only(m):
+        m["spec"]["tables"].pop("user")
+        m["feature_tables"] = [t for t in m["feature_tables"] if t["name"] != "user"]
+
+    copy_version(models / "ml" / "1", models / "ml" / "2", manifest_edit=item_only)
+    request, cands = requests_[0]
+    r, c = _ids_only(request, cands)
+    with Scorer(models / "ml" / "2") as s:
+        with pytest.raises(IdsOnlyError, match="no feature table keyed by 'user_id'"):
+            s.score(r, c)
+        with Scorer(models / "ml" / "1") as full:
+            np.testing.assert_array_equal(s.score(request, c), full.score(request, cands))
