@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections import deque
 from typing import Any
 
 log = logging.getLogger("offgraph.server")
@@ -43,22 +44,38 @@ def tune_gc() -> int:
 
 
 class GcPauses:
-    """Times every collection of the cyclic GC (``gc.callbacks``) into ``histogram`` (labelled by
-    generation) and logs the slow ones. ``start()`` / ``stop()``: the server's lifespan."""
+    """Times every collection of the cyclic GC (``gc.callbacks``); ``flush()`` puts them into
+    ``histogram`` (labelled by generation) and logs the slow ones. ``start()`` / ``stop()``: the
+    server's lifespan.
 
-    def __init__(self, histogram):
+    The callback runs wherever a collection starts: possibly inside a lock held by the code that
+    allocated, such as prometheus_client's multiprocess value lock, which is not re-entrant
+    (observing a metric there deadlocked a worker), or logging's. So it only appends to a deque
+    (no lock); the server flushes it from its poll loop and before /metrics is rendered.
+    """
+
+    def __init__(self, histogram, pending: int = 4096):
         self.histogram = histogram
         self._t0 = 0.0
+        self._pending: deque[tuple[int, float, int]] = deque(maxlen=pending)
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._t0 = time.perf_counter()
-            return
-        seconds = time.perf_counter() - self._t0
-        self.histogram.labels(str(info["generation"])).observe(seconds)
-        if seconds >= SLOW_GC_S:
-            log.info("gc: generation-%d collection held the GIL for %.0f ms (%d objects collected)",
-                     info["generation"], seconds * 1e3, info["collected"])
+        else:
+            self._pending.append((info["generation"], time.perf_counter() - self._t0, info["collected"]))
+
+    def flush(self) -> None:
+        """Observe (and log the slow ones of) the collections since the last flush."""
+        while True:
+            try:
+                generation, seconds, collected = self._pending.popleft()
+            except IndexError:
+                return
+            self.histogram.labels(str(generation)).observe(seconds)
+            if seconds >= SLOW_GC_S:
+                log.info("gc: generation-%d collection held the GIL for %.0f ms (%d objects collected)",
+                         generation, seconds * 1e3, collected)
 
     def start(self) -> None:
         if self._callback not in gc.callbacks:

@@ -362,5 +362,12 @@ class ModelRegistry:
             "refused": [{"version": v, "reason": r.reason, "at_unix": r.at}
                         for v, r in sorted(list(h.refused.items()))],
             "inputs": {s: spec.raw_inputs(s) for s in ("request", "item")} if spec is not None else {},
+            "feature_tables": _feature_tables(sv.scorer) if sv is not None else [],
             "last_error": h.last_error, "scans": h.scans, "updater": h.updater,
         }
+
+
+def _feature_tables(scorer) -> list[dict[str, Any]]:
+    join = getattr(scorer, "join", None)
+    return [{**t.to_dict(), "present": join is not None and join.dbs.get(t.name) is not None}
+            for t in scorer.spec.tables]

@@ -44,4 +44,5 @@ async def readyz(state: State, request: Request) -> Readiness:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(state: State) -> Response:
+    state.flush_gc()
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

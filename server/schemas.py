@@ -178,6 +178,14 @@ class LoadedVersion(BaseModel):
     store: StoreStatus
 
 
+class FeatureTableStatus(BaseModel):
+    name: str
+    scope: Literal["request", "item"]
+    key: str = Field(description="The raw input the rows are keyed by: send it alone (ids-only requests).")
+    columns: list[str] = Field(description="Raw inputs the table fills when the body does not send them.")
+    present: bool = Field(description="The table exists on disk (else every key is unknown until it is created).")
+
+
 class ModelStatus(BaseModel):
     name: str
     state: Literal["new", "loading", "serving", "unloaded", "failed"]
@@ -194,6 +202,9 @@ class ModelStatus(BaseModel):
     inputs: dict[str, list[str]] = Field(default_factory=dict,
                                          description="Raw feature names read per scope: `request` (sent once, in "
                                                      "`request`), `item` (sent in each candidate).")
+    feature_tables: list[FeatureTableStatus] = Field(
+        default_factory=list, description="The loaded version's feature tables (MODELS/NAME/features/): what an "
+                                          "ids-only request may leave out.")
     last_error: str | None
     updater: dict[str, Any] | None = Field(
         None, description="The streaming updater's status (MODELS/NAME/updater-status.json, as of the last scan): "

@@ -40,8 +40,17 @@ class ServerState:
         self._gc = GcPauses(self.metrics.gc_pause)
         self._gc.start()
         self.pool = ThreadPoolExecutor(max_workers=self.config.score_threads, thread_name_prefix="offgraph-score")
-        self._poll_task = asyncio.create_task(self.models.poll_forever(on_tick=self.metrics.publish),
+        self._poll_task = asyncio.create_task(self.models.poll_forever(on_tick=self.on_tick),
                                              name="offgraph-poll")
+
+    def on_tick(self) -> None:
+        """The poll loop's tick: GC pauses into the metrics, then (several workers) publish them."""
+        self.flush_gc()
+        self.metrics.publish()
+
+    def flush_gc(self) -> None:
+        if self._gc is not None:
+            self._gc.flush()
 
     async def stop(self) -> None:
         if self._gc is not None:

@@ -111,6 +111,12 @@ def test_http_ids_only_and_the_422_of_a_model_without_tables(models, requests_):
             assert score(client, {"request": request, "candidates": cands}, name="plain").status_code == 200
             metrics = client.get("/metrics").text
             assert 'offgraph_unknown_candidates_total{model="ml"} 1.0' in metrics, metrics[-3000:]
+            # the model status says which tables fill what (and the model without tables: none)
+            tables = {t["name"]: t for t in client.get("/v1/models/ml").json()["feature_tables"]}
+            assert tables["item"] == {"name": "item", "scope": "item", "key": "movie_id", "present": True,
+                                      "columns": ["genres", "title_words", "release_year"]}, tables
+            assert tables["user"]["key"] == "user_id" and tables["user"]["present"]
+            assert client.get("/v1/models/plain").json()["feature_tables"] == []
     finally:
         srv.stop()
 

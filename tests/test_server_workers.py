@@ -100,8 +100,15 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
         victim = sorted(workers)[0]
         os.kill(victim, signal.SIGKILL)
         # readiness is the whole server's: the survivor answers 503 until the restarted worker has loaded
-        r = httpx.get(url + "/readyz", timeout=10)
-        assert r.status_code == 503 and "not yet" in r.json()["detail"], r.text
+        # (polled: the probe may come before the kernel has finished the victim off)
+        def not_ready() -> bool:
+            try:
+                r = httpx.get(url + "/readyz", timeout=10)
+            except httpx.TransportError:  # a connection the dying worker had accepted
+                return False
+            return r.status_code == 503 and "not yet" in r.json()["detail"]
+
+        wait_for(not_ready, 10, "/readyz 503 while a worker is down")
         wait_for(lambda: len(set(_children(proc.pid)) - workers) == 1, 30, "a restarted worker")
         wait_ready(url, 120, proc)
         assert {httpx.get(url + "/readyz", timeout=10).status_code for _ in range(10)} == {200}
