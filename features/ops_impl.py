@@ -106,7 +106,8 @@ def op_tokenize(field: str, column: Sequence[Any], params: dict) -> Values:
 
 
 def _numeric(field: str, column: Sequence[Any]) -> np.ndarray:
-    """Column -> float64 array, NaN for no value; text that is not a number is an error."""
+    """Column -> float64 array, NaN for no value; text that is not a number, and an infinite value
+    ("inf", "1e999": JSON has no infinity, text does), is an error."""
     arr = np.empty(len(column), dtype=np.float64)
     for i, v in enumerate(column):
         if v is None or (isinstance(v, str) and v == ""):
@@ -122,6 +123,10 @@ def _numeric(field: str, column: Sequence[Any]) -> np.ndarray:
                 raise FeatureValueError.in_row(field, i, f"expected a number, got {v!r}") from None
         else:
             raise FeatureValueError.in_row(field, i, f"expected a number, got {type(v).__name__} {v!r}")
+    inf = np.flatnonzero(np.isinf(arr))
+    if len(inf):
+        i = int(inf[0])
+        raise FeatureValueError.in_row(field, i, f"expected a finite number, got {column[i]!r}")
     return arr
 
 

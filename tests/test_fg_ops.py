@@ -36,6 +36,17 @@ def test_bucketize_rejects_text():
         op_bucketize("c", [1, "abc"], {"boundaries": [1.0]})
 
 
+@pytest.mark.parametrize("value", ["inf", "-Infinity", "1e999", float("inf"), -np.inf])
+def test_numbers_must_be_finite(value):
+    """Text can spell an infinity that JSON cannot; it is refused, not put in the last bucket."""
+    with pytest.raises(FeatureValueError, match="field 'c', row 1: expected a finite number"):
+        op_bucketize("c", [1, value], {"boundaries": [1.0]})
+    with pytest.raises(FeatureValueError, match="expected a finite number"):
+        op_log_bucket("c", [1, value], {"base": 2})
+    # "nan" (like NaN) is no value, as documented
+    assert op_bucketize("c", [1, "nan"], {"boundaries": [1.0]}) == [["1"], []]
+
+
 def test_log_bucket():
     vals = [299, 1, 1.5, 2, 0.5, 0, -3, 1000, None]
     out = op_log_bucket("p", vals, {"base": 2.0})
