@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 from .keys import MAX_TABLE_ID, ROW_LIMIT, combine_keys, split_keys
-from .row_cache_impl import CacheArrays, slot_bytes
+from .row_cache_impl import CacheArrays, hot_keys, slot_bytes
 
 
 class RowCache:
@@ -90,9 +90,11 @@ class RowCache:
         first: what a freshly loaded version of the same model warms its caches with."""
         if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 0:
             raise ValueError(f"limit must be an int >= 0, got {limit!r}")
-        with self._lock:
-            k = self._a.hot_keys(int(limit)) if limit else np.zeros(0, np.uint64)
-        return split_keys(k)
+        if not limit:
+            return split_keys(np.zeros(0, np.uint64))
+        with self._lock:  # two copies (memcpy) under the lock; the selection (sorts) without it
+            keys, clock = self._a.snapshot()
+        return split_keys(hot_keys(keys, clock, int(limit)))
 
     def clear(self) -> None:
         with self._lock:

@@ -59,12 +59,10 @@ class CacheArrays:
         slot = slots[np.arange(len(k)), m.argmax(axis=1)]
         return s, slots, hit, slot
 
-    def hot_keys(self, limit: int) -> np.ndarray:
-        """Up to ``limit`` cached keys, the most recently used first."""
-        used = np.flatnonzero(self.clock >= 0)
-        if len(used) > limit:
-            used = used[np.argpartition(-self.clock[used], limit - 1)[:limit]]
-        return self.keys[used[np.argsort(-self.clock[used], kind="stable")]]
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of ``(keys, clock)``: what :func:`hot_keys` selects from, outside the cache's lock."""
+        return self.keys.copy(), self.clock.copy()
+
 
     def lookup(self, k: np.ndarray):
         n = len(k)
@@ -140,3 +138,11 @@ class CacheArrays:
         self.clock[:] = -1
         self.set_epoch[:] = self.epoch
         self.entries = 0
+
+
+def hot_keys(keys: np.ndarray, clock: np.ndarray, limit: int) -> np.ndarray:
+    """Up to ``limit`` of a :meth:`CacheArrays.snapshot`'s keys, the most recently used first."""
+    used = np.flatnonzero(clock >= 0)
+    if len(used) > limit:
+        used = used[np.argpartition(-clock[used], limit - 1)[:limit]]
+    return keys[used[np.argsort(-clock[used], kind="stable")]]

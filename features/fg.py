@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -138,6 +138,10 @@ def _fast_key(values) -> tuple:
     return tuple(out)
 
 
+ADOPT_CHUNK = 8192
+"""Items per step when a generator adopts another's item cache (each step holds the GIL)."""
+
+
 class FeatureGenerator:
     """Runs a spec's FG. ``item_cache_size`` > 0 caches item-scope results per item.
 
@@ -204,30 +208,40 @@ class FeatureGenerator:
 
     # -- carrying the item cache over to the next version ---------------------------------
     def item_cache_state(self, limit: int | None = None) -> dict[str, Any]:
-        """A copy of the item cache (its ``limit`` most recently used items at most) and the
-        value-set ids its entries name, for :meth:`adopt_item_cache` of a generator of the same
-        spec. Entries are never mutated once made, so the copy shares them."""
-        items = list(self._cache.items())
+        """A copy of the item cache (its ``limit`` most recently used items at most), for
+        :meth:`adopt_item_cache` of a generator of the same spec. Entries are never mutated once
+        made, so the copy shares them; it is quick (the caller holds the lock that serving takes)."""
+        # two lists of references (memcpy-like C loops), not an (item, entry) tuple per item: this holds
+        # the GIL in one C call, so it must stay a millisecond or two
+        keys, entries = list(self._cache), list(self._cache.values())
         if limit is not None:
-            items = items[max(0, len(items) - limit):]
-        return {"spec": self.spec.fingerprint(), "items": items, "vid_intern": dict(self._vid_intern),
-                "vid_next": self._vid_next}
+            keys, entries = keys[max(0, len(keys) - limit):], entries[max(0, len(entries) - limit):]
+        return {"spec": self.spec.fingerprint(), "keys": keys, "entries": entries, "vid_next": self._vid_next}
 
-    def adopt_item_cache(self, state: dict[str, Any] | None) -> int:
+    def adopt_item_cache(self, state: dict[str, Any] | None, pace: Callable[[], None] | None = None) -> int:
         """Start from another generator's :meth:`item_cache_state` if it ran the same spec (the same
         raw item values then give the same ids); returns the items adopted (0 for another spec).
         A version that replaces one of the same spec then computes no item FG for the items its
-        predecessor served recently."""
+        predecessor served recently. Built in chunks, ``pace()`` between them (a loader yielding to
+        serving)."""
         if not state or state["spec"] != self.spec.fingerprint() or self._cache_size <= 0:
             return 0
-        items = state["items"][-self._cache_size:]
-        self._cache = OrderedDict(items)
-        self._vid_intern = dict(state["vid_intern"])
+        keys, entries = state["keys"][-self._cache_size:], state["entries"][-self._cache_size:]
+        cache: OrderedDict = OrderedDict()
+        for s in range(0, len(keys), ADOPT_CHUNK):
+            cache.update(zip(keys[s:s + ADOPT_CHUNK], entries[s:s + ADOPT_CHUNK]))
+            if pace is not None:
+                pace()
+        self._cache = cache
+        # value-set ids: the adopted entries keep theirs, and new ones are numbered after them (never
+        # reused). The intern table is not copied (it is up to 4x the cache): a new item whose value
+        # set an adopted one also has gets another id, which costs a memo miss, never a wrong cross.
+        self._vid_intern = {}
         self._vid_next = max(self._vid_next, int(state["vid_next"]))
         # memoized crosses are keyed by value-set ids, which now mean the adopted ones
         self._cross_memo = [{} for _ in self._cross]
         self._cross_memo_len = [0] * len(self._cross)
-        return len(items)
+        return len(keys)
 
     # -- values ---------------------------------------------------------------------------
     def _values(self, fields: Sequence[FieldSpec], columns: Mapping[str, Sequence[Any]], n: int,

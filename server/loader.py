@@ -71,7 +71,7 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
                     verify=config.verify, store_statistics=True, pace=pace)
     try:
         verify_store(scorer, pace)
-        items = scorer.warm_features(hot)  # before warm-up: adopting replaces the FG's item state
+        items = scorer.warm_features(hot, pace)  # before warm-up: adopting replaces the FG's item state
         warm_up(scorer, config.warmup_candidates, pace)
         if hot is not None:
             t = time.perf_counter()

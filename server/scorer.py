@@ -168,13 +168,13 @@ class Scorer:
                        fields={int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]})
         return out
 
-    def warm_features(self, hot: dict[str, Any] | None) -> int:
+    def warm_features(self, hot: dict[str, Any] | None, pace: Callable[[], None] | None = None) -> int:
         """Adopt another version's FG item cache (:meth:`hot_rows`) if it ran the same spec; returns
         the items adopted. Its first requests then run no item FG for recently served items."""
         if not hot or "fg" not in hot:
             return 0
-        with self._fg_lock:
-            return self.fg.adopt_item_cache(hot["fg"])
+        with self._fg_lock:  # nothing serves on this version yet: the lock is not contended
+            return self.fg.adopt_item_cache(hot["fg"], pace)
 
     def warm_rows(self, hot: dict[str, Any] | None, batch: int = 1024, pace: Callable[[], None] | None = None) -> int:
         """Read the rows of another version's :meth:`hot_rows` that mean the same here (same table

@@ -126,8 +126,8 @@ class ModelHolder:
         with self._lock:
             sv.in_flight -= 1
             drained = sv.retired and sv.in_flight == 0
-        if drained:
-            self._close(sv)
+        if drained:  # not on this request's thread: closing a store and dropping a model takes milliseconds
+            threading.Thread(target=self._close, args=(sv,), name=f"offgraph-close-{self.name}", daemon=True).start()
 
     def score(self, request: dict, candidates: list[dict], version: int | None) -> tuple[int, np.ndarray, Any]:
         """Score on the current version (or the one asked for); runs in a scoring thread. Returns
