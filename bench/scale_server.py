@@ -41,9 +41,9 @@ class ScaleServer:
         return self.proc.p.pid
 
     def wait_ready(self, timeout: float = 600, in_a_row: int = 16) -> float:
-        """Until ``/readyz`` answers 200 on ``in_a_row`` new connections in a row: with ``--workers N`` each
-        connection lands on some worker (SO_REUSEPORT) and a worker answers for itself only, so one 200
-        does not mean that every worker serves. Returns (and keeps) the seconds from start to ready."""
+        """Until ``/readyz`` answers 200 on ``in_a_row`` new connections in a row (each lands on some worker:
+        SO_REUSEPORT; every worker's /readyz answers for all of them, this checks it from the outside too).
+        Returns (and keeps) the seconds from start to ready."""
         deadline = time.perf_counter() + timeout
         self.proc.wait_ready(timeout)
         ok = 0
