@@ -178,6 +178,8 @@ def main(argv=None) -> int:
     if streamed_models.exists():
         shutil.rmtree(streamed_models)
     shutil.copytree(frozen, streamed)
+    if (frozen_models / MODEL / "features").exists():  # the model's feature tables (shared by its versions)
+        shutil.copytree(frozen_models / MODEL / "features", streamed_models / MODEL / "features")
     spool = out / "spool"
     if spool.exists():
         shutil.rmtree(spool)
