@@ -54,22 +54,31 @@ class Joined:
     unknown_request: bool = False
 
 
-def check_not_ids_only(spec: FeatureSpec, name: str, request: Mapping[str, Any],
-                       candidates: Sequence[Mapping[str, Any]]) -> None:
-    """``IdsOnlyError`` when the body sends only a key, in a scope that no table of ``spec`` fills."""
+def ids_only_checks(spec: FeatureSpec) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """``(scope, key, other inputs of the scope)`` for each scope whose key no table of ``spec`` fills
+    and that reads more than the key: what :func:`check_not_ids_only` looks at (once per version)."""
     filled = {t.key for t in spec.tables}
+    out = []
     for scope, key in (("item", spec.item_key), ("request", spec.split_key)):
         if key is None or key in filled:
             continue
-        others = [c for c in spec.raw_inputs(scope) if c != key]
-        if not others:
-            continue
+        others = tuple(c for c in spec.raw_inputs(scope) if c != key)
+        if others:
+            out.append((scope, key, others))
+    return tuple(out)
+
+
+def check_not_ids_only(checks, name: str, request: Mapping[str, Any],
+                       candidates: Sequence[Mapping[str, Any]]) -> None:
+    """``IdsOnlyError`` when the body sends only a key, in a scope that no table fills
+    (``checks``: :func:`ids_only_checks` of the spec)."""
+    for scope, key, others in checks:
         rows = candidates if scope == "item" else (request,)
         if rows and all(key in r and not any(c in r for c in others) for r in rows):
             where = "every candidate holds" if scope == "item" else "the request holds"
             raise IdsOnlyError(
                 f"model '{name}' has no feature table keyed by '{key}', but {where} only '{key}': it would be "
-                f"scored with none of its {scope} features {others}. Send them (GET /v1/models/{name} lists "
+                f"scored with none of its {scope} features {list(others)}. Send them (GET /v1/models/{name} lists "
                 f"`inputs`), or serve a version whose spec declares `tables` (ids-only requests)")
 
 

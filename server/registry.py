@@ -371,6 +371,6 @@ class ModelRegistry:
 
 
 def _feature_tables(scorer) -> list[dict[str, Any]]:
-    join = getattr(scorer, "join", None)
+    join = scorer.join
     return [{**t.to_dict(), "present": join is not None and join.dbs.get(t.name) is not None}
             for t in scorer.spec.tables]

@@ -32,7 +32,7 @@ from server.dense import load_dense
 from embstore.follower import NOT_FOLLOWING, Activity, Follower
 from exporter.manifest import DENSE_DIR, ModelDirError, complete_versions, load_manifest, open_version_store
 from features.fg import FeatureGenerator
-from server.feature_join import FeatureJoin, Joined, check_not_ids_only
+from server.feature_join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
 from features.segment import check_segmenters
 from features.spec import parse_spec
 
@@ -84,6 +84,7 @@ class Scorer:
         self._counts_lock = threading.Lock()
         self._follower: Follower | None = None
         self.join: FeatureJoin | None = None  # the spec's feature tables (server/feature_join.py)
+        self._ids_only_checks = ids_only_checks(self.spec)
         self.activity = Activity()
         try:
             if self.spec.tables:
@@ -142,7 +143,7 @@ class Scorer:
         """Scores, and the join's result (the filled request and candidates, unknown counts): the
         feature tables fill what the body did not send (server/feature_join.py)."""
         # a scope no table fills must not be sent ids-only (a model may have an item table and no user table)
-        check_not_ids_only(self.spec, self.version_dir.parent.name, request, candidates)
+        check_not_ids_only(self._ids_only_checks, self.version_dir.parent.name, request, candidates)
         joined = self.join.fill(request, candidates) if self.join is not None else Joined(request, candidates)
         if joined.unknown_candidates:
             with self._counts_lock:

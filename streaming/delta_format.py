@@ -127,11 +127,18 @@ def publish_delta(spool_dir, **kwargs) -> Path:
     hidden temporary name, then name it with :func:`spool_file_name` and rename it in:
     the name is taken at publish time, so names sort in the order files appear.
     Creates ``spool_dir`` if needed. Returns the published path."""
+    fsync = kwargs.pop("fsync", True)
+    return publish_file(spool_dir, lambda hidden: write_delta_file(hidden, fsync=fsync, **kwargs), fsync=fsync)
+
+
+def publish_file(spool_dir, write, fsync: bool = True) -> Path:
+    """Publish one spool file: ``write(path)`` writes it under a hidden temporary name (and fsyncs
+    it if asked), then it is named with :func:`spool_file_name` and renamed in (and the directory
+    fsynced). Every kind of spool file (row deltas, feature deltas) goes through here."""
     spool_dir = Path(spool_dir)
     spool_dir.mkdir(parents=True, exist_ok=True)
-    fsync = kwargs.pop("fsync", True)
     hidden = spool_dir / f".publish-{os.getpid()}-{threading.get_ident()}{SUFFIX}"
-    write_delta_file(hidden, fsync=fsync, **kwargs)
+    write(hidden)
     final = spool_dir / spool_file_name()
     os.replace(hidden, final)
     if fsync:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from embstore.feature_db import row_key
-from streaming.delta_format_impl import FORMAT_VERSION as _FORMAT, META_MODEL, META_VERSION, SUFFIX, DeltaFormatError
+from streaming.delta_format_impl import FORMAT_VERSION as _FORMAT, META_MODEL, META_VERSION, DeltaFormatError
 
 FORMAT_VERSION = str(_FORMAT).encode()
 
@@ -122,17 +121,14 @@ def encode_feature_delta(**kwargs) -> bytes:
 
 def publish_feature_delta(spool_dir: str | Path, **kwargs) -> Path:
     """Write a feature delta into ``spool_dir`` atomically (hidden name, fsync, rename to a spool name)."""
-    from streaming.delta_format import spool_file_name
-    from streaming.delta_format_impl import fsync_dir
+    from streaming.delta_format import publish_file
 
-    spool_dir = Path(spool_dir)
-    spool_dir.mkdir(parents=True, exist_ok=True)
-    hidden = spool_dir / f".publish-{os.getpid()}-{threading.get_ident()}{SUFFIX}"
-    with open(hidden, "wb") as f:
-        f.write(encode_feature_delta(**kwargs))
-        f.flush()
-        os.fsync(f.fileno())
-    final = spool_dir / spool_file_name()
-    os.replace(hidden, final)
-    fsync_dir(spool_dir)
-    return final
+    data = encode_feature_delta(**kwargs)
+
+    def write(hidden: Path) -> None:
+        with open(hidden, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    return publish_file(spool_dir, write)
