@@ -56,8 +56,13 @@ async def run_swap(server, model: str, models: Path, hidden_v2: Path, bodies: li
     events: dict[str, float] = {}
 
     async def sample_pss():
+        # in a thread: reading smaps_rollup walks the server's page tables (tens of ms, longer while the
+        # server maps or unmaps memory); on the event loop it would delay every in-flight request's
+        # response by as much and charge it to the server
         while not stop.is_set():
-            pss.append((time.perf_counter() - t0, server.pss_bytes()))
+            t = time.perf_counter()
+            b = await asyncio.to_thread(server.pss_bytes)
+            pss.append((t - t0, b, time.perf_counter() - t))
             await asyncio.sleep(0.25)
 
     async def until_version(v: int, since: float) -> float:
@@ -115,8 +120,8 @@ def summarize(raw: dict) -> dict:
         m = np.flatnonzero(ok & (version == v) & (t >= since))[:n]
         return float(np.percentile(lat[m], 99)) if len(m) else float("nan")
 
-    pss = np.array([p for _, p in raw["pss"]]) if raw["pss"] else np.zeros(1)
-    swap_pss = [p for ts, p in raw["pss"] if ts >= ev["v2_appears"]]
+    pss = np.array([p for _, p, *_ in raw["pss"]]) if raw["pss"] else np.zeros(1)
+    swap_pss = [p for ts, p, *_ in raw["pss"] if ts >= ev["v2_appears"]]
     return {
         "requests": int(len(t)),
         "failed_requests": int((~ok).sum()),
@@ -124,7 +129,7 @@ def summarize(raw: dict) -> dict:
         "steady_p99_ms": steady_p99,
         "max_bin_p99_ms_after_v2_appears": max((b["p99_ms"] for b in after), default=float("nan")),
         "max_bin_p99_over_steady": max((b["p99_ms"] for b in after), default=float("nan")) / steady_p99,
-        "pss_steady_mb": float(np.median([p for ts, p in raw["pss"] if ts < ev["v2_appears"]] or [0])) / 2**20,
+        "pss_steady_mb": float(np.median([p for ts, p, *_ in raw["pss"] if ts < ev["v2_appears"]] or [0])) / 2**20,
         "pss_peak_mb": float(max(swap_pss or [0])) / 2**20,
         "pss_peak_whole_run_mb": float(pss.max()) / 2**20,
         "first_100_on_v2_p99_ms": first_on(2, ev["v2_serving"]),
@@ -133,5 +138,5 @@ def summarize(raw: dict) -> dict:
         "rollback_to_v1_serving_s": ev["v1_serving"] - ev["rollback_called"],
         "events": ev,
         "bins": bins,
-        "pss_samples": [(round(ts, 3), p) for ts, p in raw["pss"]],
+        "pss_samples": [(round(ts, 3), p) for ts, p, *_ in raw["pss"]],
     }

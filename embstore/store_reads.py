@@ -58,14 +58,16 @@ class StoreReads:
             int(found.sum()),
         )
 
-    def read_unique(self, table_ids, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def read_unique(self, table_ids, rows, parallel: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """No de-duplication (for callers that already did it): ``(vectors,
-        first_order, found bool [K])`` in input order."""
+        first_order, found bool [K])`` in input order. ``parallel=False``: the shards are read one
+        after another on the calling thread, not by the read pool (a background job that must not
+        take every CPU while requests are served)."""
         self._check_open()
         t, r = as_key_arrays(table_ids, rows)
-        return self._read_keys(t, r)
+        return self._read_keys(t, r, parallel)
 
-    def _read_keys(self, t: np.ndarray, r: np.ndarray):
+    def _read_keys(self, t: np.ndarray, r: np.ndarray, parallel: bool = True):
         n, dim, rb = len(r), self.config.dim, self.codec.record_bytes
         vec = np.zeros((n, dim), dtype=np.float32)
         w = np.zeros(n, dtype=np.float32)
@@ -79,7 +81,7 @@ class StoreReads:
         for s, idx in groups:
             jobs.append((s, keys[start : start + len(idx)]))
             start += len(idx)
-        if len(jobs) == 1 or self.config.read_threads == 1:
+        if len(jobs) == 1 or self.config.read_threads == 1 or not parallel:
             results = [self._multi_get(s, k) for s, k in jobs]
         else:
             results = list(self._executor().map(lambda job: self._multi_get(*job), jobs))

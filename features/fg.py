@@ -121,16 +121,26 @@ def freeze_value(v: Any):
     return v
 
 
+_LIST = object()
+"""Marks a list inside a flat item-cache key: ``[a, b]`` becomes ``_LIST, 2, a, b`` (no JSON value is
+this object, so a key reads back one way only)."""
+
+
 def _fast_key(values) -> tuple:
-    """Item-cache key of plain values (lists -> tuples, NaN -> None); TypeError for anything
-    needing the exact ``freeze_value`` key: nested or non-plain values, and bools (True == 1)."""
+    """Item-cache key of plain values (a list -> ``_LIST``, its length and its items, NaN -> None);
+    TypeError for anything needing the exact ``freeze_value`` key: nested or non-plain values (when
+    the key is hashed), and bools (True == 1). The key is one flat tuple of atomic values, so the
+    cyclic GC untracks it the first time it sees it (a tuple inside it would keep it tracked for
+    another collection: see ``FeatureGenerator._new_entries``)."""
     out = []
     for v in values:
         t = type(v)
         if t is list:
-            if True in v or False in v:  # also catches 0/1: they then take the exact key
+            if bool in map(type, v):  # True == 1: a bool takes the exact key (not ``True in v``: 1 in it too)
                 raise TypeError
-            out.append(tuple(v))
+            out.append(_LIST)
+            out.append(len(v))
+            out.extend(v)
         elif t is bool:
             raise TypeError
         else:
@@ -140,6 +150,9 @@ def _fast_key(values) -> tuple:
 
 ADOPT_CHUNK = 8192
 """Items per step when a generator adopts another's item cache (each step holds the GIL)."""
+
+RELEASE_CHUNK = 4096
+"""Cache entries freed per step of :meth:`FeatureGenerator.release` (a millisecond or two of deallocation)."""
 
 
 class FeatureGenerator:
@@ -205,17 +218,23 @@ class FeatureGenerator:
         # item fields a cross reads: only their values (and value-set ids) are kept in the item cache;
         # the others' cost ~2 KB an item for nothing (a spec without crosses keeps none)
         self._item_crossed = frozenset(int(j) for _, cols in self._cross_deps for j in cols)
+        self._no_values = (None,) * len(self._item)  # the values of an entry no cross reads (shared)
 
     # -- carrying the item cache over to the next version ---------------------------------
     def item_cache_state(self, limit: int | None = None) -> dict[str, Any]:
-        """A copy of the item cache (its ``limit`` most recently used items at most), for
+        """A copy of the item cache (its ``limit`` newest items at most), for
         :meth:`adopt_item_cache` of a generator of the same spec. Entries are never mutated once
         made, so the copy shares them; it is quick (the caller holds the lock that serving takes)."""
-        # two lists of references (memcpy-like C loops), not an (item, entry) tuple per item: this holds
-        # the GIL in one C call, so it must stay a millisecond or two
-        keys, entries = list(self._cache), list(self._cache.values())
-        if limit is not None:
-            keys, entries = keys[max(0, len(keys) - limit):], entries[max(0, len(entries) - limit):]
+        # Read through the base dict's views: iterating the OrderedDict itself hashes every key again
+        # (item keys are long tuples, whose hashes Python does not keep), which held the GIL ~40 ms per
+        # pass at 10^5 items; the dict's entry table is walked in C with no hashing. Its order is the
+        # OrderedDict's, because hits never reorder this cache (insertion order, FIFO).
+        # Object arrays, not lists: NumPy arrays are not tracked by the cyclic GC, so the collections
+        # that run while the next version loads do not walk 2 x 10^5 references (tens of ms each).
+        n = len(self._cache)
+        first = n - (n if limit is None else min(n, limit))
+        keys = np.fromiter(dict.keys(self._cache), dtype=object, count=n)[first:]
+        entries = np.fromiter(dict.values(self._cache), dtype=object, count=n)[first:]
         return {"spec": self.spec.fingerprint(), "keys": keys, "entries": entries, "vid_next": self._vid_next}
 
     def adopt_item_cache(self, state: dict[str, Any] | None, pace: Callable[[], None] | None = None) -> int:
@@ -242,6 +261,22 @@ class FeatureGenerator:
         self._cross_memo = [{} for _ in self._cross]
         self._cross_memo_len = [0] * len(self._cross)
         return len(keys)
+
+    def release(self, pace: Callable[[], None] | None = None, chunk: int = RELEASE_CHUNK) -> int:
+        """Empty the item cache, the cross memos and the value-set intern table ``chunk`` entries at a
+        time, ``pace()`` between chunks; returns the entries dropped. The generator stays usable, with
+        empty caches. A retired version's generator is emptied this way, because dropping it whole frees
+        every entry in one deallocation that holds the GIL while the next version serves."""
+        n = 0
+        for d in (self._cache, self._vid_intern, *self._cross_memo):
+            while d:
+                for _ in range(min(chunk, len(d))):
+                    d.popitem()  # from the end: O(1), no scan over the holes left at the front
+                    n += 1
+                if pace is not None:
+                    pace()
+        self._cross_memo_len = [0] * len(self._cross)
+        return n
 
     # -- values ---------------------------------------------------------------------------
     def _values(self, fields: Sequence[FieldSpec], columns: Mapping[str, Sequence[Any]], n: int,
@@ -326,7 +361,7 @@ class FeatureGenerator:
         Fi = len(self._item)
         if Fi:
             entries = self._entries(candidates, bound)
-            meta = np.array([e[2] for e in entries], dtype=np.int64).reshape(n, 2 * Fi)
+            meta = np.frombuffer(b"".join([e[2] for e in entries]), dtype=np.int64).reshape(n, 2 * Fi)
             lengths, vids = meta[:, :Fi], meta[:, Fi:]
             bound.count(req_used + int(lengths.sum()))  # the misses were counted on their own: now all
             flat = np.concatenate([e[1] for e in entries]) if n else np.zeros(0, np.int64)
@@ -427,12 +462,13 @@ class FeatureGenerator:
                 memo = table[req_key] = {}
                 self._cross_memo_len[c] = 1
             for m, g in enumerate(missing):
-                results[g] = (tuple(vals[m]), rag.ids[rag.offsets[m]:rag.offsets[m + 1]])  # untracked by gc
+                # flat (the values, then the ids): untracked by the first collection that sees it
+                results[g] = (*vals[m], rag.ids[rag.offsets[m]:rag.offsets[m + 1]])
                 memo[gkeys[g]] = results[g]
             self._cross_memo_len[c] += len(missing) if self._memo_size > 0 else 0
-        groups[f.name] = (inv, [r[0] for r in results])
-        glen = np.fromiter((len(r[1]) for r in results), dtype=np.int64, count=len(results))
-        gflat = np.concatenate([r[1] for r in results]) if results else np.zeros(0, np.int64)
+        groups[f.name] = (inv, [r[:-1] for r in results])
+        glen = np.fromiter((len(r[-1]) for r in results), dtype=np.int64, count=len(results))
+        gflat = np.concatenate([r[-1] for r in results]) if results else np.zeros(0, np.int64)
         gstart = _offsets(glen)[:-1]
         return _ragged_gather(gflat, gstart[inv], glen[inv]) if n else RaggedIds(gflat[:0], np.zeros(1, np.int64))
 
@@ -481,24 +517,29 @@ class FeatureGenerator:
             self._vid_intern.clear()
         intern = self._vid_intern
         crossed = self._item_crossed
+        Fi = len(per_field)
+        meta = np.zeros((m, 2 * Fi), dtype=np.int64)  # per entry: ids per item field, value-set id per field
+        for j, rg in enumerate(rags):
+            meta[:, j] = np.diff(rg.offsets)
         out = []
         for r in range(m):
-            lens, vid = [], []
-            for j in range(len(per_field)):
-                if j in crossed:
-                    key = (j, tuple(per_field[j][r]))
+            values = self._no_values
+            if crossed:
+                values = np.empty(Fi, dtype=object)
+                for j in crossed:
+                    vals = per_field[j][r]
+                    key = (j, *vals)  # flat: see below
                     v = intern.get(key)
                     if v is None:
                         v = intern[key] = self._vid_next
                         self._vid_next += 1
-                else:  # no cross reads it: no value-set id needed
-                    v = 0
-                vid.append(v)
-                lens.append(int(rags[j].offsets[r + 1] - rags[j].offsets[r]))
+                    meta[r, Fi + j] = v
+                    values[j] = tuple(vals)
             ids = np.concatenate([rg.ids[rg.offsets[r]:rg.offsets[r + 1]] for rg in rags])
-            # tuples all the way down: the collector untracks a tuple of untracked items when it sees it,
-            # so once an entry has been through a collection or two, full collections no longer walk
-            # the cached items (two objects an item made them ~half a full collection's work)
-            values = tuple([tuple(pf[r]) if j in crossed else None for j, pf in enumerate(per_field)])
-            out.append((values, ids, tuple(lens + vid)))
+            # An entry is a tuple of objects the cyclic GC does not track (arrays, bytes, a shared tuple
+            # of Nones): the collector untracks it the first time it sees it, and no collection walks
+            # the cached items again. A fresh tuple inside it would keep it tracked one collection
+            # more (the inner tuple is examined after the outer one), and every collection of the next
+            # generation would walk each item the cache took since (tens of ms at a steady miss rate).
+            out.append((values, ids, meta[r].tobytes()))
         return out

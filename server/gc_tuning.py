@@ -57,25 +57,28 @@ class GcPauses:
     def __init__(self, histogram, pending: int = 4096):
         self.histogram = histogram
         self._t0 = 0.0
-        self._pending: deque[tuple[int, float, int]] = deque(maxlen=pending)
+        self._pending: deque[tuple[int, float, int, float]] = deque(maxlen=pending)
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._t0 = time.perf_counter()
         else:
-            self._pending.append((info["generation"], time.perf_counter() - self._t0, info["collected"]))
+            seconds = time.perf_counter() - self._t0
+            self._pending.append((info["generation"], seconds, info["collected"], time.time() - seconds))
 
     def flush(self) -> None:
-        """Observe (and log the slow ones of) the collections since the last flush."""
+        """Observe (and log the slow ones of) the collections since the last flush. The log line says
+        when the collection ran: a flush can come seconds later (the poll loop waits for a load)."""
         while True:
             try:
-                generation, seconds, collected = self._pending.popleft()
+                generation, seconds, collected, at = self._pending.popleft()
             except IndexError:
                 return
             self.histogram.labels(str(generation)).observe(seconds)
             if seconds >= SLOW_GC_S:
-                log.info("gc: generation-%d collection held the GIL for %.0f ms (%d objects collected)",
-                         generation, seconds * 1e3, collected)
+                log.info("gc: generation-%d collection held the GIL for %.0f ms at %s.%03d (%d objects collected)",
+                         generation, seconds * 1e3, time.strftime("%H:%M:%S", time.localtime(at)),
+                         int(at % 1 * 1000), collected)
 
     def start(self) -> None:
         if self._callback not in gc.callbacks:

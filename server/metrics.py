@@ -43,6 +43,9 @@ class ServerMetrics:
         self.gc_pause = Histogram("offgraph_gc_pause_seconds", "Pauses of Python's cyclic garbage collector "
                                   "(each holds the GIL: every request of the process waits)", ["generation"],
                                   buckets=GC_BUCKETS, registry=self.registry)
+        self.loop_lag = Histogram("offgraph_event_loop_lag_seconds", "How late the event loop ran a 50-ms timer "
+                                  "(a blocked loop delays every in-flight request)", buckets=GC_BUCKETS,
+                                  registry=self.registry)
         self.errors = Counter("offgraph_http_errors", "HTTP responses with a 4xx or 5xx status, by code",
                               ["code"], registry=self.registry)
         if multiprocess:

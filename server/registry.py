@@ -80,6 +80,7 @@ class ModelRegistry:
             if complete_versions(entry.path):
                 h = ModelHolder(entry.name, self.models_dir / entry.name)
                 h.on_store_error = self._on_store_error
+                h.release_share = self.config.load_share
                 try:
                     h.policy, h.pinned_version = load_admin_policy(h.dir)
                 except ValueError as e:

@@ -18,6 +18,7 @@ their keys in the row cache).
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -177,13 +178,14 @@ class Scorer:
         with self._fg_lock:  # nothing serves on this version yet: the lock is not contended
             return self.fg.adopt_item_cache(hot["fg"], pace)
 
-    def warm_rows(self, hot: dict[str, Any] | None, batch: int = 1024, pace: Callable[[], None] | None = None) -> int:
+    def warm_rows(self, hot: dict[str, Any] | None, batch: int = 256, pace: Callable[[], None] | None = None) -> int:
         """Read the rows of another version's :meth:`hot_rows` that mean the same here (same table
         id, field name and table size: the same raw value hashes to the same row) through the write
         feed, row cache and store, as requests do: they fill this version's row cache and its block
         cache (data and index blocks) before it serves. ``pace`` is called after each batch (the
-        loader's ``server.pacing.Pacer``: the serving version keeps most of the time). Returns the
-        rows read."""
+        loader's ``server.pacing.Pacer``: the serving version keeps most of the time). The shards are
+        read one after another on this thread, not by the read pool, so that warming takes one CPU
+        at most while the serving version's requests need the others. Returns the rows read."""
         if not hot or len(hot.get("rows", ())) == 0:
             return 0
         pace = pace or _no_pause
@@ -193,7 +195,7 @@ class Scorer:
         tables, rows = hot["tables"][keep], hot["rows"][keep]
         for s in range(0, len(rows), batch):
             scorer_impl.read_through_cache(self.row_cache, self.store, tables[s:s + batch], rows[s:s + batch],
-                                           self._follower)
+                                           self._follower, parallel=False)
             pace()  # small batches: the serving version's requests wait milliseconds at most for the GIL
         return int(len(rows))
 
@@ -230,6 +232,28 @@ class Scorer:
         if self.join is not None:
             self.join.close()
         self.store.close()
+
+    def release(self, pace: Callable[[], None] | None = None) -> dict[str, float]:
+        """Free a closed version's memory one part at a time, ``pace()`` after each: the FG caches (in
+        chunks: ``FeatureGenerator.release``), the follower with its feed mapping, the row cache, the
+        dense model, the feature tables' handles. Dropping the last reference to a version that served
+        would free all of it in one deallocation, holding the GIL while the next version serves.
+        Returns the seconds each part took (pauses included). The scorer cannot score afterwards."""
+        pace = pace or _no_pause
+        took: dict[str, float] = {}
+
+        def drop(part: str, free: Callable[[], Any]) -> None:
+            t = time.perf_counter()
+            free()
+            took[part] = time.perf_counter() - t
+            pace()
+
+        drop("fg", lambda: self.fg.release(pace))
+        drop("follower", lambda: setattr(self, "_follower", None))
+        drop("row_cache", lambda: setattr(self, "row_cache", None))
+        drop("dense", lambda: (setattr(self, "_serve", None), setattr(self, "_loaded", None)))
+        drop("join", lambda: setattr(self, "join", None))
+        return took
 
     def __enter__(self):
         return self

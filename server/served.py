@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from embstore import StoreReadError
+from server.pacing import Pacer
 
 log = logging.getLogger("offgraph.server")
 
@@ -60,17 +61,23 @@ class ServedVersion:
         self.closed = False
         self.unhealthy: str | None = None  # why, once a score failed on a store read (path-free)
 
-    def close(self) -> dict[str, Any]:
-        """Close the scorer; returns its final stats."""
+    def close(self, share: float = 1.0) -> dict[str, Any]:
+        """Close the scorer and free its memory a part at a time (``Scorer.release``), taking ``share``
+        of the wall clock (``server.pacing``); returns its final stats."""
         if self.closed:
             return {}
         self.closed = True
         stats = scorer_stats(self.scorer)
+        pacer = Pacer(share)
+        t = time.perf_counter()
         try:
             self.scorer.close()
+            self.scorer.release(pacer.tick)
         except Exception:  # noqa: BLE001 - closing must not take the server down
             log.exception("closing version %s failed", self.version)
-        log.info("closed version %d of %s", self.version, self.scorer.version_dir.parent.name)
+        wall = time.perf_counter() - t
+        log.info("closed version %d of %s (memory freed in %.2fs, %.0f ms of it work)", self.version,
+                 self.scorer.version_dir.parent.name, wall, (wall - pacer.slept_s) * 1e3)
         return stats
 
 
@@ -98,6 +105,7 @@ class ModelHolder:
         self.policy = "latest"  # latest | pinned | unloaded
         self.pinned_version: int | None = None  # with policy "pinned"
         self.on_store_error: Callable[["ModelHolder", ServedVersion], None] | None = None  # must not block
+        self.release_share = 1.0  # a retired version's memory is freed in this share of the time (server.pacing)
         self.refused: dict[int, Refusal] = {}
         self.versions_on_disk: list[int] = []  # complete versions, as of the last poll
         self.last_error: str | None = None
@@ -167,7 +175,7 @@ class ModelHolder:
         return old
 
     def _close(self, sv: ServedVersion) -> None:
-        stats = sv.close()
+        stats = sv.close(self.release_share)
         with self._lock:
             for k in COUNTERS:
                 v = stats.get(k)

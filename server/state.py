@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from server.config import ServerConfig
 from server.gc_tuning import GcPauses
+from server.loop_lag import watch_loop_lag
 from server.metrics import ServerMetrics
 from server.registry import ModelRegistry
 
@@ -23,6 +24,7 @@ class ServerState:
     pool: ThreadPoolExecutor | None = None
     _poll_task: asyncio.Task | None = field(default=None, repr=False)
     _gc: GcPauses | None = field(default=None, repr=False)
+    _lag_task: asyncio.Task | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, config: ServerConfig) -> "ServerState":
@@ -42,6 +44,7 @@ class ServerState:
         self.pool = ThreadPoolExecutor(max_workers=self.config.score_threads, thread_name_prefix="offgraph-score")
         self._poll_task = asyncio.create_task(self.models.poll_forever(on_tick=self.on_tick),
                                              name="offgraph-poll")
+        self._lag_task = asyncio.create_task(watch_loop_lag(self.metrics.loop_lag), name="offgraph-loop-lag")
 
     def on_tick(self) -> None:
         """The poll loop's tick: GC pauses into the metrics, then (several workers) publish them."""
@@ -55,12 +58,13 @@ class ServerState:
     async def stop(self) -> None:
         if self._gc is not None:
             self._gc.stop()
-        if self._poll_task is not None:
-            self._poll_task.cancel()
-            try:
-                await self._poll_task
-            except asyncio.CancelledError:
-                pass
+        for task in (self._poll_task, self._lag_task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         if self.pool is not None:
             await asyncio.to_thread(self.pool.shutdown, wait=True)
         await asyncio.to_thread(self.models.close)
