@@ -67,7 +67,8 @@ class ServerConfig(ConfigModel, frozen=True):
     load_share: while a version serves, loading and warming the next takes at most this share of
         the wall clock (``server.pacing``: pauses between its steps), so that a busy server's
         requests keep the rest; 1 loads flat out. The first version of a model loads flat out. A
-        retired version's memory is freed at the same pace (``Scorer.release``).
+        retired version's memory is freed at this pace or a tenth of the time, whichever is less
+        (``Scorer.release``).
     verify: check the dense model's checksums when a version loads.
     tune_gc: ``gc.freeze()`` the objects alive when the app is built (TF's ~400k) and raise the
         young-generation threshold (see ``server.gc_tuning``).

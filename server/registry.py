@@ -44,6 +44,9 @@ class AdminError(Exception):
         self.status, self.detail = status, detail
 
 
+RELEASE_SHARE = 0.1
+"""Most of the wall clock that freeing a retired version's memory takes (``Scorer.release``)."""
+
 FALLBACK_TRIES = 3
 """Versions tried, newest first after the previous one, when the served version's store fails."""
 
@@ -80,7 +83,9 @@ class ModelRegistry:
             if complete_versions(entry.path):
                 h = ModelHolder(entry.name, self.models_dir / entry.name)
                 h.on_store_error = self._on_store_error
-                h.release_share = self.config.load_share
+                # the newcomer's first second is its coldest (row-cache misses): freeing the old one
+                # must take less of it than the load did
+                h.release_share = min(self.config.load_share, RELEASE_SHARE)
                 try:
                     h.policy, h.pinned_version = load_admin_policy(h.dir)
                 except ValueError as e:

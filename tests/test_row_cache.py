@@ -285,3 +285,17 @@ def test_hot_keys_are_the_most_recently_used_first():
     assert len(c.hot_keys(0)[1]) == 0
     with pytest.raises(ValueError, match="limit must be an int >= 0"):
         c.hot_keys(-1)
+
+
+@pytest.mark.parametrize("limit", [1, 5, 37, 500, 999, 1000, 5000])
+def test_hot_key_selection_equals_a_full_sort(limit):
+    """The selection partitions once at the limit-th newest clock (ties there, batch inserts share a
+    clock, and empty slots, -1, included): it must equal sorting every used slot by recency."""
+    from embstore.row_cache_impl import hot_keys
+
+    rng = np.random.default_rng(limit)
+    clock = rng.integers(-1, 60, 1000).astype(np.int64)  # many ties, ~1/61 empty
+    keys = rng.permutation(10**6)[:1000].astype(np.uint64)
+    used = np.flatnonzero(clock >= 0)
+    want = keys[sorted(used.tolist(), key=lambda i: (-clock[i], i))[:limit]]
+    np.testing.assert_array_equal(hot_keys(keys, clock, limit), want)
