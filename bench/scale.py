@@ -156,9 +156,10 @@ def swap_experiment(models: Path, rows: int, args, logs: Path) -> dict:
     server = ScaleServer(models, 1, logs / f"serve-{rows}-swap.log", args.serve_args.split())
     try:
         server.wait_ready()
-        _log(f"swap at {rows:,} rows: steady {args.swap_steady_s:g}s, then v2 appears, then rollback")
+        _log(f"swap at {rows:,} rows: {args.swap_warm_s:g}s not measured, steady {args.swap_steady_s:g}s, then v2 "
+             f"appears, then rollback")
         raw = asyncio.run(run_swap(server, MODEL, models, hidden, bodies, steady_s=args.swap_steady_s,
-                                   after_s=args.swap_after_s))
+                                   after_s=args.swap_after_s, warm_s=args.swap_warm_s))
     finally:
         server.stop()
         policy.unlink(missing_ok=True)
@@ -337,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--c1-requests", type=int, default=300)
     p.add_argument("--c8-requests", type=int, default=4000)
     p.add_argument("--seconds", type=float, default=20.0, help="most seconds of each measured phase")
+    p.add_argument("--swap-warm-s", type=float, default=20.0,
+                   help="traffic before the steady phase, not measured: v1's working set into the page cache")
     p.add_argument("--swap-steady-s", type=float, default=20.0)
     p.add_argument("--swap-after-s", type=float, default=15.0)
     p.add_argument("--swap-bodies", type=int, default=3000)

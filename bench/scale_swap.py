@@ -43,9 +43,10 @@ async def _stream(host: str, port: int, path: str, bodies: list[bytes], k: int, 
 
 
 async def run_swap(server, model: str, models: Path, hidden_v2: Path, bodies: list[bytes], *, concurrency: int = 8,
-                   steady_s: float = 20.0, after_s: float = 15.0, timeout_s: float = 300.0) -> dict:
-    """Against ``server`` (a ready ``ScaleServer`` serving version 1 of ``model``): steady traffic for
-    ``steady_s``, rename ``hidden_v2`` to ``MODELS/model/2`` (it appears), wait until responses come
+                   steady_s: float = 20.0, after_s: float = 15.0, timeout_s: float = 300.0,
+                   warm_s: float = 0.0) -> dict:
+    """Against ``server`` (a ready ``ScaleServer`` serving version 1 of ``model``): ``warm_s`` of traffic
+    that is not measured (the steady p99 is that of a warm server), steady traffic for ``steady_s``, rename ``hidden_v2`` to ``MODELS/model/2`` (it appears), wait until responses come
     from version 2 and ``after_s`` more, then ``:rollback``, wait until responses come from version 1
     and ``after_s`` more. Returns the raw trace and the event times (seconds from the start)."""
     path = f"/v1/models/{model}:score"
@@ -78,6 +79,9 @@ async def run_swap(server, model: str, models: Path, hidden_v2: Path, bodies: li
                for k in range(concurrency)]
     sampler = asyncio.create_task(sample_pss())
     try:
+        if warm_s > 0:  # not measured: v1's working set into the page cache and its caches
+            await asyncio.sleep(warm_s)
+        events["steady_from"] = max(time.perf_counter() - t0, 5.0)  # after the first seconds of connections
         await asyncio.sleep(steady_s)
         events["v2_appears"] = time.perf_counter() - t0
         os.rename(hidden_v2, models / model / "2")
@@ -102,7 +106,7 @@ def summarize(raw: dict) -> dict:
     lat = np.array([r[1] for r in raw["trace"]]) * 1e3
     status = np.array([r[2] for r in raw["trace"]])
     ok = status == 200
-    steady = ok & (t >= 5.0) & (t < ev["v2_appears"])  # after the first seconds of connections
+    steady = ok & (t >= ev.get("steady_from", 5.0)) & (t < ev["v2_appears"])
     steady_p99 = float(np.percentile(lat[steady], 99)) if steady.any() else float("nan")
     bins = []
     for b in range(int(np.ceil(ev["end"]))):
@@ -129,7 +133,8 @@ def summarize(raw: dict) -> dict:
         "steady_p99_ms": steady_p99,
         "max_bin_p99_ms_after_v2_appears": max((b["p99_ms"] for b in after), default=float("nan")),
         "max_bin_p99_over_steady": max((b["p99_ms"] for b in after), default=float("nan")) / steady_p99,
-        "pss_steady_mb": float(np.median([p for ts, p, *_ in raw["pss"] if ts < ev["v2_appears"]] or [0])) / 2**20,
+        "pss_steady_mb": float(np.median([p for ts, p, *_ in raw["pss"]
+                                          if ev.get("steady_from", 0.0) <= ts < ev["v2_appears"]] or [0])) / 2**20,
         "pss_peak_mb": float(max(swap_pss or [0])) / 2**20,
         "pss_peak_whole_run_mb": float(pss.max()) / 2**20,
         "first_100_on_v2_p99_ms": first_on(2, ev["v2_serving"]),

@@ -136,12 +136,13 @@ def _fast_key(values) -> tuple:
     for v in values:
         t = type(v)
         if t is list:
-            if bool in map(type, v):  # True == 1: a bool takes the exact key (not ``True in v``: 1 in it too)
+            kinds = set(map(type, v))  # True == 1: a bool takes the exact key (``True in v`` would catch 1 too)
+            if bool in kinds or np.bool_ in kinds:
                 raise TypeError
             out.append(_LIST)
             out.append(len(v))
             out.extend(v)
-        elif t is bool:
+        elif t is bool or t is np.bool_:
             raise TypeError
         else:
             out.append(None if t is float and v != v else v)

@@ -175,7 +175,7 @@ class ModelHolder:
         return old
 
     def _close(self, sv: ServedVersion) -> None:
-        stats = sv.close(self.release_share)
+        stats = sv.close(1.0 if self.closed else self.release_share)  # shutting down: nothing left to yield to
         with self._lock:
             for k in COUNTERS:
                 v = stats.get(k)

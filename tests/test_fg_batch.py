@@ -95,3 +95,18 @@ def test_item_cache_tells_bools_from_ints():
     assert a.fields[0].ids.tolist() == [row_of(1, "xxh64", 1000)]
     assert b.fields[0].ids.tolist() == [row_of("true", "xxh64", 1000)]
     assert b.fields[1].ids.tolist() == [row_of("true", "xxh64", 1000)]
+
+
+def test_the_item_cache_tells_bools_apart_from_0_and_1():
+    """True == 1 and hash(True) == hash(1) in Python, but FG hashes "true" and "1" apart: a cached item
+    must never answer for another whose values differ only in that (in a list, at the top level,
+    Python's or NumPy's bools)."""
+    cands = [{"price": 1, "title_terms": [1, "red"], "cat_id": 1},
+             {"price": 1, "title_terms": [True, "red"], "cat_id": True},
+             {"price": 1, "title_terms": [np.True_, "red"], "cat_id": np.True_},
+             {"price": 1, "title_terms": [1, "red"], "cat_id": 1}]
+    cached = FeatureGenerator(SPEC, item_cache_size=100)
+    for c in cands:  # one at a time: each later one may find an earlier one in the cache
+        want = FeatureGenerator(SPEC).transform(REQUEST, [c])
+        got = cached.transform(REQUEST, [c])
+        assert [f.ids.tolist() for f in got.fields] == [f.ids.tolist() for f in want.fields], c
