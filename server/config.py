@@ -70,8 +70,9 @@ class ServerConfig(ConfigModel, frozen=True):
         retired version's memory is freed at this pace or a tenth of the time, whichever is less
         (``Scorer.release``).
     verify: check the dense model's checksums when a version loads.
-    tune_gc: ``gc.freeze()`` the objects alive when the app is built (TF's ~400k) and raise the
-        young-generation threshold (see ``server.gc_tuning``).
+    tune_gc: ``gc.freeze()`` the objects alive when the app is built (TF's ~400k), raise the
+        young-generation threshold and collect the young generation every 50 ms (see
+        ``server.gc_tuning``).
     workers / worker_id / control_dir: set by ``server.workers`` when several worker processes
         share the port: admin actions are recorded in ``control_dir`` and every worker follows
         them (``server.control``); metrics are aggregated over the workers (Prometheus

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from server.config import ServerConfig
-from server.gc_tuning import GcPauses
+from server.gc_tuning import GcPauses, collect_young_forever
 from server.loop_lag import watch_loop_lag
 from server.metrics import ServerMetrics
 from server.registry import ModelRegistry
@@ -25,6 +25,7 @@ class ServerState:
     _poll_task: asyncio.Task | None = field(default=None, repr=False)
     _gc: GcPauses | None = field(default=None, repr=False)
     _lag_task: asyncio.Task | None = field(default=None, repr=False)
+    _young_task: asyncio.Task | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, config: ServerConfig) -> "ServerState":
@@ -45,6 +46,8 @@ class ServerState:
         self._poll_task = asyncio.create_task(self.models.poll_forever(on_tick=self.on_tick),
                                              name="offgraph-poll")
         self._lag_task = asyncio.create_task(watch_loop_lag(self.metrics.loop_lag), name="offgraph-loop-lag")
+        if self.config.tune_gc:
+            self._young_task = asyncio.create_task(collect_young_forever(), name="offgraph-gc-young")
 
     def on_tick(self) -> None:
         """The poll loop's tick: GC pauses into the metrics, then (several workers) publish them."""
@@ -58,7 +61,7 @@ class ServerState:
     async def stop(self) -> None:
         if self._gc is not None:
             self._gc.stop()
-        for task in (self._poll_task, self._lag_task):
+        for task in (self._poll_task, self._lag_task, self._young_task):
             if task is not None:
                 task.cancel()
                 try:

@@ -43,3 +43,33 @@ def test_a_collection_inside_a_metrics_lock_neither_waits_nor_is_lost():
     gc.collect()  # stopped: no longer recorded
     pauses.flush()
     assert _count(hist, "2") == 1
+
+
+def test_the_young_generation_is_collected_on_a_timer_whatever_the_allocation_count():
+    """A full FG item cache frees an old item for each new one, so the generation-0 count stays flat
+    while new items pile up young; the server collects generation 0 every 50 ms itself. Here the
+    automatic collection is off (a threshold no count reaches): only the timer collects."""
+    import asyncio
+
+    from server.gc_tuning import collect_young_forever
+
+    seen: list[int] = []
+
+    def cb(phase, info):
+        if phase == "stop":
+            seen.append(info["generation"])
+
+    old = gc.get_threshold()
+    gc.set_threshold(10**9, old[1], old[2])
+    gc.callbacks.append(cb)
+    try:
+        async def main():
+            task = asyncio.create_task(collect_young_forever(0.01))
+            await asyncio.sleep(0.2)
+            task.cancel()
+
+        asyncio.run(main())
+    finally:
+        gc.callbacks.remove(cb)
+        gc.set_threshold(*old)
+    assert seen.count(0) >= 10, seen
