@@ -18,7 +18,6 @@ their keys in the row cache).
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -233,27 +232,18 @@ class Scorer:
             self.join.close()
         self.store.close()
 
-    def release(self, pace: Callable[[], None] | None = None) -> dict[str, float]:
+    def release(self, pace: Callable[[], None] | None = None) -> None:
         """Free a closed version's memory one part at a time, ``pace()`` after each: the FG caches (in
         chunks: ``FeatureGenerator.release``), the follower with its feed mapping, the row cache, the
         dense model, the feature tables' handles. Dropping the last reference to a version that served
         would free all of it in one deallocation, holding the GIL while the next version serves.
-        Returns the seconds each part took (pauses included). The scorer cannot score afterwards."""
+        The scorer cannot score afterwards."""
         pace = pace or _no_pause
-        took: dict[str, float] = {}
-
-        def drop(part: str, free: Callable[[], Any]) -> None:
-            t = time.perf_counter()
-            free()
-            took[part] = time.perf_counter() - t
+        self.fg.release(pace)
+        pace()
+        for attr in ("_follower", "row_cache", "_serve", "_loaded", "join"):
+            setattr(self, attr, None)
             pace()
-
-        drop("fg", lambda: self.fg.release(pace))
-        drop("follower", lambda: setattr(self, "_follower", None))
-        drop("row_cache", lambda: setattr(self, "row_cache", None))
-        drop("dense", lambda: (setattr(self, "_serve", None), setattr(self, "_loaded", None)))
-        drop("join", lambda: setattr(self, "join", None))
-        return took
 
     def __enter__(self):
         return self
