@@ -93,6 +93,7 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
     path = f"/v1/models/{MODEL}:score"
     try:
         ready_s = server.wait_ready()
+        load_s = server.version_load_s()
         pss_ready = server.pss_bytes()
         loop = asyncio.new_event_loop()
         try:
@@ -129,9 +130,10 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
     finally:
         server.stop()
     row = {"rows": rows, "workers": workers, "popularity": popularity, "start_to_ready_s": ready_s,
+           "version_load_s": load_s,
            "pss_ready_mb": pss_ready / 2**20, "pss_after_warmup_mb": pss_warm / 2**20,
            "pss_under_load_mb": max(samples or [0]) / 2**20, "c1": c1, "c8": c8, **ratios}
-    _log(f"{rows:.0e} rows w{workers} {popularity:7s}: ready {ready_s:5.1f}s  "
+    _log(f"{rows:.0e} rows w{workers} {popularity:7s}: ready {ready_s:5.1f}s (version {_load(row)}s)  "
          f"PSS warm {row['pss_after_warmup_mb']:6.0f} "
          f"load {row['pss_under_load_mb']:6.0f} MB  c1 p50 {c1['p50_ms']:6.1f} p99 {c1['p99_ms']:6.1f} ms  "
          f"c8 {c8['rps']:5.0f} req/s p99 {c8['p99_ms']:6.1f} ms  row-cache {ratios['row_cache_hit_ratio'] or 0:.3f} "
@@ -168,7 +170,8 @@ def swap_experiment(models: Path, rows: int, args, logs: Path) -> dict:
     out = {"rows": rows, "workers": 1, **summarize(raw)}
     _log(f"swap: {out['failed_requests']} failed of {out['requests']}; steady p99 {out['steady_p99_ms']:.1f} ms, "
          f"worst 1-s p99 after v2 appears {out['max_bin_p99_ms_after_v2_appears']:.1f} ms "
-         f"(x{out['max_bin_p99_over_steady']:.2f}); first 100 on v2 p99 {out['first_100_on_v2_p99_ms']:.1f} ms; "
+         f"(x{out['max_bin_p99_over_steady']:.2f}; worst steady-phase bin x{out['steady_max_bin_p99_over_steady']:.2f}, "
+         f"bins over 2x: {_fraction(out, 'steady')} steady, {_fraction(out, 'after_v2_appears')} after); first 100 on v2 p99 {out['first_100_on_v2_p99_ms']:.1f} ms; "
          f"PSS peak {out['pss_peak_mb']:.0f} MB; v2 serving {out['v2_appears_to_serving_s']:.1f}s after it appeared, "
          f"v1 {out['rollback_to_v1_serving_s']:.1f}s after the rollback")
     return out
@@ -219,13 +222,23 @@ def acceptance(report: dict) -> dict:
     return out
 
 
+def _load(run: dict) -> str:
+    return "?" if run.get("version_load_s") is None else f"{run['version_load_s']:.1f}"
+
+
+def _fraction(sw: dict, phase: str) -> str:
+    """``k of n`` 1-s bins of ``phase`` whose p99 is over twice the steady p99 (``?`` in older reports)."""
+    k_n = (sw.get("bins_over_2x_steady") or {}).get(phase)
+    return f"{k_n[0]} of {k_n[1]}" if k_n else "?"
+
+
 def markdown(report: dict) -> str:
     """The figures as Markdown tables (``OUT/scale.md``, pasted into bench/README.md)."""
-    lines = ["| rows | workers | popularity | ready s | PSS warm MiB | PSS load MiB | c1 p50 ms | c1 p99 ms | "
+    lines = ["| rows | workers | popularity | ready s (version load s) | PSS warm MiB | PSS load MiB | c1 p50 ms | c1 p99 ms | "
              "c8 req/s | c8 p99 ms | row-cache hit | block-cache hit | disk B/row |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(report["runs"], key=lambda r: (r["rows"], r["workers"], r["popularity"] != "zipf")):
-        lines.append(f"| {r['rows']:.0e} | {r['workers']} | {r['popularity']} | {r['start_to_ready_s']:.1f} | "
+        lines.append(f"| {r['rows']:.0e} | {r['workers']} | {r['popularity']} | {r['start_to_ready_s']:.1f} ({_load(r)}) | "
                      f"{r['pss_after_warmup_mb']:.0f} | {r['pss_under_load_mb']:.0f} | {r['c1']['p50_ms']:.1f} | "
                      f"{r['c1']['p99_ms']:.1f} | {r['c8']['rps']:.0f} | {r['c8']['p99_ms']:.0f} | "
                      f"{r['row_cache_hit_ratio'] or 0:.3f} | {r['block_cache_hit_ratio'] or 0:.3f} | "
@@ -238,11 +251,14 @@ def markdown(report: dict) -> str:
     if sw:
         lines += ["", "| swap at | requests | failed | steady p99 ms | worst 1-s p99 after v2 appears ms | "
                   "first 100 on v2 p99 ms | first 100 on v1 again p99 ms | PSS steady / peak MiB | "
-                  "v2 appears -> serving s | rollback -> v1 serving s |", "|---|---|---|---|---|---|---|---|---|---|",
+                  "v2 appears -> serving s | rollback -> v1 serving s | worst steady bin / steady p99 | "
+                  "bins > 2x steady p99: steady, after v2 appears |", "|---|---|---|---|---|---|---|---|---|---|---|---|",
                   f"| {sw['rows']:.0e} | {sw['requests']} | {sw['failed_requests']} | {sw['steady_p99_ms']:.0f} | "
                   f"{sw['max_bin_p99_ms_after_v2_appears']:.0f} | {sw['first_100_on_v2_p99_ms']:.0f} | "
                   f"{sw['first_100_on_v1_again_p99_ms']:.0f} | {sw['pss_steady_mb']:.0f} / {sw['pss_peak_mb']:.0f} | "
-                  f"{sw['v2_appears_to_serving_s']:.1f} | {sw['rollback_to_v1_serving_s']:.1f} |"]
+                  f"{sw['v2_appears_to_serving_s']:.1f} | {sw['rollback_to_v1_serving_s']:.1f} | "
+                  f"{sw.get('steady_max_bin_p99_over_steady', float('nan')):.2f} | "
+                  f"{_fraction(sw, 'steady')}, {_fraction(sw, 'after_v2_appears')} |"]
     acc = report.get("acceptance") or {}
     if acc:
         lines += ["", "| issue 12 check | value | limit | ok |", "|---|---|---|---|"]

@@ -88,7 +88,7 @@ async def run_swap(server, model: str, models: Path, hidden_v2: Path, bodies: li
         events["v2_serving"] = await until_version(2, events["v2_appears"])
         await asyncio.sleep(after_s)
         events["rollback_called"] = time.perf_counter() - t0
-        await asyncio.to_thread(server.admin, model, "rollback")
+        await server.admin_async(model, "rollback")
         events["rollback_answered"] = time.perf_counter() - t0
         events["v1_serving"] = await until_version(1, events["rollback_called"])
         await asyncio.sleep(after_s)
@@ -115,6 +115,9 @@ def summarize(raw: dict) -> dict:
             bins.append({"t": b, "requests": int(m.sum()), "p50_ms": float(np.percentile(lat[m], 50)),
                          "p99_ms": float(np.percentile(lat[m], 99))})
     after = [b for b in bins if b["t"] >= int(ev["v2_appears"])]
+    # the same statistic over the steady phase's own bins, where no version loads: how far single 1-s bins
+    # of plain traffic stray from the steady p99 on this machine (a baseline for the bins of the swap)
+    steady_bins = [b for b in bins if ev.get("steady_from", 5.0) <= b["t"] and b["t"] + 1 <= ev["v2_appears"]]
     version = np.array([r[3] for r in raw["trace"]])
 
     def first_on(v: int, since: float, n: int = 100) -> float:
@@ -133,6 +136,9 @@ def summarize(raw: dict) -> dict:
         "steady_p99_ms": steady_p99,
         "max_bin_p99_ms_after_v2_appears": max((b["p99_ms"] for b in after), default=float("nan")),
         "max_bin_p99_over_steady": max((b["p99_ms"] for b in after), default=float("nan")) / steady_p99,
+        "steady_max_bin_p99_over_steady": max((b["p99_ms"] for b in steady_bins), default=float("nan")) / steady_p99,
+        "bins_over_2x_steady": {"steady": [sum(b["p99_ms"] > 2 * steady_p99 for b in steady_bins), len(steady_bins)],
+                                "after_v2_appears": [sum(b["p99_ms"] > 2 * steady_p99 for b in after), len(after)]},
         "pss_steady_mb": float(np.median([p for ts, p, *_ in raw["pss"]
                                           if ev.get("steady_from", 0.0) <= ts < ev["v2_appears"]] or [0])) / 2**20,
         "pss_peak_mb": float(max(swap_pss or [0])) / 2**20,

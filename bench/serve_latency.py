@@ -84,9 +84,10 @@ class Conn:
         w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return cls(r, w, host)
 
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        self.w.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                     % (path.encode(), self.host.encode(), len(body)) + body)
+    async def post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
+        self.w.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+                     % (path.encode(), self.host.encode(), len(body), extra) + body)
         head = await self.r.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
         length = None

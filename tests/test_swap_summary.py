@@ -1,0 +1,29 @@
+"""bench.scale_swap.summarize on a made-up trace whose figures are known by construction."""
+
+from bench.scale_swap import summarize
+
+
+def _trace():
+    rows = []
+    for i in range(300):  # 0..30 s, 10 requests a second, 10 ms each: steady traffic
+        rows.append((i / 10, 0.010, 200, 1, None))
+    rows[105] = (10.5, 0.050, 200, 1, None)  # one steady-phase bin (10 s) at 5x
+    rows[205] = (20.5, 0.030, 200, 2, None)  # one bin after v2 appears (20 s) at 3x
+    rows[250] = (25.0, 0.001, -1, -1, "ConnectionResetError()")  # a failed request: never in a bin
+    return rows
+
+
+def test_bins_against_the_steady_p99_and_their_steady_baseline():
+    ev = {"steady_from": 5.0, "v2_appears": 15.0, "v2_serving": 18.0, "rollback_called": 22.0,
+          "rollback_answered": 26.0, "v1_serving": 26.0, "end": 30.0}
+    s = summarize({"trace": _trace(), "pss": [(1.0, 100 << 20, 0.01), (16.0, 300 << 20, 0.01)], "events": ev})
+    assert s["failed_requests"] == 1 and s["requests"] == 300
+    # steady phase 5..15 s: 99 requests of 10 ms and one of 50 ms; p99 by linear interpolation
+    assert abs(s["steady_p99_ms"] - (10 + 0.01 * 40)) < 1e-6
+    steady = s["steady_p99_ms"]
+    # the bin at 10 s holds 9 x 10 ms + 50 ms: its p99 is 10 + 0.91 * 40 ms
+    assert abs(s["steady_max_bin_p99_over_steady"] - (10 + 0.91 * 40) / steady) < 1e-6
+    assert abs(s["max_bin_p99_over_steady"] - (10 + 0.91 * 20) / steady) < 1e-6
+    # 28.2 ms against 2 x 10.4: over; every other bin is at 10 ms
+    assert s["bins_over_2x_steady"] == {"steady": [1, 10], "after_v2_appears": [1, 15]}
+    assert s["pss_peak_mb"] == 300 and s["v2_appears_to_serving_s"] == 3.0
