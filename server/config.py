@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -69,6 +69,13 @@ class ServerConfig(ConfigModel, frozen=True):
         requests keep the rest; 1 loads flat out. The first version of a model loads flat out. A
         retired version's memory is freed at this pace or a tenth of the time, whichever is less
         (``Scorer.release``).
+    prefetch_store: read a loaded version's store files into the OS page cache on a background thread
+        (``embstore.prefetch``), so that no request waits on a cold block from disk: ``auto`` when they
+        take at most half the available memory (a table bigger than that is read from disk as requests
+        need it), ``on``, ``off``. A version that replaces another waits for its prefetch before it
+        serves; the first version serves at once.
+    prefetch_mb_s: the prefetch's read rate limit in MiB/s (0: none), so that requests that still
+        read the disk keep most of it.
     verify: check the dense model's checksums when a version loads.
     tune_gc: ``gc.freeze()`` the objects alive when the app is built (TF's ~400k), raise the
         young-generation threshold and collect the young generation every 50 ms (see
@@ -96,6 +103,8 @@ class ServerConfig(ConfigModel, frozen=True):
     warmup_candidates: int = Field(200, ge=1)
     warmup_rows: int = option(100_000, ge=0, flag="--warmup-rows")
     load_share: float = option(0.25, gt=0, le=1, flag="--load-share")
+    prefetch_store: Literal["auto", "on", "off"] = option("auto", flag="--prefetch-store")
+    prefetch_mb_s: float = option(256.0, ge=0, flag="--prefetch-mb-s")
     verify: bool = True
     tune_gc: bool = True
     workers: int = option(1, ge=1, flag="--workers")

@@ -10,11 +10,14 @@ sample of at most ``VERIFY_MAX_READS`` seeks of a big one; RocksDB checksums eac
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
+from embstore.prefetch import Prefetcher, decide, store_files
+from exporter.manifest import STORE_DIR
 from server.scorer import Scorer
 from server.config import ServerConfig
 from server.pacing import Pacer
@@ -24,6 +27,9 @@ log = logging.getLogger("offgraph.server")
 
 # candidate counts of the warm-up requests: the first call of a size pays one-off costs
 WARMUP_SIZES = (1, 16)
+
+PREFETCH_WAIT_S = 300.0
+"""How long a version that replaces another waits for its store prefetch before it serves anyway."""
 
 VERIFY_MAX_READS = 4096
 """Seeks of the row verification per version (a seek reads one data block per SST at that position)."""
@@ -56,21 +62,49 @@ def verify_store(scorer, pace=None) -> None:
              got["seeks"], time.perf_counter() - t0)
 
 
+def start_prefetch(scorer, config: ServerConfig) -> Prefetcher | None:
+    """Read the version's store files into the page cache in the background if ``config.prefetch_store``
+    says so (``embstore.prefetch``); logs the decision and, from its thread, the result."""
+    files = store_files(scorer.version_dir / STORE_DIR)
+    total = sum(p.stat().st_size for p in files)
+    go, why = decide(config.prefetch_store, total)
+    if not go:
+        log.info("%s: store not prefetched: %s", scorer.version_dir, why)
+        return None
+    pf = Prefetcher(files, config.prefetch_mb_s, name=f"prefetch-{scorer.version_dir.name}")
+
+    def report() -> None:
+        pf.wait()
+        if pf.error:
+            log.warning("%s: prefetch stopped after %.0f MiB: %s", scorer.version_dir, pf.done_bytes / 2**20, pf.error)
+        else:
+            log.info("%s: prefetched %.0f of %.0f MiB of store files into the page cache in %.1fs (%s)",
+                     scorer.version_dir, pf.done_bytes / 2**20, total / 2**20, pf.seconds, why)
+
+    pf.start()
+    threading.Thread(target=report, name=f"prefetch-log-{scorer.version_dir.name}", daemon=True).start()
+    return pf
+
+
 def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
-                 hot: dict | None = None, pacer: Pacer | None = None) -> ServedVersion:
+                 hot: dict | None = None, pacer: Pacer | None = None, replacing: bool = False) -> ServedVersion:
     """Load, warm up and return one version; raises whatever made it unservable. ``hot``: what the
     serving version used last (``Scorer.hot_rows``: its most recently used rows and FG items),
     read into this version's row cache, block cache and FG item cache before it serves, so that
     its first requests find them there. ``pacer``: while another version serves, the load takes
-    only ``pacer.share`` of the time (``server.pacing``)."""
+    only ``pacer.share`` of the time (``server.pacing``). ``replacing``: another version serves, so
+    this one waits for its store prefetch (``start_prefetch``) before it may serve; a first version
+    serves at once and the prefetch goes on behind it."""
     t0 = time.perf_counter()
     pace = pacer.tick if pacer is not None else None
     scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=row_cache_mb,
                     follow_interval_s=config.follow_interval_s, catch_up_s=config.catch_up_s,
                     item_cache_size=config.item_cache_size, max_request_values=config.max_request_values,
                     verify=config.verify, store_statistics=True, pace=pace)
+    prefetcher = None
     try:
         verify_store(scorer, pace)
+        prefetcher = start_prefetch(scorer, config)
         items = scorer.warm_features(hot, pace)  # before warm-up: adopting replaces the FG's item state
         warm_up(scorer, config.warmup_candidates, pace)
         if hot is not None:
@@ -80,7 +114,12 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
                      n, items, time.perf_counter() - t,
                      f" (paced to {pacer.share:.0%} of the time: {pacer.slept_s:.2f}s of pauses)"
                      if pacer is not None and pacer.share < 1 else "")
+        if replacing and prefetcher is not None and not prefetcher.wait(PREFETCH_WAIT_S):
+            log.warning("%s: serving before its prefetch ended (%.0f of %.0f MiB read in %.0fs)", version_dir,
+                        prefetcher.done_bytes / 2**20, prefetcher.total_bytes / 2**20, PREFETCH_WAIT_S)
     except BaseException:
+        if prefetcher is not None:
+            prefetcher.stop()
         scorer.close()
         raise
-    return ServedVersion(scorer, time.perf_counter() - t0, row_cache_mb)
+    return ServedVersion(scorer, time.perf_counter() - t0, row_cache_mb, prefetcher)

@@ -155,7 +155,8 @@ class ModelRegistry:
             pacer = Pacer(self.config.load_share if holder.current is not None else 1.0)
             hot = self._hot_rows(holder)
             pacer.tick()
-            sv = open_version(vdir, self.config, self._row_cache_mb(), hot, pacer)
+            sv = open_version(vdir, self.config, self._row_cache_mb(), hot, pacer,
+                              replacing=holder.current is not None)
         except Exception as e:  # noqa: BLE001 - whatever it is, this version must not serve
             reason = f"{type(e).__name__}: {e}"
             holder.refused[version] = refuse(holder.refused.get(version), reason, signature,

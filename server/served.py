@@ -50,8 +50,9 @@ def scorer_stats(scorer) -> dict[str, Any]:
 class ServedVersion:
     """One loaded model version. ``acquire``/``release`` go through the holder's lock."""
 
-    def __init__(self, scorer, load_seconds: float, row_cache_mb: float):
+    def __init__(self, scorer, load_seconds: float, row_cache_mb: float, prefetcher=None):
         self.scorer = scorer
+        self.prefetcher = prefetcher  # embstore.prefetch.Prefetcher still reading its files, or None
         self.version: int = int(scorer.version)
         self.loaded_at = time.time()
         self.load_seconds = load_seconds
@@ -67,6 +68,8 @@ class ServedVersion:
         if self.closed:
             return {}
         self.closed = True
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
         stats = scorer_stats(self.scorer)
         pacer = Pacer(share)
         t = time.perf_counter()

@@ -119,5 +119,8 @@ def test_synth_model_served_swapped_under_load_and_scored_like_the_library(tmp_p
     for v in (2, 1):
         assert re.search(rf"scale/{v}: warmed with [1-9]\d* hot rows and [1-9]\d* FG items .* \(paced to 25% ",
                          text), text[-3000:]
+        # its store files (tens of MB: they fit) were read into the page cache, all of them
+        got = re.search(rf"scale/{v}: prefetched (\d+) of (\d+) MiB of store files into the page cache", text)
+        assert got and got.group(1) == got.group(2), text[-3000:]
         # and the version it replaced was closed, its memory freed in paced pieces (Scorer.release)
         assert re.search(rf"closed version {3 - v} of scale \(memory freed in [\d.]+s, \d+ ms of it work\)", text)

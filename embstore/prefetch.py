@@ -1,0 +1,122 @@
+"""Reading a store's files into the OS page cache ahead of requests, when they fit.
+
+RocksDB reads one data block per lookup and leaves caching those blocks to the OS. A block no
+request has read yet is read from disk on the request path, and a virtual disk's random reads are
+slow in the tail: on the 2-core development VM, 16-KiB cold reads had a median of 0.24 ms but a
+p99.9 near 100 ms and single reads of up to 1.1 s, with nothing else running. A version whose files
+fit in memory comfortably is therefore read into the page cache once, sequentially, in the
+background (``sendfile`` to ``/dev/null``: the kernel reads the pages and copies nothing, so it costs
+almost no CPU and no GIL). Tables bigger than that (the point of out-of-graph serving) are not:
+their blocks come from disk as requests need them.
+
+Page-cache pages are not part of a process's PSS; the kernel reclaims them under pressure.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Literal
+
+log = logging.getLogger("offgraph.embstore")
+
+PrefetchMode = Literal["auto", "on", "off"]
+PREFETCH_MODES = ("auto", "on", "off")
+AUTO_SHARE_OF_AVAILABLE = 0.5  # "auto": the files may take at most this share of the available memory
+CHUNK_BYTES = 2 << 20  # small reads between pauses: a request's random read never queues behind much
+
+
+def store_files(store_dir: str | Path) -> list[Path]:
+    """The table files of a store's shards (``shard-*/*.sst``), biggest first."""
+    files = [p for p in Path(store_dir).glob("shard-*/*.sst") if p.is_file()]
+    return sorted(files, key=lambda p: p.stat().st_size, reverse=True)
+
+
+def available_bytes() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def decide(mode: str, total_bytes: int, available: int | None = None) -> tuple[bool, str]:
+    """Whether to prefetch ``total_bytes`` of files, and why (for the log)."""
+    if mode not in PREFETCH_MODES:
+        raise ValueError(f"prefetch mode must be one of {PREFETCH_MODES}, got {mode!r}")
+    if mode == "off":
+        return False, "prefetch off"
+    if mode == "on":
+        return True, "prefetch on"
+    available = available_bytes() if available is None else available
+    limit = int(available * AUTO_SHARE_OF_AVAILABLE)
+    if total_bytes <= limit:
+        return True, f"{total_bytes / 2**30:.2f} GiB fit in {AUTO_SHARE_OF_AVAILABLE:.0%} of the available memory"
+    return False, (f"{total_bytes / 2**30:.2f} GiB are more than {AUTO_SHARE_OF_AVAILABLE:.0%} of the available "
+                   f"memory ({available / 2**30:.2f} GiB): blocks are read from disk as requests need them")
+
+
+class Prefetcher:
+    """Reads ``files`` into the page cache on a daemon thread; ``stop()`` ends it early, ``wait()``
+    waits for it. ``max_mb_s`` bounds the read rate (0: none), so that requests that still read the
+    disk keep most of it."""
+
+    def __init__(self, files: list[Path], max_mb_s: float = 0.0, name: str = "prefetch") -> None:
+        if isinstance(max_mb_s, bool) or not isinstance(max_mb_s, (int, float)) or max_mb_s < 0:
+            raise ValueError(f"max_mb_s must be a number >= 0, got {max_mb_s!r}")
+        self.files = list(files)
+        self.total_bytes = sum(p.stat().st_size for p in self.files)
+        self.max_mb_s = float(max_mb_s)
+        self.done_bytes = 0
+        self.seconds = 0.0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._finished = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> "Prefetcher":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            with open(os.devnull, "wb") as null:
+                for path in self.files:
+                    if self._stop.is_set():
+                        break
+                    self._read_file(path, null.fileno(), t0)
+        except OSError as e:  # a file removed meanwhile, a read error: the cache is an aid, never a failure
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            self.seconds = time.perf_counter() - t0
+            self._finished.set()
+
+    def _read_file(self, path: Path, null_fd: int, t0: float) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            offset = 0
+            while offset < size and not self._stop.is_set():
+                n = os.sendfile(null_fd, fd, offset, min(CHUNK_BYTES, size - offset))
+                if n <= 0:
+                    break
+                offset += n
+                self.done_bytes += n
+                if self.max_mb_s > 0:  # sleep until the bytes so far took at least their share of time
+                    ahead = self.done_bytes / (self.max_mb_s * 2**20) - (time.perf_counter() - t0)
+                    if ahead > 0:
+                        self._stop.wait(ahead)
+        finally:
+            os.close(fd)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the prefetch has ended (finished, stopped or failed)."""
+        return self._finished.wait(timeout)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()

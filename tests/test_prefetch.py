@@ -1,0 +1,93 @@
+"""embstore.prefetch: store files read into the page cache in the background. Residency is read with
+``mincore(2)`` on a mapping of each file, not through the code under test."""
+
+import ctypes
+import mmap
+import os
+import time
+
+import numpy as np
+import pytest
+
+from embstore.prefetch import Prefetcher, decide, store_files
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def resident_bytes(path) -> int:
+    """Bytes of ``path`` in the page cache: mincore over a read-only shared mapping of it."""
+    size = os.path.getsize(path)
+    vec = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
+        view = np.frombuffer(m, np.uint8)
+        rc = _libc.mincore(ctypes.c_void_p(view.__array_interface__["data"][0]), ctypes.c_size_t(size), vec)
+        del view  # the mapping cannot close while exported
+    if rc != 0:
+        raise OSError(ctypes.get_errno(), "mincore failed")
+    return min(size, int((np.frombuffer(vec, np.uint8) & 1).sum()) * mmap.PAGESIZE)
+
+
+def cold_file(path, mib: int):
+    """A file of ``mib`` MiB on disk and out of the page cache."""
+    with open(path, "wb") as f:
+        f.write(np.random.default_rng(0).integers(0, 255, mib << 20, dtype=np.uint8).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    assert resident_bytes(path) < (1 << 20), "the kernel kept the file cached: cannot test"
+    return path
+
+
+def test_decide_by_mode_and_available_memory():
+    gib = 2**30
+    assert decide("auto", 4 * gib, available=10 * gib)[0] is True
+    go, why = decide("auto", 6 * gib, available=10 * gib)
+    assert go is False and "more than 50%" in why and "read from disk" in why
+    assert decide("on", 100 * gib, available=gib)[0] is True
+    assert decide("off", 1, available=10 * gib)[0] is False
+    with pytest.raises(ValueError, match="prefetch mode"):
+        decide("always", 1)
+
+
+def test_prefetcher_reads_cold_files_into_the_page_cache(tmp_path):
+    (tmp_path / "shard-000").mkdir()
+    (tmp_path / "shard-001").mkdir()
+    a = cold_file(tmp_path / "shard-000" / "000008.sst", 24)
+    b = cold_file(tmp_path / "shard-001" / "000009.sst", 8)
+    (tmp_path / "shard-000" / "LOG").write_text("not a table file")
+    files = store_files(tmp_path)
+    assert files == [a, b]  # table files only, biggest first
+    pf = Prefetcher(files).start()
+    assert pf.wait(60)
+    assert pf.error is None and pf.done_bytes == pf.total_bytes == 32 << 20
+    assert resident_bytes(a) == 24 << 20 and resident_bytes(b) == 8 << 20
+
+
+def test_rate_limit_and_stop(tmp_path):
+    path = cold_file(tmp_path / "x.sst", 32)
+    pf = Prefetcher([path], max_mb_s=16).start()  # 32 MiB at 16 MiB/s: about 2 s
+    time.sleep(0.5)
+    pf.stop()
+    assert pf.wait(10)
+    assert 0 < pf.done_bytes < 32 << 20  # stopped part way
+    assert resident_bytes(path) < 32 << 20
+    t = time.perf_counter()
+    pf = Prefetcher([path], max_mb_s=64).start()  # the rest at 64 MiB/s
+    assert pf.wait(30)
+    assert time.perf_counter() - t >= 0.4  # 32 MiB at 64 MiB/s cannot take less than 0.5 s
+    assert pf.done_bytes == 32 << 20
+
+
+def test_a_file_gone_is_an_error_not_an_exception(tmp_path):
+    path = cold_file(tmp_path / "x.sst", 1)
+    pf = Prefetcher([path])
+    path.unlink()
+    pf.start()
+    assert pf.wait(10)
+    assert pf.error is not None and "FileNotFoundError" in pf.error
+    with pytest.raises(ValueError, match="max_mb_s"):
+        Prefetcher([], max_mb_s=-1)
