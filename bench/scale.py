@@ -33,10 +33,12 @@ import sys
 import time
 from pathlib import Path
 
+from bench.disk_probe import cold_reads, describe
 from bench.scale_server import ScaleServer, hit_ratios
 from bench.scale_swap import run_swap, summarize
 from bench.scale_traffic import POPULARITIES, bodies as to_bodies, build_requests
 from bench.serve_latency import run_cell
+from embstore.prefetch import store_files
 from exporter.cli_synth import count
 from exporter.synth_config import DISK_MARGIN, SynthConfig
 
@@ -89,6 +91,7 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
     reqs = build_requests(rows, n_warm + n_c1 + n_c8 + 2, args.candidates, popularity, seed=args.seed)
     bodies = to_bodies(reqs)
     del reqs
+    disk = _probe(models / MODEL / "1", args)  # before the server starts: nothing else reads the disk
     server = ScaleServer(models, workers, logs / f"serve-{rows}-w{workers}-{popularity}.log", args.serve_args.split())
     path = f"/v1/models/{MODEL}:score"
     try:
@@ -130,15 +133,20 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
     finally:
         server.stop()
     row = {"rows": rows, "workers": workers, "popularity": popularity, "start_to_ready_s": ready_s,
-           "version_load_s": load_s,
+           "version_load_s": load_s, "disk_probe": disk,
            "pss_ready_mb": pss_ready / 2**20, "pss_after_warmup_mb": pss_warm / 2**20,
            "pss_under_load_mb": max(samples or [0]) / 2**20, "c1": c1, "c8": c8, **ratios}
     _log(f"{rows:.0e} rows w{workers} {popularity:7s}: ready {ready_s:5.1f}s (version {_load(row)}s)  "
          f"PSS warm {row['pss_after_warmup_mb']:6.0f} "
          f"load {row['pss_under_load_mb']:6.0f} MB  c1 p50 {c1['p50_ms']:6.1f} p99 {c1['p99_ms']:6.1f} ms  "
          f"c8 {c8['rps']:5.0f} req/s p99 {c8['p99_ms']:6.1f} ms  row-cache {ratios['row_cache_hit_ratio'] or 0:.3f} "
-         f"block-cache {ratios['block_cache_hit_ratio'] or 0:.3f}")
+         f"block-cache {ratios['block_cache_hit_ratio'] or 0:.3f}; {describe(disk)}")
     return row
+
+
+def _probe(version: Path, args) -> dict | None:
+    """The disk's cold-read latency on ``version``'s store files (``bench.disk_probe``), ``--disk-probe-s``."""
+    return cold_reads(store_files(version / "store"), args.disk_probe_s) if args.disk_probe_s > 0 else None
 
 
 def swap_experiment(models: Path, rows: int, args, logs: Path) -> dict:
@@ -155,6 +163,7 @@ def swap_experiment(models: Path, rows: int, args, logs: Path) -> dict:
     reqs = build_requests(rows, args.swap_bodies, args.candidates, "zipf", seed=args.seed + 7)
     bodies = to_bodies(reqs)
     del reqs
+    disk_before = _probe(models / MODEL / "1", args)
     server = ScaleServer(models, 1, logs / f"serve-{rows}-swap.log", args.serve_args.split())
     try:
         server.wait_ready()
@@ -167,13 +176,15 @@ def swap_experiment(models: Path, rows: int, args, logs: Path) -> dict:
         policy.unlink(missing_ok=True)
         shutil.rmtree(models / MODEL / "2", ignore_errors=True)
         shutil.rmtree(hidden, ignore_errors=True)
-    out = {"rows": rows, "workers": 1, **summarize(raw)}
+    out = {"rows": rows, "workers": 1, **summarize(raw), "disk_probe_before": disk_before,
+           "disk_probe_after": _probe(models / MODEL / "1", args)}
     _log(f"swap: {out['failed_requests']} failed of {out['requests']}; steady p99 {out['steady_p99_ms']:.1f} ms, "
          f"worst 1-s p99 after v2 appears {out['max_bin_p99_ms_after_v2_appears']:.1f} ms "
          f"(x{out['max_bin_p99_over_steady']:.2f}; worst steady-phase bin x{out['steady_max_bin_p99_over_steady']:.2f}, "
          f"bins over 2x: {_fraction(out, 'steady')} steady, {_fraction(out, 'after_v2_appears')} after); first 100 on v2 p99 {out['first_100_on_v2_p99_ms']:.1f} ms; "
          f"PSS peak {out['pss_peak_mb']:.0f} MB; v2 serving {out['v2_appears_to_serving_s']:.1f}s after it appeared, "
-         f"v1 {out['rollback_to_v1_serving_s']:.1f}s after the rollback")
+         f"v1 {out['rollback_to_v1_serving_s']:.1f}s after the rollback; before: {describe(disk_before)}; after: "
+         f"{describe(out['disk_probe_after'])}")
     return out
 
 
@@ -222,6 +233,10 @@ def acceptance(report: dict) -> dict:
     return out
 
 
+def _disk(probe: dict | None) -> str:
+    return "?" if not probe else f"{probe['p999_ms']:.0f} / {probe['max_ms']:.0f}"
+
+
 def _load(run: dict) -> str:
     return "?" if run.get("version_load_s") is None else f"{run['version_load_s']:.1f}"
 
@@ -235,14 +250,14 @@ def _fraction(sw: dict, phase: str) -> str:
 def markdown(report: dict) -> str:
     """The figures as Markdown tables (``OUT/scale.md``, pasted into bench/README.md)."""
     lines = ["| rows | workers | popularity | ready s (version load s) | PSS warm MiB | PSS load MiB | c1 p50 ms | c1 p99 ms | "
-             "c8 req/s | c8 p99 ms | row-cache hit | block-cache hit | disk B/row |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "c8 req/s | c8 p99 ms | row-cache hit | block-cache hit | disk B/row | cold reads p99.9 / max ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(report["runs"], key=lambda r: (r["rows"], r["workers"], r["popularity"] != "zipf")):
         lines.append(f"| {r['rows']:.0e} | {r['workers']} | {r['popularity']} | {r['start_to_ready_s']:.1f} ({_load(r)}) | "
                      f"{r['pss_after_warmup_mb']:.0f} | {r['pss_under_load_mb']:.0f} | {r['c1']['p50_ms']:.1f} | "
                      f"{r['c1']['p99_ms']:.1f} | {r['c8']['rps']:.0f} | {r['c8']['p99_ms']:.0f} | "
                      f"{r['row_cache_hit_ratio'] or 0:.3f} | {r['block_cache_hit_ratio'] or 0:.3f} | "
-                     f"{r['disk_bytes_per_row']:.1f} |")
+                     f"{r['disk_bytes_per_row']:.1f} | {_disk(r.get('disk_probe'))} |")
     lines += ["", "| rows | synth rows/s (store) | synth rows/s (whole version) | bytes on disk |", "|---|---|---|---|"]
     for n, y in sorted(report["synth"].items(), key=lambda kv: int(kv[0])):
         lines.append(f"| {int(n):.0e} | {y.get('store_rows_per_s', y['rows_per_s']) / 1e6:.2f} M | "
@@ -360,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--swap-after-s", type=float, default=15.0)
     p.add_argument("--swap-bodies", type=int, default=3000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--disk-probe-s", type=float, default=10.0,
+                   help="seconds of cold O_DIRECT reads of the version's files before each measurement (and after "
+                        "the swap): the disk's latency in the same run (bench/disk_probe.py; 0: off)")
     p.add_argument("--serve-args", default="", help="more flags for every `offgraph serve`, e.g. "
                                                       "'--cache-mb 128 --warmup-rows 300000' (default: none, the "
                                                       "defaults are what is measured)")
