@@ -74,15 +74,9 @@ class ScaleServer:
             out[key] = sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M))
         return out
 
-    def admin(self, model: str, action: str, body: dict | None = None) -> httpx.Response:
-        r = httpx.post(f"{self.url}/v1/models/{model}:{action}", json=body,
-                       headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=600)
-        r.raise_for_status()
-        return r
-
     async def admin_async(self, model: str, action: str) -> bytes:
-        """:meth:`admin` from the caller's event loop on one plain connection. A bench measuring latency calls
-        this one: ``httpx`` builds an SSL context per call (~45 ms of CPU in the measuring process, on a thread
+        """An admin action (``:rollback``...) from the caller's event loop on one plain connection, not
+        ``httpx`` on a thread: it builds an SSL context per call (~45 ms of CPU in the measuring process, on a thread
         that competes with its event loop), which would be charged to the server's in-flight requests."""
         conn = await Conn.open("127.0.0.1", self.port)
         try:

@@ -18,12 +18,12 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal, get_args
 
 log = logging.getLogger("offgraph.embstore")
 
 PrefetchMode = Literal["auto", "on", "off"]
-PREFETCH_MODES = ("auto", "on", "off")
+PREFETCH_MODES = get_args(PrefetchMode)
 AUTO_SHARE_OF_AVAILABLE = 0.5  # "auto": the files may take at most this share of the available memory
 CHUNK_BYTES = 2 << 20  # small reads between pauses: a request's random read never queues behind much
 
@@ -59,14 +59,16 @@ def decide(mode: str, total_bytes: int, available: int | None = None) -> tuple[b
 class Prefetcher:
     """Reads ``files`` into the page cache on a daemon thread; ``stop()`` ends it early, ``wait()``
     waits for it. ``max_mb_s`` bounds the read rate (0: none), so that requests that still read the
-    disk keep most of it."""
+    disk keep most of it. ``on_done(self)`` is called on its thread when it ends (e.g. to log)."""
 
-    def __init__(self, files: list[Path], max_mb_s: float = 0.0, name: str = "prefetch") -> None:
+    def __init__(self, files: list[Path], max_mb_s: float = 0.0, name: str = "prefetch",
+                 on_done: Callable[["Prefetcher"], None] | None = None) -> None:
         if isinstance(max_mb_s, bool) or not isinstance(max_mb_s, (int, float)) or max_mb_s < 0:
             raise ValueError(f"max_mb_s must be a number >= 0, got {max_mb_s!r}")
         self.files = list(files)
         self.total_bytes = sum(p.stat().st_size for p in self.files)
         self.max_mb_s = float(max_mb_s)
+        self._on_done = on_done
         self.done_bytes = 0
         self.seconds = 0.0
         self.error: str | None = None
@@ -91,6 +93,8 @@ class Prefetcher:
         finally:
             self.seconds = time.perf_counter() - t0
             self._finished.set()
+            if self._on_done is not None:
+                self._on_done(self)
 
     def _read_file(self, path: Path, null_fd: int, t0: float) -> None:
         fd = os.open(path, os.O_RDONLY)

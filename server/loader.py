@@ -10,7 +10,6 @@ sample of at most ``VERIFY_MAX_READS`` seeks of a big one; RocksDB checksums eac
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from pathlib import Path
 
@@ -65,25 +64,22 @@ def verify_store(scorer, pace=None) -> None:
 def start_prefetch(scorer, config: ServerConfig) -> Prefetcher | None:
     """Read the version's store files into the page cache in the background if ``config.prefetch_store``
     says so (``embstore.prefetch``); logs the decision and, from its thread, the result."""
-    files = store_files(scorer.version_dir / STORE_DIR)
-    total = sum(p.stat().st_size for p in files)
-    go, why = decide(config.prefetch_store, total)
-    if not go:
-        log.info("%s: store not prefetched: %s", scorer.version_dir, why)
-        return None
-    pf = Prefetcher(files, config.prefetch_mb_s, name=f"prefetch-{scorer.version_dir.name}")
+    why = ""
 
-    def report() -> None:
-        pf.wait()
+    def report(pf: Prefetcher) -> None:
         if pf.error:
             log.warning("%s: prefetch stopped after %.0f MiB: %s", scorer.version_dir, pf.done_bytes / 2**20, pf.error)
         else:
             log.info("%s: prefetched %.0f of %.0f MiB of store files into the page cache in %.1fs (%s)",
-                     scorer.version_dir, pf.done_bytes / 2**20, total / 2**20, pf.seconds, why)
+                     scorer.version_dir, pf.done_bytes / 2**20, pf.total_bytes / 2**20, pf.seconds, why)
 
-    pf.start()
-    threading.Thread(target=report, name=f"prefetch-log-{scorer.version_dir.name}", daemon=True).start()
-    return pf
+    pf = Prefetcher(store_files(scorer.version_dir / STORE_DIR), config.prefetch_mb_s,
+                    name=f"prefetch-{scorer.version_dir.name}", on_done=report)
+    go, why = decide(config.prefetch_store, pf.total_bytes)
+    if not go:
+        log.info("%s: store not prefetched: %s", scorer.version_dir, why)
+        return None
+    return pf.start()
 
 
 def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
