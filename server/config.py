@@ -72,8 +72,8 @@ class ServerConfig(ConfigModel, frozen=True):
     prefetch_store: read a loaded version's store files into the OS page cache on a background thread
         (``embstore.prefetch``), so that no request waits on a cold block from disk: ``auto`` when they
         take at most half the available memory (a table bigger than that is read from disk as requests
-        need it), ``on``, ``off``. A version that replaces another waits for its prefetch before it
-        serves; the first version serves at once.
+        need it), ``on``, ``off``. A version that replaces another reads its store files before its
+        store opens; the first version serves at once and they are read in behind it.
     prefetch_mb_s: the prefetch's read rate limit in MiB/s (0: none), so that requests that still
         read the disk keep most of it.
     verify: check the dense model's checksums when a version loads.

@@ -28,7 +28,7 @@ log = logging.getLogger("offgraph.server")
 WARMUP_SIZES = (1, 16)
 
 PREFETCH_WAIT_S = 300.0
-"""How long a version that replaces another waits for its store prefetch before it serves anyway."""
+"""How long a version that replaces another waits for its store prefetch before it opens anyway."""
 
 VERIFY_MAX_READS = 4096
 """Seeks of the row verification per version (a seek reads one data block per SST at that position)."""
@@ -61,23 +61,23 @@ def verify_store(scorer, pace=None) -> None:
              got["seeks"], time.perf_counter() - t0)
 
 
-def start_prefetch(scorer, config: ServerConfig) -> Prefetcher | None:
+def start_prefetch(version_dir: Path, config: ServerConfig) -> Prefetcher | None:
     """Read the version's store files into the page cache in the background if ``config.prefetch_store``
     says so (``embstore.prefetch``); logs the decision and, from its thread, the result."""
     why = ""
 
     def report(pf: Prefetcher) -> None:
         if pf.error:
-            log.warning("%s: prefetch stopped after %.0f MiB: %s", scorer.version_dir, pf.done_bytes / 2**20, pf.error)
+            log.warning("%s: prefetch stopped after %.0f MiB: %s", version_dir, pf.done_bytes / 2**20, pf.error)
         else:
             log.info("%s: prefetched %.0f of %.0f MiB of store files into the page cache in %.1fs (%s)",
-                     scorer.version_dir, pf.done_bytes / 2**20, pf.total_bytes / 2**20, pf.seconds, why)
+                     version_dir, pf.done_bytes / 2**20, pf.total_bytes / 2**20, pf.seconds, why)
 
-    pf = Prefetcher(store_files(scorer.version_dir / STORE_DIR), config.prefetch_mb_s,
-                    name=f"prefetch-{scorer.version_dir.name}", on_done=report)
+    pf = Prefetcher(store_files(version_dir / STORE_DIR), config.prefetch_mb_s,
+                    name=f"prefetch-{version_dir.name}", on_done=report)
     go, why = decide(config.prefetch_store, pf.total_bytes)
     if not go:
-        log.info("%s: store not prefetched: %s", scorer.version_dir, why)
+        log.info("%s: store not prefetched: %s", version_dir, why)
         return None
     return pf.start()
 
@@ -89,18 +89,33 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
     read into this version's row cache, block cache and FG item cache before it serves, so that
     its first requests find them there. ``pacer``: while another version serves, the load takes
     only ``pacer.share`` of the time (``server.pacing``). ``replacing``: another version serves, so
-    this one waits for its store prefetch (``start_prefetch``) before it may serve; a first version
-    serves at once and the prefetch goes on behind it."""
+    this one reads its store files into the page cache (``start_prefetch``, waiting at most
+    ``PREFETCH_WAIT_S``) before its store opens; a first version serves at once and the prefetch
+    goes on behind it."""
     t0 = time.perf_counter()
     pace = pacer.tick if pacer is not None else None
-    scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=row_cache_mb,
-                    follow_interval_s=config.follow_interval_s, catch_up_s=config.catch_up_s,
-                    item_cache_size=config.item_cache_size, max_request_values=config.max_request_values,
-                    verify=config.verify, store_statistics=True, pace=pace)
-    prefetcher = None
+    # A replacing version reads its files before its store opens: opening, verification seeks and
+    # warm-up reads hold the GIL, and a cold read of this disk can take 100s of ms, which every
+    # request of the serving version would wait out. The prefetch itself holds no GIL.
+    prefetcher = start_prefetch(version_dir, config) if replacing else None
+    try:
+        if prefetcher is not None and not prefetcher.wait(PREFETCH_WAIT_S):
+            log.warning("%s: opening before its prefetch ended (%.0f of %.0f MiB read in %.0fs)", version_dir,
+                        prefetcher.done_bytes / 2**20, prefetcher.total_bytes / 2**20, PREFETCH_WAIT_S)
+        if pacer is not None:
+            pacer.skip()  # waiting for the disk took no CPU: the load's first step owes no pause for it
+        scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=row_cache_mb,
+                        follow_interval_s=config.follow_interval_s, catch_up_s=config.catch_up_s,
+                        item_cache_size=config.item_cache_size, max_request_values=config.max_request_values,
+                        verify=config.verify, store_statistics=True, pace=pace)
+    except BaseException:
+        if prefetcher is not None:
+            prefetcher.stop()
+        raise
     try:
         verify_store(scorer, pace)
-        prefetcher = start_prefetch(scorer, config)
+        if not replacing:  # a first version serves at once; its files are read in behind it
+            prefetcher = start_prefetch(version_dir, config)
         items = scorer.warm_features(hot, pace)  # before warm-up: adopting replaces the FG's item state
         warm_up(scorer, config.warmup_candidates, pace)
         if hot is not None:
@@ -110,9 +125,6 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
                      n, items, time.perf_counter() - t,
                      f" (paced to {pacer.share:.0%} of the time: {pacer.slept_s:.2f}s of pauses)"
                      if pacer is not None and pacer.share < 1 else "")
-        if replacing and prefetcher is not None and not prefetcher.wait(PREFETCH_WAIT_S):
-            log.warning("%s: serving before its prefetch ended (%.0f of %.0f MiB read in %.0fs)", version_dir,
-                        prefetcher.done_bytes / 2**20, prefetcher.total_bytes / 2**20, PREFETCH_WAIT_S)
     except BaseException:
         if prefetcher is not None:
             prefetcher.stop()

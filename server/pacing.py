@@ -29,3 +29,7 @@ class Pacer:
             time.sleep(pause)
             self.slept_s += pause
         self._last = time.perf_counter()
+
+    def skip(self) -> None:
+        """The time since the last tick was spent waiting, not working: no pause is owed for it."""
+        self._last = time.perf_counter()

@@ -1,0 +1,78 @@
+"""server.loader: a version that replaces another reads its store files into the page cache before
+its store opens, and its paced load owes no pause for that wait. Residency is read with
+``mincore(2)`` (tests/test_prefetch.py), not through the code under test."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+
+from embstore.prefetch import store_files
+from server.config import ServerConfig
+from server.loader import open_version
+from server.pacing import Pacer
+from tests.test_prefetch import resident_bytes
+
+PREFETCH_S = 1.5  # the store read at a rate that makes the prefetch take about this long
+
+
+def _cold_version(tiny_model, tmp_path):
+    models = tmp_path / "models"
+    shutil.copytree(tiny_model[0], models)
+    vdir = models / "ml" / "1"
+    files = store_files(vdir / "store")
+    for p in files:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages cannot be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    total = sum(p.stat().st_size for p in files)
+    assert total > 0 and sum(resident_bytes(p) for p in files) < total / 2, "the kernel kept the files cached"
+    return models, vdir, total
+
+
+def _messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "offgraph.server"]
+
+
+def test_a_replacing_version_is_read_in_before_its_store_opens_and_not_paced_for_the_wait(
+        tiny_model, tmp_path, caplog):
+    models, vdir, total = _cold_version(tiny_model, tmp_path)
+    config = ServerConfig(models_dir=models, prefetch_store="on", prefetch_mb_s=total / 2**20 / PREFETCH_S)
+    pacer = Pacer(0.25)
+    caplog.set_level(logging.INFO, logger="offgraph.server")
+    t0 = time.perf_counter()
+    sv = open_version(vdir, config, row_cache_mb=8, pacer=pacer, replacing=True)
+    elapsed = time.perf_counter() - t0
+    try:
+        pf = sv.prefetcher
+        assert pf is not None and pf.finished and pf.done_bytes == total and pf.error is None
+        assert pf.seconds >= PREFETCH_S * 0.8  # the rate limit held: the wait below is real
+        msgs = _messages(caplog)
+        read = next(i for i, m in enumerate(msgs) if "prefetched" in m)
+        verified = next(i for i, m in enumerate(msgs) if "store verified" in m)
+        assert read < verified, msgs  # all files were read before the first verification seek
+        # pauses are owed for the load's work (a quarter of the time), not for the prefetch wait:
+        # paced over the wait too, it would have slept 3 x PREFETCH_S more
+        work = elapsed - pf.seconds - pacer.slept_s
+        assert pacer.slept_s <= 3.0 * work * 1.2 + 0.3, (pacer.slept_s, work, pf.seconds)
+    finally:
+        sv.close()
+
+
+def test_a_first_version_serves_without_waiting_for_its_prefetch(tiny_model, tmp_path):
+    models, vdir, total = _cold_version(tiny_model, tmp_path)
+    slow_s = 60.0  # far longer than the load: the version must not wait for it
+    config = ServerConfig(models_dir=models, prefetch_store="on", prefetch_mb_s=total / 2**20 / slow_s)
+    t0 = time.perf_counter()
+    sv = open_version(vdir, config, row_cache_mb=8, replacing=False)
+    try:
+        assert time.perf_counter() - t0 < slow_s / 2
+        pf = sv.prefetcher
+        assert pf is not None and not pf.finished and pf.done_bytes < total  # still reading behind it
+    finally:
+        sv.close()
+    assert pf.wait(10) and pf.done_bytes < total  # closing the version stopped its prefetch
