@@ -79,8 +79,6 @@ def write_version(out: Path, spec, head, tables, *, config: StoreConfig, trainin
     signature = save_dense(head, len(spec.fields), d, out / DENSE_DIR, num_dense=len(spec.numeric))
     checksums = {"dense": tree_checksums(out / DENSE_DIR)}
     checksums["dense_digest"] = digest(checksums["dense"])
-    checksums["store_at_export"] = {
-        p.name: digest(tree_checksums(p)) for p in sorted((out / STORE_DIR).glob("shard-*"))}
     checksums["store_files"] = store_file_records(out / STORE_DIR)
     manifest = {
         "format_version": FORMAT_VERSION,
