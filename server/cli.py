@@ -72,11 +72,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                    help="while a version serves, loading and warming the next takes at most this share of the "
                         "time, so that its requests keep the rest (default %(default)g; 1: flat out)")
     p.add_argument("--prefetch-store", default=server("prefetch_store"), choices=["auto", "on", "off"],
-                   help="read each loaded version's store files into the OS page cache in the background, so that "
+                   help="read each version's store files into the OS page cache before it serves, so that "
                         "requests do not wait on cold blocks from disk: auto when they take at most half the "
                         "available memory (default %(default)s)")
     p.add_argument("--prefetch-mb-s", type=float, default=server("prefetch_mb_s"),
-                   help="read rate limit of the prefetch in MiB/s (default %(default)g; 0: none)")
+                   help="read rate limit of the prefetch in MiB/s while requests are served (default "
+                        "%(default)g; 0: none; with nothing serving yet it reads as fast as the disk goes)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_cpus_argument(p, "the server and its workers")
     p.set_defaults(func=run)

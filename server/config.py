@@ -66,16 +66,16 @@ class ServerConfig(ConfigModel, frozen=True):
         seconds per 10^5 rows read from disk).
     load_share: while a version serves, loading and warming the next takes at most this share of
         the wall clock (``server.pacing``: pauses between its steps), so that a busy server's
-        requests keep the rest; 1 loads flat out. The first version of a model loads flat out. A
+        requests keep the rest; 1 loads flat out. With nothing serving yet, a load runs flat out. A
         retired version's memory is freed at this pace or a tenth of the time, whichever is less
         (``Scorer.release``).
-    prefetch_store: read a loaded version's store files into the OS page cache on a background thread
-        (``embstore.prefetch``), so that no request waits on a cold block from disk: ``auto`` when they
-        take at most half the available memory (a table bigger than that is read from disk as requests
-        need it), ``on``, ``off``. A version that replaces another reads its store files before its
-        store opens; the first version serves at once and they are read in behind it.
-    prefetch_mb_s: the prefetch's read rate limit in MiB/s (0: none), so that requests that still
-        read the disk keep most of it.
+    prefetch_store: read each version's store files into the OS page cache before the version serves
+        (``embstore.prefetch``; waiting at most ``server.loader.PREFETCH_WAIT_S``), so that no request
+        waits on a cold block from disk: ``auto`` when they take at most half the available memory (a
+        table bigger than that is read from disk as requests need it), ``on``, ``off``.
+    prefetch_mb_s: the prefetch's read rate limit in MiB/s (0: none) while the server answers
+        requests, so that requests that still read the disk keep most of it; with nothing serving
+        yet the prefetch reads as fast as the disk goes.
     verify: check the dense model's checksums when a version loads.
     tune_gc: ``gc.freeze()`` the objects alive when the app is built (TF's ~400k), raise the
         young-generation threshold and collect the young generation every 50 ms (see

@@ -28,7 +28,7 @@ log = logging.getLogger("offgraph.server")
 WARMUP_SIZES = (1, 16)
 
 PREFETCH_WAIT_S = 300.0
-"""How long a version that replaces another waits for its store prefetch before it opens anyway."""
+"""How long a version waits for its store prefetch before it opens anyway (the prefetch goes on)."""
 
 VERIFY_MAX_READS = 4096
 """Seeks of the row verification per version (a seek reads one data block per SST at that position)."""
@@ -61,9 +61,10 @@ def verify_store(scorer, pace=None) -> None:
              got["seeks"], time.perf_counter() - t0)
 
 
-def start_prefetch(version_dir: Path, config: ServerConfig) -> Prefetcher | None:
-    """Read the version's store files into the page cache in the background if ``config.prefetch_store``
-    says so (``embstore.prefetch``); logs the decision and, from its thread, the result."""
+def start_prefetch(version_dir: Path, config: ServerConfig, max_mb_s: float) -> Prefetcher | None:
+    """Read the version's store files into the page cache in the background, at most ``max_mb_s``
+    (0: no limit), if ``config.prefetch_store`` says so (``embstore.prefetch``); logs the decision
+    and, from its thread, the result."""
     why = ""
 
     def report(pf: Prefetcher) -> None:
@@ -73,7 +74,7 @@ def start_prefetch(version_dir: Path, config: ServerConfig) -> Prefetcher | None
             log.info("%s: prefetched %.0f of %.0f MiB of store files into the page cache in %.1fs (%s)",
                      version_dir, pf.done_bytes / 2**20, pf.total_bytes / 2**20, pf.seconds, why)
 
-    pf = Prefetcher(store_files(version_dir / STORE_DIR), config.prefetch_mb_s,
+    pf = Prefetcher(store_files(version_dir / STORE_DIR), max_mb_s,
                     name=f"prefetch-{version_dir.name}", on_done=report)
     go, why = decide(config.prefetch_store, pf.total_bytes)
     if not go:
@@ -83,21 +84,22 @@ def start_prefetch(version_dir: Path, config: ServerConfig) -> Prefetcher | None
 
 
 def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
-                 hot: dict | None = None, pacer: Pacer | None = None, replacing: bool = False) -> ServedVersion:
-    """Load, warm up and return one version; raises whatever made it unservable. ``hot``: what the
-    serving version used last (``Scorer.hot_rows``: its most recently used rows and FG items),
-    read into this version's row cache, block cache and FG item cache before it serves, so that
-    its first requests find them there. ``pacer``: while another version serves, the load takes
-    only ``pacer.share`` of the time (``server.pacing``). ``replacing``: another version serves, so
-    this one reads its store files into the page cache (``start_prefetch``, waiting at most
-    ``PREFETCH_WAIT_S``) before its store opens; a first version serves at once and the prefetch
-    goes on behind it."""
+                 hot: dict | None = None, pacer: Pacer | None = None, serving: bool = False) -> ServedVersion:
+    """Load, warm up and return one version; raises whatever made it unservable. First its store
+    files are read into the page cache when ``config.prefetch_store`` says so (``start_prefetch``,
+    waiting at most ``PREFETCH_WAIT_S``). ``hot``: what the serving version used last
+    (``Scorer.hot_rows``: its most recently used rows and FG items), read into this version's row
+    cache, block cache and FG item cache before it serves, so that its first requests find them
+    there. ``pacer``: while another version serves, the load takes only ``pacer.share`` of the time
+    (``server.pacing``). ``serving``: the server answers requests meanwhile, so the prefetch keeps
+    to ``config.prefetch_mb_s``; with nothing serving it reads as fast as the disk goes."""
     t0 = time.perf_counter()
     pace = pacer.tick if pacer is not None else None
-    # A replacing version reads its files before its store opens: opening, verification seeks and
-    # warm-up reads hold the GIL, and a cold read of this disk can take 100s of ms, which every
-    # request of the serving version would wait out. The prefetch itself holds no GIL.
-    prefetcher = start_prefetch(version_dir, config) if replacing else None
+    # The files are read in before the store opens: opening, verification seeks and warm-up reads
+    # hold the GIL, and a cold read of a virtual disk can take 100s of ms, which every request of
+    # a serving version would wait out; and a version serving from a cold store answers its first
+    # requests at the disk's pace. The prefetch itself holds no GIL.
+    prefetcher = start_prefetch(version_dir, config, config.prefetch_mb_s if serving else 0.0)
     try:
         if prefetcher is not None and not prefetcher.wait(PREFETCH_WAIT_S):
             log.warning("%s: opening before its prefetch ended (%.0f of %.0f MiB read in %.0fs)", version_dir,
@@ -114,8 +116,6 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
         raise
     try:
         verify_store(scorer, pace)
-        if not replacing:  # a first version serves at once; its files are read in behind it
-            prefetcher = start_prefetch(version_dir, config)
         items = scorer.warm_features(hot, pace)  # before warm-up: adopting replaces the FG's item state
         warm_up(scorer, config.warmup_candidates, pace)
         if hot is not None:

@@ -150,13 +150,13 @@ class ModelRegistry:
         holder.loading_version = version
         log.info("model %s: loading version %d", holder.name, version)
         try:
-            # while another version serves, the load yields to its requests (server.pacing), from its
+            # while any version serves, the load yields to its requests (server.pacing), from its
             # first step on: selecting the hot rows sorts the serving version's whole row cache
-            pacer = Pacer(self.config.load_share if holder.current is not None else 1.0)
+            serving = any(h.current is not None for h in list(self.holders.values()))
+            pacer = Pacer(self.config.load_share if serving else 1.0)
             hot = self._hot_rows(holder)
             pacer.tick()
-            sv = open_version(vdir, self.config, self._row_cache_mb(), hot, pacer,
-                              replacing=holder.current is not None)
+            sv = open_version(vdir, self.config, self._row_cache_mb(), hot, pacer, serving=serving)
         except Exception as e:  # noqa: BLE001 - whatever it is, this version must not serve
             reason = f"{type(e).__name__}: {e}"
             holder.refused[version] = refuse(holder.refused.get(version), reason, signature,

@@ -1,5 +1,6 @@
-"""server.loader: a version that replaces another reads its store files into the page cache before
-its store opens, and its paced load owes no pause for that wait. Residency is read with
+"""server.loader: a version reads its store files into the page cache before its store opens (rate
+limited while the server answers requests, as fast as the disk goes before), and its paced load
+owes no pause for that wait. Residency is read with
 ``mincore(2)`` (tests/test_prefetch.py), not through the code under test."""
 from __future__ import annotations
 
@@ -38,14 +39,14 @@ def _messages(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "offgraph.server"]
 
 
-def test_a_replacing_version_is_read_in_before_its_store_opens_and_not_paced_for_the_wait(
+def test_a_version_loaded_while_serving_is_read_in_before_its_store_opens_and_not_paced_for_the_wait(
         tiny_model, tmp_path, caplog):
     models, vdir, total = _cold_version(tiny_model, tmp_path)
     config = ServerConfig(models_dir=models, prefetch_store="on", prefetch_mb_s=total / 2**20 / PREFETCH_S)
     pacer = Pacer(0.25)
     caplog.set_level(logging.INFO, logger="offgraph.server")
     t0 = time.perf_counter()
-    sv = open_version(vdir, config, row_cache_mb=8, pacer=pacer, replacing=True)
+    sv = open_version(vdir, config, row_cache_mb=8, pacer=pacer, serving=True)
     elapsed = time.perf_counter() - t0
     try:
         pf = sv.prefetcher
@@ -63,16 +64,32 @@ def test_a_replacing_version_is_read_in_before_its_store_opens_and_not_paced_for
         sv.close()
 
 
-def test_a_first_version_serves_without_waiting_for_its_prefetch(tiny_model, tmp_path):
+def test_with_nothing_serving_the_prefetch_ignores_the_rate_limit_and_ends_before_the_version_serves(
+        tiny_model, tmp_path, caplog):
     models, vdir, total = _cold_version(tiny_model, tmp_path)
-    slow_s = 60.0  # far longer than the load: the version must not wait for it
+    slow_s = 60.0  # the limit would make it take this long: it is for protecting requests, and none are served
     config = ServerConfig(models_dir=models, prefetch_store="on", prefetch_mb_s=total / 2**20 / slow_s)
+    caplog.set_level(logging.INFO, logger="offgraph.server")
     t0 = time.perf_counter()
-    sv = open_version(vdir, config, row_cache_mb=8, replacing=False)
+    sv = open_version(vdir, config, row_cache_mb=8, serving=False)
     try:
         assert time.perf_counter() - t0 < slow_s / 2
         pf = sv.prefetcher
-        assert pf is not None and not pf.finished and pf.done_bytes < total  # still reading behind it
+        assert pf is not None and pf.finished and pf.done_bytes == total and pf.error is None
+        assert sum(resident_bytes(p) for p in store_files(vdir / "store")) >= 0.9 * total
+        msgs = _messages(caplog)
+        assert next(i for i, m in enumerate(msgs) if "prefetched" in m) < next(
+            i for i, m in enumerate(msgs) if "store verified" in m), msgs
     finally:
         sv.close()
-    assert pf.wait(10) and pf.done_bytes < total  # closing the version stopped its prefetch
+
+
+def test_prefetch_off_reads_nothing(tiny_model, tmp_path, caplog):
+    models, vdir, total = _cold_version(tiny_model, tmp_path)
+    caplog.set_level(logging.INFO, logger="offgraph.server")
+    sv = open_version(vdir, ServerConfig(models_dir=models, prefetch_store="off"), row_cache_mb=8)
+    try:
+        assert sv.prefetcher is None
+        assert any("store not prefetched" in m for m in _messages(caplog))
+    finally:
+        sv.close()
