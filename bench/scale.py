@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.disk_probe import cold_reads, describe
+from bench.disk_probe import cold_reads, describe, settle
 from bench.scale_server import ScaleServer, hit_ratios
 from bench.scale_swap import run_swap, summarize
 from bench.scale_traffic import POPULARITIES, bodies as to_bodies, build_requests
@@ -149,6 +149,18 @@ def _probe(version: Path, args) -> dict | None:
     return cold_reads(store_files(version / "store"), args.disk_probe_s) if args.disk_probe_s > 0 else None
 
 
+def _settle(version: Path, args) -> dict | None:
+    """After writing ``version``, wait until the disk's cold reads are back to normal
+    (``bench.disk_probe.settle``: p99.9 <= ``--settle-p999-ms``, at most ``--settle-max-s``)."""
+    if args.settle_max_s <= 0 or args.disk_probe_s <= 0:
+        return None
+    got = settle(store_files(version / "store"), args.settle_p999_ms, args.settle_max_s)
+    last = got["probes"][-1] if got["probes"] else None
+    _log(f"disk {'settled' if got['settled'] else 'NOT settled' if got['settled'] is False else 'not probed'} "
+         f"after {got['waited_s']:.0f}s ({len(got['probes'])} probes; last: {describe(last)})")
+    return got
+
+
 def swap_experiment(models: Path, rows: int, args, logs: Path) -> dict:
     hidden = models / MODEL / ".tmp-2"  # not a version until renamed to "2"
     if hidden.exists():
@@ -156,6 +168,7 @@ def swap_experiment(models: Path, rows: int, args, logs: Path) -> dict:
     stage = models.parent / f"stage-{models.name}"  # same filesystem (renamed), outside MODELS
     shutil.rmtree(stage, ignore_errors=True)
     synth(stage / MODEL / "2", rows, args.seed + 1, logs / f"synth-{rows}-v2.log")
+    settled_v2 = _settle(stage / MODEL / "2", args)
     os.rename(stage / MODEL / "2", hidden)
     shutil.rmtree(stage, ignore_errors=True)
     policy = models / MODEL / "admin-policy.json"
@@ -176,7 +189,8 @@ def swap_experiment(models: Path, rows: int, args, logs: Path) -> dict:
         policy.unlink(missing_ok=True)
         shutil.rmtree(models / MODEL / "2", ignore_errors=True)
         shutil.rmtree(hidden, ignore_errors=True)
-    out = {"rows": rows, "workers": 1, **summarize(raw), "disk_probe_before": disk_before,
+    out = {"rows": rows, "workers": 1, **summarize(raw), "settle_after_v2_synth": settled_v2,
+           "disk_probe_before": disk_before,
            "disk_probe_after": _probe(models / MODEL / "1", args)}
     _log(f"swap: {out['failed_requests']} failed of {out['requests']}; steady p99 {out['steady_p99_ms']:.1f} ms, "
          f"worst 1-s p99 after v2 appears {out['max_bin_p99_ms_after_v2_appears']:.1f} ms "
@@ -378,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--disk-probe-s", type=float, default=10.0,
                    help="seconds of cold O_DIRECT reads of the version's files before each measurement (and after "
                         "the swap): the disk's latency in the same run (bench/disk_probe.py; 0: off)")
+    p.add_argument("--settle-p999-ms", type=float, default=20.0,
+                   help="after writing a version, wait until the disk's cold reads have a p99.9 of at most this "
+                        "(bench/disk_probe.py: this VM's disk reads slowly for minutes after GBs of writes)")
+    p.add_argument("--settle-max-s", type=float, default=900.0, help="wait at most this long for it (0: no wait)")
     p.add_argument("--serve-args", default="", help="more flags for every `offgraph serve`, e.g. "
                                                       "'--cache-mb 128 --warmup-rows 300000' (default: none, the "
                                                       "defaults are what is measured)")
@@ -430,10 +448,11 @@ def main(argv: list[str] | None = None) -> int:
         report["synth"][str(n)] = {"rows": rows, "store_seconds": m["export_seconds"]["store"],
                                    "total_seconds": m["export_seconds"]["total"],
                                    "store_rows_per_s": rows / m["export_seconds"]["store"],
-                                   # the whole version: store, dense head, checksums of every file
+                                   # the whole version: store, dense head, manifest (bounded checksums)
                                    "rows_per_s": rows / m["export_seconds"]["total"],
                                    "bytes_on_disk": m["store"]["bytes_on_disk"],
-                                   "disk_bytes_per_row": m["store"]["bytes_on_disk"] / rows}
+                                   "disk_bytes_per_row": m["store"]["bytes_on_disk"] / rows,
+                                   "settle": _settle(models / MODEL / "1", args)}
         for w, pop in todo:
             r = measure(models, w, pop, n, args, logs)
             r["disk_bytes_per_row"] = report["synth"][str(n)]["disk_bytes_per_row"]
