@@ -74,9 +74,11 @@ def synth(out: Path, rows: int, seed: int, log_path: Path) -> dict:
     return json.loads(manifest.read_text())
 
 
-def disk_plan(sizes: list[int], swap_size: int | None, keep: bool, delete_from: int) -> int:
-    """Peak bytes the run writes: the kept versions plus the biggest one alive at a time."""
-    est = [SynthConfig(rows=n).disk_bytes() for n in sizes]
+def disk_plan(sizes: list[int], swap_size: int | None, keep: bool, delete_from: int,
+              present: frozenset[int] = frozenset()) -> int:
+    """Peak bytes the run writes: the kept versions plus the biggest one alive at a time. ``present``:
+    sizes whose version is already on disk (reused: nothing to write)."""
+    est = [0 if n in present else SynthConfig(rows=n).disk_bytes() for n in sizes]
     kept = sum(e for n, e in zip(sizes, est) if keep or n < delete_from)
     alive = max((e * (2 if n == swap_size else 1) for n, e in zip(sizes, est) if not (keep or n < delete_from)),
                 default=0)
@@ -420,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     work, out, logs = Path(args.workdir), Path(args.out), Path(args.out) / "logs"
     work.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
-    need = disk_plan(sizes, swap_size, args.keep, args.delete_from)
+    present = frozenset(n for n in sizes if (work / f"m{n}" / MODEL / "1" / "manifest.json").exists())
+    need = disk_plan(sizes, swap_size, args.keep, args.delete_from, present)
     free = shutil.disk_usage(work).free
     _log(f"sizes {[f'{n:.0e}' for n in sizes]}, swap at {swap_size or 'none'}: needs about {need / 1e9:.1f} GB of "
          f"disk under {work} at the peak ({free / 1e9:.1f} GB free)")
