@@ -64,9 +64,9 @@ def describe(probe: dict | None) -> str:
 def settle(files: list[Path], limit_ms: float, max_s: float, probe_s: float = 5.0, pause_s: float = 25.0,
            probe=cold_reads, sleep=time.sleep, clock=time.monotonic) -> dict:
     """Probe ``files`` (``probe_s`` each, ``pause_s`` apart) until the cold reads' p99.9 is at most
-    ``limit_ms`` or ``max_s`` have passed. After GBs of writes (a 10^9-row synth writes 27 GB) this
-    VM's disk reads slowly for minutes (p99.9 60-112 ms, single reads near 1 s, falling to ~10 ms
-    within minutes): a measurement started then measures the disk's writeback, not the server.
+    ``limit_ms`` or ``max_s`` have passed. Right after a 10^9-row synth (27 GB written) this VM's
+    disk read slowly (probes before the first 10^9 run: p99.9 60-112 ms, single reads near 1 s;
+    8-43 ms in the runs after): a measurement started then measures the disk, not the server.
     Returns ``{"settled": True/False (None: the files cannot be probed), "waited_s", "probes"}``."""
     t0 = clock()
     probes: list[dict] = []
