@@ -32,3 +32,34 @@ def tree_pss_bytes(pid: int) -> int:
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             pass
     return total << 10
+
+
+def _major_faults(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:  # majflt is field 12; the name (field 2) may hold spaces
+        return int(f.read().rsplit(")", 1)[1].split()[9])
+
+
+def tree_major_faults(pid: int) -> int:
+    """Major page faults so far (pages read from disk on access: code, mapped files) of ``pid`` and its
+    live descendants."""
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += _major_faults(p.pid)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            pass
+    return total
+
+
+def page_cache_refaults() -> int:
+    """The kernel's ``workingset_refault_file``: page-cache pages read again after being evicted."""
+    with open("/proc/vmstat") as f:
+        for line in f:
+            if line.startswith("workingset_refault_file "):
+                return int(line.split()[1])
+    return 0

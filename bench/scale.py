@@ -200,8 +200,14 @@ def swap_experiment(models: Path, rows: int, args, logs: Path) -> dict:
          f"bins over 2x: {_fraction(out, 'steady')} steady, {_fraction(out, 'after_v2_appears')} after); first 100 on v2 p99 {out['first_100_on_v2_p99_ms']:.1f} ms; "
          f"PSS peak {out['pss_peak_mb']:.0f} MB; v2 serving {out['v2_appears_to_serving_s']:.1f}s after it appeared, "
          f"v1 {out['rollback_to_v1_serving_s']:.1f}s after the rollback; before: {describe(disk_before)}; after: "
-         f"{describe(out['disk_probe_after'])}")
+         f"{describe(out['disk_probe_after'])}; per bin, major faults / page-cache refaults: "
+         f"{_per_bin(out['faults_in_bins_over_2x'])} in bins over 2x, "
+         f"{_per_bin(out['faults_in_other_bins_after_v2_appears'])} in the others after v2 appears")
     return out
+
+
+def _per_bin(sums: dict) -> str:
+    return f"{sums['major_faults_per_bin']} / {sums['page_cache_refaults_per_bin']}"
 
 
 # -- report -------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.proc_memory import tree_pss_bytes
+from bench.proc_memory import page_cache_refaults, tree_major_faults, tree_pss_bytes
 from bench.serve_latency import Conn, Proc
 from server.harness import free_port
 
@@ -65,6 +65,10 @@ class ScaleServer:
 
     def pss_bytes(self) -> int:
         return tree_pss_bytes(self.pid)
+
+    def fault_counters(self) -> tuple[int, int]:
+        """(major page faults of the server's processes, the kernel's page-cache refaults), cumulative."""
+        return tree_major_faults(self.pid), page_cache_refaults()
 
     def counters(self) -> dict[str, float]:
         """The cache counters of /metrics (workers publish theirs every 0.25 s: wait before reading)."""

@@ -2,8 +2,9 @@
 rollback to v1; every request's time, latency, status and version is kept, PSS is sampled 4x a second.
 
 ``run_swap`` drives one experiment against a running server; ``summarize`` turns its trace into the
-figures of the report: failed requests, p99 in 1-s bins against the steady p99, the PSS peak, and how
-long each version took from its trigger (the rename, the rollback call) to serving.
+figures of the report: failed requests, p99 in 1-s bins against the steady p99, the PSS peak, how
+long each version took from its trigger (the rename, the rollback call) to serving, and the server's
+major page faults and the kernel's page-cache refaults per bin (sampled with PSS).
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ async def run_swap(server, model: str, models: Path, hidden_v2: Path, bodies: li
     path = f"/v1/models/{model}:score"
     trace: list = []
     pss: list[tuple[float, int]] = []
+    faults: list[tuple[float, int, int]] = []  # (t, the server's major faults, page-cache refaults), cumulative
     stop = asyncio.Event()
     t0 = time.perf_counter()
     events: dict[str, float] = {}
@@ -64,6 +66,7 @@ async def run_swap(server, model: str, models: Path, hidden_v2: Path, bodies: li
             t = time.perf_counter()
             b = await asyncio.to_thread(server.pss_bytes)
             pss.append((t - t0, b, time.perf_counter() - t))
+            faults.append((t - t0, *await asyncio.to_thread(server.fault_counters)))
             await asyncio.sleep(0.25)
 
     async def until_version(v: int, since: float) -> float:
@@ -96,7 +99,17 @@ async def run_swap(server, model: str, models: Path, hidden_v2: Path, bodies: li
         stop.set()
         await asyncio.gather(*streams, sampler, return_exceptions=True)
     events["end"] = time.perf_counter() - t0
-    return {"trace": trace, "pss": pss, "events": events}
+    return {"trace": trace, "pss": pss, "faults": faults, "events": events}
+
+
+def _fault_sums(bins: list[dict]) -> dict:
+    """Bins, and their major faults and page-cache refaults in total and per bin (None: not sampled)."""
+    out: dict = {"bins": len(bins)}
+    for key in ("major_faults", "page_cache_refaults"):
+        vals = [b[key] for b in bins if b.get(key) is not None]
+        out[key] = sum(vals) if vals else None
+        out[key + "_per_bin"] = round(sum(vals) / len(vals), 1) if vals else None
+    return out
 
 
 def summarize(raw: dict) -> dict:
@@ -108,12 +121,21 @@ def summarize(raw: dict) -> dict:
     ok = status == 200
     steady = ok & (t >= ev.get("steady_from", 5.0)) & (t < ev["v2_appears"])
     steady_p99 = float(np.percentile(lat[steady], 99)) if steady.any() else float("nan")
+    fl = np.array(raw.get("faults") or [], dtype=float).reshape(-1, 3)
+
+    def faults_in(b: int, col: int) -> float | None:
+        """Counter ``col`` of the fault samples over [b, b+1) s, interpolated (None: not sampled)."""
+        if len(fl) < 2 or not fl[0, 0] <= b + 1 <= fl[-1, 0] + 1:
+            return None
+        return round(float(np.interp(b + 1, fl[:, 0], fl[:, col]) - np.interp(b, fl[:, 0], fl[:, col])), 1)
+
     bins = []
     for b in range(int(np.ceil(ev["end"]))):
         m = (t >= b) & (t < b + 1) & ok
         if m.any():
             bins.append({"t": b, "requests": int(m.sum()), "p50_ms": float(np.percentile(lat[m], 50)),
-                         "p99_ms": float(np.percentile(lat[m], 99))})
+                         "p99_ms": float(np.percentile(lat[m], 99)),
+                         "major_faults": faults_in(b, 1), "page_cache_refaults": faults_in(b, 2)})
     after = [b for b in bins if b["t"] >= int(ev["v2_appears"])]
     # the same statistic over the steady phase's own bins, where no version loads: how far single 1-s bins
     # of plain traffic stray from the steady p99 on this machine (a baseline for the bins of the swap)
@@ -139,6 +161,10 @@ def summarize(raw: dict) -> dict:
         "steady_max_bin_p99_over_steady": max((b["p99_ms"] for b in steady_bins), default=float("nan")) / steady_p99,
         "bins_over_2x_steady": {"steady": [sum(b["p99_ms"] > 2 * steady_p99 for b in steady_bins), len(steady_bins)],
                                 "after_v2_appears": [sum(b["p99_ms"] > 2 * steady_p99 for b in after), len(after)]},
+        # what the slow bins had that the others did not: pages read back from disk by the server (code,
+        # mapped files) and page-cache pages read again after eviction (e.g. by a proactive reclaim)
+        "faults_in_bins_over_2x": _fault_sums([b for b in after if b["p99_ms"] > 2 * steady_p99]),
+        "faults_in_other_bins_after_v2_appears": _fault_sums([b for b in after if b["p99_ms"] <= 2 * steady_p99]),
         "pss_steady_mb": float(np.median([p for ts, p, *_ in raw["pss"]
                                           if ev.get("steady_from", 0.0) <= ts < ev["v2_appears"]] or [0])) / 2**20,
         "pss_peak_mb": float(max(swap_pss or [0])) / 2**20,

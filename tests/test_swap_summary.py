@@ -27,3 +27,21 @@ def test_bins_against_the_steady_p99_and_their_steady_baseline():
     # 28.2 ms against 2 x 10.4: over; every other bin is at 10 ms
     assert s["bins_over_2x_steady"] == {"steady": [1, 10], "after_v2_appears": [1, 15]}
     assert s["pss_peak_mb"] == 300 and s["v2_appears_to_serving_s"] == 3.0
+
+
+def test_faults_are_counted_per_bin_and_split_by_slow_and_other_bins():
+    ev = {"steady_from": 5.0, "v2_appears": 15.0, "v2_serving": 18.0, "rollback_called": 22.0,
+          "rollback_answered": 26.0, "v1_serving": 26.0, "end": 30.0}
+    # cumulative counters sampled every 0.5 s: one major fault a second, plus 40 at 20.5 s (the slow bin);
+    # 3 page-cache refaults a second throughout
+    faults = [(k / 2, k / 2 + (40 if k / 2 >= 20.5 else 0), 3 * k / 2) for k in range(61)]
+    s = summarize({"trace": _trace(), "pss": [(1.0, 100 << 20, 0.01)], "faults": faults, "events": ev})
+    slow = s["faults_in_bins_over_2x"]
+    assert slow == {"bins": 1, "major_faults": 41.0, "major_faults_per_bin": 41.0,
+                    "page_cache_refaults": 3.0, "page_cache_refaults_per_bin": 3.0}
+    other = s["faults_in_other_bins_after_v2_appears"]
+    assert other["bins"] == 14 and other["major_faults"] == 14.0 and other["page_cache_refaults_per_bin"] == 3.0
+    assert next(b for b in s["bins"] if b["t"] == 20)["major_faults"] == 41.0
+    # a run recorded without fault samples: nothing made up
+    old = summarize({"trace": _trace(), "pss": [(1.0, 100 << 20, 0.01)], "events": ev})
+    assert old["faults_in_bins_over_2x"]["major_faults"] is None and old["bins"][0]["major_faults"] is None
