@@ -18,8 +18,9 @@ def _pss_kib(pid: int) -> int:
     return 0
 
 
-def tree_pss_bytes(pid: int) -> int:
-    """Sum of the PSS of ``pid`` and its live descendants (a process that exits meanwhile counts 0)."""
+def _tree_sum(pid: int, per_process) -> int:
+    """Sum of ``per_process(pid)`` over ``pid`` and its live descendants (a process that exits
+    meanwhile counts 0)."""
     try:
         procs = [psutil.Process(pid)]
         procs += procs[0].children(recursive=True)
@@ -28,10 +29,15 @@ def tree_pss_bytes(pid: int) -> int:
     total = 0
     for p in procs:
         try:
-            total += _pss_kib(p.pid)
+            total += per_process(p.pid)
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             pass
-    return total << 10
+    return total
+
+
+def tree_pss_bytes(pid: int) -> int:
+    """Sum of the PSS of ``pid`` and its live descendants."""
+    return _tree_sum(pid, _pss_kib) << 10
 
 
 def _major_faults(pid: int) -> int:
@@ -42,18 +48,7 @@ def _major_faults(pid: int) -> int:
 def tree_major_faults(pid: int) -> int:
     """Major page faults so far (pages read from disk on access: code, mapped files) of ``pid`` and its
     live descendants."""
-    try:
-        procs = [psutil.Process(pid)]
-        procs += procs[0].children(recursive=True)
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for p in procs:
-        try:
-            total += _major_faults(p.pid)
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            pass
-    return total
+    return _tree_sum(pid, _major_faults)
 
 
 def page_cache_refaults() -> int:
