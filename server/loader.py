@@ -90,7 +90,7 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
     waiting at most ``PREFETCH_WAIT_S``). ``hot``: what the serving version used last
     (``Scorer.hot_rows``: its most recently used rows and FG items), read into this version's row
     cache, block cache and FG item cache before it serves, so that its first requests find them
-    there. ``pacer``: while another version serves, the load takes only ``pacer.share`` of the time
+    there. ``pacer``: while any version serves, the load takes only ``pacer.share`` of the time
     (``server.pacing``). ``serving``: the server answers requests meanwhile, so the prefetch keeps
     to ``config.prefetch_mb_s``; with nothing serving it reads as fast as the disk goes."""
     t0 = time.perf_counter()
@@ -100,6 +100,7 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
     # a serving version would wait out; and a version serving from a cold store answers its first
     # requests at the disk's pace. The prefetch itself holds no GIL.
     prefetcher = start_prefetch(version_dir, config, config.prefetch_mb_s if serving else 0.0)
+    scorer = None
     try:
         if prefetcher is not None and not prefetcher.wait(PREFETCH_WAIT_S):
             log.warning("%s: opening before its prefetch ended (%.0f of %.0f MiB read in %.0fs)", version_dir,
@@ -110,11 +111,6 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
                         follow_interval_s=config.follow_interval_s, catch_up_s=config.catch_up_s,
                         item_cache_size=config.item_cache_size, max_request_values=config.max_request_values,
                         verify=config.verify, store_statistics=True, pace=pace)
-    except BaseException:
-        if prefetcher is not None:
-            prefetcher.stop()
-        raise
-    try:
         verify_store(scorer, pace)
         items = scorer.warm_features(hot, pace)  # before warm-up: adopting replaces the FG's item state
         warm_up(scorer, config.warmup_candidates, pace)
@@ -128,6 +124,7 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
     except BaseException:
         if prefetcher is not None:
             prefetcher.stop()
-        scorer.close()
+        if scorer is not None:
+            scorer.close()
         raise
     return ServedVersion(scorer, time.perf_counter() - t0, row_cache_mb, prefetcher)

@@ -5,7 +5,6 @@ owes no pause for that wait. Residency is read with
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 
@@ -13,7 +12,7 @@ from embstore.prefetch import store_files
 from server.config import ServerConfig
 from server.loader import open_version
 from server.pacing import Pacer
-from tests.test_prefetch import resident_bytes
+from tests.test_prefetch import drop_from_cache, resident_bytes
 
 PREFETCH_S = 1.5  # the store read at a rate that makes the prefetch take about this long
 
@@ -24,12 +23,7 @@ def _cold_version(tiny_model, tmp_path):
     vdir = models / "ml" / "1"
     files = store_files(vdir / "store")
     for p in files:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # dirty pages cannot be dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop_from_cache(p)
     total = sum(p.stat().st_size for p in files)
     assert total > 0 and sum(resident_bytes(p) for p in files) < total / 2, "the kernel kept the files cached"
     return models, vdir, total

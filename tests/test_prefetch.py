@@ -27,17 +27,21 @@ def resident_bytes(path) -> int:
     return min(size, int((np.frombuffer(vec, np.uint8) & 1).sum()) * mmap.PAGESIZE)
 
 
+def drop_from_cache(path) -> None:
+    """``path``'s pages out of the page cache (written back first: dirty pages cannot be dropped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def cold_file(path, mib: int):
     """A file of ``mib`` MiB on disk and out of the page cache."""
     with open(path, "wb") as f:
         f.write(np.random.default_rng(0).integers(0, 255, mib << 20, dtype=np.uint8).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_from_cache(path)
     assert resident_bytes(path) < (1 << 20), "the kernel kept the file cached: cannot test"
     return path
 
