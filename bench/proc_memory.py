@@ -1,4 +1,5 @@
-"""Memory of a process tree: total PSS of a server's supervisor and all its children.
+"""Memory of a process tree: total PSS of a server's supervisor and all its children (and its major
+faults and disk reads).
 
 PSS (proportional set size) charges each shared page (the TensorFlow library mapped by every worker,
 the page cache of a memory-mapped file) to the processes sharing it in equal parts, so the sum over
@@ -49,6 +50,20 @@ def tree_major_faults(pid: int) -> int:
     """Major page faults so far (pages read from disk on access: code, mapped files) of ``pid`` and its
     live descendants."""
     return _tree_sum(pid, _major_faults)
+
+
+def _read_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def tree_read_bytes(pid: int) -> int:
+    """Bytes read from storage so far (page-cache misses: what the disk served, not what the page cache
+    did) by ``pid`` and its live descendants (``/proc/PID/io`` ``read_bytes``)."""
+    return _tree_sum(pid, _read_bytes)
 
 
 def page_cache_refaults() -> int:

@@ -106,9 +106,10 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
                                              args.candidates, server.pid))
             time.sleep(0.6)  # the workers publish their counters every 0.25 s
             pss_warm = server.pss_bytes()
-            c0 = server.counters()
+            c0, d0 = server.counters(), server.disk_read_bytes()
             c1 = loop.run_until_complete(run_cell("127.0.0.1", server.port, path, bodies[n_warm:n_warm + n_c1], 1,
                                                   n_c1, args.seconds, 1, args.candidates, server.pid))
+            d1 = server.disk_read_bytes()
             samples: list[int] = []
 
             async def c8_with_pss():
@@ -128,6 +129,7 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
                     await task
 
             c8 = loop.run_until_complete(c8_with_pss())
+            d8 = server.disk_read_bytes()
         finally:
             loop.close()
         time.sleep(0.6)
@@ -137,12 +139,16 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
     row = {"rows": rows, "workers": workers, "popularity": popularity, "start_to_ready_s": ready_s,
            "version_load_s": load_s, "disk_probe": disk,
            "pss_ready_mb": pss_ready / 2**20, "pss_after_warmup_mb": pss_warm / 2**20,
-           "pss_under_load_mb": max(samples or [0]) / 2**20, "c1": c1, "c8": c8, **ratios}
+           "pss_under_load_mb": max(samples or [0]) / 2**20, "c1": c1, "c8": c8, **ratios,
+           # what the page cache did not hold: read from the disk, per measured request
+           "c1_disk_kib_per_request": (d1 - d0) / 1024 / max(1, c1["requests"]),
+           "c8_disk_kib_per_request": (d8 - d1) / 1024 / max(1, c8["requests"])}
     _log(f"{rows:.0e} rows w{workers} {popularity:7s}: ready {ready_s:5.1f}s (version {_load(row)}s)  "
          f"PSS warm {row['pss_after_warmup_mb']:6.0f} "
          f"load {row['pss_under_load_mb']:6.0f} MB  c1 p50 {c1['p50_ms']:6.1f} p99 {c1['p99_ms']:6.1f} ms  "
          f"c8 {c8['rps']:5.0f} req/s p99 {c8['p99_ms']:6.1f} ms  row-cache {ratios['row_cache_hit_ratio'] or 0:.3f} "
-         f"block-cache {ratios['block_cache_hit_ratio'] or 0:.3f}; {describe(disk)}")
+         f"block-cache {ratios['block_cache_hit_ratio'] or 0:.3f}; from disk c1 {row['c1_disk_kib_per_request']:.0f} "
+         f"c8 {row['c8_disk_kib_per_request']:.0f} KiB/request; {describe(disk)}")
     return row
 
 
@@ -263,6 +269,13 @@ def _load(run: dict) -> str:
     return "?" if run.get("version_load_s") is None else f"{run['version_load_s']:.1f}"
 
 
+def _from_disk(run: dict) -> str:
+    """KiB read from the disk per request at concurrency 1 / 8 (``?`` in older reports)."""
+    if "c1_disk_kib_per_request" not in run:
+        return "?"
+    return f"{run['c1_disk_kib_per_request']:.0f} / {run['c8_disk_kib_per_request']:.0f}"
+
+
 def _fraction(sw: dict, phase: str) -> str:
     """``k of n`` 1-s bins of ``phase`` whose p99 is over twice the steady p99 (``?`` in older reports)."""
     k_n = (sw.get("bins_over_2x_steady") or {}).get(phase)
@@ -272,13 +285,14 @@ def _fraction(sw: dict, phase: str) -> str:
 def markdown(report: dict) -> str:
     """The figures as Markdown tables (``OUT/scale.md``, pasted into bench/README.md)."""
     lines = ["| rows | workers | popularity | ready s (version load s) | PSS warm MiB | PSS load MiB | c1 p50 ms | c1 p99 ms | "
-             "c8 req/s | c8 p99 ms | row-cache hit | block-cache hit | disk B/row | cold reads p99.9 / max ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "c8 req/s | c8 p99 ms | row-cache hit | block-cache hit | read from disk KiB/request c1 / c8 | disk B/row | "
+             "cold reads p99.9 / max ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(report["runs"], key=lambda r: (r["rows"], r["workers"], r["popularity"] != "zipf")):
         lines.append(f"| {r['rows']:.0e} | {r['workers']} | {r['popularity']} | {r['start_to_ready_s']:.1f} ({_load(r)}) | "
                      f"{r['pss_after_warmup_mb']:.0f} | {r['pss_under_load_mb']:.0f} | {r['c1']['p50_ms']:.1f} | "
                      f"{r['c1']['p99_ms']:.1f} | {r['c8']['rps']:.0f} | {r['c8']['p99_ms']:.0f} | "
-                     f"{r['row_cache_hit_ratio'] or 0:.3f} | {r['block_cache_hit_ratio'] or 0:.3f} | "
+                     f"{r['row_cache_hit_ratio'] or 0:.3f} | {r['block_cache_hit_ratio'] or 0:.3f} | {_from_disk(r)} | "
                      f"{r['disk_bytes_per_row']:.1f} | {_disk(r.get('disk_probe'))} |")
     lines += ["", "| rows | synth rows/s (store) | synth rows/s (whole version) | bytes on disk |", "|---|---|---|---|"]
     for n, y in sorted(report["synth"].items(), key=lambda kv: int(kv[0])):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.proc_memory import page_cache_refaults, tree_major_faults, tree_pss_bytes
+from bench.proc_memory import page_cache_refaults, tree_major_faults, tree_pss_bytes, tree_read_bytes
 from bench.serve_latency import Conn, Proc
 from server.harness import free_port
 
@@ -69,6 +69,10 @@ class ScaleServer:
     def fault_counters(self) -> tuple[int, int]:
         """(major page faults of the server's processes, the kernel's page-cache refaults), cumulative."""
         return tree_major_faults(self.pid), page_cache_refaults()
+
+    def disk_read_bytes(self) -> int:
+        """Bytes the server's processes read from storage so far (what the page cache did not hold)."""
+        return tree_read_bytes(self.pid)
 
     def counters(self) -> dict[str, float]:
         """The cache counters of /metrics (workers publish theirs every 0.25 s: wait before reading)."""

@@ -4,7 +4,7 @@ import subprocess
 import sys
 import time
 
-from bench.proc_memory import page_cache_refaults, tree_major_faults, tree_pss_bytes
+from bench.proc_memory import page_cache_refaults, tree_major_faults, tree_pss_bytes, tree_read_bytes
 from test_prefetch import cold_file
 
 CHILD = """
@@ -20,6 +20,10 @@ def _majflt(pid: int) -> int:
     return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[9])
 
 
+def _read_bytes(pid: int) -> int:
+    return next(int(line.split()[1]) for line in open(f"/proc/{pid}/io") if line.startswith("read_bytes:"))
+
+
 def _pss(pid: int) -> int:
     return next(int(line.split()[1]) for line in open(f"/proc/{pid}/smaps_rollup") if line.startswith("Pss:")) << 10
 
@@ -32,6 +36,8 @@ def test_the_tree_counts_a_child_and_its_major_faults(tmp_path):
         assert child.stdout.readline().strip() == "ready"
         me = os.getpid()
         before_tree, before_child = tree_major_faults(me), _majflt(child.pid)
+        read_tree, read_child = tree_read_bytes(me), _read_bytes(child.pid)
+        assert read_tree >= _read_bytes(me) + read_child
         assert before_tree >= _majflt(me) + before_child
         pss = tree_pss_bytes(me)
         assert pss >= 0.8 * (_pss(me) + _pss(child.pid)) and pss > _pss(me)
@@ -40,9 +46,13 @@ def test_the_tree_counts_a_child_and_its_major_faults(tmp_path):
         gained = _majflt(child.pid) - before_child
         assert gained >= 1  # the cold pages came from disk (readahead makes it fewer than 2048)
         assert tree_major_faults(me) - before_tree >= gained
+        read = _read_bytes(child.pid) - read_child
+        assert read >= 4096  # the faults read the cold file from the disk
+        assert tree_read_bytes(me) - read_tree >= read
         assert page_cache_refaults() >= 0
     finally:
         child.kill()
         child.wait(10)
     time.sleep(0.05)
     assert tree_major_faults(child.pid) == 0 and tree_pss_bytes(child.pid) == 0  # gone: counts nothing
+    assert tree_read_bytes(child.pid) == 0
