@@ -37,6 +37,7 @@ from bench.disk_probe import cold_reads, describe, settle
 from bench.scale_server import ScaleServer, hit_ratios
 from bench.scale_swap import run_swap, summarize
 from bench.scale_traffic import POPULARITIES, bodies as to_bodies, build_requests
+from bench.scale_warmup import warm_until_steady
 from bench.serve_latency import run_cell
 from embstore.prefetch import store_files
 from exporter.cli_synth import count
@@ -102,8 +103,12 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
         pss_ready = server.pss_bytes()
         loop = asyncio.new_event_loop()
         try:
-            loop.run_until_complete(run_cell("127.0.0.1", server.port, path, bodies[:n_warm], 8, n_warm, 600, 1,
-                                             args.candidates, server.pid))
+            def more(k: int, n: int) -> list[bytes]:  # fresh warm-up bodies, seeds apart from the measured ones
+                return to_bodies(build_requests(rows, n, args.candidates, popularity, seed=args.seed + 1000 + k))
+
+            warmup = loop.run_until_complete(warm_until_steady(server, path, bodies[:n_warm], more, args.candidates,
+                                                               args.warmup_round_s, args.warmup_max_s,
+                                                               args.warmup_level))
             time.sleep(0.6)  # the workers publish their counters every 0.25 s
             pss_warm = server.pss_bytes()
             c0, d0 = server.counters(), server.disk_read_bytes()
@@ -137,13 +142,15 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
     finally:
         server.stop()
     row = {"rows": rows, "workers": workers, "popularity": popularity, "start_to_ready_s": ready_s,
-           "version_load_s": load_s, "disk_probe": disk,
+           "version_load_s": load_s, "disk_probe": disk, "warmup": warmup,
            "pss_ready_mb": pss_ready / 2**20, "pss_after_warmup_mb": pss_warm / 2**20,
            "pss_under_load_mb": max(samples or [0]) / 2**20, "c1": c1, "c8": c8, **ratios,
            # what the page cache did not hold: read from the disk, per measured request
            "c1_disk_kib_per_request": (d1 - d0) / 1024 / max(1, c1["requests"]),
            "c8_disk_kib_per_request": (d8 - d1) / 1024 / max(1, c8["requests"])}
     _log(f"{rows:.0e} rows w{workers} {popularity:7s}: ready {ready_s:5.1f}s (version {_load(row)}s)  "
+         f"warm-up {_warm(row)} ({warmup['stopped']}, {len(warmup['rounds'])} rounds, first round c8 p99 "
+         f"{warmup['rounds'][0]['p99_ms']:.0f} ms)  "
          f"PSS warm {row['pss_after_warmup_mb']:6.0f} "
          f"load {row['pss_under_load_mb']:6.0f} MB  c1 p50 {c1['p50_ms']:6.1f} p99 {c1['p99_ms']:6.1f} ms  "
          f"c8 {c8['rps']:5.0f} req/s p99 {c8['p99_ms']:6.1f} ms  row-cache {ratios['row_cache_hit_ratio'] or 0:.3f} "
@@ -269,6 +276,15 @@ def _load(run: dict) -> str:
     return "?" if run.get("version_load_s") is None else f"{run['version_load_s']:.1f}"
 
 
+def _warm(run: dict) -> str:
+    """Warm-up seconds (disk KiB per request in its first and last round), ``?`` in older reports."""
+    w = run.get("warmup")
+    if not w:
+        return "?"
+    first, last = w["rounds"][0]["disk_kib_per_request"], w["rounds"][-1]["disk_kib_per_request"]
+    return f"{w['seconds']:.0f} s ({first:.0f} -> {last:.0f})"
+
+
 def _from_disk(run: dict) -> str:
     """KiB read from the disk per request at concurrency 1 / 8 (``?`` in older reports)."""
     if "c1_disk_kib_per_request" not in run:
@@ -284,12 +300,12 @@ def _fraction(sw: dict, phase: str) -> str:
 
 def markdown(report: dict) -> str:
     """The figures as Markdown tables (``OUT/scale.md``, pasted into bench/README.md)."""
-    lines = ["| rows | workers | popularity | ready s (version load s) | PSS warm MiB | PSS load MiB | c1 p50 ms | c1 p99 ms | "
+    lines = ["| rows | workers | popularity | ready s (version load s) | warm-up (disk KiB/request: first -> last round) | PSS warm MiB | PSS load MiB | c1 p50 ms | c1 p99 ms | "
              "c8 req/s | c8 p99 ms | row-cache hit | block-cache hit | read from disk KiB/request c1 / c8 | disk B/row | "
              "cold reads p99.9 / max ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(report["runs"], key=lambda r: (r["rows"], r["workers"], r["popularity"] != "zipf")):
-        lines.append(f"| {r['rows']:.0e} | {r['workers']} | {r['popularity']} | {r['start_to_ready_s']:.1f} ({_load(r)}) | "
+        lines.append(f"| {r['rows']:.0e} | {r['workers']} | {r['popularity']} | {r['start_to_ready_s']:.1f} ({_load(r)}) | {_warm(r)} | "
                      f"{r['pss_after_warmup_mb']:.0f} | {r['pss_under_load_mb']:.0f} | {r['c1']['p50_ms']:.1f} | "
                      f"{r['c1']['p99_ms']:.1f} | {r['c8']['rps']:.0f} | {r['c8']['p99_ms']:.0f} | "
                      f"{r['row_cache_hit_ratio'] or 0:.3f} | {r['block_cache_hit_ratio'] or 0:.3f} | {_from_disk(r)} | "
@@ -401,7 +417,13 @@ def main(argv: list[str] | None = None) -> int:
                                                       "--delete-from rows and more once measured)")
     p.add_argument("--delete-from", type=count, default=10**8)
     p.add_argument("--candidates", type=int, default=200)
-    p.add_argument("--warmup-requests", type=int, default=200)
+    p.add_argument("--warmup-requests", type=int, default=200, help="the warm-up's first round (concurrency 8)")
+    p.add_argument("--warmup-max-s", type=float, default=180.0,
+                   help="then rounds of fresh requests while the server reads from the disk, until its disk reads "
+                        "per request level off, at most this long (bench/scale_warmup.py; 0: the first round only)")
+    p.add_argument("--warmup-round-s", type=float, default=10.0)
+    p.add_argument("--warmup-level", type=float, default=0.05,
+                   help="leveled off: a round reads at least (1 - this) times the disk KiB per request of the one before")
     p.add_argument("--c1-requests", type=int, default=300)
     p.add_argument("--c8-requests", type=int, default=4000)
     p.add_argument("--seconds", type=float, default=20.0, help="most seconds of each measured phase")
