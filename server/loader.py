@@ -71,8 +71,9 @@ def start_prefetch(version_dir: Path, config: ServerConfig, max_mb_s: float) -> 
         if pf.error:
             log.warning("%s: prefetch stopped after %.0f MiB: %s", version_dir, pf.done_bytes / 2**20, pf.error)
         else:
-            log.info("%s: prefetched %.0f of %.0f MiB of store files into the page cache in %.1fs (%s)",
-                     version_dir, pf.done_bytes / 2**20, pf.total_bytes / 2**20, pf.seconds, why)
+            log.info("%s: prefetched %.0f of %.0f MiB of store files into the page cache in %.1fs (%s; I/O class %s)",
+                     version_dir, pf.done_bytes / 2**20, pf.total_bytes / 2**20, pf.seconds, why,
+                     pf.io_class or "unchanged")
 
     pf = Prefetcher(store_files(version_dir / STORE_DIR), max_mb_s,
                     name=f"prefetch-{version_dir.name}", on_done=report)

@@ -95,3 +95,20 @@ def test_a_file_gone_is_an_error_not_an_exception(tmp_path):
     assert pf.error is not None and "FileNotFoundError" in pf.error
     with pytest.raises(ValueError, match="max_mb_s"):
         Prefetcher([], max_mb_s=-1)
+
+
+def test_the_prefetch_reads_in_the_idle_io_class_and_leaves_the_other_threads_alone(tmp_path):
+    import psutil
+
+    path = cold_file(tmp_path / "x.sst", 8)
+    pf = Prefetcher([path], max_mb_s=2).start()  # about 4 s: long enough to look at its thread
+    try:
+        deadline = time.monotonic() + 10
+        while pf.io_class is None and not pf.finished and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pf.io_class == "idle"
+        assert psutil.Process(pf._thread.native_id).ionice().ioclass == psutil.IOPRIO_CLASS_IDLE  # the kernel's word
+        assert psutil.Process(os.getpid()).ionice().ioclass != psutil.IOPRIO_CLASS_IDLE  # requests' reads keep theirs
+    finally:
+        pf.stop()
+        assert pf.wait(10)
