@@ -11,12 +11,17 @@ from __future__ import annotations
 import psutil
 
 
-def _pss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/smaps_rollup") as f:
+def _field(path: str, name: str) -> int:
+    """The number after ``name`` on its line of a /proc file of ``name value ...`` lines (0: none)."""
+    with open(path) as f:
         for line in f:
-            if line.startswith("Pss:"):
+            if line.startswith(name):
                 return int(line.split()[1])
     return 0
+
+
+def _pss_kib(pid: int) -> int:
+    return _field(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
 def _tree_sum(pid: int, per_process) -> int:
@@ -53,11 +58,7 @@ def tree_major_faults(pid: int) -> int:
 
 
 def _read_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/io") as f:
-        for line in f:
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    return 0
+    return _field(f"/proc/{pid}/io", "read_bytes:")
 
 
 def tree_read_bytes(pid: int) -> int:
@@ -68,8 +69,4 @@ def tree_read_bytes(pid: int) -> int:
 
 def page_cache_refaults() -> int:
     """The kernel's ``workingset_refault_file``: page-cache pages read again after being evicted."""
-    with open("/proc/vmstat") as f:
-        for line in f:
-            if line.startswith("workingset_refault_file "):
-                return int(line.split()[1])
-    return 0
+    return _field("/proc/vmstat", "workingset_refault_file ")
