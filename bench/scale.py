@@ -37,7 +37,7 @@ from bench.disk_probe import cold_reads, describe, settle
 from bench.scale_server import ScaleServer, hit_ratios
 from bench.scale_swap import run_swap, summarize
 from bench.scale_traffic import POPULARITIES, bodies as to_bodies, build_requests
-from bench.scale_warmup import warm_until_steady
+from bench.scale_warmup import kib_per_request, warm_until_steady
 from bench.serve_latency import run_cell
 from embstore.prefetch import store_files
 from exporter.cli_synth import count
@@ -146,8 +146,8 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
            "pss_ready_mb": pss_ready / 2**20, "pss_after_warmup_mb": pss_warm / 2**20,
            "pss_under_load_mb": max(samples or [0]) / 2**20, "c1": c1, "c8": c8, **ratios,
            # what the page cache did not hold: read from the disk, per measured request
-           "c1_disk_kib_per_request": (d1 - d0) / 1024 / max(1, c1["requests"]),
-           "c8_disk_kib_per_request": (d8 - d1) / 1024 / max(1, c8["requests"])}
+           "c1_disk_kib_per_request": kib_per_request(d1 - d0, c1["requests"]),
+           "c8_disk_kib_per_request": kib_per_request(d8 - d1, c8["requests"])}
     _log(f"{rows:.0e} rows w{workers} {popularity:7s}: ready {ready_s:5.1f}s (version {_load(row)}s)  "
          f"warm-up {_warm(row)} ({warmup['stopped']}, {len(warmup['rounds'])} rounds, first round c8 p99 "
          f"{warmup['rounds'][0]['p99_ms']:.0f} ms)  "

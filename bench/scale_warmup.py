@@ -20,6 +20,11 @@ from bench.serve_latency import run_cell
 FLOOR_KIB = 16.0  # less than one data block (16 KiB) per request: nothing left to warm
 
 
+def kib_per_request(read_bytes: int, requests: int) -> float:
+    """Disk KiB read per request (0 requests: per 1)."""
+    return read_bytes / 1024 / max(1, requests)
+
+
 def stop_reason(kib_per_request: list[float], elapsed_s: float, max_s: float, level: float) -> str | None:
     """Why the warm-up stops after these rounds, or None to go on: ``"no disk reads"``, ``"leveled"``
     (the last round read at least ``1 - level`` times what the round before read), ``"time"``."""
@@ -44,19 +49,18 @@ async def warm_until_steady(server, path: str, first: list[bytes], more: Callabl
     rounds: list[dict] = []
     t0 = time.perf_counter()
     while True:
-        if rounds:  # about 1.5 rounds' worth at the last round's rate (run_cell cycles them if short)
+        if not rounds:  # the first round: the ``first`` bodies, once each
+            bodies, n, seconds = first, len(first), 600.0
+        else:  # about 1.5 rounds' worth at the last round's rate (run_cell cycles them if short)
             bodies = more(len(rounds), int(min(4000, 1.5 * rounds[-1]["rps"] * round_s + 50)))
-        else:
-            bodies = first
+            n, seconds = 10**9, round_s
         d0 = server.disk_read_bytes()
-        cell = await run_cell("127.0.0.1", server.port, path, bodies, 8, len(bodies) if not rounds else 10**9,
-                              round_s if rounds else 600.0, 1, candidates, server.pid)
-        kib = (server.disk_read_bytes() - d0) / 1024 / max(1, cell["requests"])
+        cell = await run_cell("127.0.0.1", server.port, path, bodies, 8, n, seconds, 1, candidates, server.pid)
         rounds.append({"requests": cell["requests"], "seconds": cell["seconds"], "rps": cell["rps"],
-                       "p99_ms": cell["p99_ms"], "disk_kib_per_request": kib})
+                       "p99_ms": cell["p99_ms"],
+                       "disk_kib_per_request": kib_per_request(server.disk_read_bytes() - d0, cell["requests"])})
         elapsed = time.perf_counter() - t0
-        if max_s <= 0:
-            return {"seconds": elapsed, "stopped": "fixed", "rounds": rounds}
-        reason = stop_reason([r["disk_kib_per_request"] for r in rounds], elapsed, max_s, level)
+        reason = "fixed" if max_s <= 0 else stop_reason([r["disk_kib_per_request"] for r in rounds], elapsed,
+                                                        max_s, level)
         if reason:
             return {"seconds": elapsed, "stopped": reason, "rounds": rounds}
