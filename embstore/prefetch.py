@@ -6,13 +6,8 @@ slow in the tail: on the 2-core development VM, 16-KiB cold reads had a median o
 p99.9 near 100 ms and single reads of up to 1.1 s, with nothing else running. A version whose files
 fit in memory comfortably is therefore read into the page cache once, sequentially, in the
 background (``sendfile`` to ``/dev/null``: the kernel reads the pages and copies nothing, so it costs
-almost no CPU and no GIL). Tables bigger than that (the point of out-of-graph serving) are read in
-part, as much as that share of memory holds: the same share of every file, from its end, in the
-background while the version serves. A hashed table's popular rows are spread over all of its
-blocks, so any part of it is worth as much as any other, and the end of an SST file holds its
-index and filter partitions, which every lookup needs. The rest of their blocks come from disk as
-requests need them; without the prefetch, requests alone take minutes to read that much in at
-random (and pay for every block on the request path).
+almost no CPU and no GIL). Tables bigger than that (the point of out-of-graph serving) are not:
+their blocks come from disk as requests need them.
 
 Page-cache pages are not part of a process's PSS; the kernel reclaims them under pressure.
 
@@ -23,11 +18,9 @@ queues behind the prefetch's sequential ones, while on an idle disk the prefetch
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, get_args
 
@@ -37,7 +30,7 @@ log = logging.getLogger("offgraph.embstore")
 
 PrefetchMode = Literal["auto", "on", "off"]
 PREFETCH_MODES = get_args(PrefetchMode)
-AUTO_SHARE_OF_AVAILABLE = 0.5  # "auto": the prefetch reads at most this share of the available memory
+AUTO_SHARE_OF_AVAILABLE = 0.5  # "auto": the files may take at most this share of the available memory
 CHUNK_BYTES = 2 << 20  # small reads between pauses: a request's random read never queues behind much
 
 
@@ -64,65 +57,33 @@ def available_bytes() -> int:
     return int(psutil.virtual_memory().available)
 
 
-@dataclass(frozen=True)
-class PrefetchPlan:
-    """What to read of a store's files: ``share`` of each file's bytes (0: nothing, 1: all of it), and
-    whether the version waits for it before it opens (``wait``); ``why`` is for the log."""
-
-    share: float
-    wait: bool
-    why: str
-
-    @property
-    def go(self) -> bool:
-        return self.share > 0
-
-
-def decide(mode: str, total_bytes: int, available: int | None = None) -> PrefetchPlan:
-    """What to prefetch of ``total_bytes`` of store files, and why (for the log)."""
+def decide(mode: str, total_bytes: int, available: int | None = None) -> tuple[bool, str]:
+    """Whether to prefetch ``total_bytes`` of files, and why (for the log)."""
     if mode not in PREFETCH_MODES:
         raise ValueError(f"prefetch mode must be one of {PREFETCH_MODES}, got {mode!r}")
     if mode == "off":
-        return PrefetchPlan(0.0, False, "prefetch off")
+        return False, "prefetch off"
     if mode == "on":
-        return PrefetchPlan(1.0, True, "prefetch on")
+        return True, "prefetch on"
     available = available_bytes() if available is None else available
     limit = int(available * AUTO_SHARE_OF_AVAILABLE)
     if total_bytes <= limit:
-        return PrefetchPlan(1.0, True, f"{total_bytes / 2**30:.2f} GiB fit in {AUTO_SHARE_OF_AVAILABLE:.0%} "
-                                       "of the available memory")
-    share = limit / total_bytes
-    return PrefetchPlan(share, False, (
-        f"{total_bytes / 2**30:.2f} GiB are more than {AUTO_SHARE_OF_AVAILABLE:.0%} of the available memory "
-        f"({available / 2**30:.2f} GiB): the last {share:.0%} of each file is read while the version serves, "
-        "the rest of the blocks are read from disk as requests need them"))
-
-
-def part_start(size: int, share: float) -> int:
-    """Where the read of the last ``share`` of a ``size``-byte file starts: a page boundary, so the
-    pages read are whole and at least that share."""
-    if not 0 <= share <= 1:
-        raise ValueError(f"share must be in [0, 1], got {share!r}")
-    return max(0, (size - int(size * share)) // mmap.PAGESIZE * mmap.PAGESIZE)
+        return True, f"{total_bytes / 2**30:.2f} GiB fit in {AUTO_SHARE_OF_AVAILABLE:.0%} of the available memory"
+    return False, (f"{total_bytes / 2**30:.2f} GiB are more than {AUTO_SHARE_OF_AVAILABLE:.0%} of the available "
+                   f"memory ({available / 2**30:.2f} GiB): blocks are read from disk as requests need them")
 
 
 class Prefetcher:
     """Reads ``files`` into the page cache on a daemon thread; ``stop()`` ends it early, ``wait()``
-    waits for it. ``share``: the part of each file read, its last bytes (``part_start``; 1: all).
-    ``max_mb_s`` bounds the read rate (0: none), so that requests that still read the disk keep
-    most of it. ``on_done(self)`` is called on its thread when it ends (e.g. to log)."""
+    waits for it. ``max_mb_s`` bounds the read rate (0: none), so that requests that still read the
+    disk keep most of it. ``on_done(self)`` is called on its thread when it ends (e.g. to log)."""
 
     def __init__(self, files: list[Path], max_mb_s: float = 0.0, name: str = "prefetch",
-                 on_done: Callable[["Prefetcher"], None] | None = None, share: float = 1.0) -> None:
+                 on_done: Callable[["Prefetcher"], None] | None = None) -> None:
         if isinstance(max_mb_s, bool) or not isinstance(max_mb_s, (int, float)) or max_mb_s < 0:
             raise ValueError(f"max_mb_s must be a number >= 0, got {max_mb_s!r}")
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
-            raise ValueError(f"share must be a number in (0, 1], got {share!r}")
         self.files = list(files)
-        sizes = [p.stat().st_size for p in self.files]
-        self.total_bytes = sum(sizes)
-        self.share = float(share)
-        self.target_bytes = sum(n - part_start(n, self.share) for n in sizes)  # what a whole run reads
+        self.total_bytes = sum(p.stat().st_size for p in self.files)
         self.max_mb_s = float(max_mb_s)
         self._on_done = on_done
         self.done_bytes = 0
@@ -158,7 +119,7 @@ class Prefetcher:
         fd = os.open(path, os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
-            offset = part_start(size, self.share)
+            offset = 0
             while offset < size and not self._stop.is_set():
                 start = time.perf_counter()
                 n = os.sendfile(null_fd, fd, offset, min(CHUNK_BYTES, size - offset))
@@ -168,8 +129,7 @@ class Prefetcher:
                 self.done_bytes += n
                 if self.max_mb_s > 0:
                     # each chunk takes at least its share of time from its own start: time a slow
-                    # disk took is not made up later by a burst (pages already cached read at memory
-                    # speed, a core's worth of kernel time taken from the requests)
+                    # disk took is not made up later by a burst of reads
                     pause = n / (self.max_mb_s * 2**20) - (time.perf_counter() - start)
                     if pause > 0:
                         self._stop.wait(pause)

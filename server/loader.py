@@ -61,55 +61,49 @@ def verify_store(scorer, pace=None) -> None:
              got["seeks"], time.perf_counter() - t0)
 
 
-def start_prefetch(version_dir: Path, config: ServerConfig, serving: bool) -> tuple[Prefetcher | None, bool]:
-    """Read the version's store files, or the part of them that ``config.prefetch_store`` says
-    (``embstore.prefetch.decide``), into the page cache in the background. Returns the prefetcher
-    (None: nothing to read) and whether the version waits for it before it opens. It reads at most
-    ``config.prefetch_mb_s`` whenever requests are answered meanwhile: ``serving`` (another version
-    serves) or a part read while this version serves; otherwise as fast as the disk goes. Logs the
-    decision and, from the prefetch's thread, the result."""
-    files = store_files(version_dir / STORE_DIR)
-    plan = decide(config.prefetch_store, sum(p.stat().st_size for p in files))
-    if not plan.go:
-        log.info("%s: store not prefetched: %s", version_dir, plan.why)
-        return None, False
+def start_prefetch(version_dir: Path, config: ServerConfig, max_mb_s: float) -> Prefetcher | None:
+    """Read the version's store files into the page cache in the background, at most ``max_mb_s``
+    (0: no limit), if ``config.prefetch_store`` says so (``embstore.prefetch``); logs the decision
+    and, from its thread, the result."""
+    why = ""
 
     def report(pf: Prefetcher) -> None:
         if pf.error:
             log.warning("%s: prefetch stopped after %.0f MiB: %s", version_dir, pf.done_bytes / 2**20, pf.error)
         else:
             log.info("%s: prefetched %.0f of %.0f MiB of store files into the page cache in %.1fs (%s; I/O class %s)",
-                     version_dir, pf.done_bytes / 2**20, pf.total_bytes / 2**20, pf.seconds, plan.why,
+                     version_dir, pf.done_bytes / 2**20, pf.total_bytes / 2**20, pf.seconds, why,
                      pf.io_class or "unchanged")
 
-    if not plan.wait:
-        log.info("%s: prefetching in the background: %s", version_dir, plan.why)
-    max_mb_s = config.prefetch_mb_s if serving or not plan.wait else 0.0
-    pf = Prefetcher(files, max_mb_s, name=f"prefetch-{version_dir.name}", on_done=report, share=plan.share)
-    return pf.start(), plan.wait
+    pf = Prefetcher(store_files(version_dir / STORE_DIR), max_mb_s,
+                    name=f"prefetch-{version_dir.name}", on_done=report)
+    go, why = decide(config.prefetch_store, pf.total_bytes)
+    if not go:
+        log.info("%s: store not prefetched: %s", version_dir, why)
+        return None
+    return pf.start()
 
 
 def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
                  hot: dict | None = None, pacer: Pacer | None = None, serving: bool = False) -> ServedVersion:
     """Load, warm up and return one version; raises whatever made it unservable. First its store
-    files are read into the page cache when ``config.prefetch_store`` says so (``start_prefetch``):
-    a store that fits before it opens (waiting at most ``PREFETCH_WAIT_S``), a part of a bigger one
-    while it opens and serves. ``hot``: what the serving version used last
+    files are read into the page cache when ``config.prefetch_store`` says so (``start_prefetch``,
+    waiting at most ``PREFETCH_WAIT_S``). ``hot``: what the serving version used last
     (``Scorer.hot_rows``: its most recently used rows and FG items), read into this version's row
     cache, block cache and FG item cache before it serves, so that its first requests find them
     there. ``pacer``: while any version serves, the load takes only ``pacer.share`` of the time
     (``server.pacing``). ``serving``: the server answers requests meanwhile, so the prefetch keeps
-    to ``config.prefetch_mb_s``; with nothing serving a whole store is read as fast as the disk goes."""
+    to ``config.prefetch_mb_s``; with nothing serving it reads as fast as the disk goes."""
     t0 = time.perf_counter()
     pace = pacer.tick if pacer is not None else None
-    # The files of a store that fits are read in before the store opens: opening, verification seeks and warm-up reads
+    # The files are read in before the store opens: opening, verification seeks and warm-up reads
     # hold the GIL, and a cold read of a virtual disk can take 100s of ms, which every request of
     # a serving version would wait out; and a version serving from a cold store answers its first
     # requests at the disk's pace. The prefetch itself holds no GIL.
-    prefetcher, wait = start_prefetch(version_dir, config, serving)
+    prefetcher = start_prefetch(version_dir, config, config.prefetch_mb_s if serving else 0.0)
     scorer = None
     try:
-        if wait and not prefetcher.wait(PREFETCH_WAIT_S):
+        if prefetcher is not None and not prefetcher.wait(PREFETCH_WAIT_S):
             log.warning("%s: opening before its prefetch ended (%.0f of %.0f MiB read in %.0fs)", version_dir,
                         prefetcher.done_bytes / 2**20, prefetcher.total_bytes / 2**20, PREFETCH_WAIT_S)
         if pacer is not None:

@@ -8,8 +8,6 @@ import logging
 import shutil
 import time
 
-import pytest
-
 from embstore.prefetch import store_files
 from server.config import ServerConfig
 from server.loader import open_version
@@ -87,31 +85,5 @@ def test_prefetch_off_reads_nothing(tiny_model, tmp_path, caplog):
     try:
         assert sv.prefetcher is None
         assert any("store not prefetched" in m for m in _messages(caplog))
-    finally:
-        sv.close()
-
-
-def test_a_store_bigger_than_half_the_available_memory_is_read_in_part_while_the_version_serves(
-        tiny_model, tmp_path, caplog, monkeypatch):
-    models, vdir, total = _cold_version(tiny_model, tmp_path)
-    # the machine's memory as a store 2x bigger than the prefetch's share of it would see it
-    monkeypatch.setattr("embstore.prefetch.available_bytes", lambda: total)
-    slow_s = 6.0  # the part (half of the files) at this rate: the version must not wait for it
-    config = ServerConfig(models_dir=models, prefetch_store="auto", prefetch_mb_s=total / 2 / 2**20 / slow_s)
-    caplog.set_level(logging.INFO, logger="offgraph.server")
-    t0 = time.perf_counter()
-    sv = open_version(vdir, config, row_cache_mb=8, serving=False)
-    try:
-        opened_s = time.perf_counter() - t0
-        pf = sv.prefetcher
-        assert pf is not None and pf.share == pytest.approx(0.5, abs=1e-4)
-        assert not pf.finished and opened_s < slow_s / 2, opened_s  # opened while its files were being read
-        assert pf.wait(4 * slow_s) and pf.error is None
-        assert pf.seconds >= slow_s * 0.7  # rate-limited although nothing served: this version serves meanwhile
-        assert pf.done_bytes == pf.target_bytes and 0.999 * total / 2 <= pf.target_bytes < total / 2 + (64 << 10)
-        msgs = _messages(caplog)
-        assert any("prefetching in the background" in m and "last 50% of each file" in m for m in msgs), msgs
-        assert next(i for i, m in enumerate(msgs) if "store verified" in m) < next(
-            i for i, m in enumerate(msgs) if "prefetched" in m), msgs
     finally:
         sv.close()

@@ -9,13 +9,13 @@ import time
 import numpy as np
 import pytest
 
-from embstore.prefetch import Prefetcher, decide, part_start, store_files
+from embstore.prefetch import Prefetcher, decide, store_files
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def resident_pages(path) -> np.ndarray:
-    """1 for each page of ``path`` in the page cache: mincore over a read-only shared mapping of it."""
+def resident_bytes(path) -> int:
+    """Bytes of ``path`` in the page cache: mincore over a read-only shared mapping of it."""
     size = os.path.getsize(path)
     vec = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
     with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
@@ -24,18 +24,7 @@ def resident_pages(path) -> np.ndarray:
         del view  # the mapping cannot close while exported
     if rc != 0:
         raise OSError(ctypes.get_errno(), "mincore failed")
-    return np.frombuffer(vec, np.uint8) & 1
-
-
-def resident_bytes(path) -> int:
-    """Bytes of ``path`` in the page cache."""
-    return min(os.path.getsize(path), int(resident_pages(path).sum()) * mmap.PAGESIZE)
-
-
-def resident_ranges(path, split: int) -> tuple[int, int]:
-    """Bytes of ``path`` in the page cache before and from ``split`` (a page boundary)."""
-    pages, k = resident_pages(path), split // mmap.PAGESIZE
-    return int(pages[:k].sum()) * mmap.PAGESIZE, int(pages[k:].sum()) * mmap.PAGESIZE
+    return min(size, int((np.frombuffer(vec, np.uint8) & 1).sum()) * mmap.PAGESIZE)
 
 
 def drop_from_cache(path) -> None:
@@ -59,40 +48,13 @@ def cold_file(path, mib: int):
 
 def test_decide_by_mode_and_available_memory():
     gib = 2**30
-    whole = decide("auto", 4 * gib, available=10 * gib)
-    assert (whole.share, whole.wait) == (1.0, True)
-    part = decide("auto", 20 * gib, available=10 * gib)  # half of 10 GiB of a 20-GiB store: its last quarter
-    assert part.go and part.share == pytest.approx(0.25) and part.wait is False
-    assert "more than 50%" in part.why and "last 25% of each file" in part.why and "read from disk" in part.why
-    on = decide("on", 100 * gib, available=gib)
-    assert (on.share, on.wait) == (1.0, True)
-    assert not decide("off", 1, available=10 * gib).go
+    assert decide("auto", 4 * gib, available=10 * gib)[0] is True
+    go, why = decide("auto", 6 * gib, available=10 * gib)
+    assert go is False and "more than 50%" in why and "read from disk" in why
+    assert decide("on", 100 * gib, available=gib)[0] is True
+    assert decide("off", 1, available=10 * gib)[0] is False
     with pytest.raises(ValueError, match="prefetch mode"):
         decide("always", 1)
-
-
-def test_part_start_is_a_page_boundary_leaving_at_least_the_share():
-    page = mmap.PAGESIZE
-    assert part_start(100 * page, 1.0) == 0
-    assert part_start(100 * page, 0.25) == 75 * page
-    assert part_start(100 * page + 10, 0.25) == 75 * page  # 25 pages and 10 bytes at least: from page 75
-    assert part_start(10, 0.5) == 0
-    with pytest.raises(ValueError, match="share"):
-        part_start(10, 1.5)
-
-
-def test_a_part_of_each_file_is_read_from_its_end(tmp_path):
-    a = cold_file(tmp_path / "a.sst", 16)
-    b = cold_file(tmp_path / "b.sst", 4)
-    pf = Prefetcher([a, b], share=0.25).start()
-    assert pf.wait(60)
-    assert pf.error is None and pf.done_bytes == pf.target_bytes == 5 << 20 and pf.total_bytes == 20 << 20
-    for path, mib in ((a, 16), (b, 4)):
-        head, tail = resident_ranges(path, (mib << 20) * 3 // 4)
-        assert tail == (mib << 20) // 4, (path, tail)  # the last quarter, where an SST's index is
-        assert head < (1 << 20), (path, head)  # not the rest (the kernel reads ahead only forwards)
-    with pytest.raises(ValueError, match="share"):
-        Prefetcher([a], share=0)
 
 
 def test_prefetcher_reads_cold_files_into_the_page_cache(tmp_path):
