@@ -418,12 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delete-from", type=count, default=10**8)
     p.add_argument("--candidates", type=int, default=200)
     p.add_argument("--warmup-requests", type=int, default=200, help="the warm-up's first round (concurrency 8)")
-    p.add_argument("--warmup-max-s", type=float, default=180.0,
+    p.add_argument("--warmup-max-s", type=float, default=420.0,
                    help="then rounds of fresh requests while the server reads from the disk, until its disk reads "
                         "per request level off, at most this long (bench/scale_warmup.py; 0: the first round only)")
     p.add_argument("--warmup-round-s", type=float, default=10.0)
-    p.add_argument("--warmup-level", type=float, default=0.05,
-                   help="leveled off: a round reads at least (1 - this) times the disk KiB per request of the one before")
+    p.add_argument("--warmup-level", type=float, default=0.10,
+                   help="leveled off: a round reads at least (1 - this) times the disk KiB per request of the round "
+                        "3 rounds before")
     p.add_argument("--c1-requests", type=int, default=300)
     p.add_argument("--c8-requests", type=int, default=4000)
     p.add_argument("--seconds", type=float, default=20.0, help="most seconds of each measured phase")
