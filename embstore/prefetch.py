@@ -32,6 +32,10 @@ PrefetchMode = Literal["auto", "on", "off"]
 PREFETCH_MODES = get_args(PrefetchMode)
 AUTO_SHARE_OF_AVAILABLE = 0.5  # "auto": the files may take at most this share of the available memory
 CHUNK_BYTES = 2 << 20  # small reads between pauses: a request's random read never queues behind much
+SERVING_DISK_SHARE = 0.5
+"""While requests are served, the prefetch spends at most this share of the time reading (on top of
+the rate limit): a scheduler that ignores I/O classes (``none``) queues a request's cold read behind
+its reads, so a contended disk must slow the prefetch down, not the requests."""
 
 
 def idle_io_priority() -> str | None:
@@ -75,13 +79,18 @@ def decide(mode: str, total_bytes: int, available: int | None = None) -> tuple[b
 
 class Prefetcher:
     """Reads ``files`` into the page cache on a daemon thread; ``stop()`` ends it early, ``wait()``
-    waits for it. ``max_mb_s`` bounds the read rate (0: none), so that requests that still read the
-    disk keep most of it. ``on_done(self)`` is called on its thread when it ends (e.g. to log)."""
+    waits for it. ``max_mb_s`` bounds the read rate (0: none), and with it ``disk_share`` bounds the
+    share of the time spent reading, so that requests that still read the disk keep most of it.
+    ``on_done(self)`` is called on its thread when it ends (e.g. to log)."""
 
     def __init__(self, files: list[Path], max_mb_s: float = 0.0, name: str = "prefetch",
-                 on_done: Callable[["Prefetcher"], None] | None = None) -> None:
+                 on_done: Callable[["Prefetcher"], None] | None = None, disk_share: float = 1.0) -> None:
         if isinstance(max_mb_s, bool) or not isinstance(max_mb_s, (int, float)) or max_mb_s < 0:
             raise ValueError(f"max_mb_s must be a number >= 0, got {max_mb_s!r}")
+        if isinstance(disk_share, bool) or not isinstance(disk_share, (int, float)) or not 0 < disk_share <= 1:
+            raise ValueError(f"disk_share must be a number in (0, 1], got {disk_share!r}")
+        self.disk_share = float(disk_share)
+        self.busy_seconds = 0.0  # time spent in reads
         self.files = list(files)
         self.total_bytes = sum(p.stat().st_size for p in self.files)
         self.max_mb_s = float(max_mb_s)
@@ -127,10 +136,13 @@ class Prefetcher:
                     break
                 offset += n
                 self.done_bytes += n
+                took = time.perf_counter() - start
+                self.busy_seconds += took
                 if self.max_mb_s > 0:
-                    # each chunk takes at least its share of time from its own start: time a slow
-                    # disk took is not made up later by a burst of reads
-                    pause = n / (self.max_mb_s * 2**20) - (time.perf_counter() - start)
+                    # each chunk takes at least its share of time from its own start (time a slow
+                    # disk took is not made up later by a burst of reads), and at most disk_share of
+                    # the time reading: a contended disk (slower chunks) makes the pauses longer
+                    pause = max(n / (self.max_mb_s * 2**20) - took, took * (1 / self.disk_share - 1))
                     if pause > 0:
                         self._stop.wait(pause)
         finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embstore.prefetch import Prefetcher, decide, store_files
+from embstore.prefetch import SERVING_DISK_SHARE, Prefetcher, decide, store_files
 from exporter.manifest import STORE_DIR
 from server.scorer import Scorer
 from server.config import ServerConfig
@@ -63,20 +63,21 @@ def verify_store(scorer, pace=None) -> None:
 
 def start_prefetch(version_dir: Path, config: ServerConfig, max_mb_s: float) -> Prefetcher | None:
     """Read the version's store files into the page cache in the background, at most ``max_mb_s``
-    (0: no limit), if ``config.prefetch_store`` says so (``embstore.prefetch``); logs the decision
-    and, from its thread, the result."""
+    (0: no limit) and then reading at most ``SERVING_DISK_SHARE`` of the time, if
+    ``config.prefetch_store`` says so (``embstore.prefetch``); logs the decision and, from its
+    thread, the result."""
     why = ""
 
     def report(pf: Prefetcher) -> None:
         if pf.error:
             log.warning("%s: prefetch stopped after %.0f MiB: %s", version_dir, pf.done_bytes / 2**20, pf.error)
         else:
-            log.info("%s: prefetched %.0f of %.0f MiB of store files into the page cache in %.1fs (%s; I/O class %s)",
-                     version_dir, pf.done_bytes / 2**20, pf.total_bytes / 2**20, pf.seconds, why,
-                     pf.io_class or "unchanged")
+            log.info("%s: prefetched %.0f of %.0f MiB of store files into the page cache in %.1fs, %.1fs of it "
+                     "reading (%s; I/O class %s)", version_dir, pf.done_bytes / 2**20, pf.total_bytes / 2**20,
+                     pf.seconds, pf.busy_seconds, why, pf.io_class or "unchanged")
 
-    pf = Prefetcher(store_files(version_dir / STORE_DIR), max_mb_s,
-                    name=f"prefetch-{version_dir.name}", on_done=report)
+    pf = Prefetcher(store_files(version_dir / STORE_DIR), max_mb_s, name=f"prefetch-{version_dir.name}",
+                    on_done=report, disk_share=SERVING_DISK_SHARE if max_mb_s > 0 else 1.0)
     go, why = decide(config.prefetch_store, pf.total_bytes)
     if not go:
         log.info("%s: store not prefetched: %s", version_dir, why)

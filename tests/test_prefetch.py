@@ -86,6 +86,20 @@ def test_rate_limit_and_stop(tmp_path):
     assert pf.done_bytes == 32 << 20
 
 
+def test_with_a_disk_share_the_prefetch_pauses_in_proportion_to_its_reads(tmp_path):
+    path = cold_file(tmp_path / "x.sst", 32)
+    pf = Prefetcher([path], max_mb_s=1e6, disk_share=0.25).start()  # a rate limit that never binds
+    assert pf.wait(120)
+    assert pf.done_bytes == 32 << 20 and pf.busy_seconds > 0
+    # 3 s of pause for every second of reading: a slower (contended) disk makes them longer
+    assert pf.seconds >= 0.9 * pf.busy_seconds / 0.25, (pf.seconds, pf.busy_seconds)
+    free = Prefetcher([cold_file(tmp_path / "y.sst", 32)], max_mb_s=1e6).start()  # share 1: no pauses
+    assert free.wait(120)
+    assert free.seconds < 2 * free.busy_seconds + 0.05, (free.seconds, free.busy_seconds)
+    with pytest.raises(ValueError, match="disk_share"):
+        Prefetcher([path], disk_share=0)
+
+
 def test_a_file_gone_is_an_error_not_an_exception(tmp_path):
     path = cold_file(tmp_path / "x.sst", 1)
     pf = Prefetcher([path])
