@@ -8,7 +8,7 @@ import logging
 import shutil
 import time
 
-from embstore.prefetch import store_files
+from embstore.prefetch import SERVING_DISK_SHARE, store_files
 from server.config import ServerConfig
 from server.loader import open_version
 from server.pacing import Pacer
@@ -46,6 +46,7 @@ def test_a_version_loaded_while_serving_is_read_in_before_its_store_opens_and_no
         pf = sv.prefetcher
         assert pf is not None and pf.finished and pf.done_bytes == total and pf.error is None
         assert pf.seconds >= PREFETCH_S * 0.8  # the rate limit held: the wait below is real
+        assert pf.disk_share == SERVING_DISK_SHARE < 1  # requests are served: it reads part of the time only
         msgs = _messages(caplog)
         read = next(i for i, m in enumerate(msgs) if "prefetched" in m)
         verified = next(i for i, m in enumerate(msgs) if "store verified" in m)
@@ -70,6 +71,7 @@ def test_with_nothing_serving_the_prefetch_ignores_the_rate_limit_and_ends_befor
         assert time.perf_counter() - t0 < slow_s / 2
         pf = sv.prefetcher
         assert pf is not None and pf.finished and pf.done_bytes == total and pf.error is None
+        assert pf.disk_share == 1.0  # nothing served: no pauses
         assert sum(resident_bytes(p) for p in store_files(vdir / "store")) >= 0.9 * total
         msgs = _messages(caplog)
         assert next(i for i, m in enumerate(msgs) if "prefetched" in m) < next(
