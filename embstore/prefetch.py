@@ -79,8 +79,8 @@ def decide(mode: str, total_bytes: int, available: int | None = None) -> tuple[b
 
 class Prefetcher:
     """Reads ``files`` into the page cache on a daemon thread; ``stop()`` ends it early, ``wait()``
-    waits for it. ``max_mb_s`` bounds the read rate (0: none), and with it ``disk_share`` bounds the
-    share of the time spent reading, so that requests that still read the disk keep most of it.
+    waits for it. ``max_mb_s`` bounds the read rate (0: none) and ``disk_share`` the share of the
+    time spent reading (1: all), so that requests that still read the disk keep most of it.
     ``on_done(self)`` is called on its thread when it ends (e.g. to log)."""
 
     def __init__(self, files: list[Path], max_mb_s: float = 0.0, name: str = "prefetch",
@@ -138,13 +138,13 @@ class Prefetcher:
                 self.done_bytes += n
                 took = time.perf_counter() - start
                 self.busy_seconds += took
-                if self.max_mb_s > 0:
-                    # each chunk takes at least its share of time from its own start (time a slow
-                    # disk took is not made up later by a burst of reads), and at most disk_share of
-                    # the time reading: a contended disk (slower chunks) makes the pauses longer
-                    pause = max(n / (self.max_mb_s * 2**20) - took, took * (1 / self.disk_share - 1))
-                    if pause > 0:
-                        self._stop.wait(pause)
+                # each chunk takes at least its share of time from its own start (time a slow disk
+                # took is not made up later by a burst of reads), and at most disk_share of the time
+                # reading: a contended disk (slower chunks) makes the pauses longer
+                rate_pause = n / (self.max_mb_s * 2**20) - took if self.max_mb_s > 0 else 0.0
+                pause = max(rate_pause, took * (1 / self.disk_share - 1))
+                if pause > 0:
+                    self._stop.wait(pause)
         finally:
             os.close(fd)
 

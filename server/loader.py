@@ -61,11 +61,11 @@ def verify_store(scorer, pace=None) -> None:
              got["seeks"], time.perf_counter() - t0)
 
 
-def start_prefetch(version_dir: Path, config: ServerConfig, max_mb_s: float) -> Prefetcher | None:
-    """Read the version's store files into the page cache in the background, at most ``max_mb_s``
-    (0: no limit) and then reading at most ``SERVING_DISK_SHARE`` of the time, if
-    ``config.prefetch_store`` says so (``embstore.prefetch``); logs the decision and, from its
-    thread, the result."""
+def start_prefetch(version_dir: Path, config: ServerConfig, serving: bool) -> Prefetcher | None:
+    """Read the version's store files into the page cache in the background, if
+    ``config.prefetch_store`` says so (``embstore.prefetch``); while the server answers requests
+    (``serving``) at most ``config.prefetch_mb_s`` and reading at most ``SERVING_DISK_SHARE`` of the
+    time, otherwise as fast as the disk goes. Logs the decision and, from its thread, the result."""
     why = ""
 
     def report(pf: Prefetcher) -> None:
@@ -76,8 +76,9 @@ def start_prefetch(version_dir: Path, config: ServerConfig, max_mb_s: float) -> 
                      "reading (%s; I/O class %s)", version_dir, pf.done_bytes / 2**20, pf.total_bytes / 2**20,
                      pf.seconds, pf.busy_seconds, why, pf.io_class or "unchanged")
 
-    pf = Prefetcher(store_files(version_dir / STORE_DIR), max_mb_s, name=f"prefetch-{version_dir.name}",
-                    on_done=report, disk_share=SERVING_DISK_SHARE if max_mb_s > 0 else 1.0)
+    pf = Prefetcher(store_files(version_dir / STORE_DIR), config.prefetch_mb_s if serving else 0.0,
+                    name=f"prefetch-{version_dir.name}", on_done=report,
+                    disk_share=SERVING_DISK_SHARE if serving else 1.0)
     go, why = decide(config.prefetch_store, pf.total_bytes)
     if not go:
         log.info("%s: store not prefetched: %s", version_dir, why)
@@ -101,7 +102,7 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
     # hold the GIL, and a cold read of a virtual disk can take 100s of ms, which every request of
     # a serving version would wait out; and a version serving from a cold store answers its first
     # requests at the disk's pace. The prefetch itself holds no GIL.
-    prefetcher = start_prefetch(version_dir, config, config.prefetch_mb_s if serving else 0.0)
+    prefetcher = start_prefetch(version_dir, config, serving)
     scorer = None
     try:
         if prefetcher is not None and not prefetcher.wait(PREFETCH_WAIT_S):
