@@ -18,8 +18,14 @@ MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 DENSE_DIR = "dense"
 STORE_DIR = "store"
-_VERSION_RE = re.compile(r"^[0-9]{1,18}$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_VERSION_RE = re.compile(r"[0-9]{1,18}")  # fullmatch: '$' would also match before a trailing newline
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9](\.?[A-Za-z0-9_-])*\.?$"
+"""THE model name rule, also published as the OpenAPI pattern (``server.deps``): letters, digits, '.', '_' and
+'-', starting with a letter or digit, no '..'; so no whitespace, control character or path separator."""
+MODEL_NAME_MAX = 128
+MODEL_NAME_RULE = (f"1 to {MODEL_NAME_MAX} letters, digits, '.', '_' and '-', starting with a letter or digit, "
+                   "without '..' (no whitespace or control characters)")
+_NAME_RE = re.compile(MODEL_NAME_PATTERN)
 
 
 class ModelDirError(ValueError):
@@ -27,8 +33,9 @@ class ModelDirError(ValueError):
 
 
 def check_model_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
-        raise ModelDirError(f"invalid model name {name!r}: letters, digits, '.', '_' and '-' only")
+    # fullmatch, not match: the pattern's '$' matches before a trailing newline ('movielens\n')
+    if not isinstance(name, str) or len(name) > MODEL_NAME_MAX or not _NAME_RE.fullmatch(name):
+        raise ModelDirError(f"invalid model name {name!r}: a model name is {MODEL_NAME_RULE}")
     return name
 
 
@@ -39,7 +46,7 @@ def complete_versions(model_dir: str | Path) -> list[int]:
         return []
     out = []
     for p in model_dir.iterdir():
-        if p.is_dir() and _VERSION_RE.match(p.name) and (p / MANIFEST).is_file():
+        if p.is_dir() and _VERSION_RE.fullmatch(p.name) and (p / MANIFEST).is_file():
             out.append(int(p.name))
     return sorted(out)
 

@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from exporter.manifest import ModelDirError, check_model_name
+from exporter.manifest import MODEL_NAME_MAX, MODEL_NAME_PATTERN, MODEL_NAME_RULE, ModelDirError, check_model_name
 from server.config import ADMIN_TOKEN_ENV
 from server.errors import ApiError
 from server.redact import token_matches
@@ -25,15 +25,15 @@ async def get_state(request: Request) -> ServerState:
 State = Annotated[ServerState, Depends(get_state)]
 
 
-# check_model_name's rule as a JSON Schema (documentation only: the dependency answers 400, not FastAPI's 422):
-# letters, digits, '.', '_' and '-', 128 at most, starting with a letter or digit, no '..'
-MODEL_NAME_SCHEMA = {"pattern": r"^[A-Za-z0-9](\.?[A-Za-z0-9_-])*\.?$", "minLength": 1, "maxLength": 128}
+# check_model_name's rule as a JSON Schema (documentation only: the dependency answers 400, not FastAPI's 422)
+MODEL_NAME_SCHEMA = {"pattern": MODEL_NAME_PATTERN, "minLength": 1, "maxLength": MODEL_NAME_MAX}
 
 
-async def model_name(name: Annotated[str, Path(description="Model name: the directory MODELS/<name>/ (letters, "
-                                               "digits, '.', '_' and '-'; no '..'). Any other name is a 400.",
+async def model_name(name: Annotated[str, Path(description=f"Model name: the directory MODELS/<name>/ "
+                                               f"({MODEL_NAME_RULE}). Any other name is a 400 naming the rule.",
                                                json_schema_extra=MODEL_NAME_SCHEMA)]) -> str:
-    """A syntactically valid model name (no path separators, no '..'); 400 otherwise."""
+    """A valid model name (``check_model_name``: no path separators, whitespace, control characters or '..');
+    400 otherwise. Every route taking a name depends on it."""
     try:
         return check_model_name(name)
     except ModelDirError as e:

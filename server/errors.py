@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -34,6 +34,20 @@ class ApiError(HTTPException):
     """An HTTP error with an explicit message."""
 
 
+class BodyValidationError(RequestValidationError):
+    """A JSON body its pydantic model refused: the 422 speaks of that body (``what``, e.g. "load body") and
+    names the keys it takes, so that each route's errors are about its own body."""
+
+    def __init__(self, errors: Sequence[Any], what: str, keys: Sequence[str]):
+        super().__init__(errors)
+        self.what, self.keys = what, tuple(keys)
+
+
+def _quoted(keys: Sequence[str]) -> str:
+    names = [f"'{k}'" for k in keys]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
 def _where(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -48,8 +62,8 @@ def _where(loc: tuple) -> str:
     return out or "body"
 
 
-def _describe(err: dict[str, Any]) -> tuple[str, str]:
-    """(where, what) of one validation error."""
+def _describe(err: dict[str, Any], what: str, keys: Sequence[str]) -> tuple[str, str]:
+    """(where, what is wrong) of one validation error in ``what`` (the body), whose top-level keys are ``keys``."""
     kind, msg = err.get("type"), err.get("msg", "invalid")
     if kind == "json_invalid":
         ctx = err.get("ctx") or {}
@@ -64,7 +78,11 @@ def _describe(err: dict[str, Any]) -> tuple[str, str]:
         msg = (f"{ctx.get('actual_length')} candidates, at most {ctx.get('max_length')} per request "
                "(--max-candidates)")
     elif kind == "extra_forbidden":
-        msg = "unknown key (the body holds 'request', 'candidates' and optionally 'version')"
+        loc = [p for p in err.get("loc", ()) if p != "body"]
+        name = str(loc[-1]) if loc else where
+        msg = f"unknown field {name!r} in the {what}"
+        if keys and len(loc) == 1:  # a top-level key: name the ones the body takes
+            msg += f"; expected {_quoted(keys)}"
     return where, msg
 
 
@@ -72,9 +90,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         errs = list(exc.errors())
-        described = [(*_describe(e), e.get("type")) for e in errs[:MAX_LISTED_ERRORS]]
+        what, keys = (exc.what, exc.keys) if isinstance(exc, BodyValidationError) else ("request", ())
+        described = [(*_describe(e, what, keys), e.get("type")) for e in errs[:MAX_LISTED_ERRORS]]
         more = f" (and {len(errs) - MAX_LISTED_ERRORS} more)" if len(errs) > MAX_LISTED_ERRORS else ""
-        detail = "invalid request: " + "; ".join(f"{w}: {m}" for w, m, _ in described) + more
+        detail = f"invalid {what}: " + "; ".join(f"{w}: {m}" for w, m, _ in described) + more
         listed = [{"loc": w, "msg": m, "type": t} for w, m, t in described]
         return JSONResponse({"detail": detail, "errors": listed}, status_code=422)
 

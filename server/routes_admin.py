@@ -20,7 +20,7 @@ router = APIRouter(tags=["admin"], dependencies=[Depends(require_admin)], respon
     e409="The version was refused (the reason is given) or there is nothing to roll back to.",
     e504="Several workers: not every worker followed in time."))
 
-_load_body = JsonBody(LoadRequest)
+_load_body = JsonBody(LoadRequest, "load body")
 
 
 async def load_request(request: Request, _: Annotated[None, Depends(require_admin)]) -> LoadRequest:

@@ -22,10 +22,9 @@ from typing import Annotated, Any, Union
 
 import msgspec
 from fastapi import Request
-from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
-from server.errors import ApiError
+from server.errors import ApiError, BodyValidationError
 
 Int64 = Annotated[int, msgspec.Meta(ge=-(2 ** 63), le=2 ** 63 - 1)]
 Scalar = Union[str, Int64, float, bool, None]
@@ -60,11 +59,11 @@ class JsonBody:
     """``await parse(request) -> model instance``: 415 for a non-JSON Content-Type, 422 for any other problem.
 
     An empty body is read as ``{}`` (a model without required keys then takes it, and the OpenAPI
-    ``requestBody`` says it is optional).
+    ``requestBody`` says it is optional). ``what`` names the body in its 422s ("load body").
     """
 
-    def __init__(self, model: type[BaseModel]):
-        self.model = model
+    def __init__(self, model: type[BaseModel], what: str):
+        self.model, self.what = model, what
 
     async def parse(self, request: Request) -> Any:
         check_json_content_type(request)
@@ -74,7 +73,8 @@ class JsonBody:
         try:  # an empty body is a missing one (as FastAPI words it): every required key is missing
             return self.model.model_validate_json(raw if raw.strip() else b"{}")
         except ValidationError as e:
-            raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
+            raise BodyValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()], self.what,
+                                      [f.alias or k for k, f in self.model.model_fields.items()]) from None
 
     def openapi_extra(self) -> dict:
         """The path operation's ``requestBody``: the pydantic model's JSON schema."""
@@ -87,7 +87,7 @@ class ScoreBodyParser(JsonBody):
     """``parse(request)`` / ``validate(raw)`` -> body with ``.request``, ``.candidates`` and ``.version``."""
 
     def __init__(self, model: type[BaseModel], max_candidates: int):
-        super().__init__(model)
+        super().__init__(model, "score body")
         self._decoder = msgspec.json.Decoder(fast_model(max_candidates))
 
     def validate(self, raw: bytes) -> Any:
