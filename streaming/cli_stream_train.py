@@ -3,11 +3,11 @@ delta files in a spool (applied to the live store by `offgraph update`)."""
 from __future__ import annotations
 
 import argparse
-import json
 
 # TensorFlow-free: `offgraph --help` imports this module. Defaults and checks (a clear error, exit 2) come
 # from StreamTrainConfig, whose module imports pydantic only.
 from offgraph_config import default
+from streaming import strict_json
 from streaming.stream_train_config import OPTIMIZERS, TIME_UNITS, StreamTrainConfig
 
 
@@ -53,7 +53,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                    help="first sequence number (default: time_ns now)")
     p.add_argument("--time-unit", default=_default("time_unit"),
                    help=f"unit of the spec's time column: auto, {', '.join(TIME_UNITS)} (default %(default)s)")
-    p.add_argument("--json", help="also write the summary to this file")
+    p.add_argument("--json", help="also write the summary to this file (strict JSON: an undefined metric, e.g. "
+                                  "the AUC of events of one class, is null)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -79,6 +80,5 @@ def run(args: argparse.Namespace) -> int:
           f"{s['files_emitted']} delta batch(es) -> {args.emit}, {s['seconds']:.1f}s ({s['events_per_second']:,.0f} ev/s); "
           f"progressive AUC {s['progressive_auc']:.4f} logloss {s['progressive_logloss']:.4f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(s, f, indent=2, default=float)
+        strict_json.write(args.json, s, indent=2)
     return 0

@@ -127,6 +127,40 @@ def test_cli_emits_files_of_touched_rows_with_increasing_seqs(tiny, tmp_path):
         assert np.isfinite(f.vectors).all()
 
 
+def test_cli_json_summary_is_strict_json_with_null_for_an_undefined_auc(tiny, tmp_path):
+    """Events of one class: the progressive AUC is undefined, and --json writes null (not the token NaN)."""
+    import json
+
+    import pyarrow.compute as pc
+
+    import offgraph_cli
+
+    events = tiny["events"]
+    events = events.filter(pc.equal(events.column(tiny["spec"].label), 1)).slice(0, 20)
+    assert events.num_rows == 20
+    path = tmp_path / "events.parquet"
+    pq.write_table(events, path)
+    out = tmp_path / "summary.json"
+    rc = offgraph_cli.main(["stream-train", "--model", str(tiny["version"].parent), "--events", str(path),
+                            "--emit", f"spool:{tmp_path / 'spool'}", "--no-progress", "--json", str(out)])
+    assert rc == 0
+
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+
+    summary = json.loads(out.read_text(), parse_constant=refuse)  # NaN / Infinity tokens are refused
+    assert summary["progressive_auc"] is None and summary["events"] == 20, summary
+    assert isinstance(summary["progressive_logloss"], float) and summary["progressive_logloss"] > 0, summary
+
+
+def test_strict_json_maps_every_non_finite_value_to_null():
+    from streaming.strict_json import dumps
+
+    text = dumps({"a": float("nan"), "b": [np.float32("inf"), -np.inf, 1.5, np.int64(3)], "c": np.array([np.nan, 2.0]),
+                  "d": (float("-inf"),), "e": "NaN"})
+    assert text == '{"a": null, "b": [null, null, 1.5, 3], "c": [null, 2.0], "d": [null], "e": "NaN"}'
+
+
 def test_positive_events_raise_the_items_score_for_those_users(tiny, tmp_path):
     spec = tiny["spec"]
     ev = tiny["events"]
