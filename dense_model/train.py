@@ -15,10 +15,12 @@ from dense_model import losses_impl, metrics_impl
 from dense_model.inputs import Encoded, encode_table, finish_dense, fit_numeric_stats, needs_stats
 from dense_model.model import (CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_FILE, DeepFM, build_deepfm,
                                predict_proba)
+from dense_model.platt import fit_platt
 from dense_model.splits import held_out_mask
 from dense_model.train_config import LOSSES, OPTIMIZERS, SCHEDULES, TrainConfig  # noqa: F401 (re-exported)
 from features.segment import segmenters_of
 from features.spec import FeatureSpec
+from server.calibration import platt, score_kind
 
 # the Keras object behind each name of train_config.OPTIMIZERS / SCHEDULES
 OPTIMIZER_FACTORIES = {
@@ -217,6 +219,8 @@ def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | 
     final = trainer.evaluate(held)  # once, with the weights kept
     print(f"held-out AUC {final['auc']:.4f}  logloss {final['logloss']:.4f}"
           + (f"  NDCG@10 {final['ndcg@10']:.4f}" if "ndcg@10" in final else ""), flush=True)
+    spec, calibration = fit_calibration(spec, cfg, trainer, validation, held,
+                                        trained_on_validation=early is not None and cfg.refit)
     metrics = {
         "held_out": {k: final[k] for k in ("auc", "logloss", "ndcg@10", "rows", "positive_rate") if k in final},
         "history": fit["history"],
@@ -224,6 +228,9 @@ def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | 
         "train_rows": int(fit_rows.n),
         "validation_rows": int(validation.n) if validation is not None else 0,
         "held_out_rows": int(held.n),
+        # what a served score is (server.calibration.score_kind): a listwise model's only with its fitted calibration
+        "score_kind": score_kind(cfg.loss, spec.model.calibration),
+        **({"calibration": calibration} if calibration is not None else {}),
         "train_seconds": fit["train_seconds"],
         "fg_seconds": fg_seconds,
         "fg_version": spec.fg_version,
@@ -238,6 +245,42 @@ def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | 
     if out_dir is not None:
         write_run(out_dir, trainer.model, spec, cfg, metrics)
     return trainer.model, metrics
+
+
+def fit_calibration(spec: FeatureSpec, cfg: TrainConfig, trainer: Trainer, validation: Encoded | None,
+                    held: Encoded, trained_on_validation: bool) -> tuple[FeatureSpec, dict | None]:
+    """A listwise model's Platt scaling (``dense_model.platt``), fitted on the validation rows with the weights
+    kept: (the spec with ``model.calibration.logit_scale`` / ``logit_shift`` set, the run's record of the fit:
+    a, b, and the mean score and logloss before and after it on the validation and held-out rows; the held-out
+    figures are reported, never used). A pointwise model: (spec, None), its sigmoid is the CTR. No validation
+    rows (``--validation 0``) or nothing to fit: the spec unchanged, its scores are ranking scores."""
+    if cfg.loss == "pointwise":
+        return spec, None
+    fit = fit_platt(trainer.predict(validation), validation.labels) if validation is not None else None
+    if fit is None:
+        why = ("no validation rows (--validation 0)" if validation is None
+               else "the validation rows hold one class, or the scores rank them backwards")
+        print(f"loss {cfg.loss}: no calibration fitted ({why}): the scores are ranking scores, not CTRs",
+              flush=True)
+        return spec, {"method": None, "reason": why}
+    rec: dict = {"method": "platt", "logit_scale": fit.logit_scale, "logit_shift": fit.logit_shift,
+                 "fitted_on": "validation", "rows": int(validation.n), "iterations": fit.iterations,
+                 # with the refit, the kept weights were trained on the validation rows too
+                 "trained_on_fit_rows": bool(trained_on_validation)}
+    for name, part in (("validation", validation), ("held_out", held)):
+        p = trainer.predict(part)
+        q = platt(p, fit.logit_scale, fit.logit_shift)
+        rec[name] = {"rows": int(part.n), "positive_rate": float(part.labels.mean()) if part.n else None,
+                     "mean_score": float(p.mean()) if part.n else None,
+                     "mean_score_calibrated": float(q.mean()) if part.n else None,
+                     "logloss": metrics_impl.logloss(part.labels, p),
+                     "logloss_calibrated": metrics_impl.logloss(part.labels, q)}
+    h = rec["held_out"]
+    print(f"calibration (Platt, {validation.n} validation rows): logit' = {fit.logit_scale:.4f} logit "
+          f"{fit.logit_shift:+.4f}; held-out mean score {h['mean_score']:.4f} -> {h['mean_score_calibrated']:.4f} "
+          f"(positive rate {h['positive_rate']:.4f}), logloss {h['logloss']:.4f} -> {h['logloss_calibrated']:.4f}",
+          flush=True)
+    return spec.with_calibration(logit_scale=fit.logit_scale, logit_shift=fit.logit_shift), rec
 
 
 def write_run(out_dir: str | Path, model: DeepFM, spec: FeatureSpec, cfg: TrainConfig, metrics: dict) -> Path:

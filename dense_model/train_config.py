@@ -22,8 +22,9 @@ class TrainConfig(ConfigModel, validate_assignment=True):
 
     held_out: the held-out fraction, in (0, 1); split: a name of ``dense_model.splits.SPLITS``.
     validation: the fraction of the TRAINING rows (after the held-out ones are set aside) carved off, by
-    the same split, to pick the best epoch on (early stopping with the best weights restored; 0: no
-    validation, the last epoch is kept); patience: epochs without a better validation AUC before stopping;
+    the same split, to pick the best epoch on (early stopping with the best weights restored) and, with a
+    listwise loss, to fit the calibration on (``dense_model.platt``; 0: no validation, the last epoch is
+    kept and a listwise model's scores are ranking scores); patience: epochs without a better validation AUC before stopping;
     refit: then retrain from the same initial weights on all the training rows for the best epoch count
     (the carved rows are each key's latest, the most useful to learn from; off: keep the restored weights).
     """

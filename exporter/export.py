@@ -13,10 +13,11 @@ from dense_model.model import load_run
 from embstore import StoreConfig, open_store
 from exporter.dense_saved_model import save_dense
 from exporter.manifest import (DENSE_DIR, FORMAT_VERSION, STORE_DIR, ModelDirError, check_version_dir,
-                               digest, store_file_records, tree_checksums, write_manifest)
+                               digest, store_file_records, training_loss, tree_checksums, write_manifest)
 from exporter.feature_build import build_feature_tables, manifest_record, run_held_out_mask
 from features.segment import check_segmenters, segmenters_of
 from features.spec import FG_VERSION
+from server.calibration import score_kind
 
 log = logging.getLogger("offgraph.export")
 
@@ -92,6 +93,10 @@ def write_version(out: Path, spec, head, tables, *, config: StoreConfig, trainin
         "segmenters": segmenters if segmenters is not None else segmenters_of(spec),
         "spec": spec.to_dict(),
         "calibration": vars(spec.model.calibration),
+        # the loss, and so what a score is: "ctr" (a calibrated probability) or "ranking" (a listwise model
+        # without a fitted calibration); read by server.scorer, which derives both for manifests without them
+        "training_loss": (loss := training_loss({"training": training})),
+        "score_kind": score_kind(loss, spec.model.calibration),
         **({"feature_tables": manifest_record(spec)} if spec.tables else {}),  # shared by versions: ../features
         "store": {**config.to_dict(), "path": STORE_DIR, "row_counts": row_counts,
                   "bytes_on_disk": store_stats["bytes_on_disk"]},

@@ -257,3 +257,18 @@ def open_version_store(version_dir: str | Path, manifest: dict[str, Any], mode: 
     if statistics:
         cfg = cfg.replace(statistics=True)
     return open_store(Path(version_dir) / STORE_DIR, cfg, mode=mode)
+
+
+def training_loss(manifest: dict[str, Any], source: str = "manifest") -> str:
+    """The loss a version was trained with: its manifest's ``training_loss``; a manifest without it (exported
+    before it was recorded) reads its training config's ``loss``, and a version without either is pointwise."""
+    from dense_model.train_config import LOSSES  # pydantic only: no TensorFlow
+
+    loss = manifest.get("training_loss")
+    if loss is None:
+        training = manifest.get("training")
+        config = training.get("config") if isinstance(training, dict) else None
+        loss = config.get("loss", "pointwise") if isinstance(config, dict) else "pointwise"
+    if loss not in LOSSES:
+        raise ModelDirError(f"{source}: training loss {loss!r} is none of {list(LOSSES)}")
+    return loss

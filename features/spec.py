@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ _MODEL_KEYS = {
 LIST_OPS = ("id", "tokenize")
 """Raw ops whose row may hold many values (a list, a split string, text): they take ``max_values``,
 the most values one row may hold when serving (a request with more is refused, never cut)."""
-_CALIB_KEYS = {"negative_rate", "scale", "power"}
+_CALIB_KEYS = {"negative_rate", "scale", "power", "logit_scale", "logit_shift"}
 
 
 class SpecError(ValueError):
@@ -60,13 +61,22 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class Calibration:
+    """The steps after the model's sigmoid, in order (``server.calibration.calibrate``)."""
     negative_rate: float = 1.0  # kept negative rate r of down-sampling: p' = p / (p + (1-p)/r)
     scale: float = 1.0          # then p'' = min(1, scale * p'^power)
     power: float = 1.0
+    # first of all, Platt scaling: p = sigmoid(logit_scale * logit(p) + logit_shift); fitted on the validation
+    # rows by training with a listwise loss (dense_model.platt), whose raw scores are not probabilities
+    logit_scale: float = 1.0
+    logit_shift: float = 0.0
+
+    @property
+    def platt(self) -> bool:
+        return self.logit_scale != 1.0 or self.logit_shift != 0.0
 
     @property
     def identity(self) -> bool:
-        return self.negative_rate == 1.0 and self.scale == 1.0 and self.power == 1.0
+        return self.negative_rate == 1.0 and self.scale == 1.0 and self.power == 1.0 and not self.platt
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,13 @@ class FeatureSpec:
     fg_version: str = FG_VERSION
     numeric: tuple[FieldSpec, ...] = ()  # numeric fields, in spec order: column j of the dense [N, k] input
     tables: tuple[TableSpec, ...] = ()  # entity tables the server fills raw inputs from (features.table_spec)
+
+    def with_calibration(self, **values: float) -> "FeatureSpec":
+        """The spec with these ``model.calibration`` keys set (training's fitted Platt scaling)."""
+        raw = copy.deepcopy(self.raw)
+        model = raw.setdefault("model", {})
+        model["calibration"] = {**(model.get("calibration") or {}), **{k: float(v) for k, v in values.items()}}
+        return parse_spec(raw)
 
     def with_stats(self, stats: dict[str, dict]) -> "FeatureSpec":
         """The spec with ``stats: {mean, std}`` set on the named numeric fields (training's statistics)."""
@@ -245,10 +262,13 @@ def _parse_model(m: Any, fail) -> ModelConfig:
     r = c.get("negative_rate", 1.0)
     if not _num(r) or not 0 < r <= 1:
         fail(f"model.calibration.negative_rate must be in (0, 1], got {r!r}")
-    for k in ("scale", "power"):
-        if not _num(c.get(k, 1.0)) or c.get(k, 1.0) <= 0:
-            fail(f"model.calibration.{k} must be a number > 0")
-    calib = Calibration(float(r), float(c.get("scale", 1.0)), float(c.get("power", 1.0)))
+    for k in ("scale", "power", "logit_scale"):
+        if not _num(c.get(k, 1.0)) or not 0 < c.get(k, 1.0) < math.inf:
+            fail(f"model.calibration.{k} must be a finite number > 0")
+    if not _num(c.get("logit_shift", 0.0)) or not math.isfinite(c.get("logit_shift", 0.0)):
+        fail("model.calibration.logit_shift must be a finite number")
+    calib = Calibration(float(r), float(c.get("scale", 1.0)), float(c.get("power", 1.0)),
+                        float(c.get("logit_scale", 1.0)), float(c.get("logit_shift", 0.0)))
     return ModelConfig(dim, h, tuple(mlp), pooling, cross_separator=sep, cross_max_values=cap,
                        max_values=max_values, calibration=calib, **floats)
 

@@ -364,7 +364,8 @@ class ModelRegistry:
                       "in_flight": sv.in_flight, "quantization": store.get("quant"), "shards": store.get("shards"),
                       "embedding_dim": m.get("embedding_dim"), "row_counts": row_counts,
                       "total_rows": sum(row_counts.values()), "row_cache_mb": sv.row_cache_mb,
-                      "created_at": m.get("created_at"), "training": training, "store": stats}
+                      "created_at": m.get("created_at"), "training": training, "store": stats,
+                      "training_loss": sv.scorer.training_loss, "score_kind": sv.scorer.score_kind}
         spec = sv.scorer.spec if sv is not None else None
         return {
             "name": h.name, "state": h.state, "policy": h.policy, "versions_on_disk": list(h.versions_on_disk),

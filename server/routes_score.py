@@ -44,7 +44,10 @@ def build_router(config: ServerConfig) -> APIRouter:
                  openapi_extra=parser.openapi_extra())
     async def score(body: Annotated[Any, Depends(score_body)], holder: Holder, state: State,
                     request: Request) -> ScoreResponse:
-        """CTRs of the candidates for one request, in candidate order, and the model version that made them.
+        """Scores of the candidates for one request, in candidate order, and the model version that made them.
+        `score_kind` says what they are: `ctr`, calibrated CTRs (probabilities of a positive); `ranking`, scores
+        that order the candidates but are not probabilities (a listwise model exported without a fitted
+        calibration).
 
         Feature names are the model's raw input names (`GET /v1/models/{name}` lists them under `inputs`).
         Values are strings, finite numbers, booleans, null, or lists of those. A missing key, null, "" or []
@@ -59,13 +62,13 @@ def build_router(config: ServerConfig) -> APIRouter:
         model fills (a model without tables) is a 422.
         """
         try:
-            version, scores, joined = await state.run_scoring(holder.score, body.request, body.candidates,
-                                                              body.version)
+            version, scores, joined, kind = await state.run_scoring(holder.score, body.request, body.candidates,
+                                                                    body.version)
         except NotServing as e:
             raise ApiError(404, str(e)) from None
         n = len(body.candidates)
         state.metrics.observe_score(holder.name, n, time.perf_counter() - request.scope.get(START_KEY, 0.0))
-        return ScoreResponse(model=holder.name, version=version, scores=scores.tolist(),
+        return ScoreResponse(model=holder.name, version=version, scores=scores.tolist(), score_kind=kind,
                              unknown_candidates=joined.unknown_candidates, unknown_request=joined.unknown_request)
 
     return router

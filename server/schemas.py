@@ -8,10 +8,19 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Fiel
                       StrictInt, StrictStr, Tag, WithJsonSchema)
 from pydantic_core import PydanticCustomError
 
+from dense_model.train_config import LOSSES
+from server.calibration import SCORE_KINDS
+
 MAX_NUMBER = sys.float_info.max
 """Largest magnitude of a numeric feature value: FG reads numbers as float64, so an integer must fit one."""
 
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+ScoreKind = Literal[SCORE_KINDS]
+SCORE_KIND_DOC = ("What the version's scores are: `ctr`, calibrated CTRs (probabilities of a positive: a pointwise "
+                  "model, or a listwise one with the calibration its training fitted); `ranking`, scores that "
+                  "order one request's candidates but are not probabilities (a listwise model without a fitted "
+                  "calibration, e.g. trained with --validation 0).")
 
 
 def _fits_float64(v: int) -> int:
@@ -112,7 +121,9 @@ class ScoreRequest(BaseModel):
 class ScoreResponse(BaseModel):
     model: str = Field(description="Model name.")
     version: int = Field(description="Model version that computed the scores.")
-    scores: list[float] = Field(description="Calibrated CTRs, one per candidate, in candidate order.")
+    scores: list[float] = Field(description="One per candidate, in candidate order: calibrated CTRs, or ranking "
+                                "scores (see `score_kind`).")
+    score_kind: ScoreKind = Field("ctr", description=SCORE_KIND_DOC)
     unknown_candidates: int = Field(0, description="Candidates whose key has no row in the model's item feature "
                                     "table (scored with no stored features); 0 for a model without tables.")
     unknown_request: bool = Field(False, description="The request's key (e.g. user_id) has no row in its feature "
@@ -176,6 +187,10 @@ class LoadedVersion(BaseModel):
     created_at: str | None
     training: dict[str, Any] | None = Field(description="Held-out metrics and config of the training run.")
     store: StoreStatus
+    training_loss: Literal[LOSSES] = Field(
+        "pointwise", description="The loss the version was trained with (a version exported before it was "
+                                 "recorded: its training config's, else pointwise).")
+    score_kind: ScoreKind = Field("ctr", description=SCORE_KIND_DOC)
 
 
 class FeatureTableStatus(BaseModel):

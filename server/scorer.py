@@ -2,7 +2,8 @@
 
     from server.scorer import load
     scorer = load("models/movielens")               # newest complete version
-    ctr = scorer.score(request, candidates)          # float32 [N]
+    ctr = scorer.score(request, candidates)          # float32 [N]: CTRs (scorer.score_kind "ctr"), or
+                                                     # ranking scores ("ranking": a listwise model uncalibrated)
 
 (feature tables: fill what the body did not send, ``server/feature_join.py``) -> FG -> unique
 keys -> row cache -> store read of the misses -> pool into [N, F, D] and [N, F] -> one
@@ -27,10 +28,11 @@ import tensorflow as tf
 from embstore import RowCache
 from embstore.keys import MAX_TABLE_ID, ROW_BITS, ROW_LIMIT
 from server import scorer_impl
-from server.calibration import calibrate
+from server.calibration import calibrate, score_kind
 from server.dense import load_dense
 from embstore.follower import NOT_FOLLOWING, Activity, Follower
-from exporter.manifest import DENSE_DIR, ModelDirError, complete_versions, load_manifest, open_version_store
+from exporter.manifest import (DENSE_DIR, ModelDirError, complete_versions, load_manifest, open_version_store,
+                               training_loss)
 from features.fg import FeatureGenerator
 from server.feature_join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
 from features.segment import check_segmenters
@@ -68,6 +70,10 @@ class Scorer:
         except ValueError as e:
             raise ModelDirError(str(e)) from None
         self.calibration = self.spec.model.calibration
+        # what a score is: "ctr", or "ranking" for a listwise model without a fitted calibration (a manifest from
+        # before these were recorded: its training config's loss, else pointwise)
+        self.training_loss = training_loss(m, source=str(self.version_dir / "manifest.json"))
+        self.score_kind = score_kind(self.training_loss, self.calibration)
         self.num_dense = len(self.spec.numeric)
         # max_request_values bounds one score call's feature values (see features.value_limits)
         self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size, max_request_values=max_request_values)

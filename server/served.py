@@ -140,12 +140,14 @@ class ModelHolder:
         if drained:  # not on this request's thread: closing a store and dropping a model takes milliseconds
             threading.Thread(target=self._close, args=(sv,), name=f"offgraph-close-{self.name}", daemon=True).start()
 
-    def score(self, request: dict, candidates: list[dict], version: int | None) -> tuple[int, np.ndarray, Any]:
+    def score(self, request: dict, candidates: list[dict],
+              version: int | None) -> tuple[int, np.ndarray, Any, str]:
         """Score on the current version (or the one asked for); runs in a scoring thread. Returns
-        (version, scores, the feature join's result: ``server.feature_join.Joined``)."""
+        (version, scores, the feature join's result: ``server.feature_join.Joined``, what the scores are:
+        the version's ``score_kind``)."""
         sv = self.acquire(version)
         try:
-            return (sv.version, *sv.scorer.score_joined(request, candidates))
+            return (sv.version, *sv.scorer.score_joined(request, candidates), sv.scorer.score_kind)
         except StoreReadError as e:
             with self._lock:
                 first, sv.unhealthy = sv.unhealthy is None, sv.unhealthy or f"store read failed while serving ({e.kind})"
