@@ -88,7 +88,9 @@ def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str | None = 
     """``rows`` None: ``default_rows`` (held-out rows of the training file, else all). ``ids_only``: also
     score each request in its ids-only form (the columns the feature tables fill left out: the server
     joins them) and compare with the full-feature form (``ids_only_max_abs_dp``; 0 when the tables
-    hold the rows' values) and with Keras."""
+    hold the rows' values) and with Keras. The keys the tables lack are counted apart: candidates whose
+    item key has no row (``ids_only_unknown_candidates``) and requests whose request-scope key (user,
+    site, app) has none (``ids_only_unknown_requests``)."""
     model, spec, metrics = load_run(run_dir)
     rows = rows or default_rows(metrics, data_path)
     own_scorer = scorer is None
@@ -115,7 +117,7 @@ def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str | None = 
                              "requests")
         p_served = np.zeros(len(idx), np.float32)
         p_ids = np.zeros(len(idx), np.float32)
-        unknown = 0
+        unknown = unknown_requests = 0
         t0 = time.perf_counter()
         n_requests = 0
         for request, cands, pos in requests_from_rows(spec, columns, idx):
@@ -123,6 +125,7 @@ def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str | None = 
             if ids_only:
                 p_ids[pos], joined = scorer.score_joined(*ids_only_form(scorer.spec, request, cands))
                 unknown += joined.unknown_candidates
+                unknown_requests += joined.unknown_request  # its user/site/app key has no row: all its rows differ
             n_requests += 1
         served_s = time.perf_counter() - t0
         dp = np.abs(p_keras.astype(np.float64) - p_served.astype(np.float64))
@@ -137,7 +140,7 @@ def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str | None = 
             d_ids = np.abs(p_ids.astype(np.float64) - p_served.astype(np.float64))
             extra = {"ids_only_max_abs_dp": float(d_ids.max(initial=0.0)),
                      "ids_only_vs_keras_max_abs_dp": float(np.abs(p_ids.astype(np.float64) - p_keras).max(initial=0.0)),
-                     "ids_only_unknown_candidates": int(unknown)}
+                     "ids_only_unknown_candidates": int(unknown), "ids_only_unknown_requests": int(unknown_requests)}
         return {**extra, "rows": int(len(idx)), "row_set": rows, "requests": n_requests,
                 "quant_max_abs_dp": quant_dp, "derived_max_diff": FLOAT_SLACK + quant_dp,
                 "max_abs_dp": float(dp.max(initial=0.0)),

@@ -80,7 +80,8 @@ def run_check_cli(args) -> int:
             json.dump(res, f, indent=2)
     if args.ids_only:
         print(f"ids-only vs full features: max |dp| {res['ids_only_max_abs_dp']:.3g} "
-              f"({res['ids_only_unknown_candidates']} candidates with an unknown key); ids-only vs keras: max |dp| "
+              f"({res['ids_only_unknown_candidates']} candidates with an unknown item key, "
+              f"{res['ids_only_unknown_requests']} requests with an unknown request key); ids-only vs keras: max |dp| "
               f"{res['ids_only_vs_keras_max_abs_dp']:.3g}")
         if res["ids_only_max_abs_dp"] > 0:
             print("FAIL: ids-only requests score differently from the same requests with every feature sent "
