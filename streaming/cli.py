@@ -9,7 +9,7 @@ import signal
 
 from offgraph_cli import add_cpus_argument, pin_cpus
 from offgraph_config import default
-from streaming.updater_config import DURABILITY, UpdaterConfig
+from streaming.updater_config import DURABILITY, OFFSET_RESET, UpdaterConfig
 
 log = logging.getLogger("offgraph.update")
 
@@ -25,6 +25,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--source", required=True, help="delta source: spool:DIR or kafka://HOST:PORT/TOPIC")
     p.add_argument("--dead-letter", help="where refused deltas go: a folder for spool:DIR (default DIR/dead), a "
                                          "topic for kafka://... (default TOPIC.dead)")
+    p.add_argument("--on-offset-reset", choices=OFFSET_RESET, default="stop",
+                   help="kafka://...: when a partition's offsets go backwards (the broker lost its log, the topic "
+                        "was re-created): stop (rc 2), or rebase (read its new log from the beginning, as a new "
+                        "stream); default %(default)s. See streaming/README.md, 'Offset resets'")
     p.add_argument("--delete-applied", action="store_true",
                    help="delete applied spool files instead of moving them to DIR/applied/")
     p.add_argument("--batch-files", type=int, default=_default("batch_files"),
@@ -80,6 +84,7 @@ def run_update(args) -> int:
     kw = {"dead_letter_dir": args.dead_letter, "delete_applied": args.delete_applied}
     if args.source.startswith("kafka:"):  # names the group whose (informational) offsets it commits
         kw["store_hint"] = f"{os.path.abspath(args.models)}/{args.model}@{os.uname().nodename}"
+        kw["on_offset_reset"] = args.on_offset_reset
     source = open_source(args.source, **kw)
     metrics = UpdaterMetrics(args.model, port=args.metrics_port, log_every_s=args.log_every)
     up = Updater(args.models, args.model, source, config, metrics=metrics)

@@ -21,10 +21,14 @@ deltas of one row go to one partition, so they stay in order:
 from __future__ import annotations
 
 import io
+import json
+import logging
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import urlsplit
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from embstore.keys import shard_of
 from streaming import delta_format_impl as _impl
@@ -32,6 +36,7 @@ from streaming import delta_format_impl as _impl
 FORMAT_VERSION = b"1"
 H_VERSION, H_MODEL, H_MODEL_VERSION = "offgraph.delta.version", "offgraph.model", "offgraph.model_version"
 H_REASON, H_ORIGIN = "offgraph.dead_letter.reason", "offgraph.dead_letter.origin"
+H_DEAD_PREFIX = "offgraph.dead_letter."  # + topic, partition, offset, size: a reference to a payload not copied
 MAX_MESSAGE_BYTES = 1 << 20
 _OVERHEAD_BYTES = 4096  # Arrow IPC schema, footer and padding of one message, generously
 START_FILE = "stream-start.json"  # in a version directory: where the version's deltas begin in a topic
@@ -97,3 +102,46 @@ def encode_messages(delta: dict, partitions: int, max_bytes: int = MAX_MESSAGE_B
 
 def version_start_path(version_dir: str | Path) -> Path:
     return Path(version_dir) / START_FILE
+
+
+def dead_letter_reference(reason: str, topic: str, partition: int, offset: int, size: int, why: str) -> list:
+    """The headers of a dead letter whose payload is not copied (its value is empty): where to read it."""
+    text = f"{reason} (the {size}-byte payload is not copied here: {why}; read it at its origin)"
+    return [(H_REASON, text.encode("utf-8", "backslashreplace")), (H_ORIGIN, f"{topic}/{partition}/{offset}".encode()),
+            *((H_DEAD_PREFIX + k, str(v).encode()) for k, v in
+              (("topic", topic), ("partition", partition), ("offset", offset), ("size", size)))]
+
+
+Offset = Annotated[int, Field(strict=True, ge=0, lt=2**63)]
+PartitionKey = Annotated[str, StringConstraints(pattern=r"^(0|[1-9][0-9]{0,9})$")]
+
+
+class VersionStart(BaseModel):
+    """``stream-start.json``: the offset of each partition's first message of the version."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    topic: Annotated[str, Field(strict=True, min_length=1)]
+    partitions: dict[PartitionKey, Offset]
+
+
+def read_version_start(version_dir: str | Path, log: logging.Logger) -> tuple[VersionStart | None, Path]:
+    """The version's ``stream-start.json`` (partition keys as ints), or None where there is none or
+    it is unusable: then a warning names the file and the field, and the topic is read from its
+    beginning (one rule for every fault, garbage bytes included: a start-up never fails on it)."""
+    path = version_start_path(version_dir)
+    try:
+        rec = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None, path
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested too deep to parse
+        log.warning("%s unreadable (%s): reading the topic from its beginning", path, e)
+        return None, path
+    try:
+        vs = VersionStart.model_validate(rec)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(x) for x in err["loc"]) or "(the whole file)"
+        log.warning("%s: field %s: %s (got %.80r): ignored, reading the topic from its beginning", path, field,
+                    err["msg"], err.get("input"))
+        return None, path
+    return vs.model_copy(update={"partitions": {int(p): o for p, o in vs.partitions.items()}}), path

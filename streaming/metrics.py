@@ -33,6 +33,8 @@ class UpdaterMetrics:
         self._rate_t, self._rate_rows = time.monotonic(), 0
         self._last_backlog = -math.inf
         self.partitions: dict[int, dict] = {}  # Kafka: per-partition lag (messages, rows, seconds)
+        self.broker: dict | None = None  # Kafka: {"up": bool | None, "errors": int, "resets": int}
+        self._counted = {"errors": 0, "resets": 0}  # of self.broker, added to the Prometheus counters so far
         self.version: int | None = None
         self.log_every_s = log_every_s
         self._last_log = time.monotonic()
@@ -65,6 +67,12 @@ class UpdaterMetrics:
                                  "Kafka: age of the partition's oldest unapplied message", lbl + ["partition"]),
             "rate": Gauge("offgraph_update_deltas_per_second", "deltas consumed per second (last interval)", lbl),
             "version": Gauge("offgraph_update_live_version", "model version being updated", lbl),
+            "broker_up": Gauge("offgraph_update_broker_up", "Kafka: 1 while the broker is reachable, 0 while "
+                               "not (NaN: not known yet)", lbl),
+            "errors": Counter("offgraph_update_broker_connection_errors", "Kafka: failed or dropped broker "
+                              "connections", lbl),
+            "resets": Counter("offgraph_update_offset_resets", "Kafka: partitions whose offsets went backwards "
+                              "(the broker lost its log, the topic was re-created)", lbl),
         }
         self._prom["lag"].labels(self.model).set_function(self.lag_s)
         start_http_server(port)
@@ -108,6 +116,7 @@ class UpdaterMetrics:
         self._last_backlog = now
         b = self.backlog = source.backlog()
         self.partitions = source.lag()
+        self._broker(source)
         self.waiting = b.items
         m = self.backlog_max
         self.backlog_max = Backlog(max(m.items, b.items), max(m.rows, b.rows), max(m.oldest_age_s, b.oldest_age_s))
@@ -141,13 +150,26 @@ class UpdaterMetrics:
                         "updater'", self.model, b.oldest_age_s, b.items, b.rows)
         return True
 
+    def _broker(self, source) -> None:
+        """A broker source's connectivity onto the gauges (a source without a broker has none)."""
+        self.broker = source.connectivity()
+        if self.broker is None:
+            return
+        if self._prom:
+            up = self.broker["up"]
+            self._prom["broker_up"].labels(self.model).set(math.nan if up is None else float(up))
+            for k in ("errors", "resets"):
+                self._prom[k].labels(self.model).inc(max(0, self.broker[k] - self._counted[k]))
+                self._counted[k] = max(self._counted[k], self.broker[k])
+
     def status(self) -> dict:
         """What the updater's status file holds (streaming.status_file)."""
         b = self.backlog
         return {"model": self.model, "version": self.version, "deltas": self.deltas, "rows_applied": self.rows_applied,
                 "rows_applied_per_s": self.rows_applied_per_s, "lag_s": _finite(self.lag_s()),
                 "backlog": {"items": b.items, "rows": b.rows, "oldest_unapplied_s": b.oldest_age_s},
-                "partitions": {str(p): d for p, d in self.partitions.items()}}
+                "partitions": {str(p): d for p, d in self.partitions.items()},
+                **({"broker": self.broker} if self.broker is not None else {})}
 
     def summary(self) -> dict:
         return {"deltas": self.deltas, "rows_applied": self.rows_applied, "rows_skipped_stale": self.rows_stale,

@@ -114,6 +114,11 @@ class DeltaSource(abc.ABC):
         """Per partition of a broker source: messages, rows and seconds behind ({} : none)."""
         return {}
 
+    def connectivity(self) -> dict | None:
+        """A broker source's connection state for /metrics (``{"up": bool | None, "errors": int,
+        "resets": int}``); None: the source has no broker."""
+        return None
+
     def position_keys(self) -> list[bytes]:
         """The position keys whose records the updater reads back on start."""
         return [SPOOL_POSITION_KEY]

@@ -51,6 +51,7 @@ class Updater:
         self._pending: list[tuple[SourceItem, DeltaBatch]] = []  # the batch being gathered (step)
         self._pending_rows, self._gather_t0 = 0, 0.0
         self._last_version_check = 0.0
+        self._first_seen: dict[tuple[bytes, str], float] = {}  # waiting item -> when this process first saw it
         self.features = FeatureTables(self.live.model_dir)  # feature-row deltas (shared by the versions)
 
     # ------------------------------------------------------------------ lifecycle
@@ -211,11 +212,16 @@ class Updater:
             newest = self.live.newest()
             if newest is not None and newest > live:
                 return SWITCH
-            age = time.time() - item.mtime
-            if age > self.config.wait_timeout_s:
+            # waited since this process first saw it (monotonic): a producer's clock or a file's mtime
+            # in the future would stall the stream for good
+            seen = self._first_seen.setdefault((item.key, item.position), time.monotonic())
+            age = time.monotonic() - seen
+            if age >= self.config.wait_timeout_s:
+                self._first_seen.pop((item.key, item.position), None)
                 return (f"addressed to model version {b.model_version}, which is not complete (no manifest) "
                         f"after waiting {age:.0f}s > --wait-timeout {self.config.wait_timeout_s:g}s; live is {live}")
             return WAIT
+        self._first_seen.pop((item.key, item.position), None)
         return check_batch(b, self.live.limits) or APPLY
 
     # ------------------------------------------------------------------ writes

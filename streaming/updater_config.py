@@ -10,6 +10,8 @@ from offgraph_config import ConfigModel, option
 
 # embstore.base.DURABILITY, spelled out here because embstore loads NumPy (tests check they agree)
 DURABILITY = ("flush", "wal")
+# what a Kafka source does when a partition's offsets go backwards (streaming/README.md, "Offset resets")
+OFFSET_RESET = ("stop", "rebase")
 
 
 class UpdaterConfig(ConfigModel, frozen=True):

@@ -3,48 +3,20 @@ loopback): the message format and partitioning, the source's contract, replicas 
 (one SIGKILLed and restarted), a new replica from the version directory, poison messages to the
 dead-letter topic, and a version switch."""
 import json
-import os
 import signal
-import subprocess
 import time
 
 import numpy as np
 import pytest
 
 from embstore.keys import shard_of
-from kafka_helpers import consume_all
+from kafka_helpers import P, broker, caught_up, consume_all, delta, rows_of, start_updater, stop, stored_positions  # noqa: F401
+from kafka_helpers import tiny_export  # noqa: F401 - fixtures
+from kafka_helpers import sink as _sink, topic_name as _topic
 from streaming.kafka_messages import encode_messages
-from streaming.tansu import tansu_broker
-from streaming_helpers import DIM, NAME, REPO, export_tiny, install_version, last_write_wins, make_deltas
-from streaming_helpers import open_version_store, train_tiny, update_cmd
-
-P = 4  # partitions
+from streaming_helpers import DIM, NAME, install_version, last_write_wins
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    with tansu_broker(tmp_path_factory.mktemp("tansu") / "tansu.log") as bootstrap:
-        yield bootstrap
-
-
-@pytest.fixture(scope="module")
-def tiny_export(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    return export_tiny(train_tiny(root), root / "models" / NAME / "1", "fp32")
-
-
-def _topic(request) -> str:
-    return "t-" + request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:80]
-
-
-def _sink(broker, topic, vdir=None):
-    from streaming.sink_kafka import KafkaSink
-
-    return KafkaSink(f"kafka://{broker}/{topic}", version_dir=vdir, partitions=P)
-
-
-def _delta(rng, k, seq0, version=1, **kw):
-    return {"model": NAME, "model_version": version, **make_deltas(rng, k, seq0=seq0, **kw)}
 
 
 def test_messages_partition_rows_and_the_source_delivers_acks_seeks_and_dead_letters(broker, tiny_export, tmp_path,
@@ -53,7 +25,7 @@ def test_messages_partition_rows_and_the_source_delivers_acks_seeks_and_dead_let
 
     topic = _topic(request)
     rng = np.random.default_rng(0)
-    deltas = [_delta(rng, 3000, 1 + 10_000 * i) for i in range(3)]
+    deltas = [delta(rng, 3000, 1 + 10_000 * i) for i in range(3)]
     vdir = install_version(tiny_export, tmp_path / "models", 1)
     with _sink(broker, topic, vdir) as sink:
         for d in deltas:
@@ -87,7 +59,8 @@ def test_messages_partition_rows_and_the_source_delivers_acks_seeks_and_dead_let
         where = src.reject(first[1], "because: a test")
         assert f"{topic}.dead" in where
         pos = src.positions()
-        assert pos == {f"kafka/{topic}/0".encode(): f"{first[1].offset:020d}"}
+        assert pos == {f"kafka/{topic}/0".encode(): first[1].position}  # the offset and the message's fingerprint
+        assert first[1].position.startswith(f"{first[1].offset:020d}.")
     finally:
         src.close()
     (dead,) = consume_all(broker, f"{topic}.dead", 1, expect=1)
@@ -108,47 +81,6 @@ def test_messages_partition_rows_and_the_source_delivers_acks_seeks_and_dead_let
         src2.close()
 
 
-def _positions(vdir, topic) -> dict[int, list[int]]:
-    with open_version_store(vdir) as st:
-        out = {}
-        for p in range(P):
-            vals = st.get_meta_per_shard(f"kafka/{topic}/{p}".encode())
-            out[p] = [-1 if v is None else int(v) for v in vals]
-        return out
-
-
-def _caught_up(vdir, topic, last: dict[int, int]) -> bool:
-    try:
-        pos = _positions(vdir, topic)
-    except Exception:  # noqa: BLE001 - the writer is between opening steps: not yet
-        return False
-    return all(min(pos[p]) >= off for p, off in last.items())
-
-
-def _start_updater(models, topic, broker, log, *extra):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    cmd = update_cmd(models, "x", "--poll-interval", "0.05", *extra)
-    cmd[cmd.index("spool:x")] = f"kafka://{broker}/{topic}"
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
-
-
-def _stop(*procs):
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
-def _rows_of(vdir, t, r):
-    with open_version_store(vdir) as st:
-        v, w = st.read(t, r)
-        return v, w, st.row_seqs(t, r)
-
-
 def test_two_replicas_converge_one_killed_and_a_new_one_started_from_the_version_dir(broker, tiny_export,
                                                                                       tmp_path, request):
     topic = _topic(request)
@@ -156,11 +88,11 @@ def test_two_replicas_converge_one_killed_and_a_new_one_started_from_the_version
     vdirs = [install_version(tiny_export, m, 1) for m in models[:2]]
     sink = _sink(broker, topic, vdirs[0])
     rng = np.random.default_rng(1)
-    deltas = [_delta(rng, 2000, 1 + 2000 * i) for i in range(60)]
+    deltas = [delta(rng, 2000, 1 + 2000 * i) for i in range(60)]
     for i in range(7, 60, 7):  # stale seqs among them: last write wins by seq, not by arrival
         deltas[i]["seqs"] = deltas[i]["seqs"] - 10_000
     logs = [tmp_path / f"update{i}.log" for i in range(3)]
-    ups = [_start_updater(models[i], topic, broker, logs[i]) for i in range(2)]
+    ups = [start_updater(models[i], topic, broker, logs[i]) for i in range(2)]
     try:
         for i, d in enumerate(deltas):
             sink.emit(d)
@@ -170,23 +102,23 @@ def test_two_replicas_converge_one_killed_and_a_new_one_started_from_the_version
                 ups[1].send_signal(signal.SIGKILL)
                 ups[1].wait(10)
             if i == 40:
-                ups[1] = _start_updater(models[1], topic, broker, logs[1])
+                ups[1] = start_updater(models[1], topic, broker, logs[1])
         sink.flush()
         # a new replica from the exported version directory, as the producer recorded where it begins
         vdirs.append(install_version(tiny_export, models[2], 1))
         (vdirs[2] / "stream-start.json").write_bytes((vdirs[0] / "stream-start.json").read_bytes())
-        ups.append(_start_updater(models[2], topic, broker, logs[2]))
+        ups.append(start_updater(models[2], topic, broker, logs[2]))
         t_end = time.monotonic() + 120
-        while not all(_caught_up(v, topic, sink.last_offsets) for v in vdirs):
-            assert time.monotonic() < t_end, [_positions(v, topic) for v in vdirs]
+        while not all(caught_up(v, topic, sink.last_offsets) for v in vdirs):
+            assert time.monotonic() < t_end, [stored_positions(v, topic) for v in vdirs]
             for u, lg in zip(ups, logs):
                 assert u.poll() is None, lg.read_text()[-3000:]
             time.sleep(0.2)
     finally:
-        _stop(*ups)
+        stop(*ups)
         sink.close()
     t, r, s, v, w = last_write_wins(deltas)
-    got = [_rows_of(vd, t, r) for vd in vdirs]
+    got = [rows_of(vd, t, r) for vd in vdirs]
     for gv, gw, gs in got:
         assert gs.tolist() == s.tolist()
         np.testing.assert_array_equal(gv, v)
@@ -203,7 +135,7 @@ def test_poison_messages_go_to_the_dead_letter_topic_and_the_rest_is_applied(bro
     vdir = install_version(tiny_export, tmp_path / "models", 1)
     sink = _sink(broker, topic)
     rng = np.random.default_rng(2)
-    good = [_delta(rng, 500, 1 + 1000 * i) for i in range(4)]
+    good = [delta(rng, 500, 1 + 1000 * i) for i in range(4)]
     sink.emit(good[0])
     sink.flush()
     prod = Producer({"bootstrap.servers": broker, "log_level": 2})
@@ -211,11 +143,11 @@ def test_poison_messages_go_to_the_dead_letter_topic_and_the_rest_is_applied(bro
               b"": "empty"}
     for value in poison:
         prod.produce(topic, value=value, partition=1)
-    bad_rows = _delta(rng, 5, 10**9)
+    bad_rows = delta(rng, 5, 10**9)
     bad_rows["rows"] = bad_rows["rows"] + 10**6  # beyond every table
     for p, value, hdrs in encode_messages(bad_rows, P):
         prod.produce(topic, value=value, partition=p, headers=hdrs)
-    other = {**_delta(rng, 5, 10**9), "model": "someone-else"}
+    other = {**delta(rng, 5, 10**9), "model": "someone-else"}
     for p, value, hdrs in encode_messages(other, P):
         prod.produce(topic, value=value, partition=p, headers=hdrs)
     assert prod.flush(10) == 0
@@ -224,14 +156,14 @@ def test_poison_messages_go_to_the_dead_letter_topic_and_the_rest_is_applied(bro
     for d in good[1:]:
         sink.emit(d)
     sink.flush()
-    up = _start_updater(tmp_path / "models", topic, broker, tmp_path / "update.log")
+    up = start_updater(tmp_path / "models", topic, broker, tmp_path / "update.log")
     try:
         t_end = time.monotonic() + 60
-        while not _caught_up(vdir, topic, sink.last_offsets):
+        while not caught_up(vdir, topic, sink.last_offsets):
             assert up.poll() is None and time.monotonic() < t_end, (tmp_path / "update.log").read_text()[-3000:]
             time.sleep(0.2)
     finally:
-        _stop(up)
+        stop(up)
         sink.close()
     dead = consume_all(broker, f"{topic}.dead", 1, expect=n_bad)
     reasons = [m[3]["offgraph.dead_letter.reason"].decode() for m in dead]
@@ -241,7 +173,7 @@ def test_poison_messages_go_to_the_dead_letter_topic_and_the_rest_is_applied(bro
     assert any("someone-else" in x for x in reasons)
     assert all(m[3]["offgraph.dead_letter.origin"].startswith(topic.encode() + b"/") for m in dead)
     t, r, s, v, w = last_write_wins(good)
-    gv, gw, gs = _rows_of(vdir, t, r)
+    gv, gw, gs = rows_of(vdir, t, r)
     assert gs.tolist() == s.tolist()
     np.testing.assert_array_equal(gv, v)
 
@@ -251,40 +183,40 @@ def test_a_new_version_switches_the_topic_position_old_deltas_refused(broker, ti
     models = tmp_path / "models"
     v1 = install_version(tiny_export, models, 1)
     rng = np.random.default_rng(3)
-    up = _start_updater(models, topic, broker, tmp_path / "update.log")
+    up = start_updater(models, topic, broker, tmp_path / "update.log")
     sink = _sink(broker, topic, v1)
     try:
-        d1 = [_delta(rng, 300, 1 + 1000 * i) for i in range(3)]
+        d1 = [delta(rng, 300, 1 + 1000 * i) for i in range(3)]
         for d in d1:
             sink.emit(d)
         sink.flush()
         t_end = time.monotonic() + 60
-        while not _caught_up(v1, topic, sink.last_offsets):
+        while not caught_up(v1, topic, sink.last_offsets):
             assert up.poll() is None and time.monotonic() < t_end, (tmp_path / "update.log").read_text()[-3000:]
             time.sleep(0.2)
         v2 = install_version(tiny_export, models, 2)
         sink.version_dir = v2
-        d2 = [_delta(rng, 300, 10_000 + 1000 * i, version=2) for i in range(3)]
-        late_v1 = _delta(rng, 50, 50_000, version=1)
+        d2 = [delta(rng, 300, 10_000 + 1000 * i, version=2) for i in range(3)]
+        late_v1 = delta(rng, 50, 50_000, version=1)
         for d in d2[:2]:
             sink.emit(d)
         sink.emit(late_v1)  # produced after version 2 began: refused, not applied to either
         sink.emit(d2[2])
         sink.flush()
         t_end = time.monotonic() + 60
-        while not _caught_up(v2, topic, sink.last_offsets):
+        while not caught_up(v2, topic, sink.last_offsets):
             assert up.poll() is None and time.monotonic() < t_end, (tmp_path / "update.log").read_text()[-3000:]
             time.sleep(0.2)
     finally:
-        _stop(up)
+        stop(up)
         sink.close()
     assert json.loads((v2 / "stream-start.json").read_text())["topic"] == topic
     t, r, s, v, w = last_write_wins(d2)
-    gv, _, gs = _rows_of(v2, t, r)
+    gv, _, gs = rows_of(v2, t, r)
     assert gs.tolist() == s.tolist()
     np.testing.assert_array_equal(gv, v)
     t1, r1, s1, _, _ = last_write_wins(d1)
-    assert _rows_of(v1, t1, r1)[2].tolist() == s1.tolist()  # v1 kept what it had
+    assert rows_of(v1, t1, r1)[2].tolist() == s1.tolist()  # v1 kept what it had
     n_late = len({int(x) for x in shard_of(late_v1["table_ids"], late_v1["rows"], P)})
     dead = consume_all(broker, f"{topic}.dead", 1, expect=n_late)
     assert len(dead) == n_late
