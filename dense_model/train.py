@@ -233,10 +233,7 @@ def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | 
         **({"calibration": calibration} if calibration is not None else {}),
         "train_seconds": fit["train_seconds"],
         "fg_seconds": fg_seconds,
-        "fg_version": spec.fg_version,
-        "segmenters": segmenters_of(spec),
-        "numeric_stats": {f.name: f.params["stats"] for f in spec.numeric if "stats" in f.params},
-        "table_rows": {f.name: f.rows for f in spec.fields},
+        **spec_record(spec),
         "config": cfg.model_dump(),
         "source": source,
         # the training file, absolute: `offgraph check` checks the held-out rows of this file only
@@ -283,7 +280,19 @@ def fit_calibration(spec: FeatureSpec, cfg: TrainConfig, trainer: Trainer, valid
     return spec.with_calibration(logit_scale=fit.logit_scale, logit_shift=fit.logit_shift), rec
 
 
+def spec_record(spec: FeatureSpec) -> dict:
+    """What a run records that its spec implies, and the exporter checks: the FG version, the segmenter (and
+    library version) of each tokenize field, the fitted numeric stats and each field's table rows."""
+    return {"fg_version": spec.fg_version, "segmenters": segmenters_of(spec),
+            "numeric_stats": {f.name: f.params["stats"] for f in spec.numeric if "stats" in f.params},
+            "table_rows": {f.name: f.rows for f in spec.fields}}
+
+
 def write_run(out_dir: str | Path, model: DeepFM, spec: FeatureSpec, cfg: TrainConfig, metrics: dict) -> Path:
+    """Write a run directory (weights, spec.yaml, train_config.json, metrics.json), replacing ``out_dir``.
+    metrics.json holds ``metrics`` with what the spec implies (``spec_record``) recorded from ``spec`` itself,
+    so a run built by hand (a model and ``metrics={}``) exports like a trained one."""
+    metrics = {**metrics, **spec_record(spec)}
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():

@@ -196,3 +196,23 @@ def test_check_cli_defaults(numeric_run, exported, tmp_path):
                         "--data", str(other)], capture_output=True, text=True, timeout=240, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "400 all rows" in r.stdout and "derived from int8" in r.stdout, r.stdout
+
+
+def test_a_run_written_by_the_library_records_the_segmenters_its_spec_implies(tmp_path):
+    """A run built by hand (a model of a spec with a `cjk` tokenize field, no metrics) through the library's run
+    writer exports, records the cjk segmenter in the manifest, and scores; it was once refused as "segmented
+    by whitespace at training"."""
+    from dense_model.model import build_deepfm, load_run
+    from dense_model.train import TrainConfig, write_run
+    from features import parse_spec
+
+    spec = parse_spec({"model": {"embedding_dim": 4, "mlp": [8]}, "label": "y", "fields": [
+        {"name": "query", "scope": "request", "op": "tokenize", "input": "query", "segmenter": "cjk", "rows": 64},
+        {"name": "item", "scope": "item", "op": "id", "input": "item", "rows": 32}]}, source="hand-built")
+    write_run(tmp_path / "run", build_deepfm(spec), spec, TrainConfig(), metrics={})
+    m = export_run(tmp_path / "run", tmp_path / "models" / "hand" / "1", shards=1, quant="fp32", progress=False)
+    assert m["segmenters"] == {"query": {"name": "cjk"}}
+    assert load_run(tmp_path / "run")[2]["segmenters"] == {"query": {"name": "cjk"}}
+    with load(tmp_path / "models" / "hand" / "1") as s:
+        p = s.score({"query": "東京 ramen"}, [{"item": 1}, {"item": 2}])
+    assert p.shape == (2,) and np.all((p > 0) & (p < 1))
