@@ -1,6 +1,7 @@
 """`offgraph export`: split a trained run into store/ (tables) + dense/ (head) + manifest.json."""
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dense_model.model import load_run
+from dense_model.model import CONFIG_FILE, load_run
 from embstore import StoreConfig, open_store
 from exporter.dense_saved_model import save_dense
 from exporter.manifest import (DENSE_DIR, FORMAT_VERSION, STORE_DIR, ModelDirError, check_version_dir,
@@ -47,6 +48,16 @@ def _chunks(emb_var, w_var, rows: int):
         e = min(rows, s + CHUNK_ROWS)
         yield (np.arange(s, e, dtype=np.int64), np.asarray(emb_var[s:e], dtype=np.float32),
                np.asarray(w_var[s:e], dtype=np.float32)[:, 0])
+
+
+def _run_config(run_dir: Path) -> dict | None:
+    """The run's train_config.json (a run written by hand may have metrics without its config: its loss says
+    what the scores are)."""
+    try:
+        config = json.loads((run_dir / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def prepare_version_dir(out: Path) -> None:
@@ -136,7 +147,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant:
     tables = [_chunks(model.front.emb_tables[i].embeddings.value, model.front.w_tables[i].embeddings.value, f.rows)
               for i, f in enumerate(spec.fields)]
     training = {"held_out": metrics.get("held_out"), "train_rows": metrics.get("train_rows"),
-                "config": metrics.get("config"), "run": str(run_dir.resolve())}
+                "config": metrics.get("config") or _run_config(run_dir), "run": str(run_dir.resolve())}
     manifest = write_version(out, spec, model.head, tables, config=config, training=training, progress=progress,
                              segmenters=metrics.get("segmenters") or segmenters_of(spec))
     total_rows = sum(manifest["store"]["row_counts"].values())

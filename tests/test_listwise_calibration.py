@@ -239,3 +239,19 @@ def test_check_parity_holds_with_the_fitted_calibration(listwise):
     models, run_dir, table, _ = listwise
     res = run_check(models / "lw", run_dir, table, limit=2000)
     assert res["rows"] > 0 and res["max_abs_dp"] <= res["derived_max_diff"], res
+
+
+def test_a_listwise_run_written_by_hand_exports_as_ranking(tmp_path):
+    """A run from the library's writer with no metrics (so no fit, no config in them): its train_config.json's
+    loss decides, and a listwise model without a calibration says "ranking"."""
+    from dense_model.model import build_deepfm
+    from dense_model.train import TrainConfig, write_run
+    from exporter.export import export_run
+    from server.scorer import load
+
+    spec = parse_spec(_tiny_raw())
+    write_run(tmp_path / "run", build_deepfm(spec), spec, TrainConfig(loss="listwise"), {})
+    m = export_run(tmp_path / "run", tmp_path / "models" / "x" / "1", shards=1, quant="fp32", progress=False)
+    assert (m["training_loss"], m["score_kind"]) == ("listwise", "ranking")
+    with load(tmp_path / "models" / "x") as s:
+        assert (s.training_loss, s.score_kind) == ("listwise", "ranking")
