@@ -147,7 +147,9 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant:
     tables = [_chunks(model.front.emb_tables[i].embeddings.value, model.front.w_tables[i].embeddings.value, f.rows)
               for i, f in enumerate(spec.fields)]
     training = {"held_out": metrics.get("held_out"), "train_rows": metrics.get("train_rows"),
-                "config": metrics.get("config") or _run_config(run_dir), "run": str(run_dir.resolve())}
+                "config": metrics.get("config") or _run_config(run_dir), "run": str(run_dir.resolve()),
+                # a listwise run's calibration fit: a, b, mean score and logloss before and after it
+                **({"calibration": metrics["calibration"]} if metrics.get("calibration") else {})}
     manifest = write_version(out, spec, model.head, tables, config=config, training=training, progress=progress,
                              segmenters=metrics.get("segmenters") or segmenters_of(spec))
     total_rows = sum(manifest["store"]["row_counts"].values())

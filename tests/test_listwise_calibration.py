@@ -196,6 +196,7 @@ def test_training_fits_and_records_the_calibration(listwise):
     assert m["training_loss"] == "listwise" and m["score_kind"] == "ctr"
     assert (m["calibration"]["logit_scale"], m["calibration"]["logit_shift"]) == (rec["logit_scale"],
                                                                                   rec["logit_shift"])
+    assert m["training"]["calibration"] == rec  # GET /v1/models/{name} shows it under loaded.training
 
 
 def test_served_listwise_scores_are_ctrs(served, listwise):
