@@ -16,7 +16,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     ld.add_argument("--model", required=True, help="MODELS/NAME: the table goes to MODELS/NAME/features/TABLE, "
                                                    "shared by the model's versions")
     ld.add_argument("--table", required=True, help="table name, as declared under the spec's `tables`")
-    ld.add_argument("--data", required=True, help="one row per key: the key column and every column of the table")
+    ld.add_argument("--data", required=True, help="one row per key: the key column and every column of the table (a "
+                                                  "file, or a directory of Parquet files only: one dataset)")
     ld.add_argument("--spec", help="the spec declaring the table (default: the newest complete version's)")
     add_table_args(ld)
     ld.add_argument("--no-progress", action="store_true")
@@ -30,7 +31,7 @@ def run_load(args) -> int:
     from embstore.feature_load import load_table
     from exporter.manifest import ModelDirError, complete_versions, load_manifest
     from features.spec import SpecError, load_spec, parse_spec
-    from features.tables import DataError
+    from features.tables import DataError, parquet_files, row_locator
 
     def fail(msg: str) -> int:
         print(f"offgraph features load: error: {msg}", file=sys.stderr)
@@ -50,10 +51,16 @@ def run_load(args) -> int:
         if args.table not in tables:
             return fail(f"the spec declares no table {args.table!r} (its tables: {sorted(tables) or 'none'})")
         data = read_table_args(args)
+        dataset = ""
+        if Path(args.data).is_dir():  # say so: a directory is one Parquet dataset (features/tables.py)
+            dataset = f" from the Parquet dataset of {len(parquet_files(args.data))} file(s) in {args.data}"
+        names = [c.strip() for c in args.columns.split(",")] if args.columns else None
+        where = row_locator(args.data, header=False if names else None, names=names, sep=args.sep)
         res = load_table(model, tables[args.table], spec, data, source=str(args.data),
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, where=where)
     except (SpecError, ModelDirError, DataError, FeatureTableError, OSError) as e:
         return fail(str(e))
-    extra = f"; ignored columns {res['ignored_columns']}" if res["ignored_columns"] else ""
-    print(f"loaded {res['rows']:,} rows into {res['path']}{extra}")
+    ign = res["ignored_columns"]  # a file may have 10^5 columns: name a few
+    extra = (f"; ignored {len(ign)} column(s) {ign[:10]}" + (" ..." if len(ign) > 10 else "")) if ign else ""
+    print(f"loaded {res['rows']:,} rows{dataset} into {res['path']}{extra}")
     return 0

@@ -14,13 +14,17 @@ as a string first and then converted only where that loses nothing:
 
 Empty fields are nulls (never "" and never 0). `types` overrides the
 inference per column. A malformed row raises `DataError` naming the file and
-the line number.
+the line number; so does a missing file (not a bare path), a CSV line longer
+than the reader can take (`MAX_CSV_LINE`), and a directory that is not a
+Parquet dataset. `row_locator` names a data row as the file's line, for
+messages about a row's values (`offgraph features load`).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+from collections import Counter
 import json
 import os
 import re
@@ -32,7 +36,7 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
-__all__ = ["DataError", "read_table", "detect_format"]
+__all__ = ["DataError", "read_table", "detect_format", "row_locator", "parquet_files"]
 
 FORMATS = ("parquet", "csv", "tsv", "json")
 
@@ -48,6 +52,11 @@ _EXT_FORMAT = {
 _INT_RE = r"^-?(0|[1-9][0-9]{0,17})$"
 _FLOAT_RE = r"^-?(0|[1-9][0-9]*)$|^[+-]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 
+CSV_BLOCK_SIZES = (1 << 20, 1 << 24, 1 << 28)
+"""pyarrow reads CSV in blocks that must hold whole lines: 1 MiB first (its default), then larger ones
+for a file whose header or rows are longer (2x10^5 columns make a 1.2 MB header line)."""
+MAX_CSV_LINE = CSV_BLOCK_SIZES[-1]
+
 
 class DataError(ValueError):
     """A raw table cannot be read: malformed row, unknown format, missing column."""
@@ -56,7 +65,7 @@ class DataError(ValueError):
 def detect_format(path: str | os.PathLike) -> str:
     """Format of `path` from its extension, ignoring a compression suffix
     (`x.parquet.brotli` -> parquet, `x.csv.gz` -> csv). A directory is read
-    as a Parquet dataset."""
+    as a Parquet dataset (every file in it must be one: ``parquet_files``)."""
     p = os.fspath(path)
     if os.path.isdir(p):
         return "parquet"
@@ -93,7 +102,8 @@ def read_table(
     """
     p = os.fspath(path)
     if not os.path.exists(p):
-        raise FileNotFoundError(p)
+        raise DataError(f"{p}: no such file" + ("" if os.path.isdir(os.path.dirname(p) or ".")
+                                                  else f" (nor directory {os.path.dirname(p)})"))
     fmt = (fmt or detect_format(p)).lower()
     if fmt in ("jsonl", "ndjson"):
         fmt = "json"
@@ -122,7 +132,34 @@ def read_table(
 # ---------------------------------------------------------------- Parquet
 
 
+def parquet_files(p: str) -> list[str]:
+    """The files of the Parquet dataset in directory ``p`` (as pyarrow reads it: names starting with
+    '_' or '.' are skipped); DataError for a directory without any, or holding another kind of file
+    (a CSV beside them would be an unreadable "Parquet" file, or rows silently left out)."""
+    found, other = [], []
+    for root, dirs, files in os.walk(p):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
+        for f in sorted(files):
+            if f.startswith(("_", ".")):
+                continue
+            path = os.path.join(root, f)
+            fmt = None
+            try:
+                fmt = detect_format(path)
+            except DataError:
+                pass
+            (found if fmt == "parquet" else other).append(path)
+    if other:
+        raise DataError(f"{p}: a directory is read as one Parquet dataset, but it holds {other[0]!r}, which is not "
+                        "a Parquet file (.parquet, .pq, .parq); pass one file, or a directory of Parquet files only")
+    if not found:
+        raise DataError(f"{p}: a directory is read as one Parquet dataset, but it holds no Parquet file; pass a file")
+    return found
+
+
 def _read_parquet(p: str, columns: Sequence[str] | None) -> pa.Table:
+    if os.path.isdir(p):
+        parquet_files(p)
     if columns is not None:
         schema = pq.read_schema(p) if os.path.isfile(p) else None
         if schema is not None:
@@ -144,23 +181,49 @@ def _read_csv(p, columns, header, names, sep) -> pa.Table:
         if len(set(names)) != len(names):
             raise DataError(f"{p}: duplicate column names in names={names}")
     parse = pcsv.ParseOptions(delimiter=sep)
+    block = CSV_BLOCK_SIZES[0]
 
     def read_options(use_threads=True):
         if names is not None:
-            return pcsv.ReadOptions(column_names=names, skip_rows=1 if header else 0, use_threads=use_threads)
+            return pcsv.ReadOptions(column_names=names, skip_rows=1 if header else 0, use_threads=use_threads,
+                                    block_size=block)
         if header:
-            return pcsv.ReadOptions(use_threads=use_threads)
-        return pcsv.ReadOptions(autogenerate_column_names=True, use_threads=use_threads)
+            return pcsv.ReadOptions(use_threads=use_threads, block_size=block)
+        return pcsv.ReadOptions(autogenerate_column_names=True, use_threads=use_threads, block_size=block)
+
+    def long_lines(e: pa.ArrowInvalid) -> bool:
+        """pyarrow's words for a line longer than its block ("Empty CSV file or block" for a long first line)."""
+        m = str(e)
+        return ("Empty CSV file or block" in m and os.path.getsize(p) > 0) or "straddling" in m.lower()
+
+    def with_blocks(read, line: str, file_names=()):
+        """``read()`` with larger blocks while pyarrow finds a line longer than one; DataError naming the
+        problem (not pyarrow's "Empty CSV file or block") past ``MAX_CSV_LINE``."""
+        nonlocal block
+        while True:
+            try:
+                return read()
+            except pa.ArrowInvalid as e:
+                if long_lines(e) and block < MAX_CSV_LINE:
+                    block = CSV_BLOCK_SIZES[CSV_BLOCK_SIZES.index(block) + 1]
+                    continue
+                if long_lines(e):
+                    raise DataError(f"{p}: {line} is longer than {MAX_CSV_LINE >> 20} MiB, more than a CSV line may "
+                                    "be (is it a CSV file, with line breaks?)") from e
+                if os.path.getsize(p) == 0:
+                    raise DataError(f"{p}: the file is empty (no header line, no rows)") from e
+                raise _csv_error(p, e, read_options, parse, file_names) from e
+
+    def header_names():
+        try:
+            with pcsv.open_csv(p, read_options=read_options(), parse_options=parse) as reader:
+                return reader.schema.names
+        except StopIteration:  # empty file
+            return list(names or [])
 
     # Column names, to read every column as a string.
-    try:
-        with pcsv.open_csv(p, read_options=read_options(), parse_options=parse) as reader:
-            file_names = reader.schema.names
-    except pa.ArrowInvalid as e:
-        raise _csv_error(p, e, read_options, parse) from e
-    except StopIteration:  # empty file
-        file_names = list(names or [])
-    dup = sorted({c for c in file_names if file_names.count(c) > 1})
+    file_names = with_blocks(header_names, "line 1")
+    dup = sorted(c for c, k in Counter(file_names).items() if k > 1)  # one pass: a header may have 10^5 names
     if dup:
         raise DataError(f"{p}: column name(s) {dup} appear more than once in the header line; a file without "
                         "a header line needs its column names given (names=..., `--columns` on the command line)")
@@ -174,10 +237,8 @@ def _read_csv(p, columns, header, names, sep) -> pa.Table:
         quoted_strings_can_be_null=True,
         include_columns=list(columns) if columns is not None else None,
     )
-    try:
-        table = pcsv.read_csv(p, read_options=read_options(), parse_options=parse, convert_options=convert)
-    except pa.ArrowInvalid as e:
-        raise _csv_error(p, e, read_options, parse, file_names) from e
+    table = with_blocks(lambda: pcsv.read_csv(p, read_options=read_options(), parse_options=parse,
+                                              convert_options=convert), "a line", file_names)
     return pa.table({n: _infer_column(table.column(n)) for n in table.column_names})
 
 
@@ -232,6 +293,45 @@ def _record_line(p, sep, record: int) -> int:
     except (csv.Error, OSError):
         pass
     return record  # fall back to the record number
+
+
+def row_locator(path: str | os.PathLike, fmt: str | None = None, header: bool | None = None,
+                names: Sequence[str] | None = None, sep: str | None = None):
+    """``where(i) -> str``: data row i (0-based) of a file that ``read_table`` read with these arguments, as
+    its reader finds it: ``line L`` of a CSV / TSV / JSON-lines file (blank lines and line breaks inside
+    quoted fields counted, as in the file), ``row i+1`` of a Parquet file or dataset. The lines are
+    scanned once, at the first call (a message about a row is rare; reading does not pay for it)."""
+    p = os.fspath(path)
+    fmt = (fmt or detect_format(p)).lower()
+    if fmt not in ("csv", "tsv", "json", "jsonl", "ndjson"):
+        return lambda i: f"row {i + 1}"
+    lines: list[int] = []
+
+    def scan() -> None:
+        with pa.input_stream(p, compression="detect") as raw:
+            text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+            if fmt in ("csv", "tsv"):
+                reader = csv.reader(text, delimiter=sep or ("\t" if fmt == "tsv" else ","))
+                prev, skip = 0, 1 if (names is None if header is None else header) else 0
+                for row in reader:
+                    if row:
+                        if skip:
+                            skip -= 1
+                        else:
+                            lines.append(prev + 1)
+                    prev = reader.line_num
+            else:
+                lines.extend(n for n, line in enumerate(text, start=1) if line.strip())
+
+    def where(i: int) -> str:
+        if not lines:
+            try:
+                scan()
+            except (csv.Error, OSError):
+                pass
+        return f"line {lines[i]}" if i < len(lines) else f"row {i + 1}"
+
+    return where
 
 
 def _infer_column(col: pa.ChunkedArray) -> pa.ChunkedArray:

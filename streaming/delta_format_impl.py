@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -188,12 +189,19 @@ def check_values(cols: dict[str, np.ndarray]) -> None:
         if a.size and a.min() < 0:
             at = int(np.argmax(a < 0))
             raise DeltaFormatError(f"column {name!r} holds negative values (first at delta {at}: {int(a[at])})")
-    dup = equal_seq_duplicate(cols["table_id"], cols["row"], cols["seq"])
+    refuse_equal_seqs(cols["table_id"], cols["row"], cols["seq"],
+                      lambda a: f"table_id {int(cols['table_id'][a])} row {int(cols['row'][a])}")
+
+
+def refuse_equal_seqs(t: np.ndarray, r: np.ndarray, s: np.ndarray, row: Callable[[int], str]) -> None:
+    """DeltaFormatError when two deltas of one file update one row (``(t, r)``; ``row(i)`` names delta i's)
+    at one seq: which value is the row's at that seq would be left to file order. The one rule of
+    embedding and feature-row deltas (``streaming/feature_delta.py``)."""
+    dup = equal_seq_duplicate(t, r, s)
     if dup is not None:
         a, b, n = dup
-        raise DeltaFormatError(f"deltas {a} and {b} both update table_id {int(cols['table_id'][a])} row "
-                               f"{int(cols['row'][a])} at seq {int(cols['seq'][a])} ({n} such duplicates): one seq "
-                               "of a row must have one value (give each update its own seq; the highest wins)")
+        raise DeltaFormatError(f"deltas {a} and {b} both update {row(a)} at seq {int(s[a])} ({n} such duplicates): "
+                               "one seq of a row must have one value (give each update its own seq; the highest wins)")
 
 
 def equal_seq_duplicate(t: np.ndarray, r: np.ndarray, s: np.ndarray) -> tuple[int, int, int] | None:

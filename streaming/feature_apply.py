@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from embstore.feature_db import FeatureDB, FeatureTableError, table_dir
-from embstore.feature_load import check_schema
+from embstore.feature_load import check_rows, check_schema
 from features.spec import FeatureSpec
 from streaming.feature_delta import FeatureDeltaBatch
 
@@ -22,7 +22,8 @@ class FeatureTables:
         self.dbs: dict[str, FeatureDB] = {}
 
     def refusal(self, b: FeatureDeltaBatch, model: str, spec: FeatureSpec, version: int) -> str | None:
-        """Why ``b`` cannot be applied (None: it can)."""
+        """Why ``b`` cannot be applied (None: it can): another model or table, other columns or types, or a
+        value the server could not use (named: delta, key, column, rule)."""
         if b.model != model:
             return f"addressed to model {b.model!r}; this updater serves {model!r}"
         tables = {t.name: t for t in spec.tables}
@@ -40,6 +41,8 @@ class FeatureTables:
                     + (f"unknown {extra}" if extra else ""))
         try:
             check_schema(b.schema.empty_table(), t, spec, f"feature delta for table {t.name!r}")
+            # the values: FG's own rules and the table's size bounds, as `offgraph features load` checks them
+            check_rows(b.data, t, spec, f"feature delta for table {t.name!r}", where=lambda i: f"delta {i}")
         except FeatureTableError as e:
             return str(e)
         return None

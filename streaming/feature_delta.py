@@ -32,7 +32,8 @@ import numpy as np
 import pyarrow as pa
 
 from embstore.feature_db import row_key
-from streaming.delta_format_impl import FORMAT_VERSION as _FORMAT, META_MODEL, META_VERSION, DeltaFormatError
+from streaming.delta_format_impl import (FORMAT_VERSION as _FORMAT, META_MODEL, META_VERSION, DeltaFormatError,
+                                        refuse_equal_seqs)
 
 FORMAT_VERSION = str(_FORMAT).encode()
 
@@ -56,6 +57,7 @@ class FeatureDeltaBatch:
     rows: list[dict[str, Any]]  # {column: value} per row, without the key
     seqs: np.ndarray            # int64 [K]
     event_time_ms: np.ndarray   # int64 [K]
+    data: pa.Table              # the file's columns (the value checks of embstore.feature_load.check_rows)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -91,10 +93,14 @@ def from_table(table: pa.Table) -> FeatureDeltaBatch:
     bad = [i for i, k in enumerate(keys) if k is None]
     if bad:
         raise DeltaFormatError(f"feature delta: key column {key!r} has no value at row {bad[0]}")
+    if len(keys) > 1:  # two rows of one key at one seq: refused as embedding deltas are (one rule)
+        _, kid = np.unique(np.array(keys, dtype=object), return_inverse=True)
+        refuse_equal_seqs(np.zeros(len(keys), np.uint32), kid.reshape(-1).astype(np.int64), seqs,
+                          lambda a: f"{key}={keys[a][1:].decode()!r}")
     cols = [c for c in table.column_names if c not in RESERVED and c != key]
     values = {c: table.column(c).to_pylist() for c in cols}
     rows = [{c: values[c][i] for c in cols} for i in range(table.num_rows)]
-    return FeatureDeltaBatch(model, name, key, tuple(cols), table.schema, keys, rows, seqs, times)
+    return FeatureDeltaBatch(model, name, key, tuple(cols), table.schema, keys, rows, seqs, times, table)
 
 
 def build_table(*, model: str, table: str, key: str, rows: Sequence[dict], seqs, event_time_ms) -> pa.Table:

@@ -146,3 +146,42 @@ def test_kafka_feature_delta_reaches_a_follower(models, requests_, tmp_path):
         assert "table 'nope'" in out
         with FeatureDB(table_dir(models / "ml", "item"), "r") as db:
             assert db.get_meta(b"kafka/features/0") is not None  # the position, written with the row
+
+
+def test_bad_feature_deltas_are_dead_lettered_naming_row_column_rule(models, requests_, tmp_path):
+    """Issue 26 items 6-8 through the real updater: a value FG refuses (release_year "abc", 5,000 genres), a 1 MB
+    value and two rows of one key at one seq are dead-lettered with a reason naming the delta, key, column and
+    rule; the good file behind them is applied, the table keeps no bad row."""
+    _, cands = requests_[0]
+    spool = tmp_path / "spool"
+    kw = dict(model="ml", table="item", key="movie_id", event_time_ms=1)
+    ok = _row(cands[0], release_year=1951)
+    publish_feature_delta(spool, rows=[{**ok, "release_year": "1951"}, _row(cands[1], release_year="abc")], seqs=[5, 5],
+                          **kw)  # a text column: numbers as text are fine, "abc" is not
+    publish_feature_delta(spool, rows=[_row(cands[1], genres=[f"g{i}" for i in range(5000)])], seqs=[6], **kw)
+    publish_feature_delta(spool, rows=[_row(cands[1], title_words=["w" * 1_000_000])], seqs=[7], **kw)
+    publish_feature_delta(spool, rows=[_row(cands[2], release_year=1931), _row(cands[2], release_year=1932)],
+                          seqs=[8, 8], **kw)
+    good = publish_feature_delta(spool, rows=[ok], seqs=[9], **kw)
+    up = _update(models, f"spool:{spool}")
+    try:
+        wait_for(lambda: len(list((spool / "dead").glob("*.arrow"))) == 4, 60, "four dead letters")
+        wait_for(lambda: (spool / "applied" / good.name).exists(), 30, "the good file applied")
+    finally:
+        out = _stop(up)
+    assert up.returncode == 0, out
+    reasons = sorted(p.read_text() for p in (spool / "dead").glob("*.reason.txt"))
+    mid = cands[1]["movie_id"]
+    want = [f"delta 1 (movie_id={mid!r}): column 'release_year' (field 'release_year'): expected a number, got 'abc'",
+            f"delta 0 (movie_id={mid!r}): column 'genres' (field 'genres'): 5000 values, more than the field's "
+            "max_values of 1000",
+            f"delta 0 (movie_id={mid!r}): column 'title_words': a value of 1,000,000 bytes, more than the table's "
+            "max_value_bytes of 65,536",
+            f"deltas 0 and 1 both update movie_id='{cands[2]['movie_id']}' at seq 8 (1 such duplicates): one seq of a "
+            "row must have one value"]
+    for w in want:
+        assert sum(w in r for r in reasons) == 1, (w, reasons)
+    with FeatureDB(table_dir(models / "ml", "item"), "r") as db:
+        got = db.get([row_key(c["movie_id"]) for c in cands[:3]])
+    assert got[0]["release_year"] == 1951 and got[1]["release_year"] == cands[1]["release_year"]
+    assert got[1]["genres"] == cands[1]["genres"] and got[2]["release_year"] == cands[2]["release_year"]

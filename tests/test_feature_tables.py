@@ -47,7 +47,7 @@ def test_spec_without_tables_is_unchanged():
     ({"item": {"key": "movie_id", "columns": ["genres"]}, "item2": {"key": "movie_id", "columns": ["genres"]}},
      "column 'genres' is already filled by table 'item'"),
     ({"Item": {"key": "movie_id", "columns": ["genres"]}}, "lowercase letters"),
-    ({"item": {"key": "movie_id", "columns": ["genres"], "extra": 1}}, "'key' and 'columns' only"),
+    ({"item": {"key": "movie_id", "columns": ["genres"], "extra": 1}}, "'key', 'columns' and optionally"),
     ([1], "'tables' must be a mapping"),
 ])
 def test_bad_tables_are_spec_errors_naming_the_table(tables, msg):
@@ -80,9 +80,9 @@ def test_load_refuses_wrong_schema_and_duplicate_keys(tmp_path):
         load_table(tmp_path, item, spec, _movies().drop(["release_year"]), progress=False)
     with pytest.raises(FeatureTableError, match="column 'release_year' is a list"):
         load_table(tmp_path, item, spec, _movies(release_year=[[1990]] * 50), progress=False)
-    with pytest.raises(FeatureTableError, match=r"duplicate key movie_id='7' \(rows 6 and 9\)"):
+    with pytest.raises(FeatureTableError, match=r"duplicate key movie_id='7' at row 7 and row 10;"):
         load_table(tmp_path, item, spec, _movies(movie_id=[*range(1, 10), 7, *range(11, 51)]), progress=False)
-    with pytest.raises(FeatureTableError, match="key column 'movie_id' is null at row 3"):
+    with pytest.raises(FeatureTableError, match="key column 'movie_id' is null at row 4"):
         load_table(tmp_path, item, spec, _movies(movie_id=[1, 2, 3, None, *range(5, 51)]), progress=False)
     assert not (tmp_path / "features").exists()  # nothing was created by a refused file
 
@@ -122,7 +122,7 @@ def test_cli_load_errors_name_the_problem(tmp_path):
     out = subprocess.run([sys.executable, "-m", "offgraph_cli", "features", "load", "--model", str(tmp_path / "ml"),
                           "--spec", str(REPO / "examples" / "movielens.yaml"), "--table", "item", "--data", str(bad)],
                          capture_output=True, text=True, cwd=REPO)
-    assert out.returncode == 2 and "duplicate key movie_id='1' (rows 0 and 1)" in out.stderr, out.stderr
+    assert out.returncode == 2 and "duplicate key movie_id='1' at row 1 and row 2;" in out.stderr, out.stderr
     out = subprocess.run([sys.executable, "-m", "offgraph_cli", "features", "load", "--model", str(tmp_path / "ml"),
                           "--spec", str(REPO / "examples" / "movielens.yaml"), "--table", "movies", "--data", str(bad)],
                          capture_output=True, text=True, cwd=REPO)
