@@ -18,6 +18,14 @@ Rules (server/README.md, "Request forms"):
   silently with no features (a model without tables, or with an item table and no user table).
   A full request with some values missing still scores, as before.
 
+- a stored row that FG refuses (a value written around the writers' checks: straight through
+  ``FeatureDB.write``, or before they existed) is never the caller's 422: when FG refuses a joined
+  request, :meth:`FeatureJoin.screen` checks the values the tables filled in with FG's own rules
+  (``features.value_limits.value_errors``) and joins again with each such row left out, as if its
+  key had no row (an unknown key, counted as one); the row is counted
+  (``offgraph_unusable_feature_rows_total``) and logged, once a minute at most per table. A request
+  whose own values FG refuses is still a 422. Requests naming other keys never take this path.
+
 FG's item cache is keyed by the candidate's raw values AFTER the join, so a changed item row is
 a new cache key: its hashed rows are recomputed, nothing to invalidate.
 
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -36,10 +45,13 @@ from typing import Any, Mapping, Sequence
 from embstore.feature_db import TABLE_FILE, FeatureDB, FeatureTableError, row_key, table_dir
 from features.fg import FeatureValueError
 from features.spec import FeatureSpec
+from features.value_limits import value_errors
 
 log = logging.getLogger("offgraph.server")
 
 FOLLOW_CATCH_UP_S = 0.2
+UNUSABLE_LOG_S = 60.0
+"""At most one log line per table this often about stored rows FG refuses (the count is on /metrics)."""
 
 
 class IdsOnlyError(FeatureValueError):
@@ -52,6 +64,7 @@ class Joined:
     candidates: Sequence[Mapping[str, Any]]
     unknown_candidates: int = 0
     unknown_request: bool = False
+    unusable: int = 0  # stored rows left out because FG refuses their values (FeatureJoin.screen)
 
 
 def ids_only_checks(spec: FeatureSpec) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
@@ -113,6 +126,8 @@ class FeatureJoin:
         self.request_tables = [t for t in spec.tables if t.scope == "request"]
         self.item_tables = [t for t in spec.tables if t.scope == "item"]
         self.catch_ups = 0
+        self._logged: dict[str, tuple[float, int]] = {}  # table -> (last log time, rows left out since)
+        self._log_lock = threading.Lock()
         if self._db_mode == "follow" and spec.tables:
             self.catch_up_s = float(catch_up_s)
             self._thread = threading.Thread(target=self._follow, name="feature-tables-follow", daemon=True)
@@ -139,7 +154,11 @@ class FeatureJoin:
         db = self.dbs.get(name)
         return db.get(keys) if db is not None else [None] * len(keys)
 
-    def fill(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> Joined:
+    def fill(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
+             skip: Mapping[str, set[int]] | None = None) -> Joined:
+        """The request and candidates with what the tables hold filled in; ``skip``: table -> rows (0: the
+        request; i: candidates[i]) whose stored row is left out, as unknown (:meth:`screen`)."""
+        skip = skip or {}
         unknown_request = False
         if self.request_tables:
             request = dict(request)
@@ -147,7 +166,7 @@ class FeatureJoin:
                 if t.key not in request:
                     continue
                 k = row_key(request[t.key])
-                row = self._rows(t.name, [k])[0]
+                row = None if 0 in skip.get(t.name, ()) else self._rows(t.name, [k])[0]
                 if row is None:
                     unknown_request = unknown_request or k is not None
                     continue
@@ -162,6 +181,8 @@ class FeatureJoin:
             for t in self.item_tables:
                 keys = [row_key(c[t.key]) if t.key in c else None for c in candidates]
                 rows = self._rows(t.name, keys)  # one multi_get for all candidates
+                for i in skip.get(t.name, ()):
+                    rows[i] = None
                 cols, whole = t.columns, self._whole.get(t.name, False)
                 for i, (k, row) in enumerate(zip(keys, rows)):
                     if row is None:
@@ -176,7 +197,44 @@ class FeatureJoin:
                                 c[col] = row[col]
             unknown = sum(lacking)
             candidates = out
-        return Joined(request, candidates, unknown, unknown_request)
+        return Joined(request, candidates, unknown, unknown_request, sum(map(len, skip.values())))
+
+    def screen(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
+               joined: Joined) -> Joined | None:
+        """After FG refused ``joined`` (the :meth:`fill` of the body ``request`` / ``candidates``): the join
+        again with every stored row whose filled-in values FG refuses left out (unknown), counted and
+        logged; None when no stored value is at fault (the body's own values are: the caller's 422).
+        Only values the table filled are checked, with FG's rules (``value_errors``), all rows at once."""
+        skip: dict[str, set[int]] = {}
+        found: list[tuple[str, Any, str]] = []  # (table, key, why) for the log
+        for t, mine, theirs in ([(t, [request], [joined.request]) for t in self.request_tables]
+                                + [(t, candidates, joined.candidates) for t in self.item_tables]):
+            idx = [i for i, c in enumerate(mine) if t.key in c]
+            filled = {c: [None if c in mine[i] else theirs[i].get(c) for i in idx] for c in t.columns}
+            for b in value_errors(self.spec, {c: v for c, v in filled.items() if any(x is not None for x in v)},
+                                  len(idx)):
+                skip.setdefault(t.name, set()).add(idx[b.row])
+                found.append((t.name, mine[idx[b.row]][t.key], str(b)))
+        if not skip:
+            return None
+        self._log_unusable(found)
+        return self.fill(request, candidates, skip)
+
+    def _log_unusable(self, found: list[tuple[str, Any, str]]) -> None:
+        now = time.monotonic()
+        with self._log_lock:
+            for name in sorted({f[0] for f in found}):
+                n = sum(1 for f in found if f[0] == name)
+                last, since = self._logged.get(name, (-UNUSABLE_LOG_S, 0))
+                if now - last < UNUSABLE_LOG_S:
+                    self._logged[name] = (last, since + n)
+                    continue
+                self._logged[name] = (now, 0)
+                key, why = next((k, w) for t, k, w in found if t == name)
+                t = next(x for x in self.spec.tables if x.name == name)
+                log.warning("feature table %s: a stored row the server cannot use, scored as unknown (%s=%r: %s)%s; "
+                            "replace it with `offgraph features load` or a feature delta", name, t.key, key, why,
+                            f" [{since + n} such rows in the last {now - last:.0f} s]" if since else "")
 
     def _follow(self) -> None:
         tables = {t.name: t for t in self.spec.tables}

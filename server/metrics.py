@@ -94,6 +94,9 @@ MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) 
                      "read (ignored by design; a rise shows a misspelt or renamed input)"),
     "unknown_candidates": ("offgraph_unknown_candidates", "Candidates whose key has no row in the model's item "
                            "feature table (scored with no stored features; a rise shows a catalog not loaded)"),
+    "unusable_feature_rows": ("offgraph_unusable_feature_rows", "Stored feature-table rows (one per request or "
+                              "candidate) that FG refuses, scored as unknown keys (server/feature_join.py; the log "
+                              "names them)"),
 }
 
 

@@ -33,7 +33,7 @@ from server.dense import load_dense
 from embstore.follower import NOT_FOLLOWING, Activity, Follower
 from exporter.manifest import (DENSE_DIR, ModelDirError, complete_versions, load_manifest, open_version_store,
                                training_loss)
-from features.fg import FeatureGenerator
+from features.fg import FeatureGenerator, FeatureValueError
 from server.feature_join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
 from features.segment import check_segmenters
 from features.spec import parse_spec
@@ -86,7 +86,7 @@ class Scorer:
         pace()
         self.row_cache = RowCache(row_cache_mb, self.dim) if row_cache_mb > 0 else None
         self._counts = {"store_rows_read": 0, "cache_hits": 0, "cache_misses": 0, "ignored_keys": 0,
-                        "unknown_candidates": 0}
+                        "unknown_candidates": 0, "unusable_feature_rows": 0}
         self._counts_lock = threading.Lock()
         self._follower: Follower | None = None
         self.join: FeatureJoin | None = None  # the spec's feature tables (server/feature_join.py)
@@ -151,14 +151,28 @@ class Scorer:
         # a scope no table fills must not be sent ids-only (a model may have an item table and no user table)
         check_not_ids_only(self._ids_only_checks, self.version_dir.parent.name, request, candidates)
         joined = self.join.fill(request, candidates) if self.join is not None else Joined(request, candidates)
-        if joined.unknown_candidates:
-            with self._counts_lock:
-                self._counts["unknown_candidates"] += joined.unknown_candidates
         if len(candidates) == 0:
+            self._count_join(joined)
             return np.zeros(0, np.float32), joined
         with self.activity:  # the follower defers its work while a score runs
-            emb, fo, st = self.pooled(joined.request, joined.candidates)
+            try:
+                emb, fo, st = self.pooled(joined.request, joined.candidates)
+            except FeatureValueError:
+                # a stored row FG refuses is scored as unknown, never the caller's 422 (server/feature_join.py)
+                screened = self.join.screen(request, candidates, joined) if self.join is not None else None
+                if screened is None:
+                    raise
+                joined = screened
+                emb, fo, st = self.pooled(joined.request, joined.candidates)
+            finally:
+                self._count_join(joined)
             return calibrate(self.dense(emb, fo, st["dense"]), self.calibration), joined
+
+    def _count_join(self, joined: Joined) -> None:
+        if joined.unknown_candidates or joined.unusable:
+            with self._counts_lock:
+                self._counts["unknown_candidates"] += joined.unknown_candidates
+                self._counts["unusable_feature_rows"] += joined.unusable
 
     def hot_rows(self, limit: int) -> dict[str, Any] | None:
         """What the next version warms up with (:meth:`warm_rows`, :meth:`warm_features`): the

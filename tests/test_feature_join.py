@@ -191,3 +191,45 @@ def test_a_scope_without_a_table_is_still_refused_ids_only(models, requests_):
             s.score(r, c)
         with Scorer(models / "ml" / "1") as full:
             np.testing.assert_array_equal(s.score(request, c), full.score(request, cands))
+
+
+def test_a_stored_row_fg_refuses_is_scored_as_unknown_never_a_422(models, requests_):
+    """Issue 26 item 6, read time: rows written around the writers' checks (straight through FeatureDB.write) with
+    values FG refuses: the candidate (or the request's user row) is scored exactly as an unknown key, counted on
+    /metrics, and the other candidates score as before; a value the CALLER sends that FG refuses is still a 422."""
+    request, cands = requests_[0]
+    r, c = _ids_only(request, cands)
+    bad_item, bad_genres = cands[0]["movie_id"], cands[1]["movie_id"]
+    with Scorer(models / "ml" / "1") as s:
+        rest = s.score(request, cands[2:]).tolist()  # the same batch as served (its size moves the last float bits)
+        none = {"genres": None, "title_words": None, "release_year": None}
+        as_unknown = s.score(request, [{"movie_id": bad_item, **none}, {"movie_id": bad_genres, **none},
+                                       *cands[2:]]).tolist()
+        user_unknown = s.score({"user_id": request["user_id"], "age": None, "gender": None, "occupation": None,
+                                "zip_prefix": None}, cands[2:]).tolist()
+    with FeatureDB(table_dir(models / "ml", "item"), "w") as db:
+        db.write([row_key(bad_item), row_key(bad_genres)],
+                 [{**{k: cands[0][k] for k in ("genres", "title_words")}, "release_year": "abc"},
+                  {"genres": [f"g{i}" for i in range(5000)], "title_words": [], "release_year": 1990}], [1, 1])
+    srv = ThreadServer(server_config(models))
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as client:
+            others = score(client, {"request": r, "candidates": c[2:]})
+            assert others.status_code == 200 and others.json()["scores"] == rest  # other items: unaffected
+            got = score(client, {"request": r, "candidates": c})
+            assert got.status_code == 200, got.text
+            assert got.json()["scores"] == as_unknown and got.json()["unknown_candidates"] == 2
+            with FeatureDB(table_dir(models / "ml", "user"), "w") as db:  # the request's own row
+                db.write([row_key(request["user_id"])], [{"age": "abc", "gender": "M"}], [1])
+            t0 = time.monotonic()
+            while (got := score(client, {"request": r, "candidates": c[2:]})).json().get("unknown_request") is not True:
+                assert time.monotonic() - t0 < 5, got.text  # the server follows the table (0.2 s catch-ups)
+                time.sleep(0.05)
+            assert got.status_code == 200 and got.json()["scores"] == user_unknown, got.text
+            sent = score(client, {"request": r, "candidates": [{**c[2], "release_year": "abc"}]})
+            assert sent.status_code == 422 and "expected a number, got 'abc'" in sent.json()["detail"], sent.text
+            metrics = client.get("/metrics").text
+            # 2 items, the user row, and the user row again in the 422 (screened before the body was found at fault)
+            assert 'offgraph_unusable_feature_rows_total{model="ml"} 4.0' in metrics, metrics[-3000:]
+    finally:
+        srv.stop()
