@@ -127,10 +127,14 @@ class FeatureDB:
     # ------------------------------------------------------------------ reads
     def get(self, keys: Sequence[bytes | None]) -> list[dict[str, Any] | None]:
         """The rows of record keys (``row_key``; None reads as no row), in ONE multi_get."""
+        return list(map(decode_row, self.get_raw(keys)))
+
+    def get_raw(self, keys: Sequence[bytes | None]) -> list[bytes | None]:
+        """The stored records of record keys (None: no row), undecoded (:func:`decode_row`), in ONE multi_get."""
         want = [k for k in keys if k is not None]
         got = self._db.get(want) if want else []
         it = iter(got)
-        return [None if k is None else _row(next(it)) for k in keys]
+        return [None if k is None else next(it) for k in keys]
 
     def seqs(self, keys: Sequence[bytes]) -> list[int | None]:
         """The stored seq of each record key (None: no row), in one multi_get."""
@@ -253,7 +257,8 @@ def ensure_table(path: str | Path, table: TableSpec) -> None:
         Rdict(str(path / "db"), _options()).close()
 
 
-def _row(v: bytes | None) -> dict[str, Any] | None:
+def decode_row(v: bytes | None) -> dict[str, Any] | None:
+    """The ``{column: value}`` of a stored record (None for none)."""
     return None if v is None else _decode(v)[1]
 
 

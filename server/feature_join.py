@@ -23,8 +23,10 @@ Rules (server/README.md, "Request forms"):
   request, :meth:`FeatureJoin.screen` checks the values the tables filled in with FG's own rules
   (``features.value_limits.value_errors``) and joins again with each such row left out, as if its
   key had no row (an unknown key, counted as one); the row is counted
-  (``offgraph_unusable_feature_rows_total``) and logged, once a minute at most per table. A request
-  whose own values FG refuses is still a 422. Requests naming other keys never take this path.
+  (``offgraph_unusable_feature_rows_total``) and logged, once a minute at most per table. The row's
+  value is remembered by its hash, so later requests naming it leave it out at the join (one dict
+  lookup per candidate while a table has such rows; none otherwise) instead of failing FG first. A
+  request whose own values FG refuses is still a 422. Requests naming other keys never take this path.
 
 FG's item cache is keyed by the candidate's raw values AFTER the join, so a changed item row is
 a new cache key: its hashed rows are recomputed, nothing to invalidate.
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from embstore.feature_db import TABLE_FILE, FeatureDB, FeatureTableError, row_key, table_dir
+from embstore.feature_db import TABLE_FILE, FeatureDB, FeatureTableError, decode_row, row_key, table_dir
 from features.fg import FeatureValueError
 from features.spec import FeatureSpec
 from features.value_limits import value_errors
@@ -52,6 +54,8 @@ log = logging.getLogger("offgraph.server")
 FOLLOW_CATCH_UP_S = 0.2
 UNUSABLE_LOG_S = 60.0
 """At most one log line per table this often about stored rows FG refuses (the count is on /metrics)."""
+BAD_ROWS_KEPT = 4096
+"""Unusable rows remembered per table (by their value's hash; the memory is cleared when it would hold more)."""
 
 
 class IdsOnlyError(FeatureValueError):
@@ -127,6 +131,7 @@ class FeatureJoin:
         self.item_tables = [t for t in spec.tables if t.scope == "item"]
         self.catch_ups = 0
         self._logged: dict[str, tuple[float, int]] = {}  # table -> (last log time, rows left out since)
+        self._bad: dict[str, dict[bytes, tuple[int, str, str]]] = {}  # table -> record key -> (hash, key, why)
         self._log_lock = threading.Lock()
         if self._db_mode == "follow" and spec.tables:
             self.catch_up_s = float(catch_up_s)
@@ -150,15 +155,28 @@ class FeatureJoin:
         # rows of a table whose columns on disk are this spec's (or fewer) can be merged whole
         self._whole[t.name] = set(db.info["columns"]) <= set(t.columns)
 
-    def _rows(self, name: str, keys: list) -> list:
+    def _rows(self, name: str, keys: list, found: list) -> list:
+        """The rows of record ``keys`` (one multi_get), None for no row and for a row known to be unusable
+        (:meth:`screen` cached its value's hash: a rewritten row is read again), which goes into ``found``."""
         db = self.dbs.get(name)
-        return db.get(keys) if db is not None else [None] * len(keys)
+        if db is None:
+            return [None] * len(keys)
+        bad = self._bad.get(name)
+        if not bad:  # the usual case: no unusable row met in this table
+            return db.get(keys)
+        out = []
+        for k, v in zip(keys, db.get_raw(keys)):
+            known = bad.get(k) if v is not None else None
+            if known is not None and known[0] == hash(v):
+                found.append((name, known[1], known[2]))
+                out.append(None)
+            else:
+                out.append(decode_row(v))
+        return out
 
-    def fill(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
-             skip: Mapping[str, set[int]] | None = None) -> Joined:
-        """The request and candidates with what the tables hold filled in; ``skip``: table -> rows (0: the
-        request; i: candidates[i]) whose stored row is left out, as unknown (:meth:`screen`)."""
-        skip = skip or {}
+    def fill(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> Joined:
+        """The request and candidates with what the tables hold filled in (module docstring)."""
+        found: list[tuple[str, Any, str]] = []  # rows left out as unusable: (table, key, why)
         unknown_request = False
         if self.request_tables:
             request = dict(request)
@@ -166,7 +184,7 @@ class FeatureJoin:
                 if t.key not in request:
                     continue
                 k = row_key(request[t.key])
-                row = None if 0 in skip.get(t.name, ()) else self._rows(t.name, [k])[0]
+                row = self._rows(t.name, [k], found)[0]
                 if row is None:
                     unknown_request = unknown_request or k is not None
                     continue
@@ -180,9 +198,7 @@ class FeatureJoin:
             lacking = [False] * n
             for t in self.item_tables:
                 keys = [row_key(c[t.key]) if t.key in c else None for c in candidates]
-                rows = self._rows(t.name, keys)  # one multi_get for all candidates
-                for i in skip.get(t.name, ()):
-                    rows[i] = None
+                rows = self._rows(t.name, keys, found)  # one multi_get for all candidates
                 cols, whole = t.columns, self._whole.get(t.name, False)
                 for i, (k, row) in enumerate(zip(keys, rows)):
                     if row is None:
@@ -197,28 +213,39 @@ class FeatureJoin:
                                 c[col] = row[col]
             unknown = sum(lacking)
             candidates = out
-        return Joined(request, candidates, unknown, unknown_request, sum(map(len, skip.values())))
+        if found:
+            self._log_unusable(found)
+        return Joined(request, candidates, unknown, unknown_request, len(found))
 
     def screen(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
                joined: Joined) -> Joined | None:
         """After FG refused ``joined`` (the :meth:`fill` of the body ``request`` / ``candidates``): the join
-        again with every stored row whose filled-in values FG refuses left out (unknown), counted and
-        logged; None when no stored value is at fault (the body's own values are: the caller's 422).
-        Only values the table filled are checked, with FG's rules (``value_errors``), all rows at once."""
-        skip: dict[str, set[int]] = {}
-        found: list[tuple[str, Any, str]] = []  # (table, key, why) for the log
+        again with every stored row whose filled-in values FG refuses left out (unknown); None when no
+        stored value is at fault (the body's own values are: the caller's 422). Only values the tables
+        filled are checked, with FG's rules (``value_errors``), all rows at once. Such a row's value is
+        remembered by its hash (``BAD_ROWS_KEPT`` per table), so that later requests naming it leave it out
+        at the join without failing FG first; a rewritten row has another hash and is read again."""
+        suspects: dict[str, list[bytes]] = {}
         for t, mine, theirs in ([(t, [request], [joined.request]) for t in self.request_tables]
                                 + [(t, candidates, joined.candidates) for t in self.item_tables]):
             idx = [i for i, c in enumerate(mine) if t.key in c]
             filled = {c: [None if c in mine[i] else theirs[i].get(c) for i in idx] for c in t.columns}
             for b in value_errors(self.spec, {c: v for c, v in filled.items() if any(x is not None for x in v)},
                                   len(idx)):
-                skip.setdefault(t.name, set()).add(idx[b.row])
-                found.append((t.name, mine[idx[b.row]][t.key], str(b)))
-        if not skip:
+                suspects.setdefault(t.name, []).append(row_key(mine[idx[b.row]][t.key]))
+        if not suspects:
             return None
-        self._log_unusable(found)
-        return self.fill(request, candidates, skip)
+        for name, keys in suspects.items():  # read again: keep the hash of the value that is bad NOW
+            t = next(x for x in self.spec.tables if x.name == name)
+            bad = self._bad.setdefault(name, {})
+            if len(bad) + len(keys) > BAD_ROWS_KEPT:
+                bad.clear()
+            for k, v in zip(keys, self.dbs[name].get_raw(keys)):
+                row = decode_row(v)
+                errs = [] if row is None else value_errors(self.spec, {c: [row.get(c)] for c in t.columns}, 1)
+                if errs:
+                    bad[k] = (hash(v), k[1:].decode("utf-8", "replace"), str(errs[0]))
+        return self.fill(request, candidates)
 
     def _log_unusable(self, found: list[tuple[str, Any, str]]) -> None:
         now = time.monotonic()
