@@ -231,5 +231,13 @@ def test_a_stored_row_fg_refuses_is_scored_as_unknown_never_a_422(models, reques
             metrics = client.get("/metrics").text
             # 2 items, the user row, and the user row again in the 422 (screened before the body was found at fault)
             assert 'offgraph_unusable_feature_rows_total{model="ml"} 4.0' in metrics, metrics[-3000:]
+            # a rewritten row is read again (the server remembers a bad row by its value's hash, not its key)
+            with FeatureDB(table_dir(models / "ml", "item"), "w") as db:
+                db.write([row_key(bad_item)], [{k: cands[0][k] for k in ("genres", "title_words", "release_year")}],
+                         [2])
+            t0 = time.monotonic()
+            while (got := score(client, {"request": r, "candidates": c[:1]})).json()["unknown_candidates"] != 0:
+                assert time.monotonic() - t0 < 5, got.text
+                time.sleep(0.05)
     finally:
         srv.stop()
