@@ -143,3 +143,29 @@ def test_load_errors_say_what_is_wrong(tmp_path):
     pq.write_table(_movies(movie_id=[1, 2, 3, 1, 5, 6]), tmp_path / "dup.parquet")
     out = _load_cli(tmp_path, tmp_path / "dup.parquet")
     assert out.returncode == 2 and "duplicate key movie_id='1' at row 1 and row 4" in out.stderr, out.stderr
+
+
+def test_value_errors_finds_every_row_the_serving_fg_refuses():
+    """The writers' check IS FG's rules: on a column mix of good and bad values, the rows `value_errors` names are
+    exactly those `FeatureGenerator.transform` refuses one by one (an infinite year before a text one, two lists
+    over max_values of different lengths, a nested value, a boolean where a number is read)."""
+    from features.fg import FeatureGenerator, FeatureValueError
+    from features.value_limits import value_errors
+
+    spec = load_spec(SPEC)
+    cols = {"genres": [["Drama"], ["g"] * 1200, ["Drama"], ["g"] * 1500, ["Drama"], [["nested"]], ["Drama"], None],
+            "title_words": [["a"], ["b"], ["c"], ["d"], ["w"] * 1001, ["e"], ["f"], "one title"],
+            "release_year": [1990, 1991, float("inf"), "1993", 1994, 1995, "abc", True]}
+    n = 8
+    got = {b.row: b for b in value_errors(spec, cols, n)}
+    fg = FeatureGenerator(spec)
+    refused = set()
+    for i in range(n):
+        try:
+            fg.transform({}, [{"movie_id": i, **{c: v[i] for c, v in cols.items()}}])
+        except FeatureValueError:
+            refused.add(i)
+    assert set(got) == refused == {1, 2, 3, 4, 5, 6, 7}
+    assert got[4].column == "title_words" and "1001 values, more than the field's max_values of 1000" in got[4].problem
+    assert got[2].problem == "expected a finite number, got inf" and got[7].problem == "expected a number, got True"
+    assert value_errors(spec, {"genres": [["Drama"]] * 3}, 3) == []
