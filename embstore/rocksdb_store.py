@@ -7,12 +7,15 @@ open), ``follow`` a RocksDB *secondary* instance that sees a live writer's rows 
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import os
 import re
 import shutil
 import tempfile
+import threading
+import time
 from collections import deque
 from typing import Any, Iterable
 
@@ -39,12 +42,41 @@ def shard_dir(path: str, shard: int) -> str:
     return os.path.join(path, f"shard-{shard:03d}")
 
 
-def io_error(what: str, path: str, e: Exception) -> OSError:
-    """rocksdict's plain ``Exception`` of a failed write/flush/close as an OSError naming
-    the shard (ENOSPC when the disk is full), so callers can tell it from bad input."""
+_ERRNO_WORDS = (("No space left", errno.ENOSPC), ("Read-only file system", errno.EROFS),
+                ("Permission denied", errno.EACCES), ("Disk quota exceeded", errno.EDQUOT))
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def io_error(what: str, path: str, e: Exception | str) -> OSError:
+    """rocksdict's plain ``Exception`` of a failed open/write/flush/close as an OSError naming
+    the shard, with the errno its message names (ENOSPC when the disk is full, EROFS on a
+    read-only mount, EIO otherwise), so callers can tell it from bad input."""
     msg = str(e)
-    code = errno.ENOSPC if "No space left" in msg else errno.EIO
+    m = _OS_ERROR.search(msg)
+    code = int(m[1]) if m else next((c for words, c in _ERRNO_WORDS if words in msg), errno.EIO)
     return OSError(code, f"RocksDB {what} failed in {path}: {msg}")
+
+
+# How often a flush that has not finished checks whether its shard's background work failed, and
+# how long a write stalled by RocksDB (too many L0 files or memtables) waits between attempts.
+FLUSH_CHECK_S = 0.25
+STALL_RETRY_S = (0.001, 0.05)
+
+# Handles of stores whose background work failed: never closed nor freed (see _abandon).
+_ABANDONED: list = []
+
+
+def _last_background_error(shard_path: str) -> str | None:
+    """The last background error RocksDB logged in the shard's LOG (it names the file and the
+    cause, e.g. "No space left on device"), or None."""
+    try:
+        with open(os.path.join(shard_path, "LOG"), "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - (256 << 10)))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    found = re.findall(r"(?:Background IO error|Compaction error:|Flush error:?) (.*?)(?:, reason \d+)?$", tail, re.M)
+    return found[-1].strip() if found else None
 
 
 class _RocksSstWriter(SstWriter):
@@ -80,6 +112,7 @@ class RocksDBStore(EmbeddingStore):
             self._secondary_dir = os.fspath(secondary_dir)
             os.makedirs(self._secondary_dir, exist_ok=True)
         self._dbs: list[Rdict] = []
+        self._failed: OSError | None = None  # mode w: the I/O error that stopped its writes (see _abandon)
         # follow mode: which primary MANIFEST each shard's secondary follows (CURRENT's
         # content), how many times it was reopened, and the instance it replaced last
         self._current: list[str | None] = []
@@ -111,8 +144,9 @@ class RocksDBStore(EmbeddingStore):
         try:
             return Rdict(d, self._opts, column_families={"default": self._opts}, access_type=access)
         except Exception as e:  # rocksdict raises plain Exception
-            if str(e).startswith("IO error"):  # e.g. no space for a new MANIFEST or LOG: say so
-                raise io_error(f"open (mode={self.mode!r})", d, e) from e
+            # e.g. no space for a new MANIFEST or LOG, a read-only mount ("(os error 30)"): say so
+            if str(e).startswith("IO error") or _OS_ERROR.search(str(e)):
+                raise io_error(f"open (mode={self.mode!r})", d, e) from None
             raise RuntimeError(f"cannot open shard {d!r} with mode={self.mode!r}: {e}") from e
 
     # primitives
@@ -143,15 +177,47 @@ class RocksDBStore(EmbeddingStore):
 
     def _write_batch(self, shard: int, keys: list[bytes], values: list[bytes], sync: bool,
                      wal: bool = True) -> None:
+        self._check_healthy(shard, "write")
         wb = WriteBatch(raw_mode=True)
         deque(map(wb.put, keys, values), maxlen=0)  # rocksdict has no batched put: map runs the loop in C
         wo = WriteOptions()
         wo.sync = sync
         wo.disable_wal = not wal
-        try:
-            self._dbs[shard].write(wb, wo)
-        except Exception as e:  # rocksdict raises plain Exception
-            raise io_error("write", shard_dir(self.path, shard), e) from None
+        # rocksdict holds the GIL in write(): a write RocksDB stalls (too many L0 files or memtables)
+        # would wait there, for good if the compaction it waits for cannot run on a full disk, with
+        # no signal handled meanwhile. So it fails at once (no_slowdown) and is retried from here,
+        # sleeping without the GIL, until the stall ends or the shard's background work fails.
+        wo.no_slowdown = True
+        pause = STALL_RETRY_S[0]
+        while True:
+            try:
+                self._dbs[shard].write(wb, wo)
+                return
+            except Exception as e:  # rocksdict raises plain Exception
+                if not str(e).startswith("Incomplete"):
+                    raise self._fail(io_error("write", shard_dir(self.path, shard), e)) from None
+            self._check_healthy(shard, "write")
+            time.sleep(pause)
+            pause = min(2 * pause, STALL_RETRY_S[1])
+            wb = WriteBatch(raw_mode=True)  # write() consumed it
+            deque(map(wb.put, keys, values), maxlen=0)
+
+    def _check_healthy(self, shard: int, what: str) -> None:
+        """Raise the OSError that stopped this store's writes, or the one its RocksDB logged if the
+        shard's background work (a flush, a compaction) failed: RocksDB then retries it until space
+        is freed, and a flush or a stalled write waits for that (it never came back on a full disk)."""
+        if self._failed is not None:
+            raise self._failed
+        if self._dbs[shard].property_int_value("rocksdb.background-errors"):
+            d = shard_dir(self.path, shard)
+            cause = _last_background_error(d) or "a background flush or compaction failed"
+            raise self._fail(io_error(what, d, f"{cause} (background work failed)"))
+
+    def _fail(self, e: OSError) -> OSError:
+        """Remember ``e``: the store takes no more writes, and its close does not flush."""
+        if self.mode == "w" and self._failed is None:
+            self._failed = e
+        return e
 
     def _sst_writer_factory(self):
         return functools.partial(_make_sst_writer, self.config)
@@ -232,12 +298,39 @@ class RocksDBStore(EmbeddingStore):
             self._seen[shard] = sig
 
     def _flush(self, shard: int) -> None:
-        try:
-            self._dbs[shard].flush(True)
-        except Exception as e:  # rocksdict raises plain Exception
-            raise io_error("flush", shard_dir(self.path, shard), e) from None
+        """Flush ``shard``'s memtable, in a helper thread watched from here: a flush waits while
+        writes would stall, which lasts for good once a compaction failed on a full disk (the
+        shard's background error is seen here within FLUSH_CHECK_S; that flush stays behind)."""
+        self._check_healthy(shard, "flush")
+        failed: list[Exception] = []
+
+        def flush() -> None:
+            try:
+                db.flush(True)  # rocksdict releases the GIL meanwhile
+            except Exception as e:  # rocksdict raises plain Exception
+                failed.append(e)
+
+        db = self._dbs[shard]
+        # a daemon thread: one stuck in a flush does not hold up the interpreter's exit
+        t = threading.Thread(target=flush, name=f"embstore-flush-{shard}", daemon=True)
+        t.start()
+        while t.is_alive():
+            t.join(FLUSH_CHECK_S)
+            if t.is_alive():
+                self._check_healthy(shard, "flush")
+        if failed:
+            raise self._fail(io_error("flush", shard_dir(self.path, shard), failed[0])) from None
 
     def _close(self) -> None:
+        if self._failed is None and self.mode == "w":
+            for s in range(len(self._dbs)):
+                try:
+                    self._check_healthy(s, "close")
+                except OSError:
+                    break
+        if self._failed is not None:
+            self._abandon()
+            return
         first: OSError | None = None
         for db in list(self._dbs) + list(self._retired.values()):
             try:
@@ -250,6 +343,18 @@ class RocksDBStore(EmbeddingStore):
             shutil.rmtree(self._secondary_dir, ignore_errors=True)
         if first is not None:
             raise first
+
+    def _abandon(self) -> None:
+        """Close a store whose writes failed without closing RocksDB: rocksdict flushes the memtable
+        on close and when a handle is freed, and that flush waits for the failed background work
+        (forever on a full disk). Its handles are kept, never freed, until the process exits; the
+        shards are left as a kill -9 leaves them, which loses nothing acknowledged (each write is
+        atomic per shard, and its rows are in the WAL or an SST file before it returns)."""
+        for db in list(self._dbs) + list(self._retired.values()):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(db))  # not freed even at interpreter exit
+            _ABANDONED.append(db)
+        self._dbs = []
+        self._retired = {}
 
     # backend-specific
     def property_value(self, shard: int, name: str) -> str | None:

@@ -5,10 +5,10 @@ import argparse
 import json
 import logging
 import os
-import signal
 
 from offgraph_cli import add_cpus_argument, pin_cpus
 from offgraph_config import default
+from streaming.stop_watchdog import StopWatchdog
 from streaming.updater_config import DURABILITY, OFFSET_RESET, UpdaterConfig
 
 log = logging.getLogger("offgraph.update")
@@ -68,6 +68,7 @@ def run_update(args) -> int:
     from streaming.sources import open_source
     from streaming.updater import Updater
 
+    watchdog = StopWatchdog()  # first: a SIGTERM from here on ends the process within its grace time
     config = UpdaterConfig(batch_files=args.batch_files, max_batch_rows=args.max_batch_rows,
                            max_batch_delay_s=args.max_batch_delay,
                            wait_timeout_s=args.wait_timeout, poll_interval_s=args.poll_interval, sync=args.sync,
@@ -88,8 +89,7 @@ def run_update(args) -> int:
     source = open_source(args.source, **kw)
     metrics = UpdaterMetrics(args.model, port=args.metrics_port, log_every_s=args.log_every)
     up = Updater(args.models, args.model, source, config, metrics=metrics)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: up.stop())
+    watchdog.on_stop(up.stop)
     up.start()
     summary = up.run(once=args.once, max_seconds=args.max_seconds)
     print(json.dumps({"update": summary}), flush=True)
