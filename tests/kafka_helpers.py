@@ -86,11 +86,17 @@ def caught_up(vdir, topic, last: dict[int, int], epoch: int | None = None) -> bo
     return all(all((epoch is None or e == epoch) and o >= off for e, o in pos[p]) for p, off in last.items())
 
 
-def start_updater(models, topic, broker, log, *extra):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+def update_kafka_cmd(models, topic, broker, *extra) -> list[str]:
+    """``offgraph update`` of MODELS/tiny over ``kafka://BROKER/TOPIC``."""
     cmd = update_cmd(models, "x", "--poll-interval", "0.05", *extra)
     cmd[cmd.index("spool:x")] = f"kafka://{broker}/{topic}"
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    return cmd
+
+
+def start_updater(models, topic, broker, log, *extra):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.Popen(update_kafka_cmd(models, topic, broker, *extra), cwd=REPO, env=env, stdout=open(log, "ab"),
+                            stderr=subprocess.STDOUT)
 
 
 def stop(*procs):

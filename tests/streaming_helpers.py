@@ -2,6 +2,7 @@
 last-write-wins state, spool listings."""
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -109,3 +110,21 @@ def run_update(models, spool, *args, timeout=300, **kw) -> subprocess.CompletedP
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     return subprocess.run(update_cmd(models, spool, *args), cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout, **kw)
+
+
+def kill_at_a_random_point(proc, mode: int, rnd, opened, progressed) -> bool:
+    """SIGKILL the updater ``proc`` at a random point of ``mode``: 0 anywhere from its start (0.2-4 s:
+    imports, opening the store, recovery, batches), 1 just after ``opened()`` turns true (the store
+    opened: seek, tidying, per-shard catch-up), 2 just after ``progressed()`` does (mid-apply).
+    True if it was killed, False if it had ended by itself; it has ended either way."""
+    t_end = time.monotonic() + (rnd.uniform(0.2, 4.0) if mode == 0 else 60)
+    while proc.poll() is None and time.monotonic() < t_end:
+        if (mode == 1 and opened()) or (mode == 2 and progressed()):
+            time.sleep(rnd.uniform(0.0, 0.2 if mode == 1 else 0.4))
+            break
+        time.sleep(0.01)
+    killed = proc.poll() is None
+    if killed:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return killed

@@ -12,8 +12,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from streaming_helpers import (DIM, NAME, REPO, ROWS, export_tiny, install_version, last_write_wins, make_deltas,
-                               open_version_store, publish, run_update, spool_files, train_tiny, update_cmd)
+from streaming_helpers import (DIM, NAME, REPO, ROWS, export_tiny, install_version, kill_at_a_random_point,
+                               last_write_wins, make_deltas, open_version_store, publish, run_update, spool_files,
+                               train_tiny, update_cmd)
 
 
 @pytest.fixture(scope="module")
@@ -398,19 +399,8 @@ def test_bad_files_among_good_ones_with_kill9_restarts(exports, tmp_path):
             break
         before, opened_before = handled(), opened()
         p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
-        mode, t_end = attempt % 3, time.monotonic() + 60
-        if mode == 0:  # anywhere from the start: imports, opening the store, recovery, batches
-            t_end = time.monotonic() + rnd.uniform(0.2, 4.0)
-        while p.poll() is None and time.monotonic() < t_end:
-            if (mode == 1 and opened() > opened_before) or (mode == 2 and handled() > before):
-                # 1: just after the store opened (seek, tidying, per-shard catch-up); 2: mid-apply
-                time.sleep(rnd.uniform(0.0, 0.2 if mode == 1 else 0.4))
-                break
-            time.sleep(0.01)
-        if p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-            kills += 1
-        p.wait()
+        kills += kill_at_a_random_point(p, attempt % 3, rnd, lambda: opened() > opened_before,
+                                        lambda: handled() > before)
         if p.returncode != -signal.SIGKILL:
             exits.append(p.returncode)
     assert kills >= KILLS, f"the updater finished before it could be killed {KILLS} times ({kills})"
