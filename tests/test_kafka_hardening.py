@@ -84,9 +84,12 @@ def test_a_32mib_message_is_dead_lettered_as_a_reference_and_the_rest_applied(br
 # --------------------------------------------------------------------------- item 2
 def test_a_broker_that_lost_its_log_stops_the_updater_then_rebase_applies_the_new_log(tiny_export, tmp_path,
                                                                                        request):
-    """The issue's case: the store recorded offsets; the broker comes back empty and takes a
-    re-sent delta and new ones at offsets at and below the recorded ones (was: all acknowledged,
-    none applied, nothing logged). Default: rc 2 with one line; rebase: all applied."""
+    """The issue's case: the store recorded offsets; the broker comes back empty (first: the
+    partitions end before the recorded offsets), then takes a re-sent delta and new ones at
+    offsets at and below the recorded ones (was: all acknowledged, none applied, nothing logged).
+    Default: rc 2 with one line; rebase: all applied."""
+    from streaming.kafka_admin import ensure_topic
+
     topic = topic_name(request)
     models = tmp_path / "models"
     vdir = install_version(tiny_export, models, 1)
@@ -109,6 +112,15 @@ def test_a_broker_that_lost_its_log_stops_the_updater_then_rebase_applies_the_ne
             out.close()
         kafka.kill()
         kafka.start()  # in-memory storage: the log is gone
+        ensure_topic(kafka.bootstrap, topic, P)  # empty: every partition ends before its recorded offset
+        mark = log.stat().st_size
+        up = start_updater(models, topic, kafka.bootstrap, log)
+        try:
+            up.wait(90)
+        finally:
+            stop(up)
+        said = log.read_text()[mark:]
+        assert up.returncode == 2 and "the partition now ends at offset 0, before offset" in said, said[-3000:]
         out = sink(kafka.bootstrap, topic)
         for d in [a[-1], *b]:  # one re-sent, the rest new: offsets from 0 again, beyond the recorded ones
             out.emit(d)
