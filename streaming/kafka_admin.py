@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 import time
 
+from streaming.kafka_health import BrokerHealth
+
 log = logging.getLogger("offgraph.kafka")
 
 
@@ -14,7 +16,8 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float =
 
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions}")
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": log, "socket.connection.setup.timeout.ms": 10000})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 10000,
+                         **BrokerHealth(bootstrap, log).client_config()})  # a line per change, not per retry
     t_end = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < t_end:

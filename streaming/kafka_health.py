@@ -12,8 +12,7 @@ those are counted instead, and the log says
 resets detected by the source) are what the updater's /metrics shows.
 
     health = BrokerHealth("127.0.0.1:9092", log)
-    Consumer({..., "logger": health, "error_cb": health.error, "stats_cb": health.stats,
-              "statistics.interval.ms": 1000})
+    Consumer({..., **health.client_config()})      # logger, error_cb, stats_cb
 """
 from __future__ import annotations
 
@@ -44,6 +43,10 @@ class BrokerHealth:
         self._errors_at_change = 0
         self._last_summary = clock()
         self._said: dict[str, float] = {}  # other messages -> when last logged
+
+    def client_config(self) -> dict:
+        """The librdkafka settings that route a client's connection messages here."""
+        return {"logger": self, "error_cb": self.error, "stats_cb": self.stats, "statistics.interval.ms": 1000}
 
     # -- librdkafka callbacks -------------------------------------------------------
     def log(self, level: int, fmt: str, *args) -> None:  # the `logger` interface confluent-kafka calls

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from streaming.kafka_admin import ensure_topic
+from streaming.kafka_health import BrokerHealth
 from streaming.kafka_messages import MAX_MESSAGE_BYTES, encode_messages, encode_one, headers, parse_kafka_url
 from streaming.kafka_messages import FORMAT_VERSION, H_MODEL, H_VERSION, version_start_path
 from streaming.sinks import DeltaSink
@@ -35,9 +36,10 @@ class KafkaSink(DeltaSink):
         self.bootstrap, self.topic = parse_kafka_url(url)
         self.partitions = ensure_topic(self.bootstrap, self.topic, partitions)
         self.version_dir = Path(version_dir) if version_dir is not None else None
-        self._producer = Producer({"bootstrap.servers": self.bootstrap, "logger": log, "enable.idempotence": True,
+        self.health = BrokerHealth(self.bootstrap, log)  # a log line per change of the broker's state
+        self._producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
                                    "acks": "all", "linger.ms": 5, "message.max.bytes": MAX_MESSAGE_BYTES + 65536,
-                                   **(config or {})})
+                                   **self.health.client_config(), **(config or {})})
         self._errors: list = []
         self._started: set[tuple[str, int]] = set()
         self.messages = 0

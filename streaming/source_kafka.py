@@ -130,7 +130,7 @@ class KafkaSource(DeltaSource):
             "bootstrap.servers": self.bootstrap, "group.id": gid, "group.protocol": "classic",
             "enable.auto.commit": True, "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
             "enable.partition.eof": False, "fetch.message.max.bytes": READ_LIMIT,
-            "socket.connection.setup.timeout.ms": 10000, **self._health_config(), **(config or {})})
+            "socket.connection.setup.timeout.ms": 10000, **self.health.client_config(), **(config or {})})
         self._producer = None
         self.partitions = self._wait_for_partitions(metadata_timeout_s)
         ensure_topic(self.bootstrap, self.dead_topic, 1)
@@ -149,11 +149,6 @@ class KafkaSource(DeltaSource):
         self._stop = threading.Event()
 
     # -- set-up ---------------------------------------------------------------------
-    def _health_config(self) -> dict:
-        """librdkafka's connection messages go to :class:`BrokerHealth` (a line per change of state)."""
-        return {"logger": self.health, "error_cb": self.health.error, "stats_cb": self.health.stats,
-                "statistics.interval.ms": 1000}
-
     def _wait_for_partitions(self, timeout_s: float) -> list[int]:
         t_end = time.monotonic() + timeout_s
         last = "no answer"
@@ -387,7 +382,7 @@ class KafkaSource(DeltaSource):
         if self._producer is None:
             self._producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
                                        "compression.type": "zstd", "message.max.bytes": READ_LIMIT + 65536,
-                                       **self._health_config()})
+                                       **self.health.client_config()})
         for attempt in range(2):
             errors: list = []
             try:

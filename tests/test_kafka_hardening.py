@@ -339,3 +339,35 @@ def test_a_broker_down_is_logged_once_per_change_and_shown_on_metrics(tiny_expor
         stop(up)
         kafka.kill()
     assert up.returncode == 0, log.read_text()[-3000:]
+
+
+def test_broker_health_says_each_change_once_and_sums_up_while_down(caplog):
+    """The state machine alone (a fake clock; confluent-kafka passes Python levels): 500 failures in a
+    row are one ERROR, then a summary every SUMMARY_S; the broker back is one line; other repeated
+    messages once a minute."""
+    from streaming.kafka_health import REPEAT_S, SUMMARY_S, BrokerHealth
+
+    now = [0.0]
+    downs = []
+    h = BrokerHealth("b:1", logging.getLogger("offgraph.test.health"), on_down=lambda: downs.append(now[0]),
+                     clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="offgraph.test.health"):
+        h.stats('{"brokers": {"b:1/1": {"nodeid": 1, "state": "UP"}}}')
+        assert h.up is True and not caplog.records  # up from the start: nothing to say
+        for i in range(500):
+            now[0] += 0.05
+            h.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", "Connect to ipv4#127.0.0.1:1 failed: Connection refused")
+        assert h.up is False and h.errors == 500 and downs == [0.05]
+        said = [(r.levelname, r.getMessage()) for r in caplog.records]
+        assert len(said) == 1 + int(25.0 // SUMMARY_S) and said[0][0] == "ERROR" and "unreachable" in said[0][1]
+        now[0] += SUMMARY_S
+        h.tick()
+        assert "still unreachable after" in caplog.records[-1].getMessage()
+        h.stats('{"brokers": {"b:1/1": {"nodeid": 1, "state": "UP"}}}')
+        assert h.up is True and "reachable again" in caplog.records[-1].getMessage()
+        n = len(caplog.records)
+        for _ in range(100):
+            h.log(logging.WARNING, "%s [%s] %s", "PROTOERR", "rdkafka#consumer-1", "something odd")
+        now[0] += REPEAT_S
+        h.log(logging.WARNING, "%s [%s] %s", "PROTOERR", "rdkafka#consumer-1", "something odd")
+        assert len(caplog.records) == n + 2
