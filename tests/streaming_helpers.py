@@ -88,6 +88,18 @@ def open_version_store(vdir, mode="r"):
     return open_store(vdir / "store", mode=mode)
 
 
+def assert_store_holds(vdir, deltas) -> None:
+    """The version's store holds the last-write-wins state of ``deltas``: seqs, vectors, first-order weights."""
+    import numpy as np
+
+    et, er, es, ev, ew = last_write_wins(deltas)
+    with open_version_store(vdir) as st:
+        np.testing.assert_array_equal(st.row_seqs(et, er), es)
+        v, w = st.read(et, er)
+        np.testing.assert_array_equal(v, ev)
+        np.testing.assert_array_equal(w, ew)
+
+
 def spool_files(d: Path):
     return sorted(p.name for p in d.glob("*.delta.arrow")) if d.exists() else []
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from streaming_helpers import (DIM, NAME, REPO, export_tiny, install_version, last_write_wins, make_deltas,
+from streaming_helpers import (NAME, REPO, assert_store_holds, export_tiny, install_version, make_deltas,
                                open_version_store, publish, spool_files, train_tiny, update_cmd)
 
 ROUNDS = int(os.environ.get("OFFGRAPH_FULL_DISK_ROUNDS", "1"))
@@ -220,12 +220,7 @@ def test_full_disk_runs_exit_rc2_in_seconds_and_lose_nothing(export, disks, tmp_
     assert p.returncode == 0, p.stderr[-3000:]
     assert spool_files(spool) == [] and spool_files(spool / "applied") == sorted(names)
     assert not (spool / "dead").exists() or not any((spool / "dead").iterdir())
-    et, er, es, ev, ew = last_write_wins(deltas)
-    with open_version_store(vdir) as st:
-        np.testing.assert_array_equal(st.row_seqs(et, er), es)
-        v, w = st.read(et, er)
-        np.testing.assert_array_equal(v, ev)
-        np.testing.assert_array_equal(w, ew)
+    assert_store_holds(vdir, deltas)
 
 
 def test_a_flush_that_waits_for_a_compaction_the_full_disk_stops_is_rc2(export, disks, tmp_path):
@@ -254,10 +249,7 @@ def test_a_flush_that_waits_for_a_compaction_the_full_disk_stops_is_rc2(export, 
     p = subprocess.run(update_cmd(models, spool, "--once"), cwd=REPO, env=ENV, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0 and spool_files(spool / "applied") == [name], p.stderr[-3000:]
-    et, er, es, ev, _ = last_write_wins(deltas)
-    with open_version_store(vdir) as st:
-        np.testing.assert_array_equal(st.row_seqs(et, er), es)
-        np.testing.assert_array_equal(st.read(et, er)[0], ev)
+    assert_store_holds(vdir, deltas)
 
 
 # --------------------------------------------------------------------------- SIGTERM

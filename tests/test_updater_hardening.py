@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from streaming_helpers import (DIM, NAME, REPO, ROWS, export_tiny, install_version, kill_at_a_random_point,
-                               last_write_wins, make_deltas, open_version_store, publish, run_update, spool_files,
-                               train_tiny, update_cmd)
+from streaming_helpers import (DIM, NAME, REPO, ROWS, assert_store_holds, export_tiny, install_version,
+                               kill_at_a_random_point, last_write_wins, make_deltas, open_version_store, publish,
+                               run_update, spool_files, train_tiny, update_cmd)
 
 
 @pytest.fixture(scope="module")
@@ -257,12 +257,7 @@ def test_disk_full_is_a_clear_error_and_loses_no_delta(exports, small_disk, tmp_
     p = run_update(models, spool, "--once")
     assert p.returncode == 0, p.stderr[-3000:]
     assert spool_files(spool) == [] and spool_files(spool / "applied") == names
-    et, er, es, ev, ew = last_write_wins(deltas)
-    with open_version_store(vdir) as st:
-        np.testing.assert_array_equal(st.row_seqs(et, er), es)
-        v, w = st.read(et, er)
-        np.testing.assert_array_equal(v, ev)
-        np.testing.assert_array_equal(w, ew)
+    assert_store_holds(vdir, deltas)
 
 
 # --------------------------------------------------------------------------- acceptance: bad files + kill -9
