@@ -48,12 +48,22 @@ def _is_multi(v) -> bool:
     return isinstance(v, (list, tuple, np.ndarray))
 
 
+def _canonical(field: str, i: int, v) -> str | None:
+    """``canonical`` with its refusals (bytes that are not UTF-8, a type it cannot read) as FG's own
+    FeatureValueError: such a value can only come from a stored row written around the checks, and the
+    serving join then scores it as unknown instead of failing the request (server/feature_join.py)."""
+    try:
+        return canonical(v)
+    except (TypeError, UnicodeDecodeError) as e:
+        raise FeatureValueError.in_row(field, i, f"cannot read the value: {e}") from None
+
+
 def _scalar_list(field: str, i: int, v) -> list[str]:
     out = []
     for x in v:
         if _is_multi(x) or isinstance(x, dict):
             raise FeatureValueError.in_row(field, i, f"nested value {x!r} inside a list")
-        s = canonical(x)
+        s = _canonical(field, i, x)
         if s is not None:
             out.append(s)
     return out
@@ -76,7 +86,7 @@ def op_id(field: str, column: Sequence[Any], params: dict) -> Values:
         elif sep is not None and isinstance(v, str):
             out.append([t for t in v.split(sep) if t])
         else:
-            s = canonical(v)
+            s = _canonical(field, i, v)
             out.append([] if s is None else [s])
     return out
 

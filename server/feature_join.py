@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import msgspec
+
 from embstore.feature_db import TABLE_FILE, FeatureDB, FeatureTableError, decode_row, row_key, table_dir
 from features.fg import FeatureValueError
 from features.spec import FeatureSpec
@@ -56,6 +58,11 @@ UNUSABLE_LOG_S = 60.0
 """At most one log line per table this often about stored rows FG refuses (the count is on /metrics)."""
 BAD_ROWS_KEPT = 4096
 """Unusable rows remembered per table (by their value's hash; the memory is cleared when it would hold more)."""
+
+
+def _key_text(k: bytes) -> str:
+    """A record key's key value, for the log (``row_key``: a prefix byte, then the key's text)."""
+    return k[1:].decode("utf-8", "replace")
 
 
 class IdsOnlyError(FeatureValueError):
@@ -163,15 +170,22 @@ class FeatureJoin:
             return [None] * len(keys)
         bad = self._bad.get(name)
         if not bad:  # the usual case: no unusable row met in this table
-            return db.get(keys)
+            try:
+                return db.get(keys)
+            except msgspec.DecodeError:  # a record that is not one (written around the writer): row by row
+                bad = {}
         out = []
         for k, v in zip(keys, db.get_raw(keys)):
             known = bad.get(k) if v is not None else None
             if known is not None and known[0] == hash(v):
                 found.append((name, known[1], known[2]))
                 out.append(None)
-            else:
+                continue
+            try:
                 out.append(decode_row(v))
+            except msgspec.DecodeError as e:  # unusable as well: scored as an unknown key, counted, logged
+                found.append((name, _key_text(k), f"the stored record cannot be decoded ({e})"))
+                out.append(None)
         return out
 
     def fill(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> Joined:
@@ -241,10 +255,13 @@ class FeatureJoin:
             if len(bad) + len(keys) > BAD_ROWS_KEPT:
                 bad.clear()
             for k, v in zip(keys, self.dbs[name].get_raw(keys)):
-                row = decode_row(v)
+                try:
+                    row = decode_row(v)
+                except msgspec.DecodeError:  # rewritten meanwhile into a record fill() leaves out
+                    continue
                 errs = [] if row is None else value_errors(self.spec, {c: [row.get(c)] for c in t.columns}, 1)
                 if errs:
-                    bad[k] = (hash(v), k[1:].decode("utf-8", "replace"), str(errs[0]))
+                    bad[k] = (hash(v), _key_text(k), str(errs[0]))
         return self.fill(request, candidates)
 
     def _log_unusable(self, found: list[tuple[str, Any, str]]) -> None:

@@ -3,6 +3,7 @@ feature tables, the library scorer and a real uvicorn server."""
 import time
 
 import httpx
+import msgspec
 import numpy as np
 import pytest
 
@@ -241,3 +242,26 @@ def test_a_stored_row_fg_refuses_is_scored_as_unknown_never_a_422(models, reques
                 time.sleep(0.05)
     finally:
         srv.stop()
+
+
+def test_a_stored_record_that_cannot_be_decoded_or_read_is_scored_as_unknown(models, requests_):
+    """Records written around every writer (straight into the table's RocksDB): bytes that are no record at all,
+    and a record whose value is bytes that are not UTF-8 (FG could not read either). Each candidate is scored
+    exactly as an unknown key and counted as unusable, the others as before: never an exception (a 500)."""
+    request, cands = requests_[0]
+    r, c = _ids_only(request, cands)
+    garbage, not_utf8 = cands[0]["movie_id"], cands[1]["movie_id"]
+    with Scorer(models / "ml" / "1") as s:
+        none = {"genres": None, "title_words": None, "release_year": None}
+        want = s.score(request, [{"movie_id": garbage, **none}, {"movie_id": not_utf8, **none},
+                                 *cands[2:]]).tolist()
+    with FeatureDB(table_dir(models / "ml", "item"), "w") as db:
+        db._db[row_key(garbage)] = b"\xc1 not a msgpack record"
+        db._db[row_key(not_utf8)] = msgspec.msgpack.encode((1, {"genres": [b"\xff\xfe"], "title_words": [],
+                                                                "release_year": 1990}))
+    with Scorer(models / "ml" / "1") as s:
+        got, joined = s.score_joined(r, c)
+        assert got.tolist() == want
+        assert joined.unknown_candidates == 2 and joined.unusable == 2
+        again, joined = s.score_joined(r, c)  # the second time too (the bad record is remembered or re-read)
+        assert again.tolist() == want and joined.unusable == 2
