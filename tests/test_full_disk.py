@@ -165,6 +165,7 @@ def test_full_disk_runs_exit_rc2_in_seconds_and_lose_nothing(export, disks, tmp_
         names.append(publish(spool, 1, d).name)
 
     runs = []  # (phase, rc, seconds)
+    reapplied = 0  # re-apply runs that got as far as the re-apply (not stopped by the disk at the store's open)
     for _ in range(ROUNDS):
         # before the start: the disk full, or room to open the store but not to write much
         for leave in (0, 64 << 10, 300 << 10):
@@ -210,9 +211,11 @@ def test_full_disk_runs_exit_rc2_in_seconds_and_lose_nothing(export, disks, tmp_
             rc, dt, err = finish(start(models, spool, "--once"), time.monotonic(), f"re-apply to shards {shards}")
             assert_clear_disk_error(rc, err, store)
             runs.append((f"re-apply after {shards}", rc, dt))
+            reapplied += "re-applying to shards" in err
             filler.unlink()
-    print("full-disk runs (phase, rc, seconds):", [(w, rc, round(dt, 2)) for w, rc, dt in runs])
+    print("full-disk runs (phase, rc, seconds):", [(w, rc, round(dt, 2)) for w, rc, dt in runs], "re-applied:", reapplied)
     assert len(runs) == 10 * ROUNDS and all(rc == 2 and dt < EXIT_S for _, rc, dt in runs), runs
+    assert reapplied >= ROUNDS, "no run on a full disk got as far as a re-apply"
 
     # space again: everything is applied, once
     p = subprocess.run(update_cmd(models, spool, "--once"), cwd=REPO, env=ENV, capture_output=True, text=True,
