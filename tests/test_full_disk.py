@@ -213,7 +213,8 @@ def test_full_disk_runs_exit_rc2_in_seconds_and_lose_nothing(export, disks, tmp_
             runs.append((f"re-apply after {shards}", rc, dt))
             reapplied += "re-applying to shards" in err
             filler.unlink()
-    print("full-disk runs (phase, rc, seconds):", [(w, rc, round(dt, 2)) for w, rc, dt in runs], "re-applied:", reapplied)
+    print("full-disk runs (phase, rc, seconds):", [(w, rc, round(dt, 2)) for w, rc, dt in runs],
+          "re-applied:", reapplied)
     assert len(runs) == 10 * ROUNDS and all(rc == 2 and dt < EXIT_S for _, rc, dt in runs), runs
     assert reapplied >= ROUNDS, "no run on a full disk got as far as a re-apply"
 
