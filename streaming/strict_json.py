@@ -11,8 +11,6 @@ import json
 import math
 from typing import Any
 
-import numpy as np
-
 
 def finite_or_none(obj: Any) -> Any:
     """``obj`` with every non-finite float replaced by None, NumPy scalars and arrays as Python values."""
@@ -20,10 +18,9 @@ def finite_or_none(obj: Any) -> Any:
         return {k: finite_or_none(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [finite_or_none(v) for v in obj]
-    if isinstance(obj, np.ndarray):
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        # NumPy arrays and scalars, read without importing NumPy (``offgraph --help`` imports this module)
         return finite_or_none(obj.tolist())
-    if isinstance(obj, np.generic):
-        obj = obj.item()
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
