@@ -376,31 +376,40 @@ class KafkaSource(DeltaSource):
 
     def _dead_letter(self, value: bytes, hdrs: list) -> object | None:
         """Produce one message to the dead-letter topic and wait for it; the error (None: delivered).
-        Compressed: a payload that reached the broker compressed fits again."""
+        Compressed: a payload that reached the broker compressed fits again. Not idempotent: a
+        broker that lost its log (and the producer's id with it) would refuse an idempotent
+        producer's next message for good; a duplicate dead letter is allowed. A failure other than
+        the size is tried once more with a new producer (the topic re-created if it is gone)."""
         from confluent_kafka import KafkaException, Producer
 
-        if self._producer is None:
-            self._producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
-                                       "compression.type": "zstd", "message.max.bytes": READ_LIMIT + 65536,
-                                       **self.health.client_config()})
+        err = None
         for attempt in range(2):
+            if self._producer is None:
+                self._producer = Producer({"bootstrap.servers": self.bootstrap, "compression.type": "zstd",
+                                           "message.max.bytes": READ_LIMIT + 65536, "message.timeout.ms": 30000,
+                                           **self.health.client_config()})
             errors: list = []
             try:
                 self._producer.produce(self.dead_topic, value=value, headers=hdrs,
                                        on_delivery=lambda e, _msg: e and errors.append(e))
             except KafkaException as e:  # refused at once (MSG_SIZE_TOO_LARGE)
                 return e.args[0]
-            if self._producer.flush(30):
+            if self._producer.flush(35):
                 self._producer.purge()  # not later, after a reference was sent in its place
                 self._producer.flush(1)
-                return "not delivered within 30s"
-            if not errors:
+                err = "not delivered within 35s"
+            elif not errors:
                 return None
-            if attempt == 0 and errors[0].code() in _GONE_ERRORS:  # the broker lost it (a reset): again
+            else:
+                err = errors[0]
+                if err.code() in _SIZE_ERRORS:
+                    return err
+            if attempt == 0:
+                log.warning("%s: a dead letter was not delivered (%s): trying again with a new producer",
+                            self.url, err)
+                self._producer = None
                 ensure_topic(self.bootstrap, self.dead_topic, 1)
-                continue
-            return errors[0]
-        return errors[0]
+        return err
 
     def positions(self) -> dict[bytes, str]:
         return {self.key(p): pos for p, pos in self._cursor_pos.items()}
