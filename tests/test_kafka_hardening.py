@@ -2,20 +2,18 @@
 against a real Kafka-protocol broker (Tansu, in memory, on loopback) and `offgraph update` as a
 subprocess: a 32 MiB message, offsets that go backwards (a broker that lost its log), a message
 from the future, a hostile stream-start.json, a broker that is down."""
-import json
 import logging
 import time
 import urllib.request
 
 import numpy as np
-import pytest
 
-from kafka_helpers import (P, broker, caught_up, consume_all, delta, raw_producer, rows_of, sink,  # noqa: F401
+from kafka_helpers import (P, broker, caught_up, consume_all, delta, raw_producer, sink,  # noqa: F401
                            start_updater, stop, tiny_export, topic_name, wait_until)
 from server.harness import free_port
 from streaming.kafka_messages import encode_messages
 from streaming.tansu import TansuBroker
-from streaming_helpers import NAME, install_version, last_write_wins, make_deltas, publish, spool_files
+from streaming_helpers import NAME, assert_store_holds, install_version, make_deltas, publish, spool_files
 
 
 def _metrics(port: int) -> str:
@@ -31,14 +29,6 @@ def _metric(port: int, name: str) -> float | None:
         if line.startswith(f'{name}{{model="{NAME}"}} '):
             return float(line.split()[-1])
     return None
-
-
-def _assert_store_holds(vdir, deltas):
-    t, r, s, v, w = last_write_wins(deltas)
-    gv, gw, gs = rows_of(vdir, t, r)
-    assert gs.tolist() == s.tolist()
-    np.testing.assert_array_equal(gv, v)
-    np.testing.assert_array_equal(gw, w)
 
 
 # --------------------------------------------------------------------------- item 1
@@ -78,7 +68,7 @@ def test_a_32mib_message_is_dead_lettered_as_a_reference_and_the_rest_applied(br
     assert hdrs["offgraph.dead_letter.origin"] == f"{topic}/1/{huge_offset}".encode()
     assert b"message of 33554432 bytes" in hdrs["offgraph.dead_letter.reason"]
     assert b"payload is not copied" in hdrs["offgraph.dead_letter.reason"]
-    _assert_store_holds(vdir, good)
+    assert_store_holds(vdir, good)
 
 
 # --------------------------------------------------------------------------- item 2
@@ -135,7 +125,7 @@ def test_a_broker_that_lost_its_log_stops_the_updater_then_rebase_applies_the_ne
         assert up.returncode == 2, said[-3000:]
         (line,) = [x for x in said.splitlines() if x.startswith("offgraph update: error:")]
         assert "offsets went backwards" in line and "--on-offset-reset stop" in line, line
-        _assert_store_holds(vdir, a)  # nothing of the new log acknowledged
+        assert_store_holds(vdir, a)  # nothing of the new log acknowledged
         mport = free_port()
         up = start_updater(models, topic, kafka.bootstrap, log, "--on-offset-reset", "rebase", "--metrics-port",
                            str(mport))
@@ -149,7 +139,7 @@ def test_a_broker_that_lost_its_log_stops_the_updater_then_rebase_applies_the_ne
             out.close()
     finally:
         kafka.kill()
-    _assert_store_holds(vdir, a + b)
+    assert_store_holds(vdir, a + b)
     assert "--on-offset-reset rebase: reading its new log from the beginning as epoch 1" in log.read_text()
 
 
@@ -187,7 +177,7 @@ def test_a_broker_restarted_empty_under_a_running_updater_is_rebased(tiny_export
             out.close()
     finally:
         kafka.kill()
-    _assert_store_holds(vdir, a + b)
+    assert_store_holds(vdir, a + b)
     assert log.read_text().count("offsets went backwards") <= P  # one line per partition and reset
 
 
@@ -225,7 +215,7 @@ def test_a_message_from_the_future_is_dead_lettered_after_the_wait_timeout(broke
     dead = consume_all(broker, f"{topic}.dead", 1, expect=n_future)
     assert len(dead) == n_future
     assert all(b"model version 2, which is not complete" in m[3]["offgraph.dead_letter.reason"] for m in dead)
-    _assert_store_holds(vdir, good)
+    assert_store_holds(vdir, good)
 
 
 def test_a_spool_file_with_a_future_mtime_is_dead_lettered_after_the_wait_timeout(tiny_export, tmp_path):
@@ -245,7 +235,7 @@ def test_a_spool_file_with_a_future_mtime_is_dead_lettered_after_the_wait_timeou
     summary = updater(models, spool, wait_timeout_s=1.0).run(max_seconds=4)
     assert summary["files_dead_lettered"] == 1 and summary["files_applied"] == 5, summary
     assert spool_files(spool / "dead") == [future.name] and spool_files(spool / "applied") == names
-    _assert_store_holds(vdir, good)
+    assert_store_holds(vdir, good)
 
 
 # --------------------------------------------------------------------------- item 4
