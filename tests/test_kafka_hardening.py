@@ -72,6 +72,31 @@ def test_a_32mib_message_is_dead_lettered_as_a_reference_and_the_rest_applied(br
 
 
 # --------------------------------------------------------------------------- item 2
+def _two_logs(tiny_export, tmp_path, request, seed: int, rows: int, n_a: int, n_b: int):
+    """A version, a broker of its own (restarted by the test: its log is lost) and two lists of deltas:
+    A for the log before the loss, B (higher seqs) for the one after. (topic, models, vdir, A, B, broker, log)"""
+    topic = topic_name(request)
+    models = tmp_path / "models"
+    vdir = install_version(tiny_export, models, 1)
+    rng = np.random.default_rng(seed)
+    a = [delta(rng, rows, 1 + 1000 * i) for i in range(n_a)]
+    b = [delta(rng, rows, 100_000 + 1000 * i) for i in range(n_b)]
+    kafka = TansuBroker(tmp_path / "tansu.log")
+    kafka.start()
+    return topic, models, vdir, a, b, kafka, tmp_path / "update.log"
+
+
+def _run_until_it_exits(models, topic, bootstrap, log) -> tuple[int | None, str]:
+    """An updater run (stopped after 90 s at most): its exit status and what it logged."""
+    mark = log.stat().st_size
+    up = start_updater(models, topic, bootstrap, log)
+    try:
+        up.wait(90)
+    finally:
+        stop(up)
+    return up.returncode, log.read_text()[mark:]
+
+
 def test_a_broker_that_lost_its_log_stops_the_updater_then_rebase_applies_the_new_log(tiny_export, tmp_path,
                                                                                        request):
     """The issue's case: the store recorded offsets; the broker comes back empty (first: the
@@ -80,15 +105,7 @@ def test_a_broker_that_lost_its_log_stops_the_updater_then_rebase_applies_the_ne
     Default: rc 2 with one line; rebase: all applied."""
     from streaming.kafka_admin import ensure_topic
 
-    topic = topic_name(request)
-    models = tmp_path / "models"
-    vdir = install_version(tiny_export, models, 1)
-    rng = np.random.default_rng(22)
-    a = [delta(rng, 300, 1 + 1000 * i) for i in range(6)]
-    b = [delta(rng, 300, 100_000 + 1000 * i) for i in range(8)]
-    kafka = TansuBroker(tmp_path / "tansu.log")
-    kafka.start()
-    log = tmp_path / "update.log"
+    topic, models, vdir, a, b, kafka, log = _two_logs(tiny_export, tmp_path, request, 22, 300, 6, 8)
     try:
         out = sink(kafka.bootstrap, topic)
         for d in a:
@@ -103,26 +120,14 @@ def test_a_broker_that_lost_its_log_stops_the_updater_then_rebase_applies_the_ne
         kafka.kill()
         kafka.start()  # in-memory storage: the log is gone
         ensure_topic(kafka.bootstrap, topic, P)  # empty: every partition ends before its recorded offset
-        mark = log.stat().st_size
-        up = start_updater(models, topic, kafka.bootstrap, log)
-        try:
-            up.wait(90)
-        finally:
-            stop(up)
-        said = log.read_text()[mark:]
-        assert up.returncode == 2 and "the partition now ends at offset 0, before offset" in said, said[-3000:]
+        rc, said = _run_until_it_exits(models, topic, kafka.bootstrap, log)
+        assert rc == 2 and "the partition now ends at offset 0, before offset" in said, said[-3000:]
         out = sink(kafka.bootstrap, topic)
         for d in [a[-1], *b]:  # one re-sent, the rest new: offsets from 0 again, beyond the recorded ones
             out.emit(d)
         out.flush()
-        mark = log.stat().st_size
-        up = start_updater(models, topic, kafka.bootstrap, log)
-        try:
-            up.wait(90)
-        finally:
-            stop(up)
-        said = log.read_text()[mark:]
-        assert up.returncode == 2, said[-3000:]
+        rc, said = _run_until_it_exits(models, topic, kafka.bootstrap, log)
+        assert rc == 2, said[-3000:]
         (line,) = [x for x in said.splitlines() if x.startswith("offgraph update: error:")]
         assert "offsets went backwards" in line and "--on-offset-reset stop" in line, line
         assert_store_holds(vdir, a)  # nothing of the new log acknowledged
@@ -146,15 +151,7 @@ def test_a_broker_that_lost_its_log_stops_the_updater_then_rebase_applies_the_ne
 def test_a_broker_restarted_empty_under_a_running_updater_is_rebased(tiny_export, tmp_path, request):
     """The broker restarts empty while the updater runs, and is refilled beyond the offset the
     consumer asks for next (was: that fetch succeeded, the new log's first messages were skipped)."""
-    topic = topic_name(request)
-    models = tmp_path / "models"
-    vdir = install_version(tiny_export, models, 1)
-    rng = np.random.default_rng(23)
-    a = [delta(rng, 200, 1 + 1000 * i) for i in range(5)]
-    b = [delta(rng, 200, 100_000 + 1000 * i) for i in range(12)]
-    kafka = TansuBroker(tmp_path / "tansu.log")
-    kafka.start()
-    log = tmp_path / "update.log"
+    topic, models, vdir, a, b, kafka, log = _two_logs(tiny_export, tmp_path, request, 23, 200, 5, 12)
     try:
         out = sink(kafka.bootstrap, topic)
         up = start_updater(models, topic, kafka.bootstrap, log, "--on-offset-reset", "rebase")
