@@ -140,3 +140,14 @@ def kill_at_a_random_point(proc, mode: int, rnd, opened, progressed) -> bool:
         proc.send_signal(signal.SIGKILL)
     proc.wait()
     return killed
+
+
+def mount_tmpfs(d, size: str) -> None:
+    """Mount a tmpfs of ``size`` (e.g. "24m") at ``d`` (created if needed): the disk-full tests fill it.
+    Root only: elsewhere the test is skipped, saying why; the caller unmounts it (``umount -l``)."""
+    import pytest
+
+    d.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {p.stderr.strip()}")

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from streaming_helpers import (NAME, REPO, assert_store_holds, export_tiny, install_version, make_deltas,
-                               open_version_store, publish, spool_files, train_tiny, update_cmd)
+                               mount_tmpfs, open_version_store, publish, spool_files, train_tiny, update_cmd)
 
 ROUNDS = int(os.environ.get("OFFGRAPH_FULL_DISK_ROUNDS", "1"))
 EXIT_S = 10.0  # every run on a full disk, and every SIGTERM, ends the process within this
@@ -29,13 +29,6 @@ def export(tmp_path_factory):
     return export_tiny(train_tiny(root), root / "fp32" / NAME / "1", "fp32")
 
 
-def _mount(d, size: str, ro: bool = False) -> None:
-    d.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True, text=True)
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {p.stderr.strip()}")
-
-
 @pytest.fixture
 def disks(tmp_path, monkeypatch):
     """(disk, shm): a 24 MB tmpfs for the models and a 128 MB one for the write feed (its epoch
@@ -43,9 +36,9 @@ def disks(tmp_path, monkeypatch):
     from embstore.feed import SHM_ENV
 
     disk, shm = tmp_path / "disk", tmp_path / "shm"
-    _mount(disk, "24m")
+    mount_tmpfs(disk, "24m")
     try:
-        _mount(shm, "128m")
+        mount_tmpfs(shm, "128m")
         monkeypatch.setenv(SHM_ENV, str(shm))
         ENV[SHM_ENV] = str(shm)
         yield disk, shm
@@ -336,7 +329,7 @@ def test_read_only_models_dir_is_rc2_and_one_line(export, tmp_path):
     `offgraph features load` each exit with rc 2 and one line naming the path and EROFS (before:
     update gave rc 1 and a RuntimeError traceback)."""
     ro = tmp_path / "ro"
-    _mount(ro, "16m")
+    mount_tmpfs(ro, "16m")
     try:
         models = ro / "models"
         install_version(export, models, 1)

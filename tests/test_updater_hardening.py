@@ -13,7 +13,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from streaming_helpers import (DIM, NAME, REPO, ROWS, assert_store_holds, export_tiny, install_version,
-                               kill_at_a_random_point, last_write_wins, make_deltas, open_version_store, publish,
+                               kill_at_a_random_point, last_write_wins, make_deltas, mount_tmpfs, open_version_store, publish,
                                run_update, spool_files, train_tiny, update_cmd)
 
 
@@ -206,10 +206,7 @@ def test_equal_seq_duplicates_are_refused_distinct_seqs_are_not(tmp_path, row0):
 def small_disk(tmp_path):
     """A 24 MB tmpfs mounted for this test (root only; unmounted after, even on failure)."""
     disk = tmp_path / "disk"
-    disk.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {p.stderr.strip()}")
+    mount_tmpfs(disk, "24m")
     try:
         yield disk
     finally:
