@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embstore.feed import FeedReader, FeedWriter, combined_from_store_keys, epoch_ids
+from embstore.feed import FeedReader, FeedTornRead, FeedWriter, combined_from_store_keys, epoch_ids
 from embstore.keys import combine_keys, key_array
 
 RB = 16  # test records: two copies of one uint64, so a torn read shows as two different halves
@@ -120,11 +120,17 @@ def test_concurrent_reader_never_sees_a_torn_or_older_row(tmp_path):
         assert ready.wait(60), "writer process did not start"
         r = FeedReader(tmp_path, RB)
         last = np.zeros(n, np.uint64)
-        reads = seen = 0
+        reads = seen = gave_up = 0
         t_end = time.monotonic() + 2.5
         while time.monotonic() < t_end:
             r.refresh()
-            pos, recs = r.lookup(k)
+            try:
+                pos, recs = r.lookup(k)
+            except FeedTornRead:
+                # the writer rewrote every row on every re-read (a busy 2-core CI machine): the lookup refuses
+                # rather than return a torn row (the server answers a 503), which is what this test asks for
+                gave_up += 1
+                continue
             v = _values(recs)
             assert (v[:, 0] == v[:, 1]).all(), "torn row"
             assert (v[:, 0] >= last[pos]).all(), "a row went back to an older write"
@@ -315,7 +321,6 @@ def _hammer(path: str, keys: bytes, n: int, stop) -> None:
 
 
 def test_rows_that_keep_changing_raise_feed_torn_read(tmp_path):
-    from embstore.feed import FeedTornRead
 
     n = 20000
     rows = np.arange(n, dtype=np.uint64)
