@@ -6,6 +6,7 @@ A mixin of ``base.EmbeddingStore``: it uses the store's primitives (``_multi_get
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,10 @@ from .errors import StoreReadError
 from .internal_keys import decode_seqs, seq_key_list
 from .keys import KEY_BYTES, as_key_arrays, key_array, key_list, shard_of, unique_keys
 from .verify import expect_rows_in_every_shard, seek_rows
+
+MIN_CHUNK_KEYS = 16
+"""The fewest keys one ``multi_get`` of a parallel read gets: splitting a small read further costs
+more in calls and thread hand-offs than the reads in flight save."""
 
 
 @dataclass(frozen=True)
@@ -67,43 +72,72 @@ class StoreReads:
         t, r = as_key_arrays(table_ids, rows)
         return self._read_keys(t, r, parallel)
 
+    def read_unique_records(self, table_ids, rows, parallel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """The stored records of ``(table_ids[i], rows[i])``, not decoded: ``(records uint8
+        [K, codec.record_bytes], found bool [K])`` in input order; a row absent from the store has
+        an all-zero record. No de-duplication. ``parallel``: as in :meth:`read_unique` (for a cache
+        that keeps rows in the store's quantized form)."""
+        self._check_open()
+        t, r = as_key_arrays(table_ids, rows)
+        return self._read_records(t, r, parallel)
+
     def _read_keys(self, t: np.ndarray, r: np.ndarray, parallel: bool = True):
-        n, dim, rb = len(r), self.config.dim, self.codec.record_bytes
-        vec = np.zeros((n, dim), dtype=np.float32)
+        """``(vectors, first_order, found)`` of validated keys: the records, then ``codec.decode``."""
+        records, found = self._read_records(t, r, parallel)
+        n = len(r)
+        if found.all():
+            vec, w = self.codec.decode(records)
+            return vec, w, found
+        vec = np.zeros((n, self.config.dim), dtype=np.float32)
         w = np.zeros(n, dtype=np.float32)
-        found = np.zeros(n, dtype=bool)
-        if n == 0:
-            return vec, w, found
-        groups = self._group_by_shard(shard_of(t, r, self.config.shards))
-        order = np.concatenate([idx for _, idx in groups])
-        keys = key_list(key_array(t[order], r[order]))
-        jobs, start = [], 0
-        for s, idx in groups:
-            jobs.append((s, keys[start : start + len(idx)]))
-            start += len(idx)
-        if len(jobs) == 1 or self.config.read_threads == 1 or not parallel:
-            results = [self._multi_get(s, k) for s, k in jobs]
-        else:
-            results = list(self._executor().map(lambda job: self._multi_get(*job), jobs))
-        values = [v for res in results for v in res]
-        n_missing = values.count(None)
-        if n_missing == 0:
-            hit_pos = order
-        else:
-            hit_pos = order[np.array(values, dtype=object) != None]  # noqa: E711 (elementwise)
-        if len(hit_pos) == 0:
-            return vec, w, found
-        buf = b"".join(v for v in values if v is not None)
-        if len(buf) != rb * len(hit_pos):
-            raise StoreReadError(
-                f"store {self.path!r} holds records whose size is not {rb} bytes "
-                f"({self.config.quant}, dim {dim}): wrong config or corrupt store", "bad record size"
-            )
-        dv, dw = self.codec.decode(np.frombuffer(buf, dtype=np.uint8).reshape(-1, rb))
-        vec[hit_pos] = dv
-        w[hit_pos] = dw
-        found[hit_pos] = True
+        if found.any():
+            vec[found], w[found] = self.codec.decode(records[found])
         return vec, w, found
+
+    def _read_records(self, t: np.ndarray, r: np.ndarray, parallel: bool = True):
+        rb = self.codec.record_bytes
+        records = np.zeros((len(r), rb), dtype=np.uint8)
+        found = np.zeros(len(r), dtype=bool)
+        if len(r) == 0:
+            return records, found
+
+        def read(chunk: tuple[int, np.ndarray]) -> None:  # fills its own positions of the outputs
+            s, pos = chunk
+            values = self._multi_get(s, key_list(key_array(t[pos], r[pos])))
+            if values.count(None):
+                hit = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+                pos = pos[hit]
+                values = [v for v in values if v is not None]
+            if not values:
+                return
+            buf = b"".join(values)
+            if len(buf) != rb * len(values):
+                raise StoreReadError(
+                    f"store {self.path!r} holds records whose size is not {rb} bytes "
+                    f"({self.config.quant}, dim {self.config.dim}): wrong config or corrupt store",
+                    "bad record size")
+            records[pos] = np.frombuffer(buf, dtype=np.uint8).reshape(-1, rb)
+            found[pos] = True
+
+        chunks = self._read_chunks(t, r, parallel)
+        if len(chunks) == 1 or not parallel or self.config.read_threads == 1:
+            deque(map(read, chunks), maxlen=0)
+        else:
+            deque(self._executor().map(read, chunks), maxlen=0)
+        return records, found
+
+    def _read_chunks(self, t: np.ndarray, r: np.ndarray, parallel: bool) -> list[tuple[int, np.ndarray]]:
+        """``[(shard, positions)]``: the keys grouped by shard, each shard's keys in key order and
+        split into pieces of about ``MIN_CHUNK_KEYS`` or more so that a read has about ``read_threads``
+        ``multi_get`` calls in flight (one call reads its keys one after another, and a disk serves
+        several random reads at once). Not ``parallel`` (or one read thread): one call per shard."""
+        ways = self.config.read_threads if parallel else 1
+        size = max(MIN_CHUNK_KEYS, -(-len(r) // ways)) if ways > 1 else len(r)
+        chunks = []
+        for s, idx in self._group_by_shard(shard_of(t, r, self.config.shards)):
+            idx = idx[np.lexsort((r[idx], t[idx]))]  # key order: neighbouring keys share blocks
+            chunks.extend((s, piece) for piece in np.array_split(idx, max(1, round(len(idx) / size))))
+        return chunks
 
     def verify_sample(self, table_rows: dict[int, int], max_reads: int = 4096,
                       between: Callable[[], None] | None = None) -> dict[str, int]:
