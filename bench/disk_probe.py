@@ -2,56 +2,31 @@
 
 Reads use ``O_DIRECT``, so the page cache is neither used nor changed: the probe measures the device
 the server's cold block reads go to, without warming or evicting anything the measurement that
-follows depends on. Latency figures of a server reading a table bigger than memory move with this
-(on the development VM its tail moved by 3x between two probes an hour apart).
+follows depends on. The reads are ``embstore.device_probe``'s (``offgraph plan`` uses it too). Latency
+figures of a server reading a table bigger than memory move with this (on the development VM its
+tail moved by 3x between two probes an hour apart).
 """
 from __future__ import annotations
 
-import mmap
-import os
-import random
 import time
 from pathlib import Path
 
 import numpy as np
 
-READ_BYTES = 16 << 10
+from embstore.device_probe import DEFAULT_BLOCK_BYTES, DirectIOUnsupported, direct_reads, summarize
+
+READ_BYTES = DEFAULT_BLOCK_BYTES
 
 
 def cold_reads(files: list[Path], seconds: float = 10.0, seed: int = 0) -> dict | None:
-    """Random aligned ``READ_BYTES`` reads spread over ``files`` for ``seconds``: their count and
-    p50/p99/p99.9/max in ms, and how many took over 100 ms. None where ``O_DIRECT`` is not supported
-    (e.g. tmpfs) or no file is big enough."""
-    files = [Path(p) for p in files if os.path.getsize(p) >= 2 * READ_BYTES]
-    if not files or not hasattr(os, "O_DIRECT"):
-        return None
+    """Random aligned ``READ_BYTES`` reads spread over ``files`` for ``seconds``, one at a time
+    (``embstore.device_probe`` at depth 1): their count and p50/p99/p99.9/max in ms, and how many took
+    over 100 ms. None where the files cannot be read direct from a device (tmpfs, no file big enough)."""
     try:
-        fds = [os.open(p, os.O_RDONLY | os.O_DIRECT) for p in files]
-    except OSError:
+        lat, wall = direct_reads(files, 1, seconds, READ_BYTES, seed)
+    except DirectIOUnsupported:
         return None
-    buf = mmap.mmap(-1, READ_BYTES)  # page-aligned, as O_DIRECT wants
-    rng = random.Random(seed)
-    lat: list[float] = []
-    try:
-        sizes = [os.fstat(fd).st_size for fd in fds]
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            k = rng.randrange(len(fds))
-            off = rng.randrange(0, sizes[k] - READ_BYTES) // 4096 * 4096
-            t = time.perf_counter()
-            os.preadv(fds[k], [buf], off)
-            lat.append(time.perf_counter() - t)
-    except OSError:  # O_DIRECT refused at the first read (some filesystems)
-        if not lat:
-            return None
-    finally:
-        for fd in fds:
-            os.close(fd)
-        buf.close()
-    ms = np.array(lat) * 1e3
-    p50, p99, p999 = np.percentile(ms, [50, 99, 99.9])
-    return {"reads": int(len(ms)), "p50_ms": float(p50), "p99_ms": float(p99), "p999_ms": float(p999),
-            "max_ms": float(ms.max()), "over_100ms": int((ms > 100).sum()), "seconds": float(seconds)}
+    return {**summarize(lat, wall, 1, READ_BYTES), "over_100ms": int((np.asarray(lat) > 0.1).sum())}
 
 
 def describe(probe: dict | None) -> str:
