@@ -44,6 +44,7 @@ class EmbeddingStore(StoreReads, StoreWrites, BulkLoad):
     """
 
     backend = ""
+    io_mode = "buffered"  # how table files are read: "direct" (O_DIRECT) or "buffered"; see StoreConfig
 
     def __init__(self, path: str, config: StoreConfig, mode: str) -> None:
         if mode not in MODES:

@@ -5,8 +5,8 @@ Two kinds of settings:
 * **layout** (``dim``, ``quant``, ``shards``, ``shard_fn``, ``key_format``, ``backend``):
   they decide what the bytes on disk mean. A store refuses to open with a layout
   that differs from the one it was created with.
-* **tuning** (cache, bloom bits, threads, compression, write buffer): they may differ
-  from one open to the next (a server may want a bigger cache than the exporter).
+* **tuning** (cache, bloom bits, threads, compression, write buffer, direct I/O): they may
+  differ from one open to the next (a server may want a bigger cache than the exporter).
 """
 
 from __future__ import annotations
@@ -42,6 +42,22 @@ class StoreConfig(ConfigModel, frozen=True):
     statistics: RocksDB statistics (block-cache hits and misses: ``block_cache_stats``); a
         server's scorers turn it on, at a small cost per read.
     read_threads: threads reading shards in parallel; default (None) ``min(shards, 8)``.
+    direct_reads: table files are read with O_DIRECT, past the OS page cache (``io_mode``
+        ``"direct"``): what a read finds in memory is then only what the process holds and
+        accounts for (the block cache, a server's row cache), and a miss costs one device read,
+        whatever the kernel kept or reclaimed. This is the mode that stays predictable beyond
+        RAM, so it is the default for every open: the server's ``r``/``follow`` stores (the request
+        path), the updater's primary (its seq checks read through its own block cache, and it puts
+        no page-cache pages in the way of the serving processes), the exporter's and synth's bulk
+        loads (their verify reads what is on the disk, not pages just written). False
+        (``"buffered"``): reads go through the page cache, for a machine whose RAM holds the store.
+        A filesystem that refuses O_DIRECT (ramfs; tmpfs before Linux 6.6) is read buffered,
+        with one warning naming the store.
+    direct_flush_and_compaction: memtable flushes and compactions (only a writer, ``w``, runs
+        them: the live updater; a bulk load's SST writers and ingestion do not) read and write
+        their files with O_DIRECT, so a compaction streaming a big table does not fill the page
+        cache or leave gigabytes of dirty pages to write back. Off with the reads where the
+        filesystem refuses O_DIRECT.
     compression: block compression of SST files above the bottommost level (memtable
         flushes of live updates).
     bottommost_compression: block compression of the bottommost level, which holds
@@ -64,6 +80,8 @@ class StoreConfig(ConfigModel, frozen=True):
     optimize_filters_for_hits: bool = True
     statistics: bool = False
     read_threads: int | None = Field(None, ge=1, validate_default=True)
+    direct_reads: bool = True
+    direct_flush_and_compaction: bool = True
     compression: Literal[COMPRESSIONS] = "lz4"
     bottommost_compression: Literal[COMPRESSIONS] | None = "lz4hc"
     compression_level: int | None = Field(4, ge=-(2**20))

@@ -11,6 +11,9 @@ their blocks come from disk as requests need them.
 
 Page-cache pages are not part of a process's PSS; the kernel reclaims them under pressure.
 
+A store read with direct I/O (``StoreConfig.direct_reads``, the default) never reads the page cache:
+``auto`` then means off. ``on`` still reads the files in (asked for by name).
+
 The prefetch thread's reads are in the idle I/O class (``ioprio_set``): the block layer's scheduler
 (mq-deadline, bfq) dispatches them only when no other read waits, so a request's cold read never
 queues behind the prefetch's sequential ones, while on an idle disk the prefetch runs at full speed.
@@ -25,6 +28,9 @@ from pathlib import Path
 from typing import Callable, Literal, get_args
 
 import psutil
+
+from .rocksdb_options import reads_direct
+from .store_file import read_store_file
 
 log = logging.getLogger("offgraph.embstore")
 
@@ -61,14 +67,23 @@ def available_bytes() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def decide(mode: str, total_bytes: int, available: int | None = None) -> tuple[bool, str]:
-    """Whether to prefetch ``total_bytes`` of files, and why (for the log)."""
+def store_reads_direct(store_dir: str | Path) -> bool:
+    """Whether the store at ``store_dir``, opened with the settings it records, reads with O_DIRECT."""
+    config = read_store_file(os.fspath(store_dir))
+    return config is not None and reads_direct(os.fspath(store_dir), config)
+
+
+def decide(mode: str, total_bytes: int, available: int | None = None, direct: bool = False) -> tuple[bool, str]:
+    """Whether to prefetch ``total_bytes`` of files, and why (for the log); ``direct``: the store reads
+    its files with O_DIRECT (``embstore.rocksdb_options.reads_direct``)."""
     if mode not in PREFETCH_MODES:
         raise ValueError(f"prefetch mode must be one of {PREFETCH_MODES}, got {mode!r}")
     if mode == "off":
         return False, "prefetch off"
     if mode == "on":
         return True, "prefetch on"
+    if direct:
+        return False, "the store is read with direct I/O, past the page cache"
     available = available_bytes() if available is None else available
     limit = int(available * AUTO_SHARE_OF_AVAILABLE)
     if total_bytes <= limit:

@@ -8,6 +8,10 @@ loads, so every SST file gets the same compression, block size and bloom filter.
 
 from __future__ import annotations
 
+import errno
+import os
+import tempfile
+
 from rocksdict import BlockBasedIndexType, BlockBasedOptions, Cache, DBCompressionType, Options
 
 from .config import StoreConfig
@@ -26,9 +30,42 @@ def make_cache(config: StoreConfig) -> Cache:
     return Cache(config.block_cache_mb << 20)
 
 
-def make_options(config: StoreConfig, cache: Cache, *, bulk_load: bool = False) -> Options:
+_PROBE_FILES = ("store.json", os.path.join("shard-000", "CURRENT"))  # one of them exists in a store
+
+
+def direct_io_refused(store_dir: str) -> str | None:
+    """Why the files of the store at ``store_dir`` cannot be opened with O_DIRECT (the OS error:
+    EINVAL on ramfs, on tmpfs before Linux 6.6, on some FUSE mounts; RocksDB then refuses to open
+    the DB at all, "Direct I/O is not supported"), or None when they can. Opens one of the store's
+    files, else a temporary file made there; any other error (unreadable, read-only) is no answer,
+    and RocksDB's open reports it."""
+    if not hasattr(os, "O_DIRECT"):
+        return "this OS has no O_DIRECT"
+    probe = next((p for p in (os.path.join(store_dir, n) for n in _PROBE_FILES) if os.path.isfile(p)), None)
+    made = None
+    try:
+        if probe is None:
+            fd, made = tempfile.mkstemp(dir=store_dir, prefix=".direct-io-probe-")
+            os.close(fd)
+        os.close(os.open(probe or made, os.O_RDONLY | os.O_DIRECT))
+    except OSError as e:
+        return f"{errno.errorcode[e.errno]}: {e.strerror}" if e.errno == errno.EINVAL else None
+    finally:
+        if made is not None:
+            os.unlink(made)
+    return None
+
+
+def reads_direct(store_dir: str, config: StoreConfig) -> bool:
+    """Whether a store opened with ``config`` reads its table files with O_DIRECT (``io_mode``)."""
+    return config.direct_reads and direct_io_refused(store_dir) is None
+
+
+def make_options(config: StoreConfig, cache: Cache, *, bulk_load: bool = False, direct: bool = True) -> Options:
     """The options of a store's shards; ``bulk_load``: of the SST writers of a bulk load, whose
-    files are ingested into the bottommost level (no filter there with ``optimize_filters_for_hits``)."""
+    files are ingested into the bottommost level (no filter there with ``optimize_filters_for_hits``).
+    ``direct``: False where the filesystem refuses O_DIRECT (``direct_io_refused``): no direct I/O
+    whatever the config says."""
     table = BlockBasedOptions()
     table.set_block_cache(cache)
     table.set_block_size(config.block_size_kb << 10)
@@ -42,7 +79,10 @@ def make_options(config: StoreConfig, cache: Cache, *, bulk_load: bool = False) 
         table.set_bloom_filter(config.bloom_bits_per_key, False)
     # Index and filter blocks are charged to the bounded cache, not held outside it.
     # Both are partitioned (two-level) so a big table's filter is read and evicted in
-    # small pieces; the small top levels stay pinned, so do L0 files' blocks.
+    # small pieces; the small top levels stay pinned, so do L0 files' blocks. With direct
+    # reads the block cache is the only cache of index partitions: they go to its high-priority
+    # pool (RocksDB's defaults: cache_index_and_filter_blocks_with_high_priority, half the LRU
+    # cache's capacity; rocksdict sets neither, so they stay), ahead of data blocks.
     table.set_cache_index_and_filter_blocks(True)
     table.set_index_type(BlockBasedIndexType.two_level_index_search())
     table.set_partition_filters(True)
@@ -53,6 +93,8 @@ def make_options(config: StoreConfig, cache: Cache, *, bulk_load: bool = False) 
     opts.create_if_missing(True)
     opts.set_block_based_table_factory(table)
     opts.set_optimize_filters_for_hits(config.optimize_filters_for_hits)
+    opts.set_use_direct_reads(direct and config.direct_reads)
+    opts.set_use_direct_io_for_flush_and_compaction(direct and config.direct_flush_and_compaction)
     if config.statistics:  # one Statistics object shared by every shard opened with these options
         opts.enable_statistics()
     opts.set_compression_type(_COMPRESSION[config.compression]())

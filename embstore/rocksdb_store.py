@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import logging
 import os
 import re
 import shutil
@@ -35,7 +36,9 @@ from .errors import StoreReadError
 from .sst_run import SstWriter
 from .config import StoreConfig
 from .keys import META_PREFIX
-from .rocksdb_options import make_cache, make_options
+from .rocksdb_options import direct_io_refused, make_cache, make_options
+
+log = logging.getLogger("offgraph.embstore")
 
 
 def shard_dir(path: str, shard: int) -> str:
@@ -102,7 +105,16 @@ class RocksDBStore(EmbeddingStore):
     ) -> None:
         super().__init__(path, config, mode)
         self._cache = make_cache(config)
-        self._opts = make_options(config, self._cache)
+        direct = True
+        if config.direct_reads or config.direct_flush_and_compaction:
+            refused = direct_io_refused(self.path)
+            if refused is not None:
+                log.warning("store %s: its filesystem refuses O_DIRECT (%s): read and written through "
+                            "the page cache (buffered)", self.path, refused)
+                direct = False
+        self.io_mode = "direct" if direct and config.direct_reads else "buffered"
+        """How table files are read: ``"direct"`` (O_DIRECT, past the page cache) or ``"buffered"``."""
+        self._opts = make_options(config, self._cache, direct=direct)
         self._own_secondary = False
         self._secondary_dir = None
         if mode == "follow":

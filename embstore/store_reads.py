@@ -211,6 +211,7 @@ class StoreReads:
             "backend": self.backend,
             "path": self.path,
             "mode": self.mode,
+            "io_mode": self.io_mode,
             "config": self.config.to_dict(),
             "record": self.codec.describe(),
             "shards": shards,
