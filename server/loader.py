@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embstore.prefetch import SERVING_DISK_SHARE, Prefetcher, decide, store_files
+from embstore.prefetch import SERVING_DISK_SHARE, Prefetcher, decide, store_files, store_reads_direct
 from exporter.manifest import STORE_DIR
 from server.scorer import Scorer
 from server.config import ServerConfig
@@ -79,7 +79,7 @@ def start_prefetch(version_dir: Path, config: ServerConfig, serving: bool) -> Pr
     pf = Prefetcher(store_files(version_dir / STORE_DIR), config.prefetch_mb_s if serving else 0.0,
                     name=f"prefetch-{version_dir.name}", on_done=report,
                     disk_share=SERVING_DISK_SHARE if serving else 1.0)
-    go, why = decide(config.prefetch_store, pf.total_bytes)
+    go, why = decide(config.prefetch_store, pf.total_bytes, direct=store_reads_direct(version_dir / STORE_DIR))
     if not go:
         log.info("%s: store not prefetched: %s", version_dir, why)
         return None
