@@ -22,19 +22,24 @@ CACHE_METRICS = {  # what the hit ratios are made of: /metrics counters, summed 
     "row_misses": "offgraph_row_cache_misses_total",
     "block_hits": "offgraph_block_cache_hits_total",
     "block_misses": "offgraph_block_cache_misses_total",
+    # the store reads' wall time per request (a histogram; absent from servers that do not record it: 0)
+    "read_s_sum": "offgraph_store_read_seconds_sum",
+    "read_count": "offgraph_store_read_seconds_count",
 }
 
 
 class ScaleServer:
     """``offgraph serve --models MODELS --workers W`` with the default cache sizes, on a free port."""
 
-    def __init__(self, models: Path, workers: int, log_path: Path, extra: list[str] | None = None):
+    def __init__(self, models: Path, workers: int, log_path: Path, extra: list[str] | None = None,
+                 code: Path | None = None):
+        """``code``: a checkout whose ``offgraph serve`` runs (the server starts there; default this one)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port", str(self.port),
                "--workers", str(workers), "--admin-token", ADMIN_TOKEN, *(extra or [])]
         self.t_start = time.perf_counter()
-        self.proc = Proc(f"serve-w{workers}", cmd, self.port, log_path)
+        self.proc = Proc(f"serve-w{workers}", cmd, self.port, log_path, **({"cwd": code} if code else {}))
         self.start_to_ready_s: float | None = None
 
     def version_load_s(self) -> float | None:
@@ -79,8 +84,14 @@ class ScaleServer:
         text = httpx.get(self.url + "/metrics", timeout=10).text
         out = {}
         for key, name in CACHE_METRICS.items():
-            out[key] = sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M))
+            out[key] = sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
         return out
+
+    def model_status(self, model: str) -> dict:
+        """``GET /v1/models/{model}``: the loaded version's store, cache and budget figures."""
+        r = httpx.get(f"{self.url}/v1/models/{model}", timeout=10)
+        r.raise_for_status()
+        return r.json()
 
     async def admin_async(self, model: str, action: str) -> bytes:
         """An admin action (``:rollback``...) from the caller's event loop on one plain connection, not
@@ -107,3 +118,18 @@ def hit_ratios(before: dict[str, float], after: dict[str, float]) -> dict[str, f
     return {"row_cache_hit_ratio": d["row_hits"] / row if row else None,
             "block_cache_hit_ratio": d["block_hits"] / block if block else None,
             "row_cache_lookups": row, "block_cache_lookups": block}
+
+
+def find_key(obj, key: str):
+    """The first value named ``key`` anywhere in a JSON document (depth first), or None: where a server
+    reports a figure (``capacity_rows``, ``read_threads``) moves between versions of its status."""
+    if isinstance(obj, dict):
+        if key in obj:
+            return obj[key]
+        obj = list(obj.values())
+    if isinstance(obj, list):
+        for v in obj:
+            got = find_key(v, key)
+            if got is not None:
+                return got
+    return None

@@ -45,9 +45,10 @@ async def _stream(host: str, port: int, path: str, bodies: list[bytes], k: int, 
 
 async def run_swap(server, model: str, models: Path, hidden_v2: Path, bodies: list[bytes], *, concurrency: int = 8,
                    steady_s: float = 20.0, after_s: float = 15.0, timeout_s: float = 300.0,
-                   warm_s: float = 0.0) -> dict:
+                   warm_s: float = 0.0, steady_requests: int = 0, steady_max_s: float = 120.0) -> dict:
     """Against ``server`` (a ready ``ScaleServer`` serving version 1 of ``model``): ``warm_s`` of traffic
-    that is not measured (the steady p99 is that of a warm server), steady traffic for ``steady_s``, rename ``hidden_v2`` to ``MODELS/model/2`` (it appears), wait until responses come
+    that is not measured (the steady p99 is that of a warm server), steady traffic for ``steady_s`` and
+    until ``steady_requests`` were sent in it (at most ``steady_max_s``: a p99 needs enough requests), rename ``hidden_v2`` to ``MODELS/model/2`` (it appears), wait until responses come
     from version 2 and ``after_s`` more, then ``:rollback``, wait until responses come from version 1
     and ``after_s`` more. Returns the raw trace and the event times (seconds from the start)."""
     path = f"/v1/models/{model}:score"
@@ -86,6 +87,9 @@ async def run_swap(server, model: str, models: Path, hidden_v2: Path, bodies: li
             await asyncio.sleep(warm_s)
         events["steady_from"] = max(time.perf_counter() - t0, 5.0)  # after the first seconds of connections
         await asyncio.sleep(steady_s)
+        while (sum(row[0] >= events["steady_from"] for row in trace) < steady_requests
+               and time.perf_counter() - t0 < events["steady_from"] + steady_max_s):
+            await asyncio.sleep(0.25)
         events["v2_appears"] = time.perf_counter() - t0
         os.rename(hidden_v2, models / model / "2")
         events["v2_serving"] = await until_version(2, events["v2_appears"])
@@ -112,8 +116,13 @@ def _fault_sums(bins: list[dict]) -> dict:
     return out
 
 
-def summarize(raw: dict) -> dict:
-    """Figures of one swap run (see the module docstring)."""
+SWAP_WINDOW_S = 15.0  # the swap's window: from v2 appearing until this long after v2 serves
+
+
+def summarize(raw: dict, window_s: float = SWAP_WINDOW_S) -> dict:
+    """Figures of one swap run (see the module docstring). ``window_p99_ms``: the p99 of every request
+    sent from v2 appearing until ``window_s`` after v2's first answer, failed ones included (their time
+    to fail counts), in one percentile, not per bin: what a client sees across the swap."""
     ev = raw["events"]
     t = np.array([r[0] for r in raw["trace"]])
     lat = np.array([r[1] for r in raw["trace"]]) * 1e3
@@ -121,6 +130,8 @@ def summarize(raw: dict) -> dict:
     ok = status == 200
     steady = ok & (t >= ev.get("steady_from", 5.0)) & (t < ev["v2_appears"])
     steady_p99 = float(np.percentile(lat[steady], 99)) if steady.any() else float("nan")
+    window = (t >= ev["v2_appears"]) & (t < ev["v2_serving"] + window_s)
+    window_p99 = float(np.percentile(lat[window], 99)) if window.any() else float("nan")
     fl = np.array(raw.get("faults") or [], dtype=float).reshape(-1, 3)
 
     def faults_in(b: int, col: int) -> float | None:
@@ -156,6 +167,12 @@ def summarize(raw: dict) -> dict:
         "failed_requests": int((~ok).sum()),
         "failures": sorted({str(r[4] or r[2]) for r in raw["trace"] if r[2] != 200})[:10],
         "steady_p99_ms": steady_p99,
+        "steady_requests": int(steady.sum()),
+        "steady_s": ev["v2_appears"] - ev.get("steady_from", 5.0),
+        "window_s": window_s,
+        "window_requests": int(window.sum()),
+        "window_p99_ms": window_p99,
+        "window_p99_over_steady": window_p99 / steady_p99,
         "max_bin_p99_ms_after_v2_appears": max((b["p99_ms"] for b in after), default=float("nan")),
         "max_bin_p99_over_steady": max((b["p99_ms"] for b in after), default=float("nan")) / steady_p99,
         "steady_max_bin_p99_over_steady": max((b["p99_ms"] for b in steady_bins), default=float("nan")) / steady_p99,

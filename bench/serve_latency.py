@@ -185,13 +185,15 @@ async def fetch_scores(host: str, port: int, path: str, body: bytes) -> np.ndarr
 
 # -- servers ---------------------------------------------------------------------------------------------
 class Proc:
-    def __init__(self, name: str, cmd: list[str], port: int, log_path: Path):
+    def __init__(self, name: str, cmd: list[str], port: int, log_path: Path, cwd: Path = REPO):
+        """``cwd``: where ``cmd`` runs; ``python -m offgraph_cli`` imports the code found there first (the
+        editable install's finder comes after the path), so another checkout's directory runs its code."""
         self.name, self.port = name, port
         self.log_path = log_path
         self._log = open(log_path, "w")
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
         env.pop("OFFGRAPH_ADMIN_TOKEN", None)
-        self.p = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.p = subprocess.Popen(cmd, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout: float) -> None:
         wait_ready(f"http://127.0.0.1:{self.port}", timeout, self.p, log=str(self.log_path))

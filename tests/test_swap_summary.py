@@ -45,3 +45,21 @@ def test_faults_are_counted_per_bin_and_split_by_slow_and_other_bins():
     # a run recorded without fault samples: nothing made up
     old = summarize({"trace": _trace(), "pss": [(1.0, 100 << 20, 0.01)], "events": ev})
     assert old["faults_in_bins_over_2x"]["major_faults"] is None and old["bins"][0]["major_faults"] is None
+
+
+def test_the_window_p99_takes_every_request_from_v2_appearing_to_15_s_after_it_serves():
+    rows = [(i / 10, 0.010, 200, 1 if i < 220 else 2, None) for i in range(400)]  # 0..40 s at 10 ms
+    rows[250] = (25.0, 0.200, 200, 2, None)
+    rows[251] = (25.1, 0.200, 200, 2, None)
+    rows[300] = (30.0, 0.500, -1, -1, "TimeoutError()")  # failed, in the window: its 500 ms count
+    rows[380] = (38.0, 1.000, 200, 2, None)  # after the window (22 + 15 s): not in it
+    ev = {"steady_from": 5.0, "v2_appears": 20.0, "v2_serving": 22.0, "rollback_called": 37.0,
+          "rollback_answered": 37.1, "v1_serving": 37.5, "end": 40.0}
+    s = summarize({"trace": rows, "pss": [(1.0, 100 << 20, 0.01)], "events": ev})
+    # [20, 37) s: 170 requests, sorted 167 x 10 ms, 200, 200, 500: the p99 (rank 0.99 x 169 = 167.31) is 200 ms
+    # (without the failed one it would be 70.8 ms, with the one at 38 s 290 ms)
+    assert s["window_requests"] == 170 and abs(s["window_p99_ms"] - 200.0) < 1e-9
+    assert s["steady_requests"] == 150 and s["steady_s"] == 15.0 and abs(s["steady_p99_ms"] - 10.0) < 1e-9
+    assert abs(s["window_p99_over_steady"] - 20.0) < 1e-9
+    assert summarize({"trace": rows, "pss": [(1.0, 100 << 20, 0.01)], "events": ev}, window_s=3.0)[
+        "window_requests"] == 50  # [20, 25): the slow ones at 25 s are just outside
