@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ class ReadResult:
     rows_read: int  # rows.size
     unique_rows: int  # distinct (table, row) pairs looked up
     found_rows: int  # distinct pairs present in the store
+    read_seconds: float  # wall time of the store read (all its multi_get calls, in parallel)
 
 
 class StoreReads:
@@ -49,11 +51,12 @@ class StoreReads:
         return res.vectors, res.first_order
 
     def read_with_stats(self, table_ids, rows) -> ReadResult:
-        """Like :meth:`read`, plus counts for metrics (rows, unique rows, rows found)."""
+        """Like :meth:`read`, plus counts for metrics (rows, unique rows, rows found) and the read's wall time."""
         self._check_open()
         shape = np.shape(rows)
         t, r = as_key_arrays(table_ids, rows, allow_nd=True)
         ut, ur, inv = unique_keys(t, r)
+        t0 = time.perf_counter()
         vec, w, found = self._read_keys(ut, ur)
         return ReadResult(
             vec[inv].reshape(shape + (self.config.dim,)),
@@ -61,6 +64,7 @@ class StoreReads:
             len(r),
             len(ur),
             int(found.sum()),
+            time.perf_counter() - t0,
         )
 
     def read_unique(self, table_ids, rows, parallel: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

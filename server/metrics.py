@@ -19,7 +19,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.registry import ModelRegistry
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (the scorer imports this module for STORE_READ_SECONDS; the registry imports the scorer)
+    from server.registry import ModelRegistry
 
 START_KEY = "offgraph.t0"
 """ASGI scope key: perf_counter() when the request reached the app (set by HttpMetricsMiddleware)."""
@@ -28,6 +31,14 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.01
                    0.050, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
 GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 CANDIDATE_BUCKETS = (1, 5, 10, 25, 50, 100, 200, 300, 500, 1000, 2000, 5000)
+STORE_READ_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03,
+                      0.05, 0.1, 0.25, 1.0)
+
+STORE_READ_SECONDS = Histogram("offgraph_store_read_seconds",
+                               "Wall time of a score request's store read (its row-cache misses, split over the "
+                               "store's read threads); requests that read nothing from the store are not counted",
+                               ["model"], buckets=STORE_READ_BUCKETS, registry=None)
+"""Observed by the scorer (``Scorer.pooled``); each app's registry shows it (multiprocess mode: every worker's)."""
 
 
 class ServerMetrics:
@@ -48,6 +59,7 @@ class ServerMetrics:
                                   registry=self.registry)
         self.errors = Counter("offgraph_http_errors", "HTTP responses with a 4xx or 5xx status, by code",
                               ["code"], registry=self.registry)
+        self.registry.register(STORE_READ_SECONDS)
         if multiprocess:
             self.publisher: _ModelPublisher | None = _ModelPublisher(models, self.registry)
         else:

@@ -29,6 +29,7 @@ from embstore import RowCache
 from embstore.keys import MAX_TABLE_ID, ROW_BITS, ROW_LIMIT
 from server import scorer_impl
 from server.calibration import calibrate, score_kind
+from server.metrics import STORE_READ_SECONDS
 from server.dense import load_dense
 from embstore.follower import NOT_FOLLOWING, Activity, Follower
 from exporter.manifest import (DENSE_DIR, ModelDirError, complete_versions, load_manifest, open_version_store,
@@ -114,13 +115,19 @@ class Scorer:
     def pooled(self, request, candidates) -> tuple[np.ndarray, np.ndarray, dict]:
         """``(emb [N, F, D], first_order [N, F], stats)``: FG, unique keys, row cache, store
         reads of the cache misses only, pooling. ``stats``: lookups, unique_rows,
-        cache_hits, store_rows_read and found_rows (of the rows read from the store), ``dense``
+        cache_hits, store_rows_read and found_rows (of the rows read from the store), store_read_seconds
+        (its wall time, also observed as ``offgraph_store_read_seconds``), ``dense``
         (the numeric fields' [N, k] values) and ``ignored_keys`` (raw keys the model does not read)."""
         batch = self.features(request, candidates)
         keys = scorer_impl.batch_keys(batch)
         feed = self._follower  # fresh rows from the writer's feed, looked up first
+        timing: dict = {}
         vec, w, hits, read, found = scorer_impl.read_through_cache(self.row_cache, self.store, keys.unique_tables,
-                                                                   keys.unique_rows, feed, keys.unique_keys)
+                                                                   keys.unique_rows, feed, keys.unique_keys,
+                                                                   timing=timing)
+        read_s = timing.get("store_read_seconds")
+        if read_s is not None:
+            STORE_READ_SECONDS.labels(self.version_dir.parent.name).observe(read_s)
         with self._counts_lock:
             c = self._counts
             c["store_rows_read"] += read
@@ -131,7 +138,7 @@ class Scorer:
         emb, fo = scorer_impl.pool_batch(batch, keys, vec, w, self.poolings, self.dim)
         stats = {"lookups": int(len(keys.inverse)), "unique_rows": int(len(keys.unique_rows)),
                  "cache_hits": hits, "store_rows_read": read, "found_rows": found, "dense": batch.dense,
-                 "ignored_keys": batch.ignored_keys}
+                 "ignored_keys": batch.ignored_keys, "store_read_seconds": read_s or 0.0}
         return emb, fo, stats
 
     def dense(self, emb: np.ndarray, first_order: np.ndarray, dense: np.ndarray | None = None) -> np.ndarray:

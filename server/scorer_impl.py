@@ -5,6 +5,7 @@ once, looked up once, scattered back and pooled per field with NumPy.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,20 +92,21 @@ def pool_batch(batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.
 
 
 def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray, feed=None, keys=None,
-                       parallel: bool = True):
+                       parallel: bool = True, timing: dict | None = None):
     """Rows ``(tables, rows)`` (unique): the write feed's fresh rows first (``feed``: the follower, if
     any; ``keys``: their combined keys, computed when not given), then the row
     cache, then a store read of the misses, inserted into the cache with the epoch
     taken BEFORE the feed lookup (so a row the writer puts in the feed
     meanwhile can never be cached at its older store value). Returns ``(vectors [U, D],
     first_order [U], cache hits, rows read from the store, of which found)``. ``parallel``: see
-    ``EmbeddingStore.read_unique``."""
+    ``EmbeddingStore.read_unique``. ``timing``: a dict that gets ``store_read_seconds``, the wall time of
+    the store read, when there was one."""
     epoch = cache.epoch if cache is not None else 0
     found = None
     if feed is not None:
         found = feed.lookup(combine_keys(tables, rows) if keys is None else keys)
     if found is None:
-        return _cache_then_store(cache, store, tables, rows, epoch, parallel)
+        return _cache_then_store(cache, store, tables, rows, epoch, parallel, timing)
     idx, ov_vec, ov_w = found
     vec = np.empty((len(rows), ov_vec.shape[1]), dtype=np.float32)
     w = np.empty(len(rows), dtype=np.float32)
@@ -114,21 +116,30 @@ def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray, feed=
     rest = np.ones(len(rows), dtype=bool)
     rest[idx] = False
     rest = np.flatnonzero(rest)
-    rv, rw, hits, read, n_found = _cache_then_store(cache, store, tables[rest], rows[rest], epoch, parallel)
+    rv, rw, hits, read, n_found = _cache_then_store(cache, store, tables[rest], rows[rest], epoch, parallel, timing)
     vec[rest], w[rest] = rv, rw
     return vec, w, hits, read, n_found
 
 
-def _cache_then_store(cache, store, tables: np.ndarray, rows: np.ndarray, epoch: int, parallel: bool = True):
+def _timed_read(store, tables: np.ndarray, rows: np.ndarray, parallel: bool, timing: dict | None):
+    t0 = time.perf_counter()
+    out = store.read_unique(tables, rows, parallel)
+    if timing is not None:
+        timing["store_read_seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _cache_then_store(cache, store, tables: np.ndarray, rows: np.ndarray, epoch: int, parallel: bool = True,
+                      timing: dict | None = None):
     if cache is None:
-        vec, w, found = store.read_unique(tables, rows, parallel)
+        vec, w, found = _timed_read(store, tables, rows, parallel, timing)
         return vec, w, 0, len(rows), int(found.sum())
     hit, vec, w, _ = cache.lookup(tables, rows)
     miss = np.flatnonzero(~hit)
     if len(miss) == 0:
         return vec, w, len(rows), 0, 0
     mt, mr = tables[miss], rows[miss]
-    mv, mw, found = store.read_unique(mt, mr, parallel)
+    mv, mw, found = _timed_read(store, mt, mr, parallel, timing)
     vec[miss] = mv
     w[miss] = mw
     cache.insert(mt, mr, mv, mw, epoch)

@@ -50,3 +50,39 @@ def test_a_big_read_is_split_into_about_read_threads_sorted_chunks(tmp_path):
         assert len(small) <= 2  # a small read is not split beyond its shards
         got_v, got_w, found = st.read_unique(t, rows)
         assert found.all() and np.array_equal(got_v, v[rows]) and np.array_equal(got_w, w[rows])
+
+
+def test_the_store_read_of_a_request_is_timed(tmp_path):
+    from server import scorer_impl
+
+    cfg = StoreConfig(dim=D, shards=2, block_cache_mb=8)
+    v, w = rows_of(300)
+    with open_store(tmp_path / "s", cfg, mode="w") as st:
+        st.write(2, np.arange(300), v, w)
+        res = st.read_with_stats(2, np.arange(0, 300, 3))
+        assert res.read_seconds > 0 and res.found_rows == 100
+        t, r = np.full(50, 2, np.uint32), np.arange(50, dtype=np.uint64)
+        timing: dict = {}
+        vec, _, hits, read, _ = scorer_impl.read_through_cache(None, st, t, r, timing=timing)
+        assert read == 50 and hits == 0 and timing["store_read_seconds"] > 0
+        assert np.array_equal(vec, v[:50])
+
+
+def test_a_served_request_s_store_read_time_is_on_metrics(tiny_model, tmp_path):
+    import re
+
+    import httpx
+    from server_helpers import ThreadServer, copy_models, score, server_config
+
+    srv = ThreadServer(server_config(copy_models(tiny_model[0], tmp_path / "models")))
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            cands = [{"movie_id": m, "genres": ["Comedy"]} for m in range(300, 340)]  # not in the warm-up
+            assert score(c, {"request": {"user_id": 7}, "candidates": cands}).status_code == 200
+            text = c.get("/metrics").text
+        count = re.search(r'^offgraph_store_read_seconds_count\{model="ml"\} (\S+)$', text, re.M)
+        total = re.search(r'^offgraph_store_read_seconds_sum\{model="ml"\} (\S+)$', text, re.M)
+        assert count and float(count[1]) >= 1, text[-2000:]
+        assert total and float(total[1]) > 0
+    finally:
+        srv.stop()
