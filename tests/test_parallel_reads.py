@@ -50,6 +50,11 @@ def test_a_big_read_is_split_into_about_read_threads_sorted_chunks(tmp_path):
         assert len(small) <= 2  # a small read is not split beyond its shards
         got_v, got_w, found = st.read_unique(t, rows)
         assert found.all() and np.array_equal(got_v, v[rows]) and np.array_equal(got_w, w[rows])
+    with open_store(tmp_path / "one", StoreConfig(dim=D, block_cache_mb=8), mode="w") as st:  # 1 shard, defaults
+        st.write(1, np.arange(4000), v, w)
+        assert len(st._read_chunks(t, rows, parallel=True)) == 8  # a single shard's keys are split too
+        got_v, got_w, found = st.read_unique(t, rows)
+        assert found.all() and np.array_equal(got_v, v[rows]) and np.array_equal(got_w, w[rows])
 
 
 def test_the_store_read_of_a_request_is_timed(tmp_path):
