@@ -40,7 +40,6 @@ from bench.scale_swap import run_swap, summarize
 from bench.scale_traffic import POPULARITIES, bodies as to_bodies, build_requests
 from bench.scale_warmup import kib_per_request, warm_until_steady
 from bench.serve_latency import run_cell
-from embstore.cache_sim import bench_trace, perfect_lfu_hit_ratio, trace_of
 from embstore.device_probe import DirectIOUnsupported, describe_profile, device_profile
 from embstore.prefetch import store_files
 from exporter.cli_synth import count
@@ -66,8 +65,9 @@ def _log(msg: str) -> None:
 
 
 # -- versions --------------------------------------------------------------------------------------------
-def synth(out: Path, rows: int, seed: int, log_path: Path) -> dict:
-    """``offgraph synth`` into ``out`` unless a complete version of the same rows and seed is there."""
+def synth(out: Path, rows: int, seed: int, log_path: Path, code: Path = REPO) -> dict:
+    """``offgraph synth`` into ``out`` unless a complete version of the same rows and seed is there.
+    ``code``: the checkout whose synth writes it (the old code's servers may not read a new version)."""
     manifest = out / "manifest.json"
     if manifest.exists():
         m = json.loads(manifest.read_text())
@@ -79,7 +79,7 @@ def synth(out: Path, rows: int, seed: int, log_path: Path) -> dict:
     _log(f"synth {rows:,} rows -> {out}")
     cmd = [sys.executable, "-m", "offgraph_cli", "synth", "--out", str(out), "--rows", str(rows), "--seed", str(seed)]
     with open(log_path, "w") as log:
-        r = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        r = subprocess.run(cmd, cwd=code, stdout=log, stderr=subprocess.STDOUT)
     if r.returncode != 0:
         raise SystemExit(f"offgraph synth failed ({r.returncode}); see {log_path}")
     print(Path(log_path).read_text().strip().splitlines()[-1], flush=True)
@@ -120,7 +120,10 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
         pss_ready = server.pss_bytes()
         loop = asyncio.new_event_loop()
         try:
+            made: dict[int, int] = {}  # warm-up round -> bodies drawn for it (the hit-ratio trace replays them)
+
             def more(k: int, n: int) -> list[bytes]:  # fresh warm-up bodies, seeds apart from the measured ones
+                made[k] = n
                 return to_bodies(build_requests(rows, n, args.candidates, popularity, seed=args.seed + 1000 + k))
 
             warmup = loop.run_until_complete(warm_until_steady(server, path, bodies[:n_warm], more, args.candidates,
@@ -175,21 +178,23 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
     for phase, (a, b, cell) in (("c1", (c0, cm, c1)), ("c8", (cm, c9, c8))):
         row[phase].update(reads_per_request(a, b, cell["requests"]))
     row["c1"]["prediction"] = predicted_read(row["c1"]["misses_per_request"], row["read_threads"], device)
-    row["c8"]["device_bound_rps"] = device_bound_rps(row["c8"]["misses_per_request"], device)
-    if not code and popularity == "zipf" and capacity:
+    c8_model = predicted_read(row["c8"]["misses_per_request"], row["read_threads"], device)
+    row["c8"]["device_bound_rps"] = c8_model and c8_model["c8_bound_req_s"]
+    if not code and popularity == "zipf" and capacity and not repeat:  # (the trace costs ~10 ms a request)
+        warm = [(k, made[k], rd["requests"]) for k, rd in enumerate(warmup["rounds"]) if k in made]
         sent = [range(n_warm, n_warm + c1["requests"]), range(n_warm + n_c1, n_warm + n_c1 + c8["requests"])]
-        row["perfect_lfu_hit_ratio"] = perfect_lfu(rows, args, sent, int(capacity))
-    if not code:
-        row["plan"] = plan_for(row, args)
+        row["perfect_lfu_hit_ratio"] = perfect_lfu(rows, args, warm, sent, int(capacity))
+    if not code and not repeat:
+        row["plan"] = plan_for(row, find_key(status, "memory_mb"), args)
     _log(f"{rows:.0e} rows w{workers} {popularity:7s} {which} {repeat}: ready {ready_s:5.1f}s (version {_load(row)}s)  "
          f"warm-up {_warm(row)} ({warmup['stopped']}, {len(warmup['rounds'])} rounds, first round c8 p99 "
          f"{warmup['rounds'][0]['p99_ms']:.0f} ms)  "
          f"PSS warm {row['pss_after_warmup_mb']:6.0f} "
          f"load {row['pss_under_load_mb']:6.0f} MB  c1 p50 {c1['p50_ms']:6.1f} p99 {c1['p99_ms']:6.1f} ms  "
          f"c8 {c8['rps']:5.0f} req/s p99 {c8['p99_ms']:6.1f} ms  row-cache {ratios['row_cache_hit_ratio'] or 0:.3f} "
-         f"(perfect LFU {_num(row.get('perfect_lfu_hit_ratio'), '.3f')}) "
+         f"(perfect LFU {_num(row.get('perfect_lfu_hit_ratio'), '.3f')}; plan {_plan_cell(row.get('plan'))}) "
          f"block-cache {ratios['block_cache_hit_ratio'] or 0:.3f}; misses/request c1 {_num(c1['misses_per_request'], '.1f')}, "
-         f"predicted read {_num((c1['prediction'] or {}).get('predicted_read_ms'), '.2f')} ms, measured "
+         f"predicted read {_num((c1['prediction'] or {}).get('read_ms_c1'), '.2f')} ms, measured "
          f"{_num(c1['read_ms_per_request'], '.2f')} ms; from disk c1 {row['c1_disk_kib_per_request']:.0f} "
          f"c8 {row['c8_disk_kib_per_request']:.0f} KiB/request; {_describe(device)}")
     return row
@@ -197,6 +202,7 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
 
 # -- figures predicted from the disk ----------------------------------------------------------------------
 PROBE_DEPTHS = (1, 8)
+SHARDS = 8  # offgraph synth's
 DEFAULT_READ_THREADS = 8  # the store's read threads where the server does not report them: min(8 shards, 8)
 
 
@@ -210,46 +216,55 @@ def reads_per_request(before: dict[str, float], after: dict[str, float], request
             "read_ms_per_request": (after["read_s_sum"] - before["read_s_sum"]) * 1e3 / n if read_count else None}
 
 
-def predicted_read(misses_per_request: float | None, read_threads: int, device: dict | None) -> dict | None:
-    """The read time per request the disk predicts: (misses per request / reads in flight) x the device's
-    MEAN latency (the expected time of a read; a request waits for each of its rounds of reads) at the
-    probed queue depth that covers the reads in flight (the smallest probed depth >= them, else the
-    deepest). Reads in flight: min(read threads, misses per request), at least 1 (a request with 0.5
-    misses on average waits for half a read, not a whole one). None without a probe."""
+def predicted_read(misses_per_request: float | None, read_threads: int, device: dict | None,
+                   shards: int = SHARDS) -> dict | None:
+    """The read time per request the disk predicts for the measured misses: ``server.plan.read_time``
+    (the one model, ``offgraph plan``'s): (misses per request / reads in flight) x the device's MEAN
+    latency at that depth (its probe at depths 1 and 8, linear between), reads in flight = the
+    ``multi_get`` chunks a request's misses make, at least 1 and at most the read threads. Also the c8
+    bound: reads/s at depth 8 / misses per request. None without a probe."""
     if misses_per_request is None or not device:
         return None
-    in_flight = max(1.0, min(float(read_threads), misses_per_request))
-    depths = sorted(int(k[2:]) for k in device)
-    depth = next((d for d in depths if d >= in_flight), depths[-1])
-    mean_ms = device[f"qd{depth}"]["mean_ms"]
-    return {"reads_in_flight": in_flight, "device_depth": depth, "device_mean_ms": mean_ms,
-            "predicted_read_ms": misses_per_request / in_flight * mean_ms}
+    from server.plan import Device, read_time
+
+    return read_time(misses_per_request, Device.from_profile(device), int(read_threads), shards)
 
 
-def device_bound_rps(misses_per_request: float | None, device: dict | None, depth: int = 8) -> float | None:
-    """Requests per second the disk allows at queue depth ``depth``: its reads per second there / the
-    misses (reads) per request. None without a probe or without misses."""
-    if not misses_per_request or not device or f"qd{depth}" not in device:
-        return None
-    return device[f"qd{depth}"]["reads_per_s"] / misses_per_request
+def perfect_lfu(rows: int, args, warm: list[tuple[int, int, int]], sent: list[range], capacity_rows: int) -> float:
+    """Perfect LFU's hit ratio (``embstore.cache_sim``'s static oracle) at ``capacity_rows`` on the key
+    trace the server's row cache saw: the warm-up (its first ``--warmup-requests`` bodies, then for each
+    later round ``(k, bodies drawn, requests sent)``, bodies cycled as ``run_cell`` sends them), then the
+    measured requests (``sent``: ranges of the measured bodies' indices), counted over the measured ones
+    only. ``bench_trace`` draws the same requests as ``measure`` (``build_requests``, same seeds)."""
+    from embstore.cache_sim import bench_trace, perfect_lfu_hit_ratio, trace_of
 
-
-def perfect_lfu(rows: int, args, sent: list[range], capacity_rows: int) -> float:
-    """Perfect LFU's hit ratio (``embstore.cache_sim``, the static oracle) at ``capacity_rows`` on the key
-    trace of the requests the cell measured (``sent``: ranges of the bodies' indices), after the warm-up's
-    first ``--warmup-requests`` bodies (its later rounds, drawn from other seeds, are left out: the oracle
-    needs no warm-up but each key's first access). ``bench_trace`` builds the same bodies as ``measure``."""
     n = args.warmup_requests + args.c1_requests + args.c8_requests + 2
     full = bench_trace(rows, "zipf", n_requests=n, n_candidates=args.candidates, seed=args.seed)
-    idx = [i for r in [range(args.warmup_requests), *sent] for i in r]
-    return perfect_lfu_hit_ratio(trace_of([full.request(i) for i in idx]), capacity_rows,
-                                 warm_requests=args.warmup_requests)
+    lists = [full.request(i) for i in range(args.warmup_requests)]
+    for k, drawn, requests in warm:
+        tr = bench_trace(rows, "zipf", n_requests=drawn, n_candidates=args.candidates, seed=args.seed + 1000 + k)
+        lists += [tr.request(i % drawn) for i in range(requests)]
+    warm_requests = len(lists)
+    lists += [full.request(i) for r in sent for i in r]
+    return perfect_lfu_hit_ratio(trace_of(lists), capacity_rows, warm_requests=warm_requests)
 
 
-def plan_for(run: dict, args) -> dict | None:
-    """``offgraph plan``'s prediction for the cell (``server.plan``, from the cell's own device probe):
-    its expected hit ratio and read time, beside the measured ones. None where it cannot say."""
-    return None
+def plan_for(run: dict, memory_mb: float | None, args) -> dict | None:
+    """``offgraph plan``'s prediction for the cell (``server.plan.predict``, from the cell's own device
+    probe, at the cell's memory budget): its simulated hit ratio and read time, beside the measured ones.
+    None without a probe or where ``--plan-max-s`` is 0."""
+    if not run.get("device") or args.plan_max_s <= 0:
+        return None
+    from server.memory_budget import DEFAULT_MEMORY_MB
+    from server.plan import Device, predict
+
+    got = predict(run["rows"], memory_mb or DEFAULT_MEMORY_MB, run["popularity"], candidates=args.candidates,
+                  device=Device.from_profile(run["device"]), read_threads=int(run["read_threads"]),
+                  max_seconds=args.plan_max_s)
+    return {"hit_ratio": got["hit"]["hit_ratio"], "converged": got["hit"]["converged"],
+            "misses_per_request": got["misses_per_request"], "read_ms": got["read_ms_c1"],
+            "c8_bound_req_s": got["c8_bound_req_s"], "row_cache_rows": got["row_cache_rows"],
+            "memory_mb": got["inputs"]["memory_mb"], "reads_per_miss": got["reads_per_miss"]}
 
 
 def _probe(version: Path, args) -> dict | None:
@@ -389,7 +404,7 @@ def acceptance(report: dict) -> dict:
     zipf = cells(runs, big, 1, "zipf")
     if zipf:
         p99 = _median(r["c1"]["p99_ms"] for r in zipf)
-        pred = _median((r["c1"].get("prediction") or {}).get("predicted_read_ms") for r in zipf)
+        pred = _median((r["c1"].get("prediction") or {}).get("read_ms_c1") for r in zipf)
         ref_p99 = _median(r["c1"]["p99_ms"] for r in cells(runs, ref, 1, "zipf"))
         if big != ref and ref_p99 is not None and pred is not None:
             # c1 p99 <= the p99 at 10^7 + 2 x the predicted read time (medians over the repeats)
@@ -495,12 +510,13 @@ def markdown(report: dict) -> str:
                      f"{r['c1']['p99_ms']:.1f} | {r['c8']['rps']:.0f} | {r['c8']['p99_ms']:.0f} | "
                      f"{r['row_cache_hit_ratio'] or 0:.3f} | {r['block_cache_hit_ratio'] or 0:.3f} | {_from_disk(r)} | "
                      f"{r['disk_bytes_per_row']:.1f} | {_disk(r)} |")
-    lines += ["", "Predicted from the disk (the device probe just before each cell, direct 16-KiB random reads): "
-              "read time per request = (row-cache misses per request / reads in flight) x the device's mean "
-              "latency at that depth; reads in flight = min(read threads, misses per request), at least 1. "
-              "`offgraph plan`: its hit ratio and read time for the cell.", "",
+    lines += ["", "Predicted from the disk (the device probe just before each cell, direct 16-KiB random reads; "
+              "`server.plan.read_time`): read time per request = (row-cache misses per request / reads in "
+              "flight) x the device's mean latency at that depth (depths 1 and 8 probed, linear between); reads "
+              "in flight = the multi_get chunks the misses make, 1 to the read threads. `offgraph plan`: its "
+              "simulated hit ratio and read time for the cell, from the same probe.", "",
               "| rows | workers | popularity | code, run | device qd1 ; qd8 (mean / p99 ms, reads/s) | c1 misses/request | "
-              "reads in flight (depth) | predicted read ms | measured read ms | c1 p50 / p99 ms | c8 misses/request | "
+              "reads in flight (mean latency there) | predicted read ms | measured read ms | c1 p50 / p99 ms | c8 misses/request | "
               "c8 req/s (device bound) | row-cache hit (perfect LFU) | plan: hit / read ms |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
@@ -508,8 +524,8 @@ def markdown(report: dict) -> str:
         pr = c1.get("prediction") or {}
         lines.append(f"| {r['rows']:.0e} | {r['workers']} | {r['popularity']} | {r.get('code', 'new')} {r.get('repeat', 0)} | "
                      f"{_device_cell(r.get('device'))} | {_num(c1.get('misses_per_request'), '.1f')} | "
-                     f"{_num(pr.get('reads_in_flight'), '.1f')} (qd{pr.get('device_depth', '?')}) | "
-                     f"{_num(pr.get('predicted_read_ms'), '.2f')} | {_num(c1.get('read_ms_per_request'), '.2f')} | "
+                     f"{_num(pr.get('reads_in_flight'), '.1f')} ({_num(pr.get('latency_at_depth_ms'), '.3f')} ms) | "
+                     f"{_num(pr.get('read_ms_c1'), '.2f')} | {_num(c1.get('read_ms_per_request'), '.2f')} | "
                      f"{c1['p50_ms']:.1f} / {c1['p99_ms']:.1f} | {_num(c8.get('misses_per_request'), '.1f')} | "
                      f"{c8['rps']:.0f} ({_num(c8.get('device_bound_rps'), '.0f')}) | "
                      f"{_num(r.get('row_cache_hit_ratio'), '.3f')} ({_num(r.get('perfect_lfu_hit_ratio'), '.3f')}) | "
@@ -681,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(embstore/device_probe.py; 0: off)")
     p.add_argument("--repeats-at", type=count, default=10**9, help="run the workers-1 Zipf cell of this size ...")
     p.add_argument("--repeats", type=int, default=3, help="... this many times, each on a fresh server")
+    p.add_argument("--plan-max-s", type=float, default=20.0,
+                   help="seconds of `offgraph plan`'s hit-ratio simulation for each cell (its first run; 0: none)")
     p.add_argument("--baseline-repo", default=None,
                    help="a checkout of the old code (e.g. `git archive OLD | tar -x -C DIR`): its `offgraph serve` "
                         "(started in DIR, so DIR's code runs, with this venv) measures the --baseline-sizes cells "
@@ -722,7 +740,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     present = frozenset(n for n in sizes if (work / f"m{n}" / MODEL / "1" / "manifest.json").exists())
-    need = disk_plan(sizes, swap_size, args.keep, args.delete_from, present)
+    need = disk_plan(sizes, swap_size, args.keep, args.delete_from, present) + int(DISK_MARGIN * sum(
+        SynthConfig(rows=n).disk_bytes() for n in baseline_sizes
+        if not (work / f"m{n}-old" / MODEL / "1" / "manifest.json").exists()))  # the old code's versions
     free = shutil.disk_usage(work).free
     _log(f"sizes {[f'{n:.0e}' for n in sizes]}, swap at {swap_size or 'none'}: needs about {need / 1e9:.1f} GB of "
          f"disk under {work} at the peak ({free / 1e9:.1f} GB free)")
@@ -755,10 +775,15 @@ def main(argv: list[str] | None = None) -> int:
                                    "bytes_on_disk": m["store"]["bytes_on_disk"],
                                    "disk_bytes_per_row": m["store"]["bytes_on_disk"] / rows,
                                    "settle": _settle(models / MODEL / "1", args)}
+        old_models = work / f"m{n}-old"  # the old code's own version of the same rows and seed
+        if any(c[3] == "baseline" for c in todo):
+            synth(old_models / MODEL / "1", n, args.seed, logs / f"synth-{n}-old.log", code=baseline)
         for rows, w, pop, which, k in todo:
-            r = measure(models, w, pop, n, args, logs, repeat=k, **({"code": baseline, "serve_args":
-                                                                    args.baseline_serve_args} if which == "baseline"
-                                                                   else {}))
+            if which == "baseline":
+                r = measure(old_models, w, pop, n, args, logs, repeat=k, code=baseline,
+                            serve_args=args.baseline_serve_args)
+            else:
+                r = measure(models, w, pop, n, args, logs, repeat=k)
             r["disk_bytes_per_row"] = report["synth"][str(n)]["disk_bytes_per_row"]
             report["runs"].append(r)
             json_path.write_text(json.dumps(report, indent=1))  # partial results survive a crash (--resume)
@@ -767,13 +792,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep and n >= args.delete_from:
             _log(f"deleting {models}")
             shutil.rmtree(models, ignore_errors=True)
+            shutil.rmtree(old_models, ignore_errors=True)
         json_path.write_text(json.dumps(report, indent=1))
     report["acceptance"] = acceptance(report)
     json_path.write_text(json.dumps(report, indent=1))
     plot(report, out)
     (out / "scale.md").write_text(markdown(report))
     for k, v in report["acceptance"].items():
-        _log(f"{'OK  ' if v['ok'] else 'FAIL'} {k}: {v['value']:.3g} (limit {v['limit']})")
+        _log(f"{'OK  ' if v['ok'] else 'FAIL'} {k}: {_num(v['value'], '.3g')} (limit {v.get('op', '<=')} {v['limit']:g})")
     _log(f"wrote {json_path} and the PNGs next to it")
     return 0
 

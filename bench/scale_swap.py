@@ -86,7 +86,7 @@ async def run_swap(server, model: str, models: Path, hidden_v2: Path, bodies: li
         if warm_s > 0:  # not measured: v1's working set into the page cache and its caches
             await asyncio.sleep(warm_s)
         events["steady_from"] = max(time.perf_counter() - t0, 5.0)  # after the first seconds of connections
-        await asyncio.sleep(steady_s)
+        await asyncio.sleep(max(0.0, events["steady_from"] + steady_s - (time.perf_counter() - t0)))
         while (sum(row[0] >= events["steady_from"] for row in trace) < steady_requests
                and time.perf_counter() - t0 < events["steady_from"] + steady_max_s):
             await asyncio.sleep(0.25)

@@ -1,25 +1,30 @@
 """bench.scale: the read time the disk predicts, and the acceptance lines on a hand-made report."""
 import pytest
 
-from bench.scale import acceptance, device_bound_rps, markdown, plan_cells, predicted_read, reads_per_request
+from bench.scale import acceptance, markdown, plan_cells, predicted_read, reads_per_request
 
 DEVICE = {"qd1": {"mean_ms": 0.10, "p50_ms": 0.09, "p99_ms": 0.3, "p999_ms": 1.0, "max_ms": 2.0, "reads_per_s": 9000},
           "qd8": {"mean_ms": 0.25, "p50_ms": 0.2, "p99_ms": 0.9, "p999_ms": 3.0, "max_ms": 5.0, "reads_per_s": 32000}}
 
 
-@pytest.mark.parametrize("misses, threads, in_flight, depth, ms", [
-    (72.0, 8, 8.0, 8, 72 / 8 * 0.25),  # 9 rounds of 8 reads at depth 8
-    (72.0, 2, 2.0, 8, 36 * 0.25),  # 2 in flight: the smallest probed depth covering them is 8
-    (3.0, 8, 3.0, 8, 0.25),  # one round of 3
-    (0.5, 8, 1.0, 1, 0.05),  # half a read per request on average, at depth 1
-    (0.0, 8, 1.0, 1, 0.0),
+@pytest.mark.parametrize("misses, threads, in_flight, ms", [
+    (800.0, 8, 8.0, 800 / 8 * 0.25),  # every shard hit, 8 chunks in flight: rounds at depth 8's mean
+    (800.0, 2, 2.0, 800 / 2 * (0.10 + 0.15 / 7)),  # 2 threads: depth 2, between depth 1 and 8 linearly
+    (1.0, 8, 1.0, 0.10),  # one miss: one read at depth 1
+    (0.0, 8, 1.0, 0.0),
 ])
 def test_the_predicted_read_time_is_misses_over_reads_in_flight_times_the_mean_latency(misses, threads, in_flight,
-                                                                                          depth, ms):
+                                                                                          ms):
     got = predicted_read(misses, threads, DEVICE)
-    assert got["reads_in_flight"] == in_flight and got["device_depth"] == depth
-    assert got["predicted_read_ms"] == pytest.approx(ms)
+    assert got["reads_in_flight"] == pytest.approx(in_flight, abs=1e-3)
+    assert got["read_ms_c1"] == pytest.approx(ms, rel=1e-3)
     assert predicted_read(misses, threads, None) is None
+    assert predicted_read(None, threads, DEVICE) is None
+
+
+def test_the_c8_bound_is_the_reads_per_second_at_depth_8_over_the_misses_per_request():
+    assert predicted_read(80.0, 8, DEVICE)["c8_bound_req_s"] == pytest.approx(400.0)
+    assert predicted_read(0.0, 8, DEVICE)["c8_bound_req_s"] is None
 
 
 def test_misses_and_read_time_per_request_from_counter_deltas():
@@ -30,14 +35,13 @@ def test_misses_and_read_time_per_request_from_counter_deltas():
     # a server without the read-time histogram: not measured, not 0
     assert reads_per_request({**before, "read_count": 0.0, "read_s_sum": 0.0},
                              {**after, "read_count": 0.0, "read_s_sum": 0.0}, 100)["read_ms_per_request"] is None
-    assert device_bound_rps(80.0, DEVICE) == pytest.approx(400.0) and device_bound_rps(0.0, DEVICE) is None
 
 
 def _run(rows, pop, p99, *, code="new", repeat=0, pred=2.0, rps=100.0, bound=None, pss=800.0, ready=10.0,
          hit=None, lfu=None, p50=5.0):
     return {"rows": rows, "workers": 1, "popularity": pop, "code": code, "repeat": repeat,
             "start_to_ready_s": ready, "pss_after_warmup_mb": pss, "pss_under_load_mb": pss,
-            "c1": {"p50_ms": p50, "p99_ms": p99, "prediction": {"predicted_read_ms": pred}},
+            "c1": {"p50_ms": p50, "p99_ms": p99, "prediction": {"read_ms_c1": pred}},
             "c8": {"rps": rps, "p99_ms": 50.0, "device_bound_rps": bound},
             "row_cache_hit_ratio": hit, "perfect_lfu_hit_ratio": lfu, "block_cache_hit_ratio": 0.5,
             "disk_bytes_per_row": 27.0, "device": DEVICE}
