@@ -649,7 +649,7 @@ def plan_cells(n: int, workers: list[int], pops: list[str], args, baseline_sizes
     out = []
     for w in workers:
         for pop in pops:
-            if n in baseline_sizes:
+            if n in baseline_sizes and pop in args.baseline_popularities.split(","):
                 out += [(n, w, pop, which, k) for k in range(max(1, args.baseline_runs))
                         for which in ("baseline", "new")]
             else:
@@ -704,6 +704,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(started in DIR, so DIR's code runs, with this venv) measures the --baseline-sizes cells "
                         "too, alternated with the new code on fresh servers")
     p.add_argument("--baseline-sizes", default="1e7,1e8")
+    p.add_argument("--baseline-popularities", default="zipf", help="the baseline cells' popularities (the "
+                                                                    "others run once, new code only)")
     p.add_argument("--baseline-runs", type=int, default=2, help="runs of each code per baseline cell (old first)")
     p.add_argument("--baseline-serve-args", default="", help="the flags of the old code's servers (--serve-args "
                                                            "are the new code's: the old one may not know them)")

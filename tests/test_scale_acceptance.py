@@ -102,10 +102,10 @@ def test_a_cell_off_by_more_than_25_percent_fails_the_spread_and_the_report_rend
 
 def test_the_cells_of_a_size_alternate_old_and_new_code_and_repeat_the_big_zipf_cell():
     class A:
-        baseline_runs, repeats, repeats_at = 2, 3, 10**9
-    assert plan_cells(10**7, [1], ["zipf"], A, {10**7}) == [
+        baseline_runs, repeats, repeats_at, baseline_popularities = 2, 3, 10**9, "zipf"
+    assert plan_cells(10**7, [1], ["zipf", "uniform"], A, {10**7}) == [
         (10**7, 1, "zipf", "baseline", 0), (10**7, 1, "zipf", "new", 0),
-        (10**7, 1, "zipf", "baseline", 1), (10**7, 1, "zipf", "new", 1)]
+        (10**7, 1, "zipf", "baseline", 1), (10**7, 1, "zipf", "new", 1), (10**7, 1, "uniform", "new", 0)]
     assert plan_cells(10**9, [1], ["zipf", "uniform"], A, {10**7}) == [
         (10**9, 1, "zipf", "new", 0), (10**9, 1, "zipf", "new", 1), (10**9, 1, "zipf", "new", 2),
         (10**9, 1, "uniform", "new", 0)]
