@@ -18,6 +18,7 @@ COMMANDS = [
     "exporter.cli_synth",
     "exporter.cli_features",
     "server.cli",
+    "server.plan",
     "streaming.cli",
     "streaming.cli_stream_train",
 ]

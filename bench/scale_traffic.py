@@ -68,9 +68,10 @@ def _small_value(u: np.ndarray, op: str, rows: int):
     return (u * rows).astype(np.int64)
 
 
-def build_requests(total_rows: int, n_requests: int, n_candidates: int, popularity: str, seed: int = 0,
-                   exponent: float = ZIPF_EXPONENT) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """``n_requests`` pairs ``(request, candidates)`` for the synthetic spec of ``total_rows`` rows."""
+def draw_columns(total_rows: int, n_requests: int, n_candidates: int, popularity: str, seed: int = 0,
+                 exponent: float = ZIPF_EXPONENT) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The raw inputs of :func:`build_requests` as columns: request fields ``[n_requests]`` and candidate
+    fields ``[n_requests * n_candidates]`` (``item_tags``: ``[.., TAGS_PER_ITEM]``), request after request."""
     rng = np.random.default_rng([seed, POPULARITIES.index(popularity) if popularity in POPULARITIES else 9])
     huge = huge_table_rows(total_rows)
     req_small = [(n, op, r) for n, scope, op, r, _ in SMALL_TABLES if scope == "request"]
@@ -81,9 +82,19 @@ def build_requests(total_rows: int, n_requests: int, n_candidates: int, populari
     authors = ranks(item_uniform(items, 0), huge["author_id"], popularity, exponent)
     tags = np.stack([ranks(item_uniform(items, 1 + k), huge["item_tags"], popularity, exponent)
                      for k in range(TAGS_PER_ITEM)], axis=1)
-    rs = {n: _small_value(rng.random(n_requests), op, r).tolist() for n, op, r in req_small}
-    cs = {n: _small_value(item_uniform(items, 8 + k), op, r).tolist() for k, (n, op, r) in enumerate(item_small)}
-    items, authors, tags = items.tolist(), authors.tolist(), tags.tolist()
+    rs = {n: _small_value(rng.random(n_requests), op, r) for n, op, r in req_small}
+    cs = {n: _small_value(item_uniform(items, 8 + k), op, r) for k, (n, op, r) in enumerate(item_small)}
+    return {"user_id": users, **rs}, {"item_id": items, "author_id": authors, "item_tags": tags, **cs}
+
+
+def build_requests(total_rows: int, n_requests: int, n_candidates: int, popularity: str, seed: int = 0,
+                   exponent: float = ZIPF_EXPONENT) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """``n_requests`` pairs ``(request, candidates)`` for the synthetic spec of ``total_rows`` rows."""
+    req, cand = draw_columns(total_rows, n_requests, n_candidates, popularity, seed, exponent)
+    users = req.pop("user_id")
+    items, authors, tags = (cand.pop(n).tolist() for n in ("item_id", "author_id", "item_tags"))
+    rs = {n: v.tolist() for n, v in req.items()}
+    cs = {n: v.tolist() for n, v in cand.items()}
     out = []
     for i in range(n_requests):
         request = {"user_id": int(users[i]), **{n: v[i] for n, v in rs.items()}}

@@ -41,8 +41,8 @@ def test_help_builds_every_subcommand_without_heavy_imports():
     lines = r.stdout.strip().splitlines()
     assert json.loads(lines[-1]) == [], "offgraph --help imported " + lines[-1]
     listed = re.search(r"\{([a-z,-]+)\}", r.stdout)
-    assert listed and listed[1].split(",") == ["data", "train", "export", "check", "synth", "features", "serve", "update",
-                                                "stream-train"], r.stdout[:1000]
+    assert listed and listed[1].split(",") == ["data", "train", "export", "check", "synth", "features", "serve", "plan",
+                                                "update", "stream-train"], r.stdout[:1000]
 
 
 def test_help_is_fast():
