@@ -85,7 +85,7 @@ class Scorer:
         except ValueError as e:
             raise ModelDirError(f"{self.version_dir}: store does not open: {e}") from None
         pace()
-        self.row_cache = RowCache(row_cache_mb, self.dim) if row_cache_mb > 0 else None
+        self.row_cache = RowCache(row_cache_mb, self.store.codec) if row_cache_mb > 0 else None
         self._counts = {"store_rows_read": 0, "cache_hits": 0, "cache_misses": 0, "ignored_keys": 0,
                         "unknown_candidates": 0, "unusable_feature_rows": 0}
         self._counts_lock = threading.Lock()

@@ -121,9 +121,10 @@ def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray, feed=
     return vec, w, hits, read, n_found
 
 
-def _timed_read(store, tables: np.ndarray, rows: np.ndarray, parallel: bool, timing: dict | None):
+def _timed_read(store, tables: np.ndarray, rows: np.ndarray, parallel: bool, timing: dict | None,
+                records: bool = False):
     t0 = time.perf_counter()
-    out = store.read_unique(tables, rows, parallel)
+    out = (store.read_unique_records if records else store.read_unique)(tables, rows, parallel)
     if timing is not None:
         timing["store_read_seconds"] = time.perf_counter() - t0
     return out
@@ -134,13 +135,17 @@ def _cache_then_store(cache, store, tables: np.ndarray, rows: np.ndarray, epoch:
     if cache is None:
         vec, w, found = _timed_read(store, tables, rows, parallel, timing)
         return vec, w, 0, len(rows), int(found.sum())
-    hit, vec, w, _ = cache.lookup(tables, rows)
+    # the cache holds the store's records: hits and the misses' records are decoded together, once
+    hit, hit_records, _ = cache.lookup_records(tables, rows)
     miss = np.flatnonzero(~hit)
     if len(miss) == 0:
+        vec, w = store.codec.decode(hit_records)
         return vec, w, len(rows), 0, 0
     mt, mr = tables[miss], rows[miss]
-    mv, mw, found = _timed_read(store, mt, mr, parallel, timing)
-    vec[miss] = mv
-    w[miss] = mw
-    cache.insert(mt, mr, mv, mw, epoch)
+    miss_records, found = _timed_read(store, mt, mr, parallel, timing, records=True)
+    records = np.empty((len(rows), store.codec.record_bytes), dtype=np.uint8)
+    records[hit] = hit_records
+    records[miss] = miss_records  # an absent row's record is all zeros: it decodes to zeros, as read_unique's
+    vec, w = store.codec.decode(records)
+    cache.insert(mt, mr, miss_records, epoch)
     return vec, w, len(rows) - len(miss), len(miss), int(found.sum())

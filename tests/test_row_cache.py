@@ -1,4 +1,4 @@
-"""embstore.RowCache: the server's set-associative hot-row cache."""
+"""embstore.RowCache: the server's set-associative hot-row cache of store records."""
 
 import threading
 import tracemalloc
@@ -6,10 +6,15 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from embstore import RowCache
+from embstore import RowCache, get_codec
 from embstore.row_cache_impl import EMPTY
 
 D = 8
+FP32 = get_codec("fp32", D)
+
+
+def codec(dim=D):
+    return get_codec("fp32", dim)
 
 
 def rows_of(keys, dim=D, salt=0.0):
@@ -19,8 +24,17 @@ def rows_of(keys, dim=D, salt=0.0):
     return v, (k + salt).astype(np.float32)
 
 
+def recs(v, w, dim=D):
+    """fp32 records of (vectors, weights): they decode to exactly these values."""
+    return codec(dim).encode(v, w)
+
+
+def records_of(keys, dim=D, salt=0.0):
+    return recs(*rows_of(keys, dim, salt), dim=dim)
+
+
 def test_hits_return_exactly_what_was_inserted_and_misses_read_zeros():
-    c = RowCache(1, D)
+    c = RowCache(1, FP32)
     tids = np.array([0, 1, 2, 2, 7], dtype=np.uint32)
     rows = np.array([5, 5, 0, 2**48 - 1, 123456789], dtype=np.int64)
     hit, vec, w, epoch = c.lookup(tids, rows)
@@ -28,7 +42,7 @@ def test_hits_return_exactly_what_was_inserted_and_misses_read_zeros():
     rng = np.random.default_rng(0)
     v = rng.standard_normal((5, D)).astype(np.float32)
     fo = rng.standard_normal(5).astype(np.float32)
-    assert c.insert(tids, rows, v, fo, epoch) == 5
+    assert c.insert(tids, rows, recs(v, fo), epoch) == 5
     # ask in another order, with duplicates and unknown keys
     q = np.array([4, 0, 3, 3, 1, 2])
     qt = np.append(tids[q], [3, 1])
@@ -41,28 +55,35 @@ def test_hits_return_exactly_what_was_inserted_and_misses_read_zeros():
     assert s["entries"] == 5 and s["hits"] == 6 and s["misses"] == 5 + 2
 
 
-@pytest.mark.parametrize("capacity_mb,dim,ways", [(0.01, 4, 1), (0.5, 16, 4), (3.3, 16, 8), (16, 64, 2)])
-def test_memory_is_bounded_by_capacity(capacity_mb, dim, ways):
+@pytest.mark.parametrize("capacity_mb,quant,dim,ways,policy", [
+    (0.01, "fp32", 4, 1, "tinylfu"), (0.5, "int8", 16, 4, "tinylfu"), (3.3, "int8", 16, 8, "tinylfu"),
+    (3.3, "fp16", 16, 8, "lru"), (16, "fp32", 64, 2, "tinylfu")])
+def test_memory_is_bounded_by_capacity(capacity_mb, quant, dim, ways, policy):
     budget = capacity_mb * (1 << 20)
-    warm = RowCache(0.01, dim, ways=ways)  # first-call allocations of NumPy / imports are not ours
+    cod = get_codec(quant, dim)
+    zeros = cod.encode(np.zeros((4096, dim)), np.zeros(4096))
+    warm = RowCache(0.01, cod, ways=ways, policy=policy)  # first-call allocations of NumPy / imports are not ours
     _, _, _, e = warm.lookup(0, np.arange(4096))
-    warm.insert(0, np.arange(4096), np.zeros((4096, dim)), np.zeros(4096), e)
+    warm.insert(0, np.arange(4096), zeros, e)
     warm.invalidate(0, np.arange(0, 4096, 7))
     rng = np.random.default_rng(1)
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        c = RowCache(capacity_mb, dim, ways=ways)
+        c = RowCache(capacity_mb, cod, ways=ways, policy=policy)
         s = c.stats()
         assert s["bytes"] <= budget
         assert s["bytes"] > 0.97 * budget - 1000  # and it uses what it was given
-        assert s["capacity_rows"] % ways == 0 and s["capacity_rows"] > 0.97 * budget / (4 * dim + 28) - ways
+        # the arena holds records as stored (int8 D=16: 21 bytes), plus the key and one byte (LRU: 8) of state
+        per_row = 8 + cod.record_bytes + (1 + 6 if policy == "tinylfu" else 8) + 8 / ways
+        assert c.bytes_per_row == pytest.approx(per_row)
+        assert s["capacity_rows"] % ways == 0 and s["capacity_rows"] > 0.97 * budget / per_row - ways
         # fill it many times over: entries never exceed capacity, nothing grows
         n = s["capacity_rows"] * 3
         for start in range(0, n, 4096):
             keys = np.arange(start, min(n, start + 4096))
             _, _, _, e = c.lookup(0, keys)
-            c.insert(0, keys, rng.standard_normal((len(keys), dim)), np.zeros(len(keys)), e)
+            c.insert(0, keys, cod.encode(rng.standard_normal((len(keys), dim)), np.zeros(len(keys))), e)
             c.invalidate(0, keys[::7])
         assert 0.5 * s["capacity_rows"] < c.stats()["entries"] <= s["capacity_rows"]
         assert c.stats()["bytes"] == s["bytes"]
@@ -75,30 +96,36 @@ def test_memory_is_bounded_by_capacity(capacity_mb, dim, ways):
 
 def test_capacity_and_key_validation():
     with pytest.raises(ValueError, match="capacity_mb must be a number > 0"):
-        RowCache(0, D)
+        RowCache(0, FP32)
     with pytest.raises(ValueError, match="cannot hold one set"):
-        RowCache(1e-6, D)
+        RowCache(1e-6, FP32)
     with pytest.raises(ValueError, match="ways must be"):
-        RowCache(1, D, ways=0)
-    c = RowCache(1, D)
+        RowCache(1, FP32, ways=0)
+    with pytest.raises(ValueError, match="codec must be a store codec"):
+        RowCache(1, D)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        RowCache(1, FP32, policy="fifo")
+    c = RowCache(1, FP32)
     with pytest.raises(ValueError, match="table id 65535 > 65534"):
         c.lookup([0xFFFF], [1])
     with pytest.raises(ValueError, match="2\\*\\*48"):
         c.lookup([0], [2**48])
     with pytest.raises(ValueError, match=">= 0"):
         c.lookup([0], [-1])
-    with pytest.raises(ValueError, match="needs vectors"):
-        c.insert([0], [1], np.zeros((1, D + 1)), np.zeros(1), 0)
+    with pytest.raises(ValueError, match="records must be uint8"):
+        c.insert([0], [1], np.zeros((1, FP32.record_bytes + 1), np.uint8), 0)
+    with pytest.raises(ValueError, match="needs records"):
+        c.insert([0, 1], [1, 1], np.zeros((1, FP32.record_bytes), np.uint8), 0)
     # uncacheable keys are ignored by invalidate (they can never be cached)
     assert c.invalidate([0xFFFF, 0], [1, 2**60]) == 0
 
 
 def test_invalidate_removes_only_those_keys():
-    c = RowCache(1, D)
+    c = RowCache(1, FP32)
     keys = np.arange(100)
     v, w = rows_of(keys)
     _, _, _, e = c.lookup(3, keys)
-    c.insert(3, keys, v, w, e)
+    c.insert(3, keys, recs(v, w), e)
     assert c.invalidate(3, [10, 20, 20, 999]) == 2  # 999 was never cached
     hit, vec, ww, _ = c.lookup(3, keys)
     assert hit.sum() == 98 and not hit[10] and not hit[20]
@@ -106,7 +133,7 @@ def test_invalidate_removes_only_those_keys():
     assert c.stats()["entries"] == 98
     # other tables with the same row numbers are other keys
     _, _, _, e = c.lookup(4, [10])
-    c.insert(4, [10], *rows_of([1]), e)
+    c.insert(4, [10], records_of([1]), e)
     c.invalidate(3, [10])
     assert c.lookup(4, [10])[0].all()
     c.clear()
@@ -116,31 +143,31 @@ def test_invalidate_removes_only_those_keys():
 def test_insert_after_a_later_invalidation_is_skipped():
     """The stale race: read a row (cache miss, epoch e), the row is updated and
     invalidated, THEN the old value arrives at insert(e): it must not be cached."""
-    c = RowCache(1, D)
+    c = RowCache(1, FP32)
     hit, _, _, e = c.lookup(1, [42])
     assert not hit[0]
     old_v, old_w = rows_of([42])
     c.invalidate(1, [42])  # the update lands while the store read is in flight
-    assert c.insert(1, [42], old_v, old_w, e) == 0
+    assert c.insert(1, [42], recs(old_v, old_w), e) == 0
     assert not c.lookup(1, [42])[0][0]
     # a lookup after the invalidation gets a newer epoch: its read may be cached
     _, _, _, e2 = c.lookup(1, [42])
     assert e2 > e
     new_v, new_w = rows_of([42], salt=0.5)
-    assert c.insert(1, [42], new_v, new_w, e2) == 1
+    assert c.insert(1, [42], recs(new_v, new_w), e2) == 1
     hit, vec, w, _ = c.lookup(1, [42])
     assert hit[0] and np.array_equal(vec, new_v) and np.array_equal(w, new_w)
     # invalidating an already cached key also refuses older reads of it
     _, _, _, e3 = c.lookup(1, [42])
     c.invalidate(1, [42])
-    assert c.insert(1, [42], old_v, old_w, e3) == 0
+    assert c.insert(1, [42], recs(old_v, old_w), e3) == 0
     # ... but not reads of keys in other sets
     a = c._a
     from embstore.keys import combine_keys, splitmix64
 
     s42 = int(splitmix64(combine_keys(1, [42]))[0] % np.uint64(a.sets))
     other = next(r for r in range(1000) if int(splitmix64(combine_keys(1, [r]))[0] % np.uint64(a.sets)) != s42)
-    assert c.insert(1, [other], *rows_of([other]), e3) == 1
+    assert c.insert(1, [other], records_of([other]), e3) == 1
 
 
 def test_sequential_ops_match_a_dict_model():
@@ -148,7 +175,7 @@ def test_sequential_ops_match_a_dict_model():
     evictions) against a dict: a hit is always the latest inserted, never
     invalidated value of that key; nothing else ever hits."""
     rng = np.random.default_rng(7)
-    c = RowCache(0.002, 4, ways=2)  # ~40 rows for ~150 keys
+    c = RowCache(0.002, codec(4), ways=2)  # ~40 rows for ~150 keys
     assert c.capacity_rows < 60
     ref: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
     hits = 0
@@ -174,7 +201,7 @@ def test_sequential_ops_match_a_dict_model():
             stored_first = {}
             for i in np.flatnonzero(miss):
                 stored_first.setdefault((int(t[i]), int(r[i])), i)
-            c.insert(t[miss], r[miss], vals[miss], ws[miss], e)
+            c.insert(t[miss], r[miss], recs(vals[miss], ws[miss], 4), e)
             for key, i in stored_first.items():
                 ref[key] = (vals[i], float(ws[i]))  # may have been evicted: a later miss is fine
         elif op < 0.85:
@@ -186,7 +213,7 @@ def test_sequential_ops_match_a_dict_model():
             _, _, _, e = c.lookup(t[:0], r[:0])
             vals = rng.standard_normal((n, 4)).astype(np.float32)
             ws = rng.standard_normal(n).astype(np.float32)
-            c.insert(t, r, vals, ws, e)
+            c.insert(t, r, recs(vals, ws, 4), e)
             first = {}
             for i in range(n):
                 first.setdefault((int(t[i]), int(r[i])), i)
@@ -205,7 +232,7 @@ def test_interleaved_readers_and_updates_never_serve_a_stale_row():
     later and insert them with their lookup epoch. At every lookup, a hit must equal
     the store's CURRENT value."""
     rng = np.random.default_rng(3)
-    c = RowCache(0.003, 2, ways=4)
+    c = RowCache(0.003, codec(2), ways=4)
     store = {k: float(k) for k in range(80)}
     version = 0
     inflight = []  # (keys, epoch, values read or None)
@@ -228,7 +255,7 @@ def test_interleaved_readers_and_updates_never_serve_a_stale_row():
                 inflight[i] = (keys, e, np.array([store[k] for k in keys.tolist()], np.float32))
             else:  # the insert happens now
                 inflight.pop(i)
-                c.insert(0, keys, np.stack([vals, -vals], 1), vals, e)
+                c.insert(0, keys, recs(np.stack([vals, -vals], 1), vals, 2), e)
         elif op < 0.95:
             keys = np.unique(rng.integers(0, 80, int(rng.integers(1, 4))))
             version += 1
@@ -241,7 +268,7 @@ def test_interleaved_readers_and_updates_never_serve_a_stale_row():
 
 
 def test_concurrent_threads_keep_the_cache_consistent():
-    c = RowCache(0.05, D)
+    c = RowCache(0.05, FP32)
     errors = []
 
     def worker(seed):
@@ -254,7 +281,7 @@ def test_concurrent_threads_keep_the_cache_consistent():
                 want_v, want_w = rows_of(keys)
                 if not (np.array_equal(vec[hit], want_v[hit]) and np.array_equal(w[hit], want_w[hit])):
                     errors.append("wrong value")
-                c.insert(seed % 3, keys[~hit], want_v[~hit], want_w[~hit], e)
+                c.insert(seed % 3, keys[~hit], recs(want_v[~hit], want_w[~hit]), e)
                 if rng.random() < 0.2:
                     c.invalidate(seed % 3, keys[:5])
         except Exception as ex:  # noqa: BLE001
@@ -270,18 +297,19 @@ def test_concurrent_threads_keep_the_cache_consistent():
     assert s["hits"] > 0 and s["entries"] == np.count_nonzero(c._a.keys != EMPTY) <= s["capacity_rows"]
 
 
-def test_hot_keys_are_the_most_recently_used_first():
-    c = RowCache(1, D)
+@pytest.mark.parametrize("policy,want", [("tinylfu", [7, 42]), ("lru", [42, 7])])
+def test_hot_keys_are_the_most_frequently_used_first(policy, want):
+    """What a new version warms with: the hottest rows first (TinyLFU: most frequent; LRU: most recent)."""
+    c = RowCache(1, FP32, policy=policy)
     rows = np.arange(100, dtype=np.int64)
     _, _, _, epoch = c.lookup(np.uint32(3), rows)
-    c.insert(np.full(100, 3, np.uint32), rows, *rows_of(rows), epoch)
-    c.lookup(np.uint32(3), rows[[42]])  # then 7, then 42 used last
-    c.lookup(np.uint32(3), rows[[7]])
-    c.lookup(np.uint32(3), rows[[42]])
+    c.insert(np.full(100, 3, np.uint32), rows, records_of(rows), epoch)
+    for r in (7, 7, 7, 42):  # 7 used most often, 42 last
+        c.lookup(np.uint32(3), rows[[r]])
     t, r = c.hot_keys(2)
-    assert t.tolist() == [3, 3] and r.tolist() == [42, 7]
+    assert t.tolist() == [3, 3] and r.tolist() == want
     t, r = c.hot_keys(1000)
-    assert len(r) == 100 and sorted(r.tolist()) == list(range(100)) and r[0] == 42
+    assert len(r) == 100 and sorted(r.tolist()) == list(range(100)) and r[0] == want[0]
     assert len(c.hot_keys(0)[1]) == 0
     with pytest.raises(ValueError, match="limit must be an int >= 0"):
         c.hot_keys(-1)
@@ -289,8 +317,8 @@ def test_hot_keys_are_the_most_recently_used_first():
 
 @pytest.mark.parametrize("limit", [1, 5, 37, 500, 999, 1000, 5000])
 def test_hot_key_selection_equals_a_full_sort(limit):
-    """The selection partitions once at the limit-th newest clock (ties there, batch inserts share a
-    clock, and empty slots, -1, included): it must equal sorting every used slot by recency."""
+    """The selection partitions once at the limit-th highest score (ties there, many slots share a
+    frequency, and empty slots, -1, included): it must equal sorting every used slot by score."""
     from embstore.row_cache_impl import hot_keys
 
     rng = np.random.default_rng(limit)

@@ -211,7 +211,7 @@ def test_follow_maps_existing_feed_releases_covered_epochs_and_validates_args(ve
         assert sorted(pos.tolist()) == [0, 1, 2]
         np.testing.assert_array_equal(vec[np.argsort(pos)], want_v)
         # a cached copy of row 4 (read from the store), then a new writer: epoch 2, row 4 changed
-        s.row_cache.insert(np.array([3]), np.array([4]), np.zeros((1, s.dim), np.float32), np.zeros(1, np.float32),
+        s.row_cache.insert(np.array([3]), np.array([4]), np.zeros((1, s.store.codec.record_bytes), np.uint8),
                            s.row_cache.epoch)
         with open_store(store_dir, mode="w") as st2:
             v4, w4 = st2.read(3, [4])
