@@ -23,8 +23,15 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                                                    "complete version")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8500)
+    p.add_argument("--memory-mb", type=float, default=server("memory_mb"),
+                   help="what the caches of EACH worker process may hold, in MiB, all its models together (default "
+                        "%(default)g: a worker then stays within 1 GB of PSS, TensorFlow included). Each model gets "
+                        "an even share, split over its row cache (the big share), its store's block cache (the "
+                        "version's index), its FG item cache and its write-feed mappings; logged at start, on "
+                        "/metrics and in GET /v1/models/NAME")
     p.add_argument("--cache-mb", type=float, default=server("cache_mb"),
-                   help="row-cache budget in MiB, split between the models (default %(default)g)")
+                   help="row cache of the whole server in MiB instead of its share of --memory-mb, split between "
+                        "the workers and the models (default: the share); the other parts keep theirs")
     p.add_argument("--max-candidates", type=int, default=server("max_candidates"),
                    help="most candidates per request (default %(default)s)")
     p.add_argument("--max-body-mb", type=float, default=server("max_body_bytes") / MiB,
@@ -51,7 +58,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=server("workers"),
                    help="server processes sharing the port (default %(default)s). One Python process scores on about "
                         "one core; use about one worker per core the server may use. Admin actions reach every "
-                        "worker; metrics are summed; --cache-mb is split between the workers")
+                        "worker; metrics are summed; each worker has its own --memory-mb")
     p.add_argument("--score-threads", type=int, default=server("score_threads"),
                    help="threads running the scorer in each worker (default %(default)s: the scorer holds the GIL for "
                         "most of a request, so more threads mostly add contention)")
@@ -87,7 +94,8 @@ def run(args) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     pin_cpus(args.cpus)  # first: every thread and worker process inherits it
     config = ServerConfig(
-        models_dir=args.models, cache_mb=args.cache_mb, max_candidates=args.max_candidates,
+        models_dir=args.models, memory_mb=args.memory_mb, cache_mb=args.cache_mb,
+        max_candidates=args.max_candidates,
         max_body_bytes=int(args.max_body_mb * 2**20), poll_seconds=args.poll_seconds,
         max_request_values=args.max_request_values,
         http=HttpLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,

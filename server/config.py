@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from offgraph_config import ConfigModel, option
+from server.memory_budget import DEFAULT_MEMORY_MB, MemorySplit, split_memory
 
 ADMIN_TOKEN_ENV = "OFFGRAPH_ADMIN_TOKEN"
 MiB = 1 << 20
@@ -39,8 +40,14 @@ class ServerConfig(ConfigModel, frozen=True):
     """Settings of one server process.
 
     models_dir: MODELS; every ``MODELS/<name>/`` with a complete version is served.
-    cache_mb: row-cache budget (MiB) of the whole server, split evenly between the models
-        (each scorer gets ``cache_mb / number of models`` as ``row_cache_mb``).
+    memory_mb: what the caches of ONE worker process may hold (MiB), all its models together: each
+        model gets ``memory_mb / number of models``, split over its row cache (the big share), its
+        store's RocksDB block cache (the version's index), its FG item cache and its feed mappings
+        (``server.memory_budget.split_memory``). The process's own memory (Python, TensorFlow, the
+        dense models) comes on top: the default keeps a worker within 1 GB of PSS.
+    cache_mb: None, or the row cache's size (MiB) of the whole server instead of its share of
+        ``memory_mb``: split evenly between the workers and the models (each scorer gets
+        ``cache_mb / workers / models``); the other parts keep their share of ``memory_mb``.
     max_candidates: most candidates in one score request.
     max_body_bytes: largest request body (Content-Length and streamed size).
     max_request_values: most feature values one score request may hold (request fields once,
@@ -58,7 +65,7 @@ class ServerConfig(ConfigModel, frozen=True):
         writer: plain file reads, ``embstore.follower``).
     catch_up_s: how often a scorer's RocksDB secondary catches up with the writer (each catch-up
         holds the GIL for milliseconds per shard, so rarely; the feed keeps rows fresh meanwhile).
-    item_cache_size: per-model FG item cache (items).
+    item_cache_size: None, or the per-model FG item cache (items) instead of its share of ``memory_mb``.
     warmup_candidates: candidates in the warm-up request of a freshly loaded version.
     warmup_rows: a version that replaces another first reads up to this many of the serving
         version's most recently used rows (its row cache) into its own row cache and block cache,
@@ -87,7 +94,8 @@ class ServerConfig(ConfigModel, frozen=True):
     """
 
     models_dir: LaxPath = option(flag="--models")
-    cache_mb: float = option(128.0, ge=0, flag="--cache-mb")
+    memory_mb: float = option(DEFAULT_MEMORY_MB, gt=0, flag="--memory-mb")
+    cache_mb: float | None = option(None, ge=0, flag="--cache-mb")
     max_candidates: int = option(2000, ge=1, flag="--max-candidates")
     max_body_bytes: int = option(8 * MiB, ge=1024, flag="--max-body-mb")
     max_request_values: int = option(100_000, ge=1, flag="--max-request-values")
@@ -99,7 +107,7 @@ class ServerConfig(ConfigModel, frozen=True):
     inter_threads: int | None = option(None, ge=1, flag="--inter-threads")
     follow_interval_s: float = option(0.05, ge=0.001, flag="--follow-seconds")
     catch_up_s: float = option(30.0, ge=0.01, flag="--catch-up-seconds")
-    item_cache_size: int = Field(100_000, ge=0)
+    item_cache_size: int | None = Field(None, ge=0)
     warmup_candidates: int = Field(200, ge=1)
     warmup_rows: int = option(100_000, ge=0, flag="--warmup-rows")
     load_share: float = option(0.25, gt=0, le=1, flag="--load-share")
@@ -130,6 +138,13 @@ class ServerConfig(ConfigModel, frozen=True):
         if self.workers > 1 and self.control_dir is None:
             raise ValueError("several workers need a control_dir (admin actions are shared there)")
         return self
+
+    def memory_split(self, models: int, index_mb: float = 0.0) -> MemorySplit:
+        """One model's share of this process's memory budget, with ``models`` models served, its version's
+        index needing ``index_mb`` (``server.memory_budget``)."""
+        models = max(1, models)
+        row = None if self.cache_mb is None else self.cache_mb / models
+        return split_memory(self.memory_mb, models, index_mb=index_mb, row_cache_mb=row)
 
     @staticmethod
     def admin_token_from_env() -> str | None:

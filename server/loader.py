@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from embstore.prefetch import SERVING_DISK_SHARE, Prefetcher, decide, store_files, store_reads_direct
-from exporter.manifest import STORE_DIR
+from exporter.manifest import STORE_DIR, load_manifest
 from server.scorer import Scorer
 from server.config import ServerConfig
+from server.memory_budget import MemorySplit, manifest_index_mb
 from server.pacing import Pacer
 from server.served import ServedVersion
 
@@ -86,9 +87,20 @@ def start_prefetch(version_dir: Path, config: ServerConfig, serving: bool) -> Pr
     return pf.start()
 
 
-def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
+def memory_split(version_dir: Path, config: ServerConfig, models: int) -> MemorySplit:
+    """This version's share of the process's memory budget (``ServerConfig.memory_split``), its block
+    cache sized by the index its manifest's rows need."""
+    try:
+        index = manifest_index_mb(load_manifest(version_dir, verify_dense=False))
+    except (KeyError, TypeError, ValueError):  # a bad manifest is refused by the Scorer, with the reason
+        index = 0.0
+    return config.memory_split(models, index)
+
+
+def open_version(version_dir: Path, config: ServerConfig, models: int = 1,
                  hot: dict | None = None, pacer: Pacer | None = None, serving: bool = False) -> ServedVersion:
-    """Load, warm up and return one version; raises whatever made it unservable. First its store
+    """Load, warm up and return one version, given its share of the memory budget with ``models``
+    models served (``memory_split``); raises whatever made it unservable. First its store
     files are read into the page cache when ``config.prefetch_store`` says so (``start_prefetch``,
     waiting at most ``PREFETCH_WAIT_S``). ``hot``: what the serving version used last
     (``Scorer.hot_rows``: its most recently used rows and FG items), read into this version's row
@@ -98,6 +110,9 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
     to ``config.prefetch_mb_s``; with nothing serving it reads as fast as the disk goes."""
     t0 = time.perf_counter()
     pace = pacer.tick if pacer is not None else None
+    split = memory_split(version_dir, config, models)
+    log.info("%s: memory budget %.0f MiB over %d model(s): %s", version_dir, split.memory_mb, split.models,
+             split.describe())
     # The files are read in before the store opens: opening, verification seeks and warm-up reads
     # hold the GIL, and a cold read of a virtual disk can take 100s of ms, which every request of
     # a serving version would wait out; and a version serving from a cold store answers its first
@@ -110,9 +125,11 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
                         prefetcher.done_bytes / 2**20, prefetcher.total_bytes / 2**20, PREFETCH_WAIT_S)
         if pacer is not None:
             pacer.skip()  # waiting for the disk took no CPU: the load's first step owes no pause for it
-        scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=row_cache_mb,
+        item_cache = split.item_cache_items if config.item_cache_size is None else config.item_cache_size
+        scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=split.row_cache_mb,
+                        block_cache_mb=split.block_cache_mb, item_cache_size=item_cache,
                         follow_interval_s=config.follow_interval_s, catch_up_s=config.catch_up_s,
-                        item_cache_size=config.item_cache_size, max_request_values=config.max_request_values,
+                        max_request_values=config.max_request_values,
                         verify=config.verify, store_statistics=True, pace=pace)
         verify_store(scorer, pace)
         items = scorer.warm_features(hot, pace)  # before warm-up: adopting replaces the FG's item state
@@ -130,4 +147,4 @@ def open_version(version_dir: Path, config: ServerConfig, row_cache_mb: float,
         if scorer is not None:
             scorer.close()
         raise
-    return ServedVersion(scorer, time.perf_counter() - t0, row_cache_mb, prefetcher)
+    return ServedVersion(scorer, time.perf_counter() - t0, split, prefetcher)

@@ -125,6 +125,21 @@ def _model_figures(models: ModelRegistry):
         yield h.name, v or 0, counts, ratio, fresh
 
 
+MEMORY_BUDGET = ("offgraph_memory_budget_bytes", "Bytes each part of a model's memory budget may hold in a worker "
+                 "(--memory-mb split: row_cache, block_cache, item_cache estimated, feed)")
+MEMORY_USED = ("offgraph_memory_used_bytes", "Bytes each part of a model's memory budget holds now (the row cache's "
+               "arena, RocksDB's block-cache usage, FG items held at an estimated size, the feed's mapped epochs)")
+
+
+def _memory_figures(models: ModelRegistry):
+    """Per serving model and part: (name, part, budget bytes, bytes in use)."""
+    for h in models.all():
+        mem = h.memory()
+        if mem is not None:
+            for part, budget in mem["budget_bytes"].items():
+                yield h.name, part, budget, mem["used_bytes"][part]
+
+
 class _ModelCollector:
     """Loaded versions and cumulative store counters, read from the registry at scrape time."""
 
@@ -141,6 +156,10 @@ class _ModelCollector:
         ratio = GaugeMetricFamily("offgraph_row_cache_hit_ratio", "Row-cache hits / lookups since start",
                                   labels=["model"])
         fresh = GaugeMetricFamily("offgraph_store_freshness_seconds", FRESHNESS_HELP, labels=["model"])
+        budget, used = (GaugeMetricFamily(*m, labels=["model", "part"]) for m in (MEMORY_BUDGET, MEMORY_USED))
+        for name, part, b, u in _memory_figures(self.models):
+            budget.add_metric([name, part], b)
+            used.add_metric([name, part], u)
         for name, v, counts, hit_ratio, freshness in _model_figures(self.models):
             version.add_metric([name], v)
             for k, family in counters.items():
@@ -148,7 +167,7 @@ class _ModelCollector:
             ratio.add_metric([name], hit_ratio)
             if freshness is not None:
                 fresh.add_metric([name], freshness)
-        yield from (version, *counters.values(), ratio, fresh)
+        yield from (version, *counters.values(), ratio, fresh, budget, used)
 
 
 class _ModelPublisher:
@@ -164,9 +183,15 @@ class _ModelPublisher:
                            multiprocess_mode="livemax", registry=registry)
         self.ratio = Gauge("offgraph_row_cache_hit_ratio", "Row-cache hits / lookups since start, per worker "
                            "(pid label)", ["model"], multiprocess_mode="liveall", registry=registry)
+        # summed over the workers: each holds its own budget
+        self.budget, self.used = (Gauge(*m, ["model", "part"], multiprocess_mode="livesum", registry=registry)
+                                  for m in (MEMORY_BUDGET, MEMORY_USED))
         self._done: dict[tuple[str, str], float] = {}  # counts already added, per (model, counter)
 
     def publish(self) -> None:
+        for name, part, b, u in _memory_figures(self.models):
+            self.budget.labels(name, part).set(b)
+            self.used.labels(name, part).set(u)
         for name, v, counts, hit_ratio, freshness in _model_figures(self.models):
             for k, counter in self.counters.items():
                 delta = counts[k] - self._done.get((name, k), 0.0)

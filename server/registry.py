@@ -27,7 +27,7 @@ from server.control import Control, Policy, load_admin_policy, save_admin_policy
 from server.loader import open_version
 from server.pacing import Pacer
 from server.refusals import may_retry, refuse, version_signature
-from server.served import ModelHolder, ServedVersion, scorer_stats
+from server.served import ModelHolder, ServedVersion, memory_status, scorer_stats
 from streaming.status_file import read_status
 
 log = logging.getLogger("offgraph.server")
@@ -127,8 +127,6 @@ class ModelRegistry:
             holder.scans += 1
         self.initial_scan_done = True
 
-    def _row_cache_mb(self) -> float:
-        return self.config.cache_mb / max(1, len(self.holders))
 
     def _hot_rows(self, holder: ModelHolder) -> dict | None:
         """The serving version's most recently used rows (``--warmup-rows`` at most), to warm the next."""
@@ -156,7 +154,7 @@ class ModelRegistry:
             pacer = Pacer(self.config.load_share if serving else 1.0)
             hot = self._hot_rows(holder)
             pacer.tick()
-            sv = open_version(vdir, self.config, self._row_cache_mb(), hot, pacer, serving=serving)
+            sv = open_version(vdir, self.config, len(self.holders), hot, pacer, serving=serving)
         except Exception as e:  # noqa: BLE001 - whatever it is, this version must not serve
             reason = f"{type(e).__name__}: {e}"
             holder.refused[version] = refuse(holder.refused.get(version), reason, signature,
@@ -364,6 +362,7 @@ class ModelRegistry:
                       "in_flight": sv.in_flight, "quantization": store.get("quant"), "shards": store.get("shards"),
                       "embedding_dim": m.get("embedding_dim"), "row_counts": row_counts,
                       "total_rows": sum(row_counts.values()), "row_cache_mb": sv.row_cache_mb,
+                      "memory": memory_status(sv),
                       "created_at": m.get("created_at"), "training": training, "store": stats,
                       "training_loss": sv.scorer.training_loss, "score_kind": sv.scorer.score_kind}
         spec = sv.scorer.spec if sv is not None else None

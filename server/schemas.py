@@ -172,6 +172,35 @@ class StoreStatus(BaseModel):
     changes_applied: int | None = None
 
 
+class MemoryParts(BaseModel):
+    row_cache: int
+    block_cache: int
+    item_cache: int
+    feed: int
+
+
+class MemorySplitStatus(BaseModel):
+    memory_mb: float = Field(description="The worker process's budget (--memory-mb), all its models together.")
+    models: int = Field(description="Models sharing it: each gets memory_mb / models.")
+    row_cache_mb: float
+    block_cache_mb: int
+    item_cache_items: int
+    feed_mb: float
+    index_mb: float = Field(description="What the version's index needs (estimated from its manifest), held "
+                                        "by the block cache.")
+    model_mb: float = Field(description="This model's parts together.")
+
+
+class MemoryStatus(BaseModel):
+    """The version's share of its worker's memory budget (``server.memory_budget``) and what each part holds."""
+    split: MemorySplitStatus
+    budget_bytes: MemoryParts = Field(description="Bytes each part may hold (the FG item cache: its items at "
+                                                  "an estimated size).")
+    used_bytes: MemoryParts = Field(description="Bytes each part holds now, in this worker: the row cache's "
+                                                "arena, the block cache's usage, the FG items held (estimated), "
+                                                "the write feed's mapped epochs.")
+
+
 class LoadedVersion(BaseModel):
     version: int
     state: Literal["serving"] = "serving"
@@ -184,6 +213,7 @@ class LoadedVersion(BaseModel):
     row_counts: dict[str, int]
     total_rows: int
     row_cache_mb: float
+    memory: MemoryStatus | None = None
     created_at: str | None
     training: dict[str, Any] | None = Field(description="Held-out metrics and config of the training run.")
     store: StoreStatus

@@ -32,6 +32,8 @@ from server.calibration import calibrate, score_kind
 from server.metrics import STORE_READ_SECONDS
 from server.dense import load_dense
 from embstore.follower import NOT_FOLLOWING, Activity, Follower
+from embstore.feed_impl import file_bytes as feed_file_bytes
+from server.memory_budget import ITEM_BYTES
 from exporter.manifest import (DENSE_DIR, ModelDirError, complete_versions, load_manifest, open_version_store,
                                training_loss)
 from features.fg import FeatureGenerator, FeatureValueError
@@ -251,6 +253,16 @@ class Scorer:
         else:
             out.update(NOT_FOLLOWING)
         return out
+
+    def memory_in_use(self) -> dict[str, int]:
+        """Bytes each part of the memory budget holds now (``server.memory_budget``): ``row_cache`` (its
+        arena), ``block_cache`` (RocksDB's usage), ``item_cache`` (FG items held, at ``ITEM_BYTES`` each:
+        an estimate) and ``feed`` (the write feed's epochs mapped)."""
+        feed = self._follower.feed.epochs if self._follower is not None else []
+        return {"row_cache": int(self.row_cache.stats()["bytes"]) if self.row_cache is not None else 0,
+                "block_cache": int(self.store.cache_usage()),
+                "item_cache": len(self.fg._cache) * ITEM_BYTES,  # noqa: SLF001 - the FG's own bounded cache
+                "feed": sum(feed_file_bytes(ep.slots, ep.rb) for ep in feed)}
 
     def close(self) -> None:
         if self._follower is not None:

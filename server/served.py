@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from embstore import StoreReadError
+from server.memory_budget import MemorySplit
 from server.pacing import Pacer
 
 log = logging.getLogger("offgraph.server")
@@ -47,16 +48,28 @@ def scorer_stats(scorer) -> dict[str, Any]:
     return dict(scorer.stats())
 
 
+def memory_status(sv: "ServedVersion") -> dict[str, Any]:
+    """A served version's memory budget and what its parts hold now: ``{"split": MemorySplit.to_dict(),
+    "budget_bytes": {part: bytes}, "used_bytes": {part: bytes}}`` (parts: ``server.memory_budget.PARTS``)."""
+    return {"split": sv.memory.to_dict(), "budget_bytes": sv.memory.budget_bytes(),
+            "used_bytes": sv.scorer.memory_in_use()}
+
+
 class ServedVersion:
     """One loaded model version. ``acquire``/``release`` go through the holder's lock."""
 
-    def __init__(self, scorer, load_seconds: float, row_cache_mb: float, prefetcher=None):
+    def __init__(self, scorer, load_seconds: float, memory: MemorySplit | float, prefetcher=None):
+        """``memory``: the version's share of the memory budget (a float: a row cache of that size only)."""
         self.scorer = scorer
         self.prefetcher = prefetcher  # embstore.prefetch.Prefetcher still reading its files, or None
         self.version: int = int(scorer.version)
         self.loaded_at = time.time()
         self.load_seconds = load_seconds
-        self.row_cache_mb = row_cache_mb
+        if not isinstance(memory, MemorySplit):
+            memory = MemorySplit(memory_mb=float(memory), models=1, row_cache_mb=float(memory), block_cache_mb=0,
+                                 item_cache_items=0, feed_mb=0.0, index_mb=0.0)
+        self.memory = memory
+        self.row_cache_mb = memory.row_cache_mb
         self.in_flight = 0
         self.retired = False
         self.closed = False
@@ -207,6 +220,11 @@ class ModelHolder:
             if k in stats:
                 totals[k] = stats[k]
         return (sv.version if sv is not None else None), totals
+
+    def memory(self) -> dict[str, Any] | None:
+        """The serving version's ``memory_status``, or None when none serves."""
+        sv = self.current
+        return memory_status(sv) if sv is not None and not sv.closed else None
 
     @property
     def state(self) -> str:

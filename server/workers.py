@@ -2,7 +2,7 @@
 
 One Python process scores on about one core (the GIL), so a server uses a machine's
 cores by running several. Each worker is a full ``create_app`` server with its own
-scorers and row cache (``--cache-mb`` is split between the workers); each binds the
+scorers and caches (``--memory-mb`` is each worker's; ``--cache-mb`` is split between them); each binds the
 port with ``SO_REUSEPORT``, so the kernel spreads connections over the workers.
 Before the workers start, the port is bound once WITHOUT ``SO_REUSEPORT``: a port in
 use by anything (another ``offgraph serve`` included) is an error, never a silently
@@ -98,7 +98,7 @@ class Supervisor:
         self.tmp = Path(tempfile.mkdtemp(prefix="offgraph-serve-"))
         (self.tmp / "prometheus").mkdir()
         self.config = config.replace(workers=workers, control_dir=self.tmp / "control",
-                                     cache_mb=config.cache_mb / workers)
+                                     cache_mb=None if config.cache_mb is None else config.cache_mb / workers)
         self.ctx = multiprocessing.get_context("spawn")
         self.procs: dict[int, multiprocessing.process.BaseProcess] = {}
         self.started: dict[int, float] = {}
@@ -122,8 +122,8 @@ class Supervisor:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.tmp / "prometheus")
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
-        log.info("serving on http://%s:%d with %d workers (row cache %.0f MiB each)", self.host, self.port,
-                 self.workers, self.config.cache_mb)
+        log.info("serving on http://%s:%d with %d workers (memory budget %.0f MiB each)", self.host, self.port,
+                 self.workers, self.config.memory_mb)
         rc = 0
         try:
             for i in range(self.workers):

@@ -40,7 +40,7 @@ def test_a_version_loaded_while_serving_is_read_in_before_its_store_opens_and_no
     pacer = Pacer(0.25)
     caplog.set_level(logging.INFO, logger="offgraph.server")
     t0 = time.perf_counter()
-    sv = open_version(vdir, config, row_cache_mb=8, pacer=pacer, serving=True)
+    sv = open_version(vdir, config, pacer=pacer, serving=True)
     elapsed = time.perf_counter() - t0
     try:
         pf = sv.prefetcher
@@ -66,7 +66,7 @@ def test_with_nothing_serving_the_prefetch_ignores_the_rate_limit_and_ends_befor
     config = ServerConfig(models_dir=models, prefetch_store="on", prefetch_mb_s=total / 2**20 / slow_s)
     caplog.set_level(logging.INFO, logger="offgraph.server")
     t0 = time.perf_counter()
-    sv = open_version(vdir, config, row_cache_mb=8, serving=False)
+    sv = open_version(vdir, config, serving=False)
     try:
         assert time.perf_counter() - t0 < slow_s / 2
         pf = sv.prefetcher
@@ -83,7 +83,7 @@ def test_with_nothing_serving_the_prefetch_ignores_the_rate_limit_and_ends_befor
 def test_prefetch_off_reads_nothing(tiny_model, tmp_path, caplog):
     models, vdir, total = _cold_version(tiny_model, tmp_path)
     caplog.set_level(logging.INFO, logger="offgraph.server")
-    sv = open_version(vdir, ServerConfig(models_dir=models, prefetch_store="off"), row_cache_mb=8)
+    sv = open_version(vdir, ServerConfig(models_dir=models, prefetch_store="off"))
     try:
         assert sv.prefetcher is None
         assert any("store not prefetched" in m for m in _messages(caplog))
