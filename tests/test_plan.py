@@ -9,10 +9,10 @@ import uuid
 import pytest
 
 import offgraph_cli
-from embstore.cache_sim import bench_trace, replay
+from embstore.cache_sim import bench_trace, replay, trace_of
 from embstore.quant import get_codec
 from embstore.row_cache import RowCache
-from server.plan import Device, read_time, synth_trace
+from server.plan import Device, read_time, sampled, steady_hit_ratio, synth_trace
 from test_prefetch import cold_file
 
 DEV = Device(qd1_ms=0.1, qd8_ms=0.3, qd8_reads_per_s=20000)
@@ -147,3 +147,41 @@ def test_plan_probes_a_store_on_disk_and_refuses_one_in_memory(tmp_path, capsys)
     finally:
         shutil.rmtree(shm)
     assert rc == 2 and "tmpfs, held in memory" in err and out == ""
+
+
+def test_the_miniature_simulation_counts_the_misses_of_the_whole_cache():
+    """A 1/8 spatial sample of the keys through a cache of 1/8 the size gives the whole cache's misses
+    per request (SHARDS-style miniature simulation), on the same windows of requests."""
+    codec = get_codec("int8", 16)
+
+    def trace_fn(n, i):
+        return synth_trace(10**7, n, 200, "zipf", 1.1, seed=i)
+
+    kw = dict(max_seconds=100, min_requests=900, window=300, max_requests=900)
+    whole = steady_hit_ratio(4, codec, trace_fn, rate=1.0, **kw)
+    mini = steady_hit_ratio(4, codec, trace_fn, rate=1 / 8, **kw)
+    assert whole["sample_rate"] == 1.0 and mini["sample_rate"] == pytest.approx(1 / 8, rel=0.01)
+    assert whole["window_misses_per_request"][0] > 1.5 * whole["misses_per_request"]  # it evicts, and warms
+    assert mini["misses_per_request"] == pytest.approx(whole["misses_per_request"], rel=0.05)
+
+
+def test_a_sample_keeps_or_drops_a_key_in_every_request():
+    tr = synth_trace(10**7, 200, 50, "zipf", 1.1)
+    s = sampled(tr, 1 / 4)
+    kept = set(s.keys.tolist())
+    assert 0.15 < len(kept) / len(set(tr.keys.tolist())) < 0.35
+    for i in range(tr.requests):
+        want = [k for k in tr.request(i).tolist() if k in kept]
+        assert s.request(i).tolist() == want
+
+
+def test_a_trace_that_repeats_reaches_its_steady_state_and_says_so():
+    codec = get_codec("int8", 16)
+    one = synth_trace(10**6, 1, 200, "zipf", 1.1)
+
+    def same_request(n, i):
+        return trace_of([one.request(0)] * n)
+
+    got = steady_hit_ratio(4, codec, same_request, min_requests=40, window=10, max_requests=1000)
+    assert got["converged"] and got["misses_per_request"] == 0 and got["hit_ratio"] == 1.0
+    assert got["requests_simulated"] < 1000
