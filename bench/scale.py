@@ -40,6 +40,7 @@ from bench.scale_swap import run_swap, summarize
 from bench.scale_traffic import POPULARITIES, bodies as to_bodies, build_requests
 from bench.scale_warmup import kib_per_request, warm_until_steady
 from bench.serve_latency import run_cell
+from embstore.config import DEFAULT_READ_THREADS  # the store's, where the server does not report its own
 from embstore.device_probe import DirectIOUnsupported, describe_profile, device_profile
 from embstore.prefetch import store_files
 from exporter.cli_synth import count
@@ -171,7 +172,8 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
            "start_to_ready_s": ready_s, "version_load_s": load_s, "device": device, "warmup": warmup,
            "pss_ready_mb": pss_ready / 2**20, "pss_after_warmup_mb": pss_warm / 2**20,
            "pss_under_load_mb": max(samples or [0]) / 2**20, "c1": c1, "c8": c8, **ratios,
-           "row_cache_capacity_rows": capacity, "read_threads": threads or DEFAULT_READ_THREADS, "read_threads_reported": threads is not None,
+           "row_cache_capacity_rows": capacity, "read_threads": threads or DEFAULT_READ_THREADS,
+           "read_threads_reported": threads is not None,
            # what the page cache did not hold: read from the disk, per measured request
            "c1_disk_kib_per_request": kib_per_request(d1 - d0, c1["requests"]),
            "c8_disk_kib_per_request": kib_per_request(d8 - d1, c8["requests"])}
@@ -203,7 +205,6 @@ def measure(models: Path, workers: int, popularity: str, rows: int, args, logs: 
 # -- figures predicted from the disk ----------------------------------------------------------------------
 PROBE_DEPTHS = (1, 8)
 SHARDS = 8  # offgraph synth's
-DEFAULT_READ_THREADS = 8  # the store's read threads where the server does not report them: min(8 shards, 8)
 
 
 def reads_per_request(before: dict[str, float], after: dict[str, float], requests: int) -> dict:
