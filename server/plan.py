@@ -128,8 +128,9 @@ def synth_trace(total_rows: int, n_requests: int, n_candidates: int, popularity:
                     cls = bucket_index(v.astype(np.float64), f["boundaries"])
                 else:
                     cls = v.astype(np.int64)
-                lut = rows_of((str(c) for c in range(int(cls.max()) + 1)), hash_name, f["rows"])
-                rows = lut[cls]
+                lo = int(cls.min())  # log_bucket's classes below 1 are negative
+                lut = rows_of((str(c) for c in range(lo, int(cls.max()) + 1)), hash_name, f["rows"])
+                rows = lut[cls - lo]
             cols.append(combine_keys(np.full(rows.size, tid, np.uint32), rows.reshape(-1)).reshape(n, -1))
         k = np.sort(np.concatenate(cols, axis=1), axis=1)
         keep = np.ones(k.shape, dtype=bool)
