@@ -97,25 +97,33 @@ def perfect_lfu_hit_ratio(trace: Trace, capacity_rows: int, warm_requests: int =
     return float(hits) / looked
 
 
-def lru_hit_ratio(trace: Trace, capacity_rows: int, warm_requests: int = 0) -> float:
-    """Exact fully associative LRU (each request's keys in order, misses then inserted)."""
-    cache: OrderedDict[int, None] = OrderedDict()
+def _key_by_key(trace: Trace, warm_requests: int, access) -> float:
+    """Hit ratio of ``access(key) -> hit`` (a reference policy, one key at a time in trace order) over
+    the requests after ``warm_requests``."""
     hits = looked = 0
     for i in range(trace.requests):
         keys = trace.request(i).tolist()
-        h = 0
-        for k in keys:
-            if k in cache:
-                cache.move_to_end(k)
-                h += 1
-            else:
-                cache[k] = None
-                if len(cache) > capacity_rows:
-                    cache.popitem(last=False)
+        h = sum(map(access, keys))
         if i >= warm_requests:
             hits += h
             looked += len(keys)
     return hits / looked if looked else 0.0
+
+
+def lru_hit_ratio(trace: Trace, capacity_rows: int, warm_requests: int = 0) -> float:
+    """Exact fully associative LRU (each request's keys in order, a miss inserted at once)."""
+    cache: OrderedDict[int, None] = OrderedDict()
+
+    def access(k: int) -> bool:
+        if k in cache:
+            cache.move_to_end(k)
+            return True
+        cache[k] = None
+        if len(cache) > capacity_rows:
+            cache.popitem(last=False)
+        return False
+
+    return _key_by_key(trace, warm_requests, access)
 
 
 def s3fifo_hit_ratio(trace: Trace, capacity_rows: int, warm_requests: int = 0, small_share: float = 0.1) -> float:
@@ -141,7 +149,7 @@ def s3fifo_hit_ratio(trace: Trace, capacity_rows: int, warm_requests: int = 0, s
                 return
 
     def evict_small():
-        while small:
+        if small:
             k = small.popleft()
             if freq[k] > 0:
                 main.append(k)
@@ -154,29 +162,22 @@ def s3fifo_hit_ratio(trace: Trace, capacity_rows: int, warm_requests: int = 0, s
                 ghost[k] = None
                 if len(ghost) > main_cap:
                     ghost.popitem(last=False)
-            return
 
-    hits = looked = 0
-    for i in range(trace.requests):
-        keys = trace.request(i).tolist()
-        h = 0
-        for k in keys:
-            if k in where:
-                freq[k] = min(freq[k] + 1, 3)
-                h += 1
-                continue
-            if k in ghost:
-                del ghost[k]
-                main.append(k)
-                where[k], freq[k] = 1, 0
-                if len(main) > main_cap:
-                    evict_main()
-            else:
-                small.append(k)
-                where[k], freq[k] = 0, 0
-                if len(small) > small_cap:
-                    evict_small()
-        if i >= warm_requests:
-            hits += h
-            looked += len(keys)
-    return hits / looked if looked else 0.0
+    def access(k: int) -> bool:
+        if k in where:
+            freq[k] = min(freq[k] + 1, 3)
+            return True
+        if k in ghost:
+            del ghost[k]
+            main.append(k)
+            where[k], freq[k] = 1, 0
+            if len(main) > main_cap:
+                evict_main()
+        else:
+            small.append(k)
+            where[k], freq[k] = 0, 0
+            if len(small) > small_cap:
+                evict_small()
+        return False
+
+    return _key_by_key(trace, warm_requests, access)

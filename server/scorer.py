@@ -185,7 +185,7 @@ class Scorer:
 
     def hot_rows(self, limit: int) -> dict[str, Any] | None:
         """What the next version warms up with (:meth:`warm_rows`, :meth:`warm_features`): the
-        ``limit`` most recently used rows of the row cache with the tables they belong to
+        ``limit`` hottest rows of the row cache (``RowCache.hot_keys``) with the tables they belong to
         (``"tables"``, ``"rows"``, ``"fields"``: {table id: (name, rows)}; none without a row cache)
         and a copy of the FG item cache (``"fg"``, its ``limit`` most recent items at most)."""
         if limit <= 0:
