@@ -29,7 +29,8 @@ DEFAULT_READ_THREADS = 8
 2 MiB, so nearly every key a device read; other jobs loading both CPUs): 16-key ``multi_get`` calls from
 1, 2, 4, 8, 16 threads gave 3.2k, 4.5k, 8.6k, 11.9k, 14.4k keys/s, and a request's 200 keys read with that
 many threads took p50 57, 38, 16, 15, 13 ms. 8 is where the gain flattens (16 threads: +20% keys/s for
-twice the latency of each call, within the noise for a request); the pool is shared by all requests.
+twice the latency of each call, within the noise for a request; a second run: 15.0k keys/s at 8 and
+14.9k at 16); the pool is shared by all requests.
 It no longer depends on the shards: a shard's keys are split over the threads too."""
 
 
