@@ -24,7 +24,7 @@ import numpy as np
 
 from .keys import MAX_TABLE_ID, ROW_LIMIT, combine_keys, split_keys
 from .quant_impl import Codec, check_records
-from .row_cache_impl import POLICIES, SKETCH_BYTES_PER_ROW, CacheArrays, bytes_per_row, hot_keys, layout
+from .row_cache_impl import POLICIES, SKETCH_BYTES_PER_ROW, CacheArrays, bytes_per_row, hot_keys, layout, scores
 
 DEFAULT_WAYS = 8
 
@@ -113,9 +113,9 @@ class RowCache:
             raise ValueError(f"limit must be an int >= 0, got {limit!r}")
         if not limit:
             return split_keys(np.zeros(0, np.uint64))
-        with self._lock:  # two copies (memcpy) under the lock; the selection (sorts) without it
-            keys, score = self._a.snapshot()
-        return split_keys(hot_keys(keys, score, int(limit)))
+        with self._lock:  # two copies (memcpy) under the lock; the scores and the selection without it
+            keys, state = self._a.snapshot()
+        return split_keys(hot_keys(keys, scores(keys, state), int(limit)))
 
     def clear(self) -> None:
         with self._lock:

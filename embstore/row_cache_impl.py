@@ -104,7 +104,7 @@ class CacheArrays:
         slots = s[:, None] * self.ways + self._way
         m = self.keys[slots] == k[:, None]
         hit = m.any(axis=1)
-        slot = slots[np.arange(len(k)), m.argmax(axis=1)]
+        slot = s * self.ways + m.argmax(axis=1)
         return s, slots, hit, slot, h
 
     # -- the frequency sketch ---------------------------------------------------------------------------
@@ -150,11 +150,9 @@ class CacheArrays:
 
     # -- operations -------------------------------------------------------------------------------------
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of ``(keys, score)`` (score: frequency or clock, -1 where empty): what :func:`hot_keys`
-        selects from, outside the cache's lock."""
-        score = self.state.astype(np.int64)
-        score[self.keys == EMPTY] = -1
-        return self.keys.copy(), score
+        """Copies of ``(keys, state)``: two memcpys under the cache's lock; :func:`scores` and
+        :func:`hot_keys` work on them outside it."""
+        return self.keys.copy(), self.state.copy()
 
     def lookup(self, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(hit bool [K], records uint8 [H, rb] of the hits)``; counts the sighting of every key."""
@@ -242,6 +240,14 @@ class CacheArrays:
         self.state[:] = 0
         self.set_epoch[:] = self.epoch
         self.entries = 0
+
+
+def scores(keys: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """A :meth:`CacheArrays.snapshot`'s slot scores for :func:`hot_keys`: the frequency (or clock), -1
+    where the slot is empty."""
+    score = state.astype(np.int64)
+    score[keys == EMPTY] = -1
+    return score
 
 
 def hot_keys(keys: np.ndarray, score: np.ndarray, limit: int) -> np.ndarray:
