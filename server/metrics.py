@@ -17,11 +17,12 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # (the scorer imports this module for STORE_READ_SECONDS; the registry imports the scorer)
+if TYPE_CHECKING:  # (the scorer imports this module for STORE_READ_SECONDS; the registry imports the scorer;
+    # the library scorer loads no HTTP code)
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
     from server.registry import ModelRegistry
 
 START_KEY = "offgraph.t0"
