@@ -29,8 +29,9 @@ MiB = 1 << 20
 
 DEFAULT_MEMORY_MB = 384.0
 """Default ``--memory-mb``. Measured on one ``offgraph serve`` worker of a 10^6-row synth version after
-150 uniform requests of 400 candidates: total PSS 345 MiB with ``--memory-mb 16``, 720 MiB with this
-default (its row-cache arena all touched, the FG item cache near full): a worker's own memory (Python,
+150 uniform requests of 400 candidates: total PSS 445 MiB with ``--memory-mb 16``, 792 MiB with this
+default (its row-cache arena of 317 MiB all resident, the FG item cache near full; the parts not full yet
+add at most 25 MiB more): a worker's own memory (Python,
 TensorFlow, the dense model, the stores) plus the budget stays within 1 GB, with room for a swap's
 second version while it loads."""
 
