@@ -24,6 +24,8 @@ from streaming.stream_train_config import StreamTrainConfig
     ({"score_threads": 0}, "ServerConfig.score_threads (--score-threads) must be greater than or equal to 1"),
     ({"worker_id": -1}, "ServerConfig.worker_id must be greater than or equal to 0, got -1"),
     ({"cache_mb": float("inf")}, "ServerConfig.cache_mb (--cache-mb) must be a finite number"),
+    ({"memory_mb": 0}, "ServerConfig.memory_mb (--memory-mb) must be greater than 0"),
+    ({"memory_mb": float("nan")}, "ServerConfig.memory_mb (--memory-mb) must be a finite number"),
     ({"score_thread": 2}, "ServerConfig: unknown setting 'score_thread'"),  # used to be a TypeError
 ])
 def test_server_config_refuses_naming_the_field(tmp_path, kw, words):
@@ -132,7 +134,7 @@ def _parsed_defaults(*argv: str):
 
 
 # flag -> (settings class, field): what each command line passes to its settings
-SERVE = {"cache_mb": "cache_mb", "max_candidates": "max_candidates", "max_request_values": "max_request_values",
+SERVE = {"memory_mb": "memory_mb", "cache_mb": "cache_mb", "max_candidates": "max_candidates", "max_request_values": "max_request_values",
          "poll_seconds": "poll_seconds", "score_threads": "score_threads", "follow_seconds": "follow_interval_s",
          "catch_up_seconds": "catch_up_s", "workers": "workers"}
 HTTP = {"header_timeout": "header_timeout_s", "body_timeout": "body_timeout_s",
