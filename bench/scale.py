@@ -739,7 +739,9 @@ def main(argv: list[str] | None = None) -> int:
     if baseline and not (baseline / "offgraph_cli.py").exists():
         p.error(f"--baseline-repo {baseline}: no offgraph_cli.py there (extract the old code's `git archive`)")
     baseline_sizes = {count(x) for x in args.baseline_sizes.split(",") if x.strip()} if baseline else set()
-    work, out, logs = Path(args.workdir), Path(args.out), Path(args.out) / "logs"
+    # absolute: the old code's servers run in their own directory
+    work, out = Path(args.workdir).resolve(), Path(args.out).resolve()
+    logs = out / "logs"
     work.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     present = frozenset(n for n in sizes if (work / f"m{n}" / MODEL / "1" / "manifest.json").exists())
