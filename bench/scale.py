@@ -236,17 +236,24 @@ def perfect_lfu(rows: int, args, warm: list[tuple[int, int, int]], sent: list[ra
     trace the server's row cache saw: the warm-up (its first ``--warmup-requests`` bodies, then for each
     later round ``(k, bodies drawn, requests sent)``, bodies cycled as ``run_cell`` sends them), then the
     measured requests (``sent``: ranges of the measured bodies' indices), counted over the measured ones
-    only. ``bench_trace`` draws the same requests as ``measure`` (``build_requests``, same seeds)."""
-    from embstore.cache_sim import bench_trace, perfect_lfu_hit_ratio, trace_of
+    only. The keys are those the server computes from the same draws as ``measure``'s bodies
+    (``build_requests``' columns, same seeds), built as columns (``server.plan.request_keys``, exact:
+    ``tests/test_plan.py`` checks them against the FG's), not through FG request by request (minutes)."""
+    from bench.scale_traffic import draw_columns
+    from embstore.cache_sim import perfect_lfu_hit_ratio, trace_of
+    from server.plan import request_keys
 
-    n = args.warmup_requests + args.c1_requests + args.c8_requests + 2
-    full = bench_trace(rows, "zipf", n_requests=n, n_candidates=args.candidates, seed=args.seed)
-    lists = [full.request(i) for i in range(args.warmup_requests)]
+    def keys(n: int, seed: int) -> list:
+        req, cand = draw_columns(rows, n, args.candidates, "zipf", seed)
+        return request_keys(rows, req, cand, n, exact=True)
+
+    full = keys(args.warmup_requests + args.c1_requests + args.c8_requests + 2, args.seed)
+    lists = full[:args.warmup_requests]
     for k, drawn, requests in warm:
-        tr = bench_trace(rows, "zipf", n_requests=drawn, n_candidates=args.candidates, seed=args.seed + 1000 + k)
-        lists += [tr.request(i % drawn) for i in range(requests)]
+        tr = keys(drawn, args.seed + 1000 + k)
+        lists += [tr[i % drawn] for i in range(requests)]
     warm_requests = len(lists)
-    lists += [full.request(i) for r in sent for i in r]
+    lists += [full[i] for r in sent for i in r]
     return perfect_lfu_hit_ratio(trace_of(lists), capacity_rows, warm_requests=warm_requests)
 
 

@@ -101,10 +101,23 @@ def synth_trace(total_rows: int, n_requests: int, n_candidates: int, popularity:
                 seed: int = 0):
     """The columnar twin of ``cache_sim.bench_trace`` (see the module docstring): each request's unique
     combined keys, table ids in the spec's field order as ``server.scorer_impl.batch_keys`` numbers them."""
-    import numpy as np
-
     from bench.scale_traffic import draw_columns
     from embstore.cache_sim import trace_of
+
+    lists = []
+    for start in range(0, n_requests, CHUNK_REQUESTS):
+        n = min(CHUNK_REQUESTS, n_requests - start)
+        req, cand = draw_columns(total_rows, n, n_candidates, popularity, seed * 1_000_003 + start, exponent)
+        lists.extend(request_keys(total_rows, req, cand, n))
+    return trace_of(lists)
+
+
+def request_keys(total_rows: int, req: dict, cand: dict, n: int, exact: bool = False) -> list:
+    """Each of ``n`` requests' unique combined keys from ``bench.scale_traffic.draw_columns``' columns.
+    ``exact``: a huge table's rows hashed as FG hashes them (the server's very keys; the distinct ids are
+    hashed once each, in Python), else its popularity rank (see the module docstring)."""
+    import numpy as np
+
     from embstore.keys import combine_keys
     from exporter.synth_spec import HUGE_TABLES, synth_spec
     from features.hashing_impl import rows_of
@@ -112,31 +125,25 @@ def synth_trace(total_rows: int, n_requests: int, n_candidates: int, popularity:
 
     spec = synth_spec(total_rows)
     hash_name, huge = spec["model"]["hash"], {n for n, _, _ in HUGE_TABLES}
-    lists = []
-    for start in range(0, n_requests, CHUNK_REQUESTS):
-        n = min(CHUNK_REQUESTS, n_requests - start)
-        req, cand = draw_columns(total_rows, n, n_candidates, popularity, seed * 1_000_003 + start, exponent)
-        cols = []
-        for tid, f in enumerate(spec["fields"]):
-            v = (req if f["scope"] == "request" else cand)[f["name"]].reshape(n, -1)
-            if f["name"] in huge:  # the rank: a distinct id is a distinct row (collisions aside)
-                rows = v.astype(np.int64)
-            else:  # what FG computes: the value's class (the id, or its bucket), hashed to a row
-                if f["op"] == "log_bucket":
-                    cls = log_bucket_index(v.astype(np.float64), f["base"])
-                elif f["op"] == "bucketize":
-                    cls = bucket_index(v.astype(np.float64), f["boundaries"])
-                else:
-                    cls = v.astype(np.int64)
-                lo = int(cls.min())  # log_bucket's classes below 1 are negative
-                lut = rows_of((str(c) for c in range(lo, int(cls.max()) + 1)), hash_name, f["rows"])
-                rows = lut[cls - lo]
-            cols.append(combine_keys(np.full(rows.size, tid, np.uint32), rows.reshape(-1)).reshape(n, -1))
-        k = np.sort(np.concatenate(cols, axis=1), axis=1)
-        keep = np.ones(k.shape, dtype=bool)
-        keep[:, 1:] = k[:, 1:] != k[:, :-1]
-        lists.extend(k[i][keep[i]] for i in range(n))
-    return trace_of(lists)
+    cols = []
+    for tid, f in enumerate(spec["fields"]):
+        v = (req if f["scope"] == "request" else cand)[f["name"]].reshape(n, -1)
+        if f["name"] in huge and not exact:  # the rank: a distinct id is a distinct row (collisions aside)
+            rows = v.astype(np.int64)
+        else:  # what FG computes: the value's class (the id, or its bucket), hashed to a row
+            if f["op"] == "log_bucket":
+                cls = log_bucket_index(v.astype(np.float64), f["base"])
+            elif f["op"] == "bucketize":
+                cls = bucket_index(v.astype(np.float64), f["boundaries"])
+            else:
+                cls = v.astype(np.int64)
+            uniq, inv = np.unique(cls, return_inverse=True)
+            rows = rows_of((str(c) for c in uniq.tolist()), hash_name, f["rows"])[inv.reshape(cls.shape)]
+        cols.append(combine_keys(np.full(rows.size, tid, np.uint32), rows.reshape(-1)).reshape(n, -1))
+    k = np.sort(np.concatenate(cols, axis=1), axis=1)
+    keep = np.ones(k.shape, dtype=bool)
+    keep[:, 1:] = k[:, 1:] != k[:, :-1]
+    return [k[i][keep[i]] for i in range(n)]
 
 
 def sample_rate(capacity_rows: int) -> float:

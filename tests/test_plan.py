@@ -6,6 +6,7 @@ import os
 import shutil
 import uuid
 
+import numpy as np
 import pytest
 
 import offgraph_cli
@@ -69,6 +70,20 @@ def test_the_trace_twin_gives_the_hit_ratio_of_the_trace_through_fg():
     h_fg, h_twin = replay(RowCache(0.5, codec), fg), replay(RowCache(0.5, codec), twin)
     assert 0.3 < h_fg < 0.95  # the cache does evict: the test can tell policies' effects apart
     assert h_twin == pytest.approx(h_fg, abs=0.02)
+
+
+def test_the_exact_columnar_trace_is_the_servers_very_keys():
+    """``request_keys(exact=True)`` (what bench.scale gives perfect LFU) against ``bench_trace`` (the
+    same bodies through FG and the server's key path): every request's keys are the same keys."""
+    from bench.scale_traffic import draw_columns
+    from server.plan import request_keys
+
+    rows, n = 10**7, 40
+    fg = bench_trace(rows, "zipf", n_requests=n, n_candidates=50, seed=3)
+    req, cand = draw_columns(rows, n, 50, "zipf", 3)
+    exact = request_keys(rows, req, cand, n, exact=True)
+    for i in range(n):
+        np.testing.assert_array_equal(np.sort(exact[i]), np.sort(fg.request(i)))
 
 
 def _plan(capsys, *args):
