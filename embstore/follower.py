@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .feed import FeedTornRead
 from .keys import split_keys
 from .row_cache import RowCache
 
@@ -63,7 +64,7 @@ class Activity:
 
 
 COUNTERS = ("catch_ups", "changes_applied", "cache_clears", "follow_errors", "epochs_mapped", "epochs_released",
-            "feed_hits")
+            "feed_hits", "rows_written_through")
 # what Follower.stats() says of a scorer that does not follow
 NOT_FOLLOWING = {**dict.fromkeys(COUNTERS, 0), "last_feed_poll_unix": 0.0, "last_catch_up_unix": 0.0,
                  "last_catch_up_seconds": 0.0,
@@ -171,7 +172,9 @@ class Follower:
                 pause = min(0.05, max(self.pause_s, self.spread_s * self.chunk_rows / max(len(keys), 1)))
                 last_map = time.monotonic()
                 for i in range(0, len(keys), self.chunk_rows):
-                    self.cache.invalidate(tids[i:i + self.chunk_rows], rows[i:i + self.chunk_rows])
+                    chunk = slice(i, i + self.chunk_rows)
+                    self.cache.invalidate(tids[chunk], rows[chunk])
+                    self._write_through(keys[chunk], tids[chunk], rows[chunk])
                     self._yield(pause)
                     if time.monotonic() - last_map >= self.poll_s:  # stay fresh meanwhile
                         self._map_new()
@@ -186,6 +189,24 @@ class Follower:
             self._n["cache_clears"] += int(clear and self.cache is not None)
             self.last_catch_up_unix = started
             self.last_catch_up_seconds = time.perf_counter() - t0
+
+    def _write_through(self, keys: np.ndarray, tids: np.ndarray, rows: np.ndarray) -> None:
+        """Streamed rows stay hot: the rows of an epoch being released go back into the row cache at the
+        newest value the feed holds (the view just caught up holds it too), so the first request after
+        the release does not read them from disk. Safe by the cache's epoch rule: the insert's epoch is
+        taken AFTER their invalidation, so a request that read one of them from the store before it
+        cannot cache its older copy (refused), and a write that comes after the feed read lands in a
+        newer epoch, which shadows the cache until it is released in turn. Admission may decline a row
+        (``RowCache.insert``): it is then read from the store when next asked, as before."""
+        epoch = self.cache.epoch
+        try:
+            pos, recs = self.feed.lookup(keys)
+        except FeedTornRead:  # being rewritten as we read: left invalidated
+            return
+        if len(pos):
+            self.cache.insert(tids[pos], rows[pos], recs, epoch)
+            with self._lock:
+                self._n["rows_written_through"] += len(pos)
 
     def _yield(self, pause_s: float | None = None) -> None:
         """Between chunks of work: a real sleep, not ``sleep(0)`` (a thread that drops

@@ -98,6 +98,9 @@ MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) 
                         "Row-cache keys invalidated when a feed epoch the store view covers was released"),
     "feed_hits": ("offgraph_feed_rows_served", "Rows served from the live writer's feed (fresher than the "
                      "store view)"),
+    "rows_written_through": ("offgraph_row_cache_rows_written_through",
+                             "Streamed rows put into the row cache at their newest value when their feed epoch "
+                             "was released (not read from disk again)"),
     "block_cache_hits": ("offgraph_block_cache_hits", "RocksDB block-cache hits (data, index and filter blocks) "
                          "of the store reads"),
     "block_cache_misses": ("offgraph_block_cache_misses", "RocksDB block-cache misses (blocks read from the "

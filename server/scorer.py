@@ -237,7 +237,8 @@ class Scorer:
         store view; 0.0 before the first), ``catch_ups`` and ``last_catch_up_seconds``, ``epochs`` (feed epochs mapped now),
         ``epochs_mapped`` / ``epochs_released``, ``feed_rows`` (rows in them),
         ``feed_hits`` (rows served from them), ``changes_applied`` (keys invalidated
-        in the row cache when an epoch was released), ``cache_clears`` (whole-cache
+        in the row cache when an epoch was released), ``rows_written_through`` (of those, put back into the
+        row cache at their newest value), ``cache_clears`` (whole-cache
         drops: feed epochs went missing), ``follow_errors``, ``follow_cpu_seconds``."""
         with self._counts_lock:
             out: dict[str, Any] = dict(self._counts)

@@ -24,7 +24,8 @@ log = logging.getLogger("offgraph.server")
 
 # cumulative Scorer.stats() counters, summed over a model's retired versions for /metrics
 COUNTERS = ("store_rows_read", "cache_hits", "cache_misses", "catch_ups", "changes_applied", "feed_hits",
-            "block_cache_hits", "block_cache_misses", "ignored_keys", "unknown_candidates", "unusable_feature_rows")
+            "rows_written_through", "block_cache_hits", "block_cache_misses", "ignored_keys", "unknown_candidates",
+            "unusable_feature_rows")
 
 
 class NotServing(LookupError):

@@ -286,3 +286,30 @@ def test_a_torn_feed_read_is_a_503_not_a_500(version_dir, tmp_path):
         if proc.is_alive():
             proc.kill()
         srv.stop()
+
+
+def test_a_released_epochs_rows_are_written_through_to_the_row_cache_at_their_newest_value(version_dir):
+    """Streamed rows stay hot: when their epoch is released they are in the row cache (a hit, no store
+    read) at the value the writer streamed, not dropped to be read from disk again."""
+    from embstore import open_store
+
+    store_dir = version_dir / "store"
+    with open_store(store_dir, mode="w") as st:  # epoch 1: rows 1-3 of table 3 changed
+        v, w = st.read(3, [1, 2, 3])
+        st.write(3, [1, 2, 3], v + 0.5, w + 0.25, feed=True)
+        want_v, want_w = st.read(3, [1, 2, 3])
+    with Scorer(version_dir, store_mode="follow", row_cache_mb=1, follow_interval_s=0.02, catch_up_s=0.02) as s:
+        base = wait_stats(s, "catch_ups", 2)
+        with open_store(store_dir, mode="w") as st2:  # epoch 2 (another row): epoch 1 may now be released
+            v9, w9 = st2.read(3, [9])
+            st2.write(3, [9], v9 - 0.25, w9, feed=True)
+        st = wait_stats(s, "epochs_released", base["epochs_released"] + 1)
+        assert st["rows_written_through"] >= 3 and st["follow_errors"] == 0
+        hit, vec, w, _ = s.row_cache.lookup(np.full(3, 3, np.uint32), np.array([1, 2, 3]))
+        assert hit.all()
+        np.testing.assert_array_equal(vec, want_v)
+        np.testing.assert_array_equal(w, want_w)
+        # and a request reads them from the cache: no store read
+        _, _, hits, read, _ = scorer_impl.read_through_cache(s.row_cache, s.store, np.full(3, 3, np.uint32),
+                                                             np.array([1, 2, 3]), s._follower)
+        assert hits == 3 and read == 0
