@@ -25,13 +25,9 @@ KEY_FORMATS = ("u32be-table+u64be-row",)
 LAYOUT_FIELDS = ("dim", "quant", "shards", "shard_fn", "key_format", "backend")
 
 DEFAULT_READ_THREADS = 8
-"""Direct random reads of a 10^7-row store on the 2-core development VM (its virtual disk; block cache
-2 MiB, so nearly every key a device read; other jobs loading both CPUs): 16-key ``multi_get`` calls from
-1, 2, 4, 8, 16 threads gave 3.2k, 4.5k, 8.6k, 11.9k, 14.4k keys/s, and a request's 200 keys read with that
-many threads took p50 57, 38, 16, 15, 13 ms. 8 is where the gain flattens (16 threads: +20% keys/s for
-twice the latency of each call, within the noise for a request; a second run: 15.0k keys/s at 8 and
-14.9k at 16); the pool is shared by all requests.
-It no longer depends on the shards: a shard's keys are split over the threads too."""
+"""Where the gain of more threads reading a store's misses flattens (``bench.read_threads``; figures in
+bench/results/read-threads/). The pool is shared by all requests, and a shard's keys are split over the
+threads too, so it does not depend on the shards."""
 
 
 class StoreConfig(ConfigModel, frozen=True):
