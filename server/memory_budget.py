@@ -28,12 +28,9 @@ from typing import Any, Mapping
 MiB = 1 << 20
 
 DEFAULT_MEMORY_MB = 384.0
-"""Default ``--memory-mb``. Measured on one ``offgraph serve`` worker of a 10^6-row synth version after
-150 uniform requests of 400 candidates: total PSS 445 MiB with ``--memory-mb 16``, 792 MiB with this
-default (its row-cache arena of 317 MiB all resident, the FG item cache near full; the parts not full yet
-add at most 25 MiB more): a worker's own memory (Python,
-TensorFlow, the dense model, the stores) plus the budget stays within 1 GB, with room for a swap's
-second version while it loads."""
+"""Default ``--memory-mb``: with a worker's own memory (Python, TensorFlow, the dense model, the stores) on
+top, its total PSS stays within 1 GB, with room for a swap's second version while it loads (``bench.scale``
+measures it: bench/results/scale/)."""
 
 KEY_BYTES = 20
 """Bytes of a row's key in a data block: 12 of user key (table id + row) and 8 of RocksDB's sequence."""
