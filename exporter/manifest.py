@@ -244,11 +244,13 @@ def load_manifest(version_dir: str | Path, verify_dense: bool = True,
 
 
 def open_version_store(version_dir: str | Path, manifest: dict[str, Any], mode: str, *,
-                       block_cache_mb: int | None = None, statistics: bool = False):
+                       block_cache_mb: int | None = None, statistics: bool = False,
+                       direct_reads: bool | None = None):
     """The store of a model version, opened with the store settings its manifest records
     (``mode``: ``"r"``, ``"w"`` or ``"follow"``; ``block_cache_mb`` overrides the recorded
     block cache). The manifest's record also holds figures (row counts, bytes on disk) that
-    ``StoreConfig.from_record`` leaves out."""
+    ``StoreConfig.from_record`` leaves out. ``direct_reads`` overrides the recorded I/O mode (a server's
+    ``--store-io``)."""
     from embstore import StoreConfig, open_store
 
     cfg = StoreConfig.from_record(manifest["store"])
@@ -256,6 +258,8 @@ def open_version_store(version_dir: str | Path, manifest: dict[str, Any], mode: 
         cfg = cfg.replace(block_cache_mb=block_cache_mb)
     if statistics:
         cfg = cfg.replace(statistics=True)
+    if direct_reads is not None:
+        cfg = cfg.replace(direct_reads=direct_reads)
     return open_store(Path(version_dir) / STORE_DIR, cfg, mode=mode)
 
 

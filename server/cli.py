@@ -78,6 +78,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--load-share", type=float, default=server("load_share"),
                    help="while a version serves, loading and warming the next takes at most this share of the "
                         "time, so that its requests keep the rest (default %(default)g; 1: flat out)")
+    p.add_argument("--store-io", default=server("store_io"), choices=["direct", "buffered"],
+                   help="read the stores' files with direct I/O, past the OS page cache (the default, "
+                        "predictable beyond RAM: what is cached is this process's own), or buffered through the "
+                        "page cache (a machine whose RAM holds the stores; --prefetch-store then applies) "
+                        "(default %(default)s)")
     p.add_argument("--prefetch-store", default=server("prefetch_store"), choices=["auto", "on", "off"],
                    help="read each version's store files into the OS page cache before it serves, so that "
                         "requests do not wait on cold blocks from disk: auto when they take at most half the "
@@ -103,7 +108,7 @@ def run(args) -> int:
         admin_token=args.admin_token or ServerConfig.admin_token_from_env(), score_threads=args.score_threads,
         follow_interval_s=args.follow_seconds, catch_up_s=args.catch_up_seconds,
         intra_threads=args.intra_threads, inter_threads=args.inter_threads, warmup_rows=args.warmup_rows,
-        load_share=args.load_share, prefetch_store=args.prefetch_store, prefetch_mb_s=args.prefetch_mb_s)
+        load_share=args.load_share, store_io=args.store_io, prefetch_store=args.prefetch_store, prefetch_mb_s=args.prefetch_mb_s)
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.workers > 1:

@@ -76,6 +76,11 @@ class ServerConfig(ConfigModel, frozen=True):
         requests keep the rest; 1 loads flat out. With nothing serving yet, a load runs flat out. A
         retired version's memory is freed at this pace or a tenth of the time, whichever is less
         (``Scorer.release``).
+    store_io: how the stores' files are read: ``direct`` (O_DIRECT, the default: past the OS page cache, so
+        what is cached is what this process holds and accounts for, and a request's latency follows from
+        the hit ratio and the disk, whatever the kernel keeps or reclaims) or ``buffered`` (through the page
+        cache, with ``prefetch_store``: for a machine whose RAM holds the stores, where the page cache
+        spares the row cache's first-sighting misses their device reads; bench/results/scale/).
     prefetch_store: read each version's store files into the OS page cache before the version serves
         (``embstore.prefetch``; waiting at most ``server.loader.PREFETCH_WAIT_S``), so that no request
         waits on a cold block from disk: ``auto`` when they take at most half the available memory (a
@@ -111,6 +116,7 @@ class ServerConfig(ConfigModel, frozen=True):
     warmup_candidates: int = Field(200, ge=1)
     warmup_rows: int = option(100_000, ge=0, flag="--warmup-rows")
     load_share: float = option(0.25, gt=0, le=1, flag="--load-share")
+    store_io: Literal["direct", "buffered"] = option("direct", flag="--store-io")
     prefetch_store: Literal["auto", "on", "off"] = option("auto", flag="--prefetch-store")
     prefetch_mb_s: float = option(256.0, ge=0, flag="--prefetch-mb-s")
     verify: bool = True

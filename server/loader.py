@@ -80,7 +80,7 @@ def start_prefetch(version_dir: Path, config: ServerConfig, serving: bool) -> Pr
     pf = Prefetcher(store_files(version_dir / STORE_DIR), config.prefetch_mb_s if serving else 0.0,
                     name=f"prefetch-{version_dir.name}", on_done=report,
                     disk_share=SERVING_DISK_SHARE if serving else 1.0)
-    go, why = decide(config.prefetch_store, pf.total_bytes, direct=store_reads_direct(version_dir / STORE_DIR))
+    go, why = decide(config.prefetch_store, pf.total_bytes, direct=config.store_io == "direct" and store_reads_direct(version_dir / STORE_DIR))
     if not go:
         log.info("%s: store not prefetched: %s", version_dir, why)
         return None
@@ -130,7 +130,8 @@ def open_version(version_dir: Path, config: ServerConfig, models: int = 1,
                         block_cache_mb=split.block_cache_mb, item_cache_size=item_cache,
                         follow_interval_s=config.follow_interval_s, catch_up_s=config.catch_up_s,
                         max_request_values=config.max_request_values,
-                        verify=config.verify, store_statistics=True, pace=pace)
+                        verify=config.verify, store_statistics=True, pace=pace,
+                        direct_reads=config.store_io == "direct")
         verify_store(scorer, pace)
         items = scorer.warm_features(hot, pace)  # before warm-up: adopting replaces the FG's item state
         warm_up(scorer, config.warmup_candidates, pace)

@@ -47,7 +47,8 @@ class Scorer:
     def __init__(self, version_dir: str | Path, *, store_mode: str = "r", item_cache_size: int = 100_000,
                  block_cache_mb: int | None = None, row_cache_mb: float = 0.0, follow_interval_s: float = 0.05,
                  catch_up_s: float = 30.0, verify: bool = True, max_request_values: int | None = None,
-                 store_statistics: bool = False, pace: Callable[[], None] | None = None):
+                 store_statistics: bool = False, pace: Callable[[], None] | None = None,
+                 direct_reads: bool | None = None):
         if isinstance(row_cache_mb, bool) or not isinstance(row_cache_mb, (int, float)) or row_cache_mb < 0:
             raise ValueError(f"row_cache_mb must be a number >= 0, got {row_cache_mb!r}")
         if (isinstance(follow_interval_s, bool) or not isinstance(follow_interval_s, (int, float))
@@ -83,7 +84,7 @@ class Scorer:
         self._fg_lock = threading.Lock()
         try:
             self.store = open_version_store(self.version_dir, m, store_mode, block_cache_mb=block_cache_mb,
-                                            statistics=store_statistics)
+                                            statistics=store_statistics, direct_reads=direct_reads)
         except ValueError as e:
             raise ModelDirError(f"{self.version_dir}: store does not open: {e}") from None
         pace()

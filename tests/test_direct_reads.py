@@ -102,3 +102,23 @@ def test_auto_prefetch_is_off_for_a_direct_store():
     assert go is False and "direct" in why
     assert decide("auto", 1 << 20, available=64 << 30, direct=False)[0] is True
     assert decide("on", 1 << 20, available=64 << 30, direct=True)[0] is True
+
+
+def test_a_server_with_store_io_buffered_reads_its_version_store_through_the_page_cache(tmp_path):
+    """``offgraph serve --store-io buffered`` (a machine whose RAM holds the stores): the version's store
+    opens without O_DIRECT whatever it records, and the default reads direct; the flag is checked by name."""
+    from exporter.manifest import STORE_DIR, open_version_store
+    from server.config import ServerConfig
+
+    write_store(tmp_path / STORE_DIR)
+    manifest = {"store": StoreConfig(dim=D, shards=2).to_dict()}
+    for direct, want in ((None, True), (False, False), (True, True)):
+        with open_version_store(tmp_path, manifest, "r", direct_reads=direct) as st:
+            st.read(3, np.arange(0, N, 7))
+            fds = sst_fd_direct(tmp_path / STORE_DIR)
+            assert fds and all(v is want for v in fds.values()), (direct, fds)
+            assert st.io_mode == ("direct" if want else "buffered")
+    assert ServerConfig(models_dir=tmp_path).store_io == "direct"
+    assert ServerConfig(models_dir=tmp_path, store_io="buffered").store_io == "buffered"
+    with pytest.raises(ValueError, match="--store-io"):
+        ServerConfig(models_dir=tmp_path, store_io="mmap")
