@@ -100,6 +100,8 @@ def test_synth_model_served_swapped_under_load_and_scored_like_the_library(tmp_p
             wait_for(lambda: load.last_version() == 1, 60, "version 1 serving again")
             n = len(load.answers)
             wait_for(lambda: len(load.answers) >= n + 10, 60, "traffic after the rollback")
+            # the version rolled back from is freed in paced pieces after it drained: wait for it, under traffic
+            wait_for(lambda: "closed version 2 of scale" in log.read_text(), 60, "version 2 closed")
         statuses = [s for s, _ in load.answers]
         versions = [v for _, v in load.answers]
         assert load.errors == [] and set(statuses) == {200}, (load.errors[:3], sorted(set(statuses)))
