@@ -5,6 +5,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -45,6 +46,17 @@ def score(client, body, name="ml", **kw):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     return client.post(f"/v1/models/{name}:score", content=content,
                        headers={"content-type": "application/json", **kw.pop("headers", {})}, **kw)
+
+
+def serve_process(models: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """``offgraph serve --models MODELS *flags`` in a subprocess on a free loopback port, its output in
+    ``log``: ``(process, base url)``. Stop it with :func:`stop_server`."""
+    port = free_port()
+    with open(log, "w") as logf:
+        proc = subprocess.Popen([sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port",
+                                 str(port), *flags], cwd=Path(__file__).resolve().parent.parent, stdout=logf,
+                                stderr=subprocess.STDOUT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def stop_server(proc: subprocess.Popen, timeout: float = 60) -> str:

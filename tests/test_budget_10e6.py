@@ -15,8 +15,8 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.scale_traffic import bodies as to_bodies, build_requests
-from server.harness import free_port, wait_ready
-from tests.server_helpers import score, stop_server
+from server.harness import wait_ready
+from tests.server_helpers import score, serve_process, stop_server
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = 10**6
@@ -62,14 +62,9 @@ def test_a_small_budget_holds_under_traffic_with_direct_reads_and_library_scores
     _synth(models / "scale" / "1")
     reqs = build_requests(ROWS, *REQUESTS)
     bodies = to_bodies(reqs)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
-    with open(log, "w") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port",
-                                 str(port), "--memory-mb", str(MEMORY_MB), "--poll-seconds", "0.2",
-                                 "--prefetch-store", "off"], cwd=REPO, stdout=logf, stderr=subprocess.STDOUT,
-                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    proc, url = serve_process(models, log, "--memory-mb", str(MEMORY_MB), "--poll-seconds", "0.2",
+                              "--prefetch-store", "off")
     try:
         wait_ready(url, 120, proc, log=str(log))
         served = []

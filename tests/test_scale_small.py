@@ -14,9 +14,9 @@ import httpx
 import numpy as np
 
 from bench.scale_traffic import bodies as to_bodies, build_requests
-from server.harness import free_port, wait_ready
+from server.harness import wait_ready
 from server.scorer import Scorer
-from tests.server_helpers import score, stop_server, wait_for
+from tests.server_helpers import score, serve_process, stop_server, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = 10**6
@@ -77,14 +77,8 @@ def test_synth_model_served_swapped_under_load_and_scored_like_the_library(tmp_p
     _synth(tmp_path / "stage" / "2", seed=1)  # published later by a rename, as a copy tool would
     reqs = build_requests(ROWS, 60, 200, "zipf", seed=3)
     bodies = to_bodies(reqs)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
-    with open(log, "w") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port",
-                                 str(port), "--admin-token", TOKEN, "--poll-seconds", "0.2", "--cache-mb", "32"],
-                                cwd=REPO, stdout=logf, stderr=subprocess.STDOUT,
-                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    proc, url = serve_process(models, log, "--admin-token", TOKEN, "--poll-seconds", "0.2", "--cache-mb", "32")
     try:
         wait_ready(url, 120, proc, log=str(log))
         with httpx.Client(base_url=url, timeout=30) as client, Load(url, bodies[2:]) as load:
