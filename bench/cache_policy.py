@@ -1,9 +1,9 @@
 """The row cache's policy against LRU and the best possible, simulated offline on the bench's key traces.
 
 For every size (``--sizes``) and popularity (``--popularities``), the trace is what ``bench.scale``'s
-requests make the server's row cache see (``embstore.cache_sim.bench_trace``: the bench's bodies through
+requests make the server's row cache see (``offgraph.export.cache_sim.bench_trace``: the bench's bodies through
 FG and the request path's key code, for the synthetic spec: no store is needed). For every capacity
-(``--capacities-mb``, plus the default row-cache share of ``server.memory_budget`` for that size), it
+(``--capacities-mb``, plus the default row-cache share of ``offgraph.scoring.memory_budget`` for that size), it
 replays the trace through the REAL ``RowCache`` (int8 D=16 records, as the bench's versions) with:
 
 * ``tinylfu``: the default (TinyLFU admission over a set-associative LFU), and the sketch sizes of
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from embstore import RowCache, get_codec
-from embstore.cache_sim import Trace, bench_trace, lru_hit_ratio, perfect_lfu_hit_ratio, replay, s3fifo_hit_ratio
-from embstore.row_cache_impl import SKETCH_BYTES_PER_ROW
-from exporter.cli_synth import count
-from server.memory_budget import DEFAULT_MEMORY_MB, index_mb, split_memory
+from offgraph.store import RowCache, get_codec
+from offgraph.export.cache_sim import Trace, bench_trace, lru_hit_ratio, perfect_lfu_hit_ratio, replay, s3fifo_hit_ratio
+from offgraph.store._row_cache import SKETCH_BYTES_PER_ROW
+from offgraph.cli.synth import count
+from offgraph.scoring.memory_budget import DEFAULT_MEMORY_MB, index_mb, split_memory
 
 REPO = Path(__file__).resolve().parent.parent
 CODEC = get_codec("int8", 16)  # what `offgraph synth` writes
@@ -199,11 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     (out / "README.md").write_text(
         f"# Row-cache policy on the bench's key traces\n\n```\n{report['command']}\n```\n\n"
         f"Traces: `bench.scale`'s bodies ({args.requests} requests of 200 candidates) through FG and the request "
-        f"path's keys (`embstore.cache_sim.bench_trace`); the real `RowCache` ({CODEC.name} D={CODEC.dim} "
+        f"path's keys (`offgraph.export.cache_sim.bench_trace`); the real `RowCache` ({CODEC.name} D={CODEC.dim} "
         f"records) replayed as the server drives it. Perfect LFU: the static top-C keys of the whole trace, "
         f"each cached from its first request on, at the default cache's capacity in rows (its sketch's bytes "
         f"spent on rows instead: \"bare rows\"). The default capacity is the row cache's share of "
-        f"`--memory-mb {args.memory_mb:g}` (`server.memory_budget`). Worst Zipf gap at the default capacity: "
+        f"`--memory-mb {args.memory_mb:g}` (`offgraph.scoring.memory_budget`). Worst Zipf gap at the default capacity: "
         f"{worst_s} (acceptance: 3 points).\n\n{tab}\n\nSketch size (bytes per cached row, hit ratio "
         f"at the same MiB):\n\n{sketch_table(results, args.sketch_bytes)}\n\n![hit ratios](cache_policy.png)\n")
     _log(f"wrote {out}/cache_policy.json, .png, README.md; worst Zipf gap at the default capacity: {worst_s}")

@@ -2,7 +2,7 @@
 
 Reads use ``O_DIRECT``, so the page cache is neither used nor changed: the probe measures the device
 the server's cold block reads go to, without warming or evicting anything the measurement that
-follows depends on. The reads are ``embstore.device_probe``'s (``offgraph plan`` uses it too). Latency
+follows depends on. The reads are ``offgraph.store.device_probe``'s (``offgraph plan`` uses it too). Latency
 figures of a server reading a table bigger than memory move with this (on the development VM its
 tail moved by 3x between two probes an hour apart).
 """
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from embstore.device_probe import DEFAULT_BLOCK_BYTES, DirectIOUnsupported, direct_reads, summarize
+from offgraph.store.device_probe import DEFAULT_BLOCK_BYTES, DirectIOUnsupported, direct_reads, summarize
 
 READ_BYTES = DEFAULT_BLOCK_BYTES
 
 
 def cold_reads(files: list[Path], seconds: float = 10.0, seed: int = 0) -> dict | None:
     """Random aligned ``READ_BYTES`` reads spread over ``files`` for ``seconds``, one at a time
-    (``embstore.device_probe`` at depth 1): their count and p50/p99/p99.9/max in ms, and how many took
+    (``offgraph.store.device_probe`` at depth 1): their count and p50/p99/p99.9/max in ms, and how many took
     over 100 ms. None where the files cannot be read direct from a device (tmpfs, no file big enough)."""
     try:
         lat, wall = direct_reads(files, 1, seconds, READ_BYTES, seed)

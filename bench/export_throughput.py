@@ -44,7 +44,7 @@ def _chunk(seed: int, i: int, start: int, stop: int, dim: int):
 
 
 def worker(args) -> dict:
-    from embstore import StoreConfig, open_store
+    from offgraph.store import StoreConfig, open_store
 
     path = os.path.join(args.workdir, args.worker)
     cfg = StoreConfig(dim=args.dim, quant=args.worker, shards=args.shards)

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.serve_latency import Conn, Proc, cpu_seconds
-from server.harness import free_port
+from offgraph.testing.harness import free_port
 
 RATIO_LIMIT = 1.10
 MODEL = "ml"
@@ -40,10 +40,10 @@ def build_model(root: Path, rows: int) -> tuple[Path, "object"]:
     import pyarrow.parquet as pq
     import yaml
 
-    from dense_model.datasets import build
-    from dense_model.train import TrainConfig, train_run
-    from exporter.export import export_run
-    from features import parse_spec
+    from offgraph.data.datasets import build
+    from offgraph.model.train import TrainConfig, train_run
+    from offgraph.export.export import export_run
+    from offgraph.features import parse_spec
 
     table = pq.read_table(build("movielens-100k", root / "data")).slice(0, rows)
     raw = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "movielens.yaml").read_text())
@@ -174,12 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from embstore.feature_db import FeatureDB, row_key, table_dir
+    from offgraph.store.feature_db import FeatureDB, row_key, table_dir
 
     with tempfile.TemporaryDirectory(prefix="feature-bad-row-") as tmp:
         import pyarrow.parquet as pq
 
-        from dense_model.datasets import build
+        from offgraph.data.datasets import build
 
         if args.models:
             models = Path(args.models)
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         items, names_bad = bodies(table, args.n, 200, bad_movie, args.share, args.seed)
         probe = json.dumps({"request": {"user_id": 1}, "candidates": [{"movie_id": bad_movie}]}).encode()
         port = free_port()
-        server = Proc("offgraph", [sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port",
+        server = Proc("offgraph", [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port",
                                    str(port), "--workers", "1"], port, out / "server.log")
         path = f"/v1/models/{MODEL}:score"
         runs: dict[str, list[dict]] = {"without": [], "with": []}

@@ -1,4 +1,4 @@
-"""The write feed (``embstore.feed``) against LMDB as the one-writer / many-reader table.
+"""The write feed (``offgraph.store.feed``) against LMDB as the one-writer / many-reader table.
 
     pip install lmdb        # (or: pip install -e '.[bench]'); not a runtime dependency
     python -m bench.feed_vs_lmdb [--keys 1000000] [--batch 10000] [--lookup 700] [--seconds 10] [--out FILE.json]
@@ -13,7 +13,7 @@ keys (a request's rows) back to back. Both files live in ``/dev/shm``. Reported:
 - feed: ``FeedWriter.append`` (stage + publish, no RocksDB here) / ``FeedReader.lookup``
   (``refresh`` every 50 ms, as a follower polls);
 - LMDB: one write transaction per batch (``Cursor.putmulti``, keys = 8-byte big-endian
-  combined keys (``embstore.keys.combine_keys``), ``sync=False``: crash-safe for a process, which is what the feed
+  combined keys (``offgraph.store.keys.combine_keys``), ``sync=False``: crash-safe for a process, which is what the feed
   needs, the store being RocksDB) / one read transaction per lookup (``Cursor.getmulti``).
 
 This is a micro-benchmark: it does not replace the comparison on ``bench/update_freshness.py``
@@ -42,8 +42,8 @@ def _records(n: int, rb: int, v: int) -> np.ndarray:
 
 class Feed:
     def __init__(self, path: str, rb: int, writer: bool):
-        from embstore.feed import FeedReader, FeedWriter
-        from embstore.keys import key_array
+        from offgraph.store.feed import FeedReader, FeedWriter
+        from offgraph.store.keys import key_array
 
         self.key_array = key_array
         self.w = FeedWriter(path, rb) if writer else None
@@ -155,7 +155,7 @@ def run(kind: str, args) -> dict:
                 p.kill()
         feed_dir = None
         if kind == "feed":
-            from embstore.feed import feed_dir as fd
+            from offgraph.store.feed import feed_dir as fd
             feed_dir = fd(path)
         shutil.rmtree(path, ignore_errors=True)
         if feed_dir is not None:

@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from bench.serve_latency import Proc, build_bodies, fetch_scores, run_cell
-from server.harness import free_port
+from offgraph.testing.harness import free_port
 
 RATIO_LIMIT = 1.1
 
 
 def ids_only_bodies(spec, bodies: list[bytes]) -> list[bytes]:
-    from server.feature_join import ids_only
+    from offgraph.scoring.feature_join import ids_only
 
     out = []
     for b in bodies:
@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from exporter.manifest import complete_versions, load_manifest
-    from features.spec import parse_spec
+    from offgraph.modeldir.manifest import complete_versions, load_manifest
+    from offgraph.features.spec import parse_spec
 
     mdir = Path(args.models) / args.model
     vdir = mdir / str(complete_versions(mdir)[-1])
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     forms = {"full": full, "ids-only": ids}
     size = {k: float(np.mean([len(b) for b in v])) for k, v in forms.items()}
     port = free_port()
-    server = Proc("offgraph", [sys.executable, "-m", "offgraph_cli", "serve", "--models", str(args.models), "--port",
+    server = Proc("offgraph", [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(args.models), "--port",
                                str(port), "--workers", str(args.workers)], port, out / "server.log")
     path = f"/v1/models/{args.model}:score"
     results: list[dict] = []

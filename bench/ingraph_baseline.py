@@ -5,8 +5,8 @@ FG, behind the same kind of FastAPI endpoint as ``offgraph serve``.
     python -m bench.ingraph_baseline --run RUN --export-dir DIR --port 8501
 
 ``POST /v1/models/{name}:score`` takes and answers exactly what the offgraph server does
-(``server.schemas.ScoreRequest`` / ``ScoreResponse``, bodies parsed by the same
-``server.score_body.ScoreBodyParser``); the request path is
+(``offgraph.server.schemas.ScoreRequest`` / ``ScoreResponse``, bodies parsed by the same
+``offgraph.server.score_body.ScoreBodyParser``); the request path is
 FG (``FeatureGenerator.transform``, with the same per-item cache) -> padded ids/masks
 (request fields tiled to N rows) -> one SavedModel call (gather + pool + FM + MLP in TF)
 -> calibration, in a bounded thread pool. Only the name in the path is not checked.
@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Request
 
-from server.schemas import ScoreRequest, ScoreResponse
-from server.score_body import ScoreBodyParser
+from offgraph.server.schemas import ScoreRequest, ScoreResponse
+from offgraph.server.score_body import ScoreBodyParser
 
 SIGNATURE = "serving_default"
-MAX_VALUES_PER_FIELD = 64  # as dense_model.inputs pads for training
+MAX_VALUES_PER_FIELD = 64  # as offgraph.model.inputs pads for training
 
 
 def export_ingraph(run_dir: str | Path, out_dir: str | Path) -> Path:
@@ -37,7 +37,7 @@ def export_ingraph(run_dir: str | Path, out_dir: str | Path) -> Path:
     import tensorflow as tf
     from keras import ops
 
-    from dense_model.model import load_run
+    from offgraph.model.model import load_run
 
     out = Path(out_dir)
     if (out / "saved_model.pb").exists():
@@ -74,8 +74,8 @@ class InGraphScorer:
     def __init__(self, run_dir: str | Path, saved_model: str | Path, item_cache_size: int = 100_000):
         import tensorflow as tf
 
-        from features.fg import FeatureGenerator
-        from features.spec import load_spec
+        from offgraph.features.fg import FeatureGenerator
+        from offgraph.features.spec import load_spec
 
         self.spec = load_spec(Path(run_dir) / "spec.yaml")
         self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size)
@@ -100,7 +100,7 @@ class InGraphScorer:
         return x
 
     def score(self, request, candidates) -> np.ndarray:
-        from server.calibration import calibrate
+        from offgraph.scoring.calibration import calibrate
 
         if len(candidates) == 0:
             return np.zeros(0, np.float32)
@@ -143,7 +143,7 @@ def create_baseline_app(scorer: InGraphScorer, score_threads: int, max_candidate
 def _serve(run: str, export_dir: str, host: str, port: int, score_threads: int, intra: int, inter: int) -> None:
     """One server process (the only one, or a worker of several): load, warm up, serve."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from server.tf_threads import configure_tf_threads
+    from offgraph.server.tf_threads import configure_tf_threads
 
     configure_tf_threads(intra, inter)
     scorer = InGraphScorer(run, export_ingraph(run, export_dir))
@@ -151,8 +151,8 @@ def _serve(run: str, export_dir: str, host: str, port: int, score_threads: int, 
     for n in (1, 16, 200):
         scorer.score({}, warm[:n])
     app = create_baseline_app(scorer, score_threads)
-    from server.gc_tuning import tune_gc
-    from server.workers import reuseport_socket, serve_on
+    from offgraph.server.gc_tuning import tune_gc
+    from offgraph.server.workers import reuseport_socket, serve_on
 
     tune_gc()  # the same GC settings as offgraph serve
     serve_on(app, reuseport_socket(host, port), "warning")
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=1, help="server processes on the port (SO_REUSEPORT), as "
                                                           "offgraph serve --workers")
     args = p.parse_args(argv)
-    from server.workers import check_port_free
+    from offgraph.server.workers import check_port_free
 
     check_port_free(args.host, args.port)
     serve_args = (args.run, args.export_dir, args.host, args.port, args.score_threads, args.intra_threads,

@@ -3,7 +3,7 @@
     python -m bench.kafka_replicas --model-src out/demo/models/movielens/1 --data out/demo/data/movielens.parquet \\
         [--deltas 1000000] [--rate 60000] [--live-seconds 60] [--out kafka_replicas.json]   # + .png
 
-A Tansu broker (``streaming.tansu``) on loopback; a topic of ``--partitions`` (4). Each replica
+A Tansu broker (``offgraph.testing.tansu``) on loopback; a topic of ``--partitions`` (4). Each replica
 is its own copy of the exported version, its own `offgraph update --source kafka://...` and,
 in phase 3, its own `offgraph serve`. Deltas draw rows uniformly (the probe request's rows
 excepted) and carry one increasing seq counter, so the expected final state of a row is its
@@ -38,7 +38,7 @@ import numpy as np
 
 from bench.update_freshness import (HttpScorer, _counter, _pct, _start, _stop, build_requests, request_keys,
                                     user_row)
-from server.harness import free_port, wait_ready
+from offgraph.testing.harness import free_port, wait_ready
 
 NAME = "ml"
 TOPIC = "deltas"
@@ -49,7 +49,7 @@ class Producer:
     final state kept per row (the last produced value: seqs only grow)."""
 
     def __init__(self, broker: str, table_rows: np.ndarray, dim: int, exclude: np.ndarray, partitions: int):
-        from streaming.sink_kafka import KafkaSink
+        from offgraph.streaming.sink_kafka import KafkaSink
 
         self.sink = KafkaSink(f"kafka://{broker}/{TOPIC}", partitions=partitions)
         self.table_rows, self.dim = table_rows, dim
@@ -74,7 +74,7 @@ class Producer:
                 "seqs": seqs, "event_time_ms": int(time.time() * 1000)}
 
     def random_rows(self, k: int):
-        from embstore.keys import combine_keys
+        from offgraph.store.keys import combine_keys
 
         p = self.table_rows / self.table_rows.sum()
         t = self.rng.choice(len(self.table_rows), k, p=p).astype(np.uint32)
@@ -101,7 +101,7 @@ def _deltas_done(port: int) -> float:
 
 def _consumed(model_dir: Path) -> dict[int, int]:
     """The offsets an updater consumed, per partition (its status file)."""
-    from streaming.status_file import read_status
+    from offgraph.modeldir.status_file import read_status
 
     st = read_status(model_dir) or {}
     return {int(p): d.get("offset", -1) for p, d in (st.get("partitions") or {}).items()}
@@ -147,7 +147,7 @@ def drain(replicas: dict[str, tuple[int, Path]], last: dict[int, int], timeout: 
 
 def compare(vdirs: list[Path], prod: Producer) -> dict:
     """Every row of every table, raw, in both stores; and against the expected state."""
-    from embstore import open_store
+    from offgraph.store import open_store
 
     stores = [open_store(v / "store", mode="r") for v in vdirs]
     try:
@@ -208,9 +208,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="kafka_replicas.json")
     args = ap.parse_args(argv)
 
-    from exporter.manifest import load_manifest
-    from features.spec import parse_spec
-    from streaming.tansu import tansu_broker
+    from offgraph.modeldir.manifest import load_manifest
+    from offgraph.features.spec import parse_spec
+    from offgraph.testing.tansu import tansu_broker
 
     src = Path(args.model_src)
     manifest = load_manifest(src, verify_dense=False)
@@ -218,7 +218,7 @@ def main(argv=None) -> int:
     table_rows = np.array([f["rows"] for f in sorted(manifest["fields"], key=lambda f: f["table_id"])])
     work = Path(args.work or tempfile.mkdtemp(prefix="og-kafka-"))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    py = [sys.executable, "-m", "offgraph_cli"]
+    py = [sys.executable, "-m", "offgraph.cli"]
     reqs = build_requests(spec, Path(args.data), 50, 200)
     f_req, f_cands = reqs[0][0], reqs[0][1][:20]
     tid, row = user_row(spec, f_req, f_cands[0])
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
             timeouts = 0
             prev = {n: s.score(f_req, f_cands) for n, s in scorers.items()}
             probe_rng = np.random.default_rng(5)
-            from streaming.sink_kafka import KafkaSink
+            from offgraph.streaming.sink_kafka import KafkaSink
 
             probe_sink = KafkaSink(f"kafka://{broker}/{TOPIC}", partitions=args.partitions)
             th.start()

@@ -9,7 +9,7 @@ counts, so that the machine's other load hits every count alike. Two measures pe
 
     python -m bench.read_threads --store out/scale-models/m10000000/scale/1/store --out bench/results/read-threads
 
-Writes ``OUT/read_threads-B{batch}-K{keys}.json`` and ``.png``; ``embstore.config.DEFAULT_READ_THREADS`` is
+Writes ``OUT/read_threads-B{batch}-K{keys}.json`` and ``.png``; ``offgraph.store.config.DEFAULT_READ_THREADS`` is
 chosen from them (bench/results/read-threads/README.md).
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from embstore import StoreConfig, open_store
-from embstore.keys import key_array, key_list, shard_of
+from offgraph.store import StoreConfig, open_store
+from offgraph.store.keys import key_array, key_list, shard_of
 
 THREADS = (1, 2, 4, 8, 16)
 

@@ -40,11 +40,11 @@ from bench.scale_swap import run_swap, summarize
 from bench.scale_traffic import POPULARITIES, bodies as to_bodies, build_requests
 from bench.scale_warmup import kib_per_request, warm_until_steady
 from bench.serve_latency import run_cell
-from embstore.config import DEFAULT_READ_THREADS  # the store's, where the server does not report its own
-from embstore.device_probe import DirectIOUnsupported, describe_profile, device_profile
-from embstore.prefetch import store_files
-from exporter.cli_synth import count
-from exporter.synth_config import DISK_MARGIN, SynthConfig
+from offgraph.store.config import DEFAULT_READ_THREADS  # the store's, where the server does not report its own
+from offgraph.store.device_probe import DirectIOUnsupported, describe_profile, device_profile
+from offgraph.store.prefetch import store_files
+from offgraph.cli.synth import count
+from offgraph.export.synth_config import DISK_MARGIN, SynthConfig
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "scale"
@@ -78,7 +78,7 @@ def synth(out: Path, rows: int, seed: int, log_path: Path, code: Path = REPO) ->
             return m
         raise SystemExit(f"{out} holds another version ({syn}); remove it or choose another --workdir")
     _log(f"synth {rows:,} rows -> {out}")
-    cmd = [sys.executable, "-m", "offgraph_cli", "synth", "--out", str(out), "--rows", str(rows), "--seed", str(seed)]
+    cmd = [sys.executable, "-m", "offgraph.cli", "synth", "--out", str(out), "--rows", str(rows), "--seed", str(seed)]
     with open(log_path, "w") as log:
         r = subprocess.run(cmd, cwd=code, stdout=log, stderr=subprocess.STDOUT)
     if r.returncode != 0:
@@ -219,29 +219,29 @@ def reads_per_request(before: dict[str, float], after: dict[str, float], request
 
 def predicted_read(misses_per_request: float | None, read_threads: int, device: dict | None,
                    shards: int = SHARDS) -> dict | None:
-    """The read time per request the disk predicts for the measured misses: ``server.plan.read_time``
+    """The read time per request the disk predicts for the measured misses: ``offgraph.export.plan.read_time``
     (the one model, ``offgraph plan``'s): (misses per request / reads in flight) x the device's MEAN
     latency at that depth (its probe at depths 1 and 8, linear between), reads in flight = the
     ``multi_get`` chunks a request's misses make, at least 1 and at most the read threads. Also the c8
     bound: reads/s at depth 8 / misses per request. None without a probe."""
     if misses_per_request is None or not device:
         return None
-    from server.plan import Device, read_time
+    from offgraph.export.plan import Device, read_time
 
     return read_time(misses_per_request, Device.from_profile(device), int(read_threads), shards)
 
 
 def perfect_lfu(rows: int, args, warm: list[tuple[int, int, int]], sent: list[range], capacity_rows: int) -> float:
-    """Perfect LFU's hit ratio (``embstore.cache_sim``'s static oracle) at ``capacity_rows`` on the key
+    """Perfect LFU's hit ratio (``offgraph.export.cache_sim``'s static oracle) at ``capacity_rows`` on the key
     trace the server's row cache saw: the warm-up (its first ``--warmup-requests`` bodies, then for each
     later round ``(k, bodies drawn, requests sent)``, bodies cycled as ``run_cell`` sends them), then the
     measured requests (``sent``: ranges of the measured bodies' indices), counted over the measured ones
     only. The keys are those the server computes from the same draws as ``measure``'s bodies
-    (``build_requests``' columns, same seeds), built as columns (``server.plan.request_keys``, exact:
+    (``build_requests``' columns, same seeds), built as columns (``offgraph.export.plan.request_keys``, exact:
     ``tests/test_plan.py`` checks them against the FG's), not through FG request by request (minutes)."""
     from bench.scale_traffic import draw_columns
-    from embstore.cache_sim import perfect_lfu_hit_ratio, trace_of
-    from server.plan import request_keys
+    from offgraph.export.cache_sim import perfect_lfu_hit_ratio, trace_of
+    from offgraph.export.plan import request_keys
 
     def keys(n: int, seed: int) -> list:
         req, cand = draw_columns(rows, n, args.candidates, "zipf", seed)
@@ -258,13 +258,13 @@ def perfect_lfu(rows: int, args, warm: list[tuple[int, int, int]], sent: list[ra
 
 
 def plan_for(run: dict, memory_mb: float | None, args) -> dict | None:
-    """``offgraph plan``'s prediction for the cell (``server.plan.predict``, from the cell's own device
+    """``offgraph plan``'s prediction for the cell (``offgraph.export.plan.predict``, from the cell's own device
     probe, at the cell's memory budget): its simulated hit ratio and read time, beside the measured ones.
     None without a probe or where ``--plan-max-s`` is 0."""
     if not run.get("device") or args.plan_max_s <= 0:
         return None
-    from server.memory_budget import DEFAULT_MEMORY_MB
-    from server.plan import Device, predict
+    from offgraph.scoring.memory_budget import DEFAULT_MEMORY_MB
+    from offgraph.export.plan import Device, predict
 
     got = predict(run["rows"], memory_mb or DEFAULT_MEMORY_MB, run["popularity"], candidates=args.candidates,
                   device=Device.from_profile(run["device"]), read_threads=int(run["read_threads"]),
@@ -277,7 +277,7 @@ def plan_for(run: dict, memory_mb: float | None, args) -> dict | None:
 
 def _probe(version: Path, args) -> dict | None:
     """The device's direct random-read latency on ``version``'s store files at queue depths 1 and 8
-    (``embstore.device_probe``), ``--disk-probe-s`` split between them; None where off or refused."""
+    (``offgraph.store.device_probe``), ``--disk-probe-s`` split between them; None where off or refused."""
     if args.disk_probe_s <= 0:
         return None
     try:
@@ -519,7 +519,7 @@ def markdown(report: dict) -> str:
                      f"{r['row_cache_hit_ratio'] or 0:.3f} | {r['block_cache_hit_ratio'] or 0:.3f} | {_from_disk(r)} | "
                      f"{r['disk_bytes_per_row']:.1f} | {_disk(r)} |")
     lines += ["", "Predicted from the disk (the device probe just before each cell, direct 16-KiB random reads; "
-              "`server.plan.read_time`): read time per request = (row-cache misses per request / reads in "
+              "`offgraph.export.plan.read_time`): read time per request = (row-cache misses per request / reads in "
               "flight) x the device's mean latency at that depth (depths 1 and 8 probed, linear between); reads "
               "in flight = the multi_get chunks the misses make, 1 to the read threads. `offgraph plan`: its "
               "simulated hit ratio and read time for the cell, from the same probe.", "",
@@ -702,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--disk-probe-s", type=float, default=10.0,
                    help="seconds of direct random reads of the version's files before each cell (and the swap, "
                         "before and after), split between queue depths 1 and 8: the disk's latency in the same run "
-                        "(embstore/device_probe.py; 0: off)")
+                        "(offgraph/store/device_probe.py; 0: off)")
     p.add_argument("--repeats-at", type=count, default=10**9, help="run the workers-1 Zipf cell of this size ...")
     p.add_argument("--repeats", type=int, default=3, help="... this many times, each on a fresh server")
     p.add_argument("--plan-max-s", type=float, default=20.0,
@@ -743,8 +743,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(e))
     swap_size = args.swap_size or None
     baseline = Path(args.baseline_repo).resolve() if args.baseline_repo else None
-    if baseline and not (baseline / "offgraph_cli.py").exists():
-        p.error(f"--baseline-repo {baseline}: no offgraph_cli.py there (extract the old code's `git archive`)")
+    if baseline and not (baseline / "offgraph/cli.py").exists():
+        p.error(f"--baseline-repo {baseline}: no offgraph/cli.py there (extract the old code's `git archive`)")
     baseline_sizes = {count(x) for x in args.baseline_sizes.split(",") if x.strip()} if baseline else set()
     # absolute: the old code's servers run in their own directory
     work, out = Path(args.workdir).resolve(), Path(args.out).resolve()

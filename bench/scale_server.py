@@ -1,6 +1,6 @@
 """One `offgraph serve` under measurement for the scale bench: start-to-ready, PSS, cache counters, admin.
 
-Reuses ``bench.serve_latency.Proc`` (the server subprocess) and ``server.harness`` (free port, readiness).
+Reuses ``bench.serve_latency.Proc`` (the server subprocess) and ``offgraph.testing.harness`` (free port, readiness).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import httpx
 
 from bench.proc_memory import page_cache_refaults, tree_major_faults, tree_pss_bytes, tree_read_bytes
 from bench.serve_latency import Conn, Proc
-from server.harness import free_port
+from offgraph.testing.harness import free_port
 
 ADMIN_TOKEN = "scale-bench"
 _LOADED = re.compile(r"serving version \d+ \(loaded and warmed up in ([0-9.]+)s\)")
@@ -36,7 +36,7 @@ class ScaleServer:
         """``code``: a checkout whose ``offgraph serve`` runs (the server starts there; default this one)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port", str(self.port),
+        cmd = [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port", str(self.port),
                "--workers", str(workers), "--admin-token", ADMIN_TOKEN, *(extra or [])]
         self.t_start = time.perf_counter()
         self.proc = Proc(f"serve-w{workers}", cmd, self.port, log_path, **({"cwd": code} if code else {}))

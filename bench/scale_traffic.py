@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from embstore.keys import splitmix64
-from exporter.synth_spec import SMALL_TABLES, TAGS_PER_ITEM, huge_table_rows
+from offgraph.store.keys import splitmix64
+from offgraph.export.synth_spec import SMALL_TABLES, TAGS_PER_ITEM, huge_table_rows
 
 POPULARITIES = ("zipf", "uniform")
 ZIPF_EXPONENT = 1.1

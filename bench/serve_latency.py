@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from server.harness import free_port, wait_ready
+from offgraph.testing.harness import free_port, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 REQUEST_INPUTS = ["user_id", "age", "gender", "occupation", "zip_prefix"]
@@ -186,7 +186,7 @@ async def fetch_scores(host: str, port: int, path: str, body: bytes) -> np.ndarr
 # -- servers ---------------------------------------------------------------------------------------------
 class Proc:
     def __init__(self, name: str, cmd: list[str], port: int, log_path: Path, cwd: Path = REPO):
-        """``cwd``: where ``cmd`` runs; ``python -m offgraph_cli`` imports the code found there first (the
+        """``cwd``: where ``cmd`` runs; ``python -m offgraph.cli`` imports the code found there first (the
         editable install's finder comes after the path), so another checkout's directory runs its code."""
         self.name, self.port = name, port
         self.log_path = log_path
@@ -213,12 +213,12 @@ class Proc:
 def library_breakdown(model_dir: Path, body: bytes, repeats: int, row_cache_mb: float, intra: int,
                       inter: int) -> dict:
     """Phases of Scorer.score in this process for one request (median ms): where the time goes."""
-    from server.tf_threads import configure_tf_threads
+    from offgraph.server.tf_threads import configure_tf_threads
 
     configure_tf_threads(intra, inter)  # as the servers
-    from server import scorer_impl
-    from server.calibration import calibrate
-    from server.scorer import load
+    from offgraph.scoring import batch as scorer_impl
+    from offgraph.scoring.calibration import calibrate
+    from offgraph.scoring.scorer import load
 
     req = json.loads(body)
     request, cands = req["request"], req["candidates"]
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.score_threads:
         threads += ["--score-threads", str(args.score_threads)]
     og_port, ig_port = free_port(), free_port()
-    offgraph = Proc("offgraph", [sys.executable, "-m", "offgraph_cli", "serve", "--models", str(work / "models"),
+    offgraph = Proc("offgraph", [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(work / "models"),
                                  "--port", str(og_port), "--cache-mb", str(args.cache_mb),
                                  "--log-level", "warning", *threads,
                                  *(["--follow-seconds", str(args.follow_seconds)] if args.follow_seconds else [])],

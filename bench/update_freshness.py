@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from server.harness import NotReady, free_port, wait_ready
+from offgraph.testing.harness import NotReady, free_port, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "ml"
@@ -91,8 +91,8 @@ def build_requests(spec, data: Path, n_requests: int, n_candidates: int, seed: i
 
 def user_row(spec, request, candidate) -> tuple[int, int]:
     """(table id, row) of the request's first request-scope field value (the user_id row)."""
-    from server.scorer_impl import batch_keys
-    from features.fg import FeatureGenerator
+    from offgraph.scoring.batch import batch_keys
+    from offgraph.features.fg import FeatureGenerator
 
     batch = FeatureGenerator(spec).transform(request, [candidate])
     keys = batch_keys(batch)
@@ -131,7 +131,7 @@ class HttpScorer:
 
 class LocalScorer:
     def __init__(self, version_dir: Path):
-        from server.scorer import Scorer
+        from offgraph.scoring.scorer import Scorer
 
         self.scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=64)
 
@@ -169,7 +169,7 @@ def _counter(port: int, name: str) -> float:
 # ------------------------------------------------------------------------------ phases
 def publish_row(spool: Path, version: int, tid: int, row: int, dim: int, seq: int, rng) -> None:
     """A one-row delta file with a random new vector for ``(tid, row)``."""
-    from streaming.delta_format import publish_delta
+    from offgraph.streaming.delta_format import publish_delta
 
     publish_delta(spool, model=NAME, model_version=version, table_ids=[tid], rows=[row],
                   vectors=(rng.standard_normal((1, dim)) * 0.3).astype(np.float32),
@@ -197,9 +197,9 @@ def freshness(scorer, spool: Path, spec, request, cands, trials: int, version: i
 
 
 def request_keys(spec, request, cands) -> np.ndarray:
-    """Combined keys (``embstore.keys.combine_keys``) of every row the request reads."""
-    from server.scorer_impl import batch_keys
-    from features.fg import FeatureGenerator
+    """Combined keys (``offgraph.store.keys.combine_keys``) of every row the request reads."""
+    from offgraph.scoring.batch import batch_keys
+    from offgraph.features.fg import FeatureGenerator
 
     return batch_keys(FeatureGenerator(spec).transform(request, cands)).unique_keys
 
@@ -208,8 +208,8 @@ def write_load_files(stage: Path, total: int, per_file: int, table_rows: np.ndar
                      seq0: int, exclude: np.ndarray) -> int:
     """Load delta files of uniformly drawn rows, none of them in ``exclude`` (the probe
     request's rows: its scores must change only when a probe delta lands)."""
-    from embstore.keys import combine_keys
-    from streaming.delta_format import spool_file_name, write_delta_file
+    from offgraph.store.keys import combine_keys
+    from offgraph.streaming.delta_format import spool_file_name, write_delta_file
 
     rng = np.random.default_rng(2)
     p_table = table_rows / table_rows.sum()  # uniform over all rows of all tables
@@ -435,9 +435,9 @@ def main(argv=None) -> int:
     ap.add_argument("--png", default=None, help="also plot here (default: OUT with .png)")
     args = ap.parse_args(argv)
 
-    from exporter.manifest import load_manifest
-    from features.spec import parse_spec
-    from offgraph_cli import pin_cpus
+    from offgraph.modeldir.manifest import load_manifest
+    from offgraph.features.spec import parse_spec
+    from offgraph.runtime import pin_cpus
 
     src = Path(args.model_src)
     manifest = load_manifest(src, verify_dense=False)
@@ -451,7 +451,7 @@ def main(argv=None) -> int:
     shutil.copy(src / "manifest.json", vdir / "manifest.json")
     spool.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    py = [sys.executable, "-m", "offgraph_cli"]
+    py = [sys.executable, "-m", "offgraph.cli"]
     server = updater = None
     report: dict = {"model_src": str(src), "quant": manifest["store"]["quant"], "shards": manifest["store"]["shards"],
                     "cpus": os.cpu_count(), "trials": args.trials, "requests": args.requests,

@@ -6,13 +6,13 @@ fresh by the stream trainer, day by day after a GLOBAL time cut.
 1. build the data; train a DeepFM on the ratings before the cut (a quantile of the
    timestamps); export it (int8 x 4 shards by default) to MODELS/movielens/1;
 2. copy the version to a second models directory: the "streamed" model. Its store is
-   updated only by deltas, through the real updater (``streaming.updater.Updater``, what
+   updated only by deltas, through the real updater (``offgraph.streaming.updater.Updater``, what
    ``offgraph update`` runs; ONE updater kept up for the whole demo) when it exists, else by
    ``store.write``;
 3. for each evaluation day (UTC days after the cut with at least --min-events
    ratings, at most --days of them): stream-train on every rating not yet streamed
    that happened before that day, apply the deltas, then score the day's ratings with
-   both models through ``server.scorer.Scorer`` (rows grouped into requests as
+   both models through ``offgraph.scoring.scorer.Scorer`` (rows grouped into requests as
    ``offgraph check`` does; the streamed scorer follows the live store) and compare
    held-out AUC / logloss.
 
@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from offgraph_config import default
-from streaming.stream_train_config import OPTIMIZERS, StreamTrainConfig
+from offgraph.config import default
+from offgraph.streaming.stream_train_config import OPTIMIZERS, StreamTrainConfig
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "examples" / "movielens.yaml"
 MODEL = "movielens"
@@ -68,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--every-events", type=int, default=1000, help="delta file every K events")
     p.add_argument("--reuse", action="store_true", help="reuse OUT/run and OUT/models when present (tuning)")
     p.add_argument("--apply", choices=["auto", "updater", "store-write"], default="auto",
-                   help="how deltas reach the streamed store (auto: the updater if streaming/updater.py exists)")
+                   help="how deltas reach the streamed store (auto: the updater if offgraph/streaming/updater.py exists)")
     args = p.parse_args(argv)
     if not 0 < args.cut_quantile < 1:
         raise ValueError(f"--cut-quantile must be in (0, 1), got {args.cut_quantile}")
@@ -80,13 +80,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _updater_available() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("streaming.updater") is not None
+    return importlib.util.find_spec("offgraph.streaming.updater") is not None
 
 
 def _start_updater(models_dir: Path, spool: Path):
     """The live updater (what `offgraph update --models DIR --model movielens --source spool:DIR` runs)."""
-    from streaming.sources import open_source
-    from streaming.updater import Updater
+    from offgraph.streaming.sources import open_source
+    from offgraph.streaming.updater import Updater
 
     up = Updater(models_dir, MODEL, open_source(f"spool:{spool}", delete_applied=True))
     up.start()
@@ -103,16 +103,16 @@ def _apply_updater(up) -> dict:
 
 
 class _StoreWriter:
-    """Fallback without streaming/updater.py: ``store.write`` of every spool file, in name order."""
+    """Fallback without offgraph/streaming/updater.py: ``store.write`` of every spool file, in name order."""
 
     def __init__(self, version_dir: Path, spool: Path):
-        from embstore import open_store
+        from offgraph.store import open_store
 
         self.store = open_store(version_dir / "store", mode="w")
         self.spool = spool
 
     def apply(self) -> dict:
-        from streaming.delta_format import read_delta_file
+        from offgraph.streaming.delta_format import read_delta_file
 
         rows, files = 0, sorted(self.spool.glob("*.delta.arrow"))
         for p in files:
@@ -127,7 +127,7 @@ class _StoreWriter:
 
 
 def _score(scorer, spec, columns: dict, idx: np.ndarray) -> np.ndarray:
-    from exporter.check import requests_from_rows
+    from offgraph.export.check import requests_from_rows
 
     out = np.zeros(len(idx), np.float32)
     for req, cands, pos in requests_from_rows(spec, columns, idx):
@@ -137,20 +137,20 @@ def _score(scorer, spec, columns: dict, idx: np.ndarray) -> np.ndarray:
 
 def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from offgraph_cli import install_quiet_tensorflow_import
+    from offgraph.runtime import install_quiet_tensorflow_import
 
     install_quiet_tensorflow_import()  # TensorFlow's C++ start-up lines, hidden as by the offgraph CLI
     args = parse_args(argv)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from dense_model.datasets import build
-    from dense_model.metrics_impl import auc, logloss
-    from dense_model.train import TrainConfig, train_run
-    from exporter.export import export_run
-    from server.scorer import Scorer
-    from features.spec import load_spec
-    from streaming.stream_train import open_trainer
+    from offgraph.data.datasets import build
+    from offgraph.model._metrics import auc, logloss
+    from offgraph.model.train import TrainConfig, train_run
+    from offgraph.export.export import export_run
+    from offgraph.scoring.scorer import Scorer
+    from offgraph.features.spec import load_spec
+    from offgraph.streaming.stream_train import open_trainer
 
     t_start = time.perf_counter()
     out = Path(args.out)
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     users = table.column("user_id").to_numpy()
     print(f"cut {time.strftime('%Y-%m-%d %H:%M', time.gmtime(cut))} UTC (q={args.cut_quantile}): "
           f"{len(before)} ratings before, {int(after.sum())} after; {len(eval_days)} evaluation days; "
-          f"deltas applied by {'the updater (streaming.updater.Updater, as offgraph update runs it)' if apply_mode == 'updater' else 'store.write on the copy'}",
+          f"deltas applied by {'the updater (offgraph.streaming.updater.Updater, as offgraph update runs it)' if apply_mode == 'updater' else 'store.write on the copy'}",
           flush=True)
 
     fields = None if args.fields == "all" else tuple(f.strip() for f in args.fields.split(",") if f.strip())
@@ -262,9 +262,9 @@ def _run_days(eval_days, ts, day, table, spec, columns, labels, users, cut, trai
     """Per evaluation day: stream-train on what happened before it, apply, catch up, score both models."""
     import pyarrow as pa
 
-    from dense_model.metrics_impl import auc, logloss
-    from streaming.stream_train import stream_train_table
-    from embstore.keys import split_keys
+    from offgraph.model._metrics import auc, logloss
+    from offgraph.streaming.stream_train import stream_train_table
+    from offgraph.store.keys import split_keys
 
     secs = state["seconds"]
     streamed_upto = cut  # ratings with cut <= ts < streamed_upto have been streamed

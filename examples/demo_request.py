@@ -12,7 +12,7 @@ import sys
 import httpx
 import pyarrow.parquet as pq
 
-from server.harness import NotReady, free_port, wait_ready
+from offgraph.testing.harness import NotReady, free_port, wait_ready
 
 
 def real_request(data: str, n: int) -> dict:
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0)
     args = ap.parse_args(argv)
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "offgraph_cli", "serve", "--models", args.models,
+    server = subprocess.Popen([sys.executable, "-m", "offgraph.cli", "serve", "--models", args.models,
                                "--host", "127.0.0.1", "--port", str(port)])
     base = f"http://127.0.0.1:{port}"
     try:

@@ -12,7 +12,7 @@ SHARED = REPO.parent / "shared" / "data"
 @pytest.fixture(scope="session")
 def movielens_table(tmp_path_factory):
     """The real MovieLens-100k flat table (built once per test session)."""
-    from dense_model.datasets import build
+    from offgraph.data.datasets import build
     import pyarrow.parquet as pq
 
     out = tmp_path_factory.mktemp("ml")
@@ -22,8 +22,8 @@ def movielens_table(tmp_path_factory):
 @pytest.fixture(scope="session")
 def small_run(movielens_table, tmp_path_factory):
     """A DeepFM trained for 1 epoch on the first 30k MovieLens ratings: (run_dir, table)."""
-    from dense_model.train import TrainConfig, train_run
-    from features import load_spec
+    from offgraph.model.train import TrainConfig, train_run
+    from offgraph.features import load_spec
 
     spec = load_spec(REPO / "examples" / "movielens.yaml")
     table = movielens_table.slice(0, 30000)
@@ -35,8 +35,8 @@ def small_run(movielens_table, tmp_path_factory):
 @pytest.fixture(scope="session")
 def numeric_run(movielens_table, tmp_path_factory):
     """Like ``small_run`` with examples/movielens_numeric.yaml (a standardized continuous field): (run_dir, table)."""
-    from dense_model.train import TrainConfig, train_run
-    from features import load_spec
+    from offgraph.model.train import TrainConfig, train_run
+    from offgraph.features import load_spec
 
     spec = load_spec(REPO / "examples" / "movielens_numeric.yaml")
     table = movielens_table.slice(0, 30000)
@@ -48,11 +48,11 @@ def numeric_run(movielens_table, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model(movielens_table, tmp_path_factory):
     """(pristine MODELS dir holding ml/1, the table slice): a 1-epoch DeepFM with tables 1/50 of the example's."""
-    from dense_model.train import TrainConfig, train_run
+    from offgraph.model.train import TrainConfig, train_run
     import yaml
 
-    from exporter.export import export_run
-    from features import parse_spec
+    from offgraph.export.export import export_run
+    from offgraph.features import parse_spec
 
     raw = yaml.safe_load((REPO / "examples" / "movielens.yaml").read_text())
     for f in raw["fields"]:
@@ -145,7 +145,7 @@ STORE_WRITER = """
 import json, sys, time
 import numpy as np
 sys.path.insert(0, {root!r})
-from embstore import open_store
+from offgraph.store import open_store
 st = open_store({path!r}, mode="w")
 print("ready", flush=True)
 for line in sys.stdin:
@@ -209,7 +209,7 @@ def feed_shm():
     import shutil
     import tempfile
 
-    from embstore.feed import SHM_ENV
+    from offgraph.store.feed import SHM_ENV
 
     d = tempfile.mkdtemp(prefix="offgraph-test-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     old = os.environ.get(SHM_ENV)

@@ -1,12 +1,12 @@
 """Kafka test helpers: a reader of a whole topic, producers, and `offgraph update` over a topic as a
-subprocess, with the store's recorded positions (the broker itself: ``streaming.tansu``)."""
+subprocess, with the store's recorded positions (the broker itself: ``offgraph.testing.tansu``)."""
 import os
 import subprocess
 import time
 
 import pytest
 
-from streaming.tansu import tansu_broker
+from offgraph.testing.tansu import tansu_broker
 from streaming_helpers import NAME, REPO, export_tiny, make_deltas, open_version_store, train_tiny, update_cmd
 
 P = 4  # partitions
@@ -48,7 +48,7 @@ def topic_name(request) -> str:
 
 
 def sink(broker, topic, vdir=None):
-    from streaming.sink_kafka import KafkaSink
+    from offgraph.streaming.sink_kafka import KafkaSink
 
     return KafkaSink(f"kafka://{broker}/{topic}", version_dir=vdir, partitions=P)
 
@@ -67,7 +67,7 @@ def raw_producer(broker, **config):
 
 def stored_positions(vdir, topic) -> dict[int, list[tuple[int, int]]]:
     """Partition -> per shard (epoch, offset) recorded in the store ((-1, -1): none)."""
-    from streaming.source_kafka import parse_position
+    from offgraph.streaming.source_kafka import parse_position
 
     with open_version_store(vdir) as st:
         out = {}

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from server.harness import free_port, wait_ready  # noqa: F401 (the tests' names for them)
+from offgraph.testing.harness import free_port, wait_ready  # noqa: F401 (the tests' names for them)
 
 TOKEN = "test-admin-token"
 
@@ -53,7 +53,7 @@ def serve_process(models: Path, log: Path, *flags: str) -> tuple[subprocess.Pope
     ``log``: ``(process, base url)``. Stop it with :func:`stop_server`."""
     port = free_port()
     with open(log, "w") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port",
+        proc = subprocess.Popen([sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port",
                                  str(port), *flags], cwd=Path(__file__).resolve().parent.parent, stdout=logf,
                                 stderr=subprocess.STDOUT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     return proc, f"http://127.0.0.1:{port}"
@@ -72,7 +72,7 @@ def stop_server(proc: subprocess.Popen, timeout: float = 60) -> str:
 
 def server_config(models: Path, **kw):
     """A ServerConfig for tests: the admin token ``TOKEN``, fast polls, small caches and warm-ups."""
-    from server import ServerConfig
+    from offgraph.server import ServerConfig
 
     base = dict(models_dir=models, admin_token=TOKEN, poll_seconds=0.2, score_threads=4, cache_mb=16,
                 warmup_candidates=32)
@@ -90,7 +90,7 @@ class ThreadServer:
     def __init__(self, config, app=None, ready: bool = True):
         import uvicorn
 
-        from server import create_app
+        from offgraph.server import create_app
 
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))

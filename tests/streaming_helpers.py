@@ -20,8 +20,8 @@ def train_tiny(root: Path) -> Path:
     """A 3-field DeepFM (tables of ROWS rows, D = DIM) trained 1 epoch on a synthetic table; the run dir."""
     import pyarrow as pa
 
-    from dense_model.train import TrainConfig, train_run
-    from features.spec import parse_spec
+    from offgraph.model.train import TrainConfig, train_run
+    from offgraph.features.spec import parse_spec
 
     spec = parse_spec({"model": {"embedding_dim": DIM, "mlp": [8]}, "label": "label", "fields": [
         {"name": "user", "scope": "request", "op": "id", "input": "user", "rows": int(ROWS[0])},
@@ -37,7 +37,7 @@ def train_tiny(root: Path) -> Path:
 
 def export_tiny(run: Path, out: Path, quant: str, shards: int = 4) -> Path:
     """Export ``run`` to ``out`` (a MODELS/tiny/VERSION directory)."""
-    from exporter.export import export_run
+    from offgraph.export.export import export_run
 
     export_run(run, out, shards=shards, quant=quant, progress=False)
     return out
@@ -62,7 +62,7 @@ def make_deltas(rng, k, *, seq0, tables=None, hot=None):
 
 
 def publish(spool, version, d, model=NAME):
-    from streaming.delta_format import publish_delta
+    from offgraph.streaming.delta_format import publish_delta
 
     return publish_delta(spool, model=model, model_version=version, fsync=False, **d)
 
@@ -83,7 +83,7 @@ def last_write_wins(deltas):
 
 
 def open_version_store(vdir, mode="r"):
-    from embstore import open_store
+    from offgraph.store import open_store
 
     return open_store(vdir / "store", mode=mode)
 
@@ -106,15 +106,15 @@ def spool_files(d: Path):
 
 def updater(models, spool, **kw):
     """An in-process Updater of MODELS/tiny over ``spool:SPOOL``."""
-    from streaming.sources import open_source
-    from streaming.updater import Updater
+    from offgraph.streaming.sources import open_source
+    from offgraph.streaming.updater import Updater
 
     return Updater(models, NAME, open_source(f"spool:{spool}"), poll_interval_s=0.01, **kw)
 
 
 def update_cmd(models, spool, *args) -> list[str]:
     """``offgraph update`` of MODELS/tiny over ``spool:SPOOL`` as a subprocess command line."""
-    return [sys.executable, "-m", "offgraph_cli", "update", "--models", str(models), "--model", NAME,
+    return [sys.executable, "-m", "offgraph.cli", "update", "--models", str(models), "--model", NAME,
             "--source", f"spool:{spool}", *args]
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.scale_traffic import bodies as to_bodies, build_requests
-from server.harness import wait_ready
+from offgraph.testing.harness import wait_ready
 from tests.server_helpers import score, serve_process, stop_server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,7 +27,7 @@ O_DIRECT = 0o40000  # x86-64 (asm-generic): the flag as /proc/PID/fdinfo shows i
 
 
 def _synth(out: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "offgraph_cli", "synth", "--out", str(out), "--rows", str(ROWS),
+    r = subprocess.run([sys.executable, "-m", "offgraph.cli", "synth", "--out", str(out), "--rows", str(ROWS),
                         "--shards", "4", "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -109,10 +109,10 @@ def test_a_small_budget_holds_under_traffic_with_direct_reads_and_library_scores
 LIBRARY_SCORES = f"""
 import sys
 import numpy as np
-from server.tf_threads import configure_tf_threads
+from offgraph.server.tf_threads import configure_tf_threads
 configure_tf_threads(1, 1)
 from bench.scale_traffic import build_requests
-from server.scorer import Scorer
+from offgraph.scoring.scorer import Scorer
 with Scorer(sys.argv[1]) as lib:
     np.save(sys.argv[2], np.stack([lib.score(r, c) for r, c in build_requests({ROWS}, *{REQUESTS!r})]))
 """

@@ -1,13 +1,13 @@
-"""The row cache's policy (embstore.row_cache_impl) on skewed key traces, and the offline simulation that
-chose it (embstore.cache_sim)."""
+"""The row cache's policy (offgraph.store._row_cache) on skewed key traces, and the offline simulation that
+chose it (offgraph.export.cache_sim)."""
 
 import numpy as np
 import pytest
 
 from bench.scale_traffic import item_uniform, ranks
-from embstore import RowCache, get_codec
-from embstore.cache_sim import lru_hit_ratio, perfect_lfu_hit_ratio, replay, s3fifo_hit_ratio, trace_of
-from embstore.keys import combine_keys
+from offgraph.store import RowCache, get_codec
+from offgraph.export.cache_sim import lru_hit_ratio, perfect_lfu_hit_ratio, replay, s3fifo_hit_ratio, trace_of
+from offgraph.store.keys import combine_keys
 
 INT8 = get_codec("int8", 16)
 

@@ -7,15 +7,15 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from exporter.feature_build import build_feature_tables
-from server.scorer import Scorer
+from offgraph.export.feature_build import build_feature_tables
+from offgraph.scoring.scorer import Scorer
 from server_helpers import copy_models
 
 CHECKED = 1500
 
 
 def test_check_ids_only_counts_unknown_request_keys_apart_from_unknown_candidates(tiny_model, tmp_path, capsys):
-    import offgraph_cli
+    import offgraph.cli
 
     pristine, table = tiny_model
     models = copy_models(pristine, tmp_path / "models")
@@ -39,7 +39,7 @@ def test_check_ids_only_counts_unknown_request_keys_apart_from_unknown_candidate
     data = tmp_path / "rows.parquet"
     pq.write_table(checked, data)
     out = tmp_path / "check.json"
-    rc = offgraph_cli.main(["check", "--model", str(models / "ml" / "1"), "--run", str(pristine.parent / "run"),
+    rc = offgraph.cli.main(["check", "--model", str(models / "ml" / "1"), "--run", str(pristine.parent / "run"),
                             "--data", str(data), "--rows", "all", "--limit", "0", "--ids-only", "--json", str(out)])
     assert rc == 1  # unknown keys score differently ids-only
     res = json.loads(out.read_text())

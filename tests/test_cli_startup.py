@@ -24,7 +24,7 @@ def _python(code: str, env: dict | None = None, timeout: float = 120) -> subproc
 
 
 def _offgraph(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "offgraph_cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "offgraph.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 
@@ -34,8 +34,8 @@ def _env_without_tf_log_level() -> dict:
 
 
 def test_help_builds_every_subcommand_without_heavy_imports():
-    r = _python("import json, sys, offgraph_cli\n"
-                "try:\n    offgraph_cli.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+    r = _python("import json, sys; import offgraph.cli\n"
+                "try:\n    offgraph.cli.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
                 f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
@@ -57,16 +57,16 @@ def test_help_is_fast():
 
 @pytest.mark.parametrize("cmd", ["update", "serve", "data", "train", "export", "check"])
 def test_subcommand_help_loads_no_tensorflow(cmd):
-    r = _python("import sys, offgraph_cli\n"
-                f"try:\n    offgraph_cli.main([{cmd!r}, '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+    r = _python("import sys; import offgraph.cli\n"
+                f"try:\n    offgraph.cli.main([{cmd!r}, '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
                 "print('tensorflow' in sys.modules, 'keras' in sys.modules)")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "False False", r.stdout[-500:]
 
 
 def test_updater_modules_load_no_tensorflow():
-    r = _python("import sys, streaming.cli, streaming.updater, streaming.sources, streaming.metrics, "
-                "streaming.live_version\nprint(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    r = _python("import sys, offgraph.cli.update, offgraph.streaming.updater, offgraph.streaming.sources, offgraph.streaming.metrics, "
+                "offgraph.streaming.live_version\nprint(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]"
 
@@ -74,10 +74,10 @@ def test_updater_modules_load_no_tensorflow():
 def test_library_scorer_check_and_stream_train_load_no_http_code():
     """The request path lives under server/, but the library scorer, `offgraph check` and the stream
     trainer must not pull in the HTTP app (FastAPI, uvicorn, the app's modules), nor start anything."""
-    r = _python("import sys, threading, server.scorer, exporter.check, streaming.stream_train\n"
-                "from server.scorer import Scorer, load\n"
+    r = _python("import sys, threading, offgraph.scoring.scorer, offgraph.export.check, offgraph.streaming.stream_train\n"
+                "from offgraph.scoring.scorer import Scorer, load\n"
                 "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette', 'uvicorn')\n"
-                "             or m in ('server.app', 'server.registry', 'server.loader', 'server.workers')))\n"
+                "             or m in ('offgraph.server.app', 'offgraph.server.registry', 'offgraph.server.loader', 'offgraph.server.workers')))\n"
                 "print(threading.active_count())")
     assert r.returncode == 0, r.stderr[-2000:]
     http, threads = r.stdout.strip().splitlines()[-2:]
@@ -110,7 +110,7 @@ def test_quiet_import_drops_only_the_start_up_noise(tmp_path, fail):
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(FAKE_TF)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "FAKE_TF_FAIL": "1" if fail else ""}
-    r = _python("import sys, offgraph_cli\noffgraph_cli.install_quiet_tensorflow_import()\n"
+    r = _python("import sys; import offgraph.cli\noffgraph.cli.install_quiet_tensorflow_import()\n"
                 "try:\n    import tensorflow\nexcept ImportError as e:\n    print('import failed:', e)\n"
                 "print('after', file=sys.stderr)", env=env)
     assert r.returncode == 0, r.stderr
@@ -154,7 +154,7 @@ def test_update_applies_deltas_without_loading_tensorflow(tiny_model, tmp_path):
     """`offgraph update --once` on a real export and a real spool file, in a fresh process."""
     import shutil
 
-    from streaming.delta_format import publish_delta
+    from offgraph.streaming.delta_format import publish_delta
 
     models = tmp_path / "models"
     shutil.copytree(tiny_model[0], models)
@@ -165,8 +165,8 @@ def test_update_applies_deltas_without_loading_tensorflow(tiny_model, tmp_path):
                   vectors=np.ones((k, 16), np.float32), first_order=np.ones(k, np.float32),
                   seqs=np.arange(k), event_time_ms=int(time.time() * 1000))
     argv = ["update", "--models", str(models), "--model", "ml", "--source", f"spool:{spool}", "--once"]
-    r = _python("import sys, offgraph_cli\n"
-                f"rc = offgraph_cli.main({argv!r})\n"
+    r = _python("import sys; import offgraph.cli\n"
+                f"rc = offgraph.cli.main({argv!r})\n"
                 "print('tensorflow loaded:', 'tensorflow' in sys.modules)\nsys.exit(rc)")
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith('{"update"')))["update"]

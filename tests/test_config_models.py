@@ -1,4 +1,4 @@
-"""Settings classes (pydantic, ``offgraph_config``): every bad value is refused when the settings are
+"""Settings classes (pydantic, ``offgraph.config``): every bad value is refused when the settings are
 built, with one line naming the class, the field and its flag; the command lines' defaults are the
 classes' defaults."""
 from __future__ import annotations
@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from dense_model.train_config import TrainConfig
-from embstore.config import StoreConfig
-from offgraph_cli import build_parser, main
-from server.config import ServerConfig
-from streaming.stream_train_config import StreamTrainConfig
+from offgraph.model.train_config import TrainConfig
+from offgraph.store.config import StoreConfig
+from offgraph.cli import build_parser, main
+from offgraph.server.config import ServerConfig
+from offgraph.streaming.stream_train_config import StreamTrainConfig
 
 
 @pytest.mark.parametrize("kw, words", [
@@ -115,16 +115,16 @@ def test_stream_train_config_refuses_naming_the_field(kw, words):
     ({"batch_file": 8}, "UpdaterConfig: unknown setting 'batch_file'"),
 ])
 def test_updater_refuses_bad_settings_naming_them(tmp_path, kw, words):
-    from streaming.sources import open_source
-    from streaming.updater import Updater
+    from offgraph.streaming.sources import open_source
+    from offgraph.streaming.updater import Updater
 
     with pytest.raises(ValueError, match=re.escape(words)):
         Updater(tmp_path / "models", "ml", open_source(f"spool:{tmp_path / 'spool'}"), **kw)
 
 
 def test_durability_names_agree_with_the_store():
-    from embstore.base import DURABILITY as STORE_DURABILITY
-    from streaming.updater_config import DURABILITY
+    from offgraph.store.base import DURABILITY as STORE_DURABILITY
+    from offgraph.streaming.updater_config import DURABILITY
 
     assert sorted(DURABILITY) == sorted(STORE_DURABILITY)
 
@@ -150,12 +150,12 @@ TRAIN = {"epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "optimizer"
 
 
 def test_command_line_defaults_are_the_settings_defaults(tmp_path):
-    from server.config import HttpLimits
-    from streaming.updater_config import UpdaterConfig
+    from offgraph.server.config import HttpLimits
+    from offgraph.streaming.updater_config import UpdaterConfig
 
     serve = _parsed_defaults("serve", "--models", str(tmp_path))
     lib = ServerConfig(models_dir=tmp_path)
-    assert lib.score_threads == serve["score_threads"] == 2  # the measured better one (server/README.md)
+    assert lib.score_threads == serve["score_threads"] == 2  # the measured better one (offgraph/server/README.md)
     assert {f: serve[a] for a, f in SERVE.items()} == {f: getattr(lib, f) for f in SERVE.values()}
     assert int(serve["max_body_mb"] * 2**20) == lib.max_body_bytes
     assert {f: serve[a] for a, f in HTTP.items()} == HttpLimits().model_dump()

@@ -1,4 +1,4 @@
-"""dense_model.datasets: MovieLens-100k flattening, Criteo/Frappe conversion, CLI.
+"""offgraph.data.datasets: MovieLens-100k flattening, Criteo/Frappe conversion, CLI.
 
 Expectations are computed from the raw files here, independently of the code
 under test. Needs ../shared/data (skipped without it).
@@ -18,7 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dense_model import cli_data, datasets, datasets_movielens
+from offgraph.cli import data as cli_data
+from offgraph.data import datasets
+from offgraph.data import movielens as datasets_movielens
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 ML = SHARED / "movielens-100k"

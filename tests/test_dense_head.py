@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dense_model import head_impl
-from dense_model.head import DeepFMHead
-from dense_model.model import build_deepfm
-from features import FeatureGenerator, parse_spec
-from features.pooling import pool_numpy
+from offgraph.model import _head as head_impl
+from offgraph.model.head import DeepFMHead
+from offgraph.model.model import build_deepfm
+from offgraph.features import FeatureGenerator, parse_spec
+from offgraph.features.pooling import pool_numpy
 
 
 def test_fm_term_equals_sum_of_pairwise_dot_products():

@@ -1,4 +1,4 @@
-"""embstore.device_probe: O_DIRECT random reads at a queue depth, on a real disk; memory-backed files refused."""
+"""offgraph.store.device_probe: O_DIRECT random reads at a queue depth, on a real disk; memory-backed files refused."""
 
 import os
 import shutil
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bench.disk_probe import cold_reads
-from embstore.device_probe import (DirectIOUnsupported, describe_profile, device_profile, direct_read_latency,
+from offgraph.store.device_probe import (DirectIOUnsupported, describe_profile, device_profile, direct_read_latency,
                                    direct_reads, filesystem_type)
 from test_prefetch import cold_file, resident_bytes
 

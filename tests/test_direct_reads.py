@@ -8,8 +8,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from embstore import StoreConfig, get_codec, open_store
-from embstore.prefetch import decide, store_reads_direct
+from offgraph.store import StoreConfig, get_codec, open_store
+from offgraph.store.prefetch import decide, store_reads_direct
 
 D = 8
 N = 3000
@@ -107,8 +107,8 @@ def test_auto_prefetch_is_off_for_a_direct_store():
 def test_a_server_with_store_io_buffered_reads_its_version_store_through_the_page_cache(tmp_path):
     """``offgraph serve --store-io buffered`` (a machine whose RAM holds the stores): the version's store
     opens without O_DIRECT whatever it records, and the default reads direct; the flag is checked by name."""
-    from exporter.manifest import STORE_DIR, open_version_store
-    from server.config import ServerConfig
+    from offgraph.modeldir.manifest import STORE_DIR, open_version_store
+    from offgraph.server.config import ServerConfig
 
     write_store(tmp_path / STORE_DIR)
     manifest = {"store": StoreConfig(dim=D, shards=2).to_dict()}

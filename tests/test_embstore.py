@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import StoreWriter, run_then_kill
 
-from embstore import EmbeddingStore, StoreConfig, get_codec, open_store
+from offgraph.store import EmbeddingStore, StoreConfig, get_codec, open_store
 
 D = 16
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,7 +219,7 @@ def test_write_with_meta_in_same_batch(tmp_path, cfg):
         st.write(1, np.arange(6), v, w, meta={b"offset": b"41"})
         assert st.get_meta_per_shard(b"offset") == [b"41"] * cfg.shards
         st.write(1, [0], v[:1], w[:1], meta={b"offset": b"42"}, meta_shards="touched")
-        from embstore.keys import shard_of
+        from offgraph.store.keys import shard_of
 
         s0 = int(shard_of(1, [0], cfg.shards)[0])
         got = st.get_meta_per_shard(b"offset")
@@ -245,7 +245,7 @@ WRITER_LOOP = textwrap.dedent(
     """
     import sys, numpy as np
     sys.path.insert(0, {root!r})
-    from embstore import open_store
+    from offgraph.store import open_store
     st = open_store({path!r}, mode="w")
     i = 0
     print("ready", flush=True)
@@ -265,7 +265,7 @@ def test_batches_are_atomic_under_kill(tmp_path, cfg):
     path = str(tmp_path / "s")
     open_store(path, cfg, mode="w").close()
     run_then_kill(WRITER_LOOP.format(root=ROOT, path=path, dim=D))
-    from embstore.keys import shard_of
+    from offgraph.store.keys import shard_of
 
     with open_store(path, mode="r") as st:
         offsets = [int(x) for x in st.get_meta_per_shard(b"offset")]

@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from embstore.keys import (
+from offgraph.store.keys import (
     MAX_TABLE_ID,
     META_PREFIX,
     ROW_LIMIT,

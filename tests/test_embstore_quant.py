@@ -5,8 +5,8 @@ import struct
 import numpy as np
 import pytest
 
-from embstore import get_codec
-from embstore.quant import codec_names
+from offgraph.store import get_codec
+from offgraph.store.quant import codec_names
 
 D = 16
 EPS32 = 2.0**-24  # float32 unit roundoff
@@ -26,7 +26,7 @@ def sample(k=4000, dim=D, seed=0):
 
 def int8_bound(v, w):
     """Per-element bound of the row-wise int8 codec, from each row's own min/max over
-    (vector, weight), derived in embstore.quant_impl: 0.5 * scale16 + float32 rounding,
+    (vector, weight), derived in offgraph.store._quant: 0.5 * scale16 + float32 rounding,
     scale16 <= R / 255 * (1 + 2**-9) + 2**-24, R = (max - min) + max(|min| * 2**-9, 2**-24)."""
     x = np.concatenate([v, w[:, None]], axis=1).astype(np.float64)
     mn, mx = x.min(axis=1), x.max(axis=1)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import yaml
 
-from exporter import ModelDirError, complete_versions, load_manifest
-from server.scorer import load
-from exporter.check import run_check
-from exporter.export import export_run
+from offgraph.modeldir.manifest import ModelDirError, complete_versions, load_manifest
+from offgraph.scoring.scorer import load
+from offgraph.export.check import run_check
+from offgraph.export.export import export_run
 from server_helpers import copy_version
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def test_tampered_dense_or_missing_shard_refused(exported, tmp_path):
 
 
 def test_interrupted_export_leaves_no_loadable_version(small_run, tmp_path, monkeypatch):
-    import exporter.export as ex
+    import offgraph.export.export as ex
 
     def boom(*a, **k):
         raise RuntimeError("killed mid-export")
@@ -192,7 +192,7 @@ def test_check_cli_defaults(numeric_run, exported, tmp_path):
     run, table = numeric_run
     other = tmp_path / "other.parquet"
     pq.write_table(table.slice(0, 400), other)
-    r = subprocess.run([sys.executable, "-m", "offgraph_cli", "check", "--model", str(exported / "2"), "--run", str(run),
+    r = subprocess.run([sys.executable, "-m", "offgraph.cli", "check", "--model", str(exported / "2"), "--run", str(run),
                         "--data", str(other)], capture_output=True, text=True, timeout=240, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "400 all rows" in r.stdout and "derived from int8" in r.stdout, r.stdout
@@ -202,9 +202,9 @@ def test_a_run_written_by_the_library_records_the_segmenters_its_spec_implies(tm
     """A run built by hand (a model of a spec with a `cjk` tokenize field, no metrics) through the library's run
     writer exports, records the cjk segmenter in the manifest, and scores; it was once refused as "segmented
     by whitespace at training"."""
-    from dense_model.model import build_deepfm, load_run
-    from dense_model.train import TrainConfig, write_run
-    from features import parse_spec
+    from offgraph.model.model import build_deepfm, load_run
+    from offgraph.model.train import TrainConfig, write_run
+    from offgraph.features import parse_spec
 
     spec = parse_spec({"model": {"embedding_dim": 4, "mlp": [8]}, "label": "y", "fields": [
         {"name": "query", "scope": "request", "op": "tokenize", "input": "query", "segmenter": "cjk", "rows": 64},

@@ -1,4 +1,4 @@
-"""The join at serving time (server/feature_join.py): ids-only requests on a real exported model, real RocksDB
+"""The join at serving time (offgraph/scoring/feature_join.py): ids-only requests on a real exported model, real RocksDB
 feature tables, the library scorer and a real uvicorn server."""
 import time
 
@@ -7,10 +7,10 @@ import msgspec
 import numpy as np
 import pytest
 
-from embstore.feature_db import FeatureDB, row_key, table_dir
-from exporter.feature_build import build_feature_tables
-from server.feature_join import IdsOnlyError
-from server.scorer import Scorer
+from offgraph.store.feature_db import FeatureDB, row_key, table_dir
+from offgraph.export.feature_build import build_feature_tables
+from offgraph.scoring.feature_join import IdsOnlyError
+from offgraph.scoring.scorer import Scorer
 from server_helpers import ThreadServer, copy_models, copy_version, score, server_config
 
 
@@ -133,7 +133,7 @@ def test_library_scorer_refuses_ids_only_without_tables(models, requests_):
 
 def test_check_ids_only_parity_on_held_out_rows_fp32(models, tiny_model):
     """`offgraph check --ids-only`: the held-out rows of the fp32 model, ids-only vs every feature sent: |dp| = 0."""
-    from exporter.check import run_check
+    from offgraph.export.check import run_check
 
     pristine, table = tiny_model
     res = run_check(models / "ml" / "1", pristine.parent / "run", table, limit=0, rows="held-out", ids_only=True)
@@ -144,8 +144,8 @@ def test_check_ids_only_parity_on_held_out_rows_fp32(models, tiny_model):
 
 def test_exporter_builds_tables_from_the_training_rows_only(tiny_model, tmp_path):
     """The latest value per key BEFORE the cut: keys seen only in held-out rows are not loaded (unknown)."""
-    from exporter.export import export_run
-    from exporter.feature_build import run_held_out_mask
+    from offgraph.export.export import export_run
+    from offgraph.export.feature_build import run_held_out_mask
 
     pristine, table = tiny_model
     run = pristine.parent / "run"
@@ -161,7 +161,7 @@ def test_exporter_builds_tables_from_the_training_rows_only(tiny_model, tmp_path
 
 
 def test_a_missing_table_serves_unknown_until_it_is_created(tiny_model, requests_, tmp_path):
-    """A version copied without its model's features/ still loads (every key unknown, counted), and a follower
+    """A version copied without its model's offgraph/features/ still loads (every key unknown, counted), and a follower
     picks the table up once it is created, rather than refusing the version for good."""
     pristine, table = tiny_model
     copy_version(pristine / "ml" / "1", tmp_path / "models" / "ml" / "1")

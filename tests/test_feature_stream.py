@@ -10,13 +10,13 @@ import httpx
 import numpy as np
 import pytest
 
-from embstore.feature_db import LOADED_SEQ, FeatureDB, encode_row, row_key, table_dir
-from exporter.feature_build import build_feature_tables
-from server.scorer import Scorer
+from offgraph.store.feature_db import LOADED_SEQ, FeatureDB, encode_row, row_key, table_dir
+from offgraph.export.feature_build import build_feature_tables
+from offgraph.scoring.scorer import Scorer
 from server_helpers import ThreadServer, copy_models, score, server_config, wait_for
-from streaming.feature_delta import publish_feature_delta
-from streaming.sources import SPOOL_POSITION_KEY
-from streaming.tansu import tansu_broker
+from offgraph.streaming.feature_delta import publish_feature_delta
+from offgraph.streaming.sources import SPOOL_POSITION_KEY
+from offgraph.testing.tansu import tansu_broker
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +33,7 @@ def models(tiny_model, tmp_path):
 
 def _update(models, source, *args):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.Popen([sys.executable, "-m", "offgraph_cli", "update", "--models", str(models), "--model", "ml",
+    return subprocess.Popen([sys.executable, "-m", "offgraph.cli", "update", "--models", str(models), "--model", "ml",
                              "--source", source, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -120,7 +120,7 @@ def test_exactly_once_stale_seqs_and_dead_letters(models, requests_, tmp_path):
 
 
 def test_kafka_feature_delta_reaches_a_follower(models, requests_, tmp_path):
-    from streaming.sink_kafka import KafkaSink
+    from offgraph.streaming.sink_kafka import KafkaSink
 
     _, cands = requests_[0]
     k = row_key(cands[2]["movie_id"])

@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from conftest import REPO
-from embstore.feature_db import FeatureDB, FeatureTableError, row_key, table_dir
-from embstore.feature_load import latest_per_key, load_table
-from features import parse_spec
-from features.spec import SpecError, load_spec
+from offgraph.store.feature_db import FeatureDB, FeatureTableError, row_key, table_dir
+from offgraph.store.feature_load import latest_per_key, load_table
+from offgraph.features import parse_spec
+from offgraph.features.spec import SpecError, load_spec
 
 
 def _raw(tables=None):
@@ -119,19 +119,19 @@ def test_latest_value_per_key_before_the_cut():
 def test_cli_load_errors_name_the_problem(tmp_path):
     bad = tmp_path / "movies.parquet"
     pq.write_table(_movies(movie_id=[1] * 50), bad)
-    out = subprocess.run([sys.executable, "-m", "offgraph_cli", "features", "load", "--model", str(tmp_path / "ml"),
+    out = subprocess.run([sys.executable, "-m", "offgraph.cli", "features", "load", "--model", str(tmp_path / "ml"),
                           "--spec", str(REPO / "examples" / "movielens.yaml"), "--table", "item", "--data", str(bad)],
                          capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2 and "duplicate key movie_id='1' at row 1 and row 2;" in out.stderr, out.stderr
-    out = subprocess.run([sys.executable, "-m", "offgraph_cli", "features", "load", "--model", str(tmp_path / "ml"),
+    out = subprocess.run([sys.executable, "-m", "offgraph.cli", "features", "load", "--model", str(tmp_path / "ml"),
                           "--spec", str(REPO / "examples" / "movielens.yaml"), "--table", "movies", "--data", str(bad)],
                          capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2 and "declares no table 'movies'" in out.stderr, out.stderr
 
 
 def test_feature_delta_round_trip_and_malformed_files(tmp_path):
-    from streaming.delta_format import DeltaFormatError, read_delta_bytes, read_delta_file
-    from streaming.feature_delta import FeatureDeltaBatch, build_table, encode_feature_delta, publish_feature_delta
+    from offgraph.streaming.delta_format import DeltaFormatError, read_delta_bytes, read_delta_file
+    from offgraph.streaming.feature_delta import FeatureDeltaBatch, build_table, encode_feature_delta, publish_feature_delta
 
     rows = [{"movie_id": 242, "genres": ["Comedy"], "title_words": ["kolya"], "release_year": 1996}]
     p = publish_feature_delta(tmp_path, model="ml", table="item", key="movie_id", rows=rows, seqs=[3],
@@ -166,7 +166,7 @@ def test_feature_delta_round_trip_and_malformed_files(tmp_path):
 def test_cli_load_success_replaces_rows(tmp_path):
     data = tmp_path / "movies.parquet"
     pq.write_table(_movies(), data)
-    args = [sys.executable, "-m", "offgraph_cli", "features", "load", "--model", str(tmp_path / "ml"), "--spec",
+    args = [sys.executable, "-m", "offgraph.cli", "features", "load", "--model", str(tmp_path / "ml"), "--spec",
             str(REPO / "examples" / "movielens.yaml"), "--table", "item", "--data", str(data), "--no-progress"]
     out = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and "loaded 50 rows" in out.stdout, out.stderr
@@ -179,8 +179,8 @@ def test_cli_load_success_replaces_rows(tmp_path):
 def test_exporter_path_never_opens_a_held_table_and_keeps_streamed_rows(tmp_path):
     """Exporting beside a running updater: creating/extending a table does not open its DB (the updater holds the
     lock); the exporter's load keeps rows a stream wrote (newer than a training cut), `features load` replaces them."""
-    from embstore.feature_db import ensure_table
-    from exporter.feature_build import build_feature_tables
+    from offgraph.store.feature_db import ensure_table
+    from offgraph.export.feature_build import build_feature_tables
 
     spec = load_spec(REPO / "examples" / "movielens.yaml")
     item = spec.tables[1]

@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import REPO
-from embstore.feature_db import FeatureDB, FeatureTableError, row_key, table_dir
-from embstore.feature_load import load_table
-from features.spec import load_spec, parse_spec
-from streaming.delta_format import DeltaFormatError, read_delta_bytes
-from streaming.feature_delta import encode_feature_delta
+from offgraph.store.feature_db import FeatureDB, FeatureTableError, row_key, table_dir
+from offgraph.store.feature_load import load_table
+from offgraph.features.spec import load_spec, parse_spec
+from offgraph.streaming.delta_format import DeltaFormatError, read_delta_bytes
+from offgraph.streaming.feature_delta import encode_feature_delta
 
 SPEC = REPO / "examples" / "movielens.yaml"
 
@@ -31,7 +31,7 @@ def _movies(n=6, **over):
 
 
 def _load_cli(tmp_path, data, table="item", *extra):
-    return subprocess.run([sys.executable, "-m", "offgraph_cli", "features", "load", "--model", str(tmp_path / "ml"),
+    return subprocess.run([sys.executable, "-m", "offgraph.cli", "features", "load", "--model", str(tmp_path / "ml"),
                            "--spec", str(SPEC), "--table", table, "--data", str(data), "--no-progress", *extra],
                           capture_output=True, text=True, cwd=REPO)
 
@@ -97,7 +97,7 @@ def test_oversized_values_and_rows_are_refused_at_write_time(tmp_path):
 # ------------------------------------------------------------------ item 7: equal seqs in one feature delta
 
 def test_feature_delta_with_two_rows_of_one_key_at_one_seq_is_refused_like_embedding_deltas():
-    from streaming.delta_format_impl import build_table as build_embedding_deltas
+    from offgraph.streaming._delta_format import build_table as build_embedding_deltas
 
     row = {"movie_id": 7, "genres": ["a"], "title_words": ["b"], "release_year": 1990}
     kw = dict(model="ml", table="item", key="movie_id", event_time_ms=1)
@@ -149,8 +149,8 @@ def test_value_errors_finds_every_row_the_serving_fg_refuses():
     """The writers' check IS FG's rules: on a column mix of good and bad values, the rows `value_errors` names are
     exactly those `FeatureGenerator.transform` refuses one by one (an infinite year before a text one, two lists
     over max_values of different lengths, a nested value, a boolean where a number is read)."""
-    from features.fg import FeatureGenerator, FeatureValueError
-    from features.value_limits import value_errors
+    from offgraph.features.fg import FeatureGenerator, FeatureValueError
+    from offgraph.features.value_limits import value_errors
 
     spec = load_spec(SPEC)
     cols = {"genres": [["Drama"], ["g"] * 1200, ["Drama"], ["g"] * 1500, ["Drama"], [["nested"]], ["Drama"], None],

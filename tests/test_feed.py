@@ -1,4 +1,4 @@
-"""The write feed (embstore.feed): shared-memory epochs a writer fills and followers read."""
+"""The write feed (offgraph.store.feed): shared-memory epochs a writer fills and followers read."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embstore.feed import FeedReader, FeedTornRead, FeedWriter, combined_from_store_keys, epoch_ids
-from embstore.keys import combine_keys, key_array
+from offgraph.store.feed import FeedReader, FeedTornRead, FeedWriter, combined_from_store_keys, epoch_ids
+from offgraph.store.keys import combine_keys, key_array
 
 RB = 16  # test records: two copies of one uint64, so a torn read shows as two different halves
 
@@ -148,8 +148,8 @@ def test_concurrent_reader_never_sees_a_torn_or_older_row(tmp_path):
 # --------------------------------------------------------------------------- CPUs, shared memory, crashes
 @pytest.mark.parametrize("machine", ["aarch64", "arm64", "ppc64le", "riscv64"])
 def test_feed_refuses_a_cpu_without_x86_64_ordering(tmp_path, monkeypatch, machine):
-    from embstore import StoreConfig, open_store
-    from embstore.feed import FeedUnsupported, check_machine
+    from offgraph.store import StoreConfig, open_store
+    from offgraph.store.feed import FeedUnsupported, check_machine
 
     for ok in ("x86_64", "AMD64", "amd64"):
         check_machine(ok)
@@ -171,7 +171,7 @@ def test_feed_refuses_a_cpu_without_x86_64_ordering(tmp_path, monkeypatch, machi
 def test_epochs_live_in_shared_memory_and_the_store_holds_a_pointer(tmp_path, monkeypatch):
     import shutil
 
-    from embstore.feed import POINTER, SHM_ENV, FeedUnsupported, feed_dir
+    from offgraph.store.feed import POINTER, SHM_ENV, FeedUnsupported, feed_dir
 
     monkeypatch.delenv(SHM_ENV, raising=False)
     store = tmp_path / "store"
@@ -207,7 +207,7 @@ def test_epochs_live_in_shared_memory_and_the_store_holds_a_pointer(tmp_path, mo
 
 CRASH_WRITER = """
 import sys, numpy as np
-from embstore import StoreConfig, open_store
+from offgraph.store import StoreConfig, open_store
 st = open_store(sys.argv[1], StoreConfig(dim=4, quant="fp32", shards=2), mode="w")
 durability = sys.argv[2]
 def paused(step, calls):  # the test kills this process here, before call number `calls` of st.<step>
@@ -254,7 +254,7 @@ def test_a_writer_killed_before_its_store_write_never_shows_that_batch(tmp_path,
     import sys
 
     from conftest import StdinWriter
-    from embstore import open_store
+    from offgraph.store import open_store
 
     store = tmp_path / "store"
     store.mkdir()
@@ -291,7 +291,7 @@ def test_a_shard_is_fed_once_the_store_holds_it_not_after_every_shard(tmp_path, 
     flushed: a row waited for all the other shards. Now each shard is written, flushed and
     published before the next one; killed there, the fed rows are what a reopened store holds."""
     from conftest import StdinWriter
-    from embstore import open_store
+    from offgraph.store import open_store
 
     store = tmp_path / "store"
     store.mkdir()

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from features import FeatureGenerator, FeatureValueError, RaggedIds, parse_spec
-from features.hashing import row_of
+from offgraph.features import FeatureGenerator, FeatureValueError, RaggedIds, parse_spec
+from offgraph.features.hashing import row_of
 
 SPEC = parse_spec({
     "model": {"embedding_dim": 4, "hash": "xxh64", "mlp": [8]},

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from features.ops_impl import (FeatureValueError, log_bucket_index, op_bucketize, op_cross, op_id,
+from offgraph.features.ops import (FeatureValueError, log_bucket_index, op_bucketize, op_cross, op_id,
                                op_log_bucket, op_match_count, op_tokenize)
 
 

@@ -3,10 +3,10 @@ segmenters of the tokenize op."""
 import numpy as np
 import pytest
 
-from features import FeatureGenerator, FeatureValueError, parse_spec
-from features.fg import ScopeError
-from features.hashing import row_of
-from features.segment import check_segmenters, segmenter_record
+from offgraph.features import FeatureGenerator, FeatureValueError, parse_spec
+from offgraph.features.fg import ScopeError
+from offgraph.features.hashing import row_of
+from offgraph.features.segment import check_segmenters, segmenter_record
 
 SPEC = parse_spec({
     "model": {"embedding_dim": 16, "mlp": [8]},

@@ -33,7 +33,7 @@ def export(tmp_path_factory):
 def disks(tmp_path, monkeypatch):
     """(disk, shm): a 24 MB tmpfs for the models and a 128 MB one for the write feed (its epoch
     files are not what fills up here); unmounted after, even on failure."""
-    from embstore.feed import SHM_ENV
+    from offgraph.store.feed import SHM_ENV
 
     disk, shm = tmp_path / "disk", tmp_path / "shm"
     mount_tmpfs(disk, "24m")
@@ -106,9 +106,9 @@ def wait_for(p, words: str, timeout: float = 30.0) -> list[str]:
 def partial_write(vdir, spool, shards: list[int]) -> str:
     """What a crash between the shard batches of one write leaves: the first spool file written,
     with its position, to ``shards`` only; returns its name."""
-    from streaming.delta_format import read_delta_file
-    from streaming.sources import SPOOL_POSITION_KEY
-    from streaming.updater_impl import shard_subset
+    from offgraph.streaming.delta_format import read_delta_file
+    from offgraph.streaming.sources import SPOOL_POSITION_KEY
+    from offgraph.streaming._updater import shard_subset
 
     name = spool_files(spool)[0]
     b = read_delta_file(spool / name)
@@ -266,7 +266,7 @@ def test_sigterm_ends_the_updater_in_any_phase(export, disks, tmp_path):
             publish(spool, 1, make_deltas(rng, k, seq0=seq))
             seq += k
 
-    from streaming.stop_watchdog import EXIT_STOP_TIMEOUT
+    from offgraph.streaming.stop_watchdog import EXIT_STOP_TIMEOUT
 
     def term(p, what: str, ok=(0,)):
         t0 = time.monotonic()
@@ -308,10 +308,10 @@ def test_stop_watchdog_exits_when_the_orderly_stop_hangs(tmp_path):
     waited for good) cannot take a signal: the watchdog thread does, logs one line and exits
     with EXIT_STOP_TIMEOUT once the grace time is over."""
     code = ("import logging, sys, time; logging.basicConfig()\n"
-            "from streaming.stop_watchdog import StopWatchdog\n"
+            "from offgraph.streaming.stop_watchdog import StopWatchdog\n"
             "w = StopWatchdog(grace_s=1.0); w.on_stop(lambda: None)\n"
             "print('ready', flush=True); time.sleep(120)\n")
-    from streaming.stop_watchdog import EXIT_STOP_TIMEOUT
+    from offgraph.streaming.stop_watchdog import EXIT_STOP_TIMEOUT
 
     p = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
@@ -339,7 +339,7 @@ def test_read_only_models_dir_is_rc2_and_one_line(export, tmp_path):
         movies = tmp_path / "movies.parquet"
         pq.write_table(pa.table({"movie_id": [1, 2], "genres": [["Drama"], ["Comedy"]], "title_words": [["a"], ["b"]],
                                  "release_year": [1990, 1991]}), movies)
-        cli = [sys.executable, "-m", "offgraph_cli"]
+        cli = [sys.executable, "-m", "offgraph.cli"]
         commands = {
             "update": update_cmd(models, spool, "--once"),
             "export": [*cli, "export", "--run", str(export.parents[2] / "run"), "--out",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from features.hashing import canonical, row_of, rows_of, check_hash_name
+from offgraph.features.hashing import canonical, row_of, rows_of, check_hash_name
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -54,7 +54,7 @@ def test_unknown_hash():
 
 
 def test_same_rows_in_two_processes():
-    code = ("from features.hashing import rows_of; import sys;"
+    code = ("from offgraph.features.hashing import rows_of; import sys;"
             "print(list(rows_of(['a','b','user_9','Ünï','3','-1.5'], sys.argv[1], 1000003)))")
     outs = set()
     for seed in ("1", "2"):

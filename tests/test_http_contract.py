@@ -25,7 +25,7 @@ def server(tiny_model, tmp_path_factory):
     test-only routes: one that raises, one that answers the client's port (to see the connection kept)."""
     from fastapi import Request
 
-    from server import create_app
+    from offgraph.server import create_app
 
     models = copy_models(tiny_model[0], tmp_path_factory.mktemp("contract") / "models")
 
@@ -173,7 +173,7 @@ def test_unexpected_error_is_a_generic_500_on_a_connection_that_survives(server,
         with caplog.at_level(logging.ERROR, logger="offgraph.server"):
             r = c.get("/test-only/raise")
         assert r.status_code == 500 and r.headers["content-type"] == "application/json", r.text
-        assert SECRET not in r.text and str(server.models) not in r.text and "RuntimeError" not in r.text, r.text
+        assert SECRET not in r.text and str(offgraph.server.models) not in r.text and "RuntimeError" not in r.text, r.text
         assert "internal error" in r.json()["detail"]
         assert r.headers.get("connection", "").lower() != "close"
         assert c.get("/test-only/port").json()["port"] == port  # the same keep-alive connection
@@ -312,7 +312,7 @@ def test_openapi_documents_the_error_bodies_the_server_sends(client):
 def test_openapi_model_name_pattern_is_the_servers_rule(client, name):
     import jsonschema_rs  # schemathesis' validator: the pattern as a JSON Schema reads it
 
-    from exporter.manifest import ModelDirError, check_model_name
+    from offgraph.modeldir.manifest import ModelDirError, check_model_name
 
     spec = client.get("/openapi.json").json()
     for path in ("/v1/models/{name}", "/v1/models/{name}:score", "/v1/models/{name}:load",
@@ -330,7 +330,7 @@ def test_openapi_model_name_pattern_is_the_servers_rule(client, name):
 
 # -- item 10: no absolute paths without the admin token -----------------------------------------------------------
 def _abs_paths(text: str, server) -> list[str]:
-    roots = {str(server.models), str(server.models.resolve()), str(server.models.parent.parent)}
+    roots = {str(offgraph.server.models), str(offgraph.server.models.resolve()), str(offgraph.server.models.parent.parent)}
     return [r for r in roots if r in text]
 
 
@@ -344,7 +344,7 @@ def test_model_status_shows_paths_relative_to_models_without_the_token(client, s
         assert ml["loaded"]["training"]["run"] == ".../run", ml["loaded"]["training"]
         # the admin sees the full detail
         full = client.get(path, headers=ADMIN)
-        assert str(server.models.resolve()) in full.text or str(server.models) in full.text, full.text
+        assert str(offgraph.server.models.resolve()) in full.text or str(offgraph.server.models) in full.text, full.text
         wrong = client.get(path, headers={"Authorization": "Bearer wrong"})
         assert _abs_paths(wrong.text, server) == []
 

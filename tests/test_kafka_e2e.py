@@ -15,13 +15,13 @@ import httpx
 import numpy as np
 import pyarrow.parquet as pq
 
-from embstore import open_store
-from exporter.export import export_run
+from offgraph.store import open_store
+from offgraph.export.export import export_run
 from kafka_helpers import consume_all
-from server.harness import free_port, wait_ready
-from server.scorer import Scorer
-from streaming.delta_format import read_delta_bytes
-from streaming.tansu import tansu_broker
+from offgraph.testing.harness import free_port, wait_ready
+from offgraph.scoring.scorer import Scorer
+from offgraph.streaming.delta_format import read_delta_bytes
+from offgraph.testing.tansu import tansu_broker
 
 REPO = Path(__file__).resolve().parent.parent
 P = 4
@@ -29,7 +29,7 @@ P = 4
 
 def _start(args, log: Path):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.Popen([sys.executable, "-m", "offgraph_cli", *args], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "offgraph.cli", *args], cwd=REPO, env=env,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
@@ -69,7 +69,7 @@ def test_stream_train_to_kafka_to_replica_scores_as_recomputed(small_run, moviel
         port, mport = free_port(), free_port()
         server = _start(["serve", "--models", str(models), "--port", str(port), "--follow-seconds", "0.1",
                          "--poll-seconds", "0.2", "--log-level", "warning"], tmp_path / "serve.log")
-        train = subprocess.run([sys.executable, "-m", "offgraph_cli", "stream-train", "--model", str(vdir),
+        train = subprocess.run([sys.executable, "-m", "offgraph.cli", "stream-train", "--model", str(vdir),
                                 "--events", str(tmp_path / "events.parquet"), "--emit", url, "--every-events", "100",
                                 "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=300,
                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})

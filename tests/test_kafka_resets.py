@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 from kafka_helpers import P, raw_producer, start_updater, stop, tiny_export, update_kafka_cmd, wait_until  # noqa: F401
-from streaming.delta_format import read_delta_bytes
-from streaming.kafka_messages import encode_messages
-from streaming.source_kafka import fingerprint, parse_position
-from streaming.tansu import TansuBroker
+from offgraph.streaming.delta_format import read_delta_bytes
+from offgraph.streaming.kafka_messages import encode_messages
+from offgraph.streaming.source_kafka import fingerprint, parse_position
+from offgraph.testing.tansu import TansuBroker
 from streaming_helpers import (NAME, REPO, install_version, kill_at_a_random_point, last_write_wins, make_deltas,
                                open_version_store)
 
@@ -137,7 +137,7 @@ def _poison(rng, stream: Stream, kind: int) -> None:
 
 @pytest.mark.timeout(1200)
 def test_kafka_exactly_once_across_kills_broker_restarts_and_a_recreated_topic(tiny_export, tmp_path):
-    from streaming.kafka_admin import ensure_topic
+    from offgraph.streaming.kafka_admin import ensure_topic
 
     models = tmp_path / "models"
     vdir = install_version(tiny_export, models, 1)
@@ -193,7 +193,7 @@ def test_kafka_exactly_once_across_kills_broker_restarts_and_a_recreated_topic(t
             if i in events:
                 stream.flush()
                 what = events[i]
-                if what == "topic re-created":  # with the updater down (see streaming/README.md, "Offset resets")
+                if what == "topic re-created":  # with the updater down (see offgraph/streaming/README.md, "Offset resets")
                     kill(up, 0)
                 else:  # under an updater that is applying
                     wait_until(applying, 120, up, log=log, what="the updater applying before the broker restart")

@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from embstore.keys import shard_of
+from offgraph.store.keys import shard_of
 from kafka_helpers import P, broker, caught_up, consume_all, delta, rows_of, start_updater, stop, stored_positions  # noqa: F401
 from kafka_helpers import tiny_export  # noqa: F401 - fixtures
 from kafka_helpers import sink as _sink, topic_name as _topic
-from streaming.kafka_messages import encode_messages
+from offgraph.streaming.kafka_messages import encode_messages
 from streaming_helpers import DIM, NAME, install_version, last_write_wins
 
 
@@ -21,7 +21,7 @@ from streaming_helpers import DIM, NAME, install_version, last_write_wins
 
 def test_messages_partition_rows_and_the_source_delivers_acks_seeks_and_dead_letters(broker, tiny_export, tmp_path,
                                                                                      request):
-    from streaming.sources import open_source
+    from offgraph.streaming.sources import open_source
 
     topic = _topic(request)
     rng = np.random.default_rng(0)

@@ -1,7 +1,7 @@
 """Listwise models and what a score is (issue 26, item 15).
 
 A listwise loss (softmax over a request's candidates) leaves the sigmoid of the logit uncalibrated, so
-training fits Platt scaling on the validation rows (dense_model.platt), records it in the run's spec and
+training fits Platt scaling on the validation rows (offgraph.model.platt), records it in the run's spec and
 metrics, the export records the loss and the score kind, and the server and library scorer apply it
 like the other calibration steps. A listwise version without a fit says its scores are "ranking"
 scores; a version exported before these fields keeps serving (pointwise CTRs unless its training
@@ -18,11 +18,11 @@ import pytest
 import yaml
 from server_helpers import ThreadServer, copy_version, score, server_config
 
-from dense_model.metrics_impl import logloss
-from dense_model.platt import fit_platt
-from exporter.manifest import ModelDirError, training_loss
-from features.spec import Calibration, SpecError, parse_spec
-from server.calibration import calibrate, score_kind
+from offgraph.model._metrics import logloss
+from offgraph.model.platt import fit_platt
+from offgraph.modeldir.manifest import ModelDirError, training_loss
+from offgraph.features.spec import Calibration, SpecError, parse_spec
+from offgraph.scoring.calibration import calibrate, score_kind
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -103,7 +103,7 @@ def test_score_kind_and_the_loss_of_manifests_without_the_fields():
 
 
 def test_listwise_without_validation_rows_fits_nothing_and_says_ranking(capsys):
-    from dense_model.train import TrainConfig, fit_calibration
+    from offgraph.model.train import TrainConfig, fit_calibration
 
     spec = parse_spec(_tiny_raw())
     cfg = TrainConfig(loss="listwise", validation=0)
@@ -121,8 +121,8 @@ def listwise(movielens_table, tmp_path_factory):
     """(MODELS, run dir, table, metrics): a 1-epoch listwise DeepFM (then its refit) with tiny tables on the first
     20k MovieLens ratings, exported as lw/1; lw_old/1 is that version with a manifest as exported before the
     loss and score kind were recorded (no training_loss / score_kind, no fitted calibration)."""
-    from dense_model.train import TrainConfig, train_run
-    from exporter.export import export_run
+    from offgraph.model.train import TrainConfig, train_run
+    from offgraph.export.export import export_run
 
     root = tmp_path_factory.mktemp("listwise")
     table = movielens_table.slice(0, 20000)
@@ -161,9 +161,9 @@ def served(listwise, tiny_model, tmp_path_factory):
 
 
 def _held_out_requests(run_dir, table):
-    from dense_model.model import load_run
-    from exporter.check import requests_from_rows
-    from exporter.feature_build import run_held_out_mask
+    from offgraph.model.model import load_run
+    from offgraph.export.check import requests_from_rows
+    from offgraph.export.feature_build import run_held_out_mask
 
     _, spec, _ = load_run(run_dir)
     idx = np.flatnonzero(run_held_out_mask(run_dir, spec, table))
@@ -235,7 +235,7 @@ def test_pointwise_versions_old_and_new_say_ctr(served, requests_):
 
 
 def test_check_parity_holds_with_the_fitted_calibration(listwise):
-    from exporter.check import run_check
+    from offgraph.export.check import run_check
 
     models, run_dir, table, _ = listwise
     res = run_check(models / "lw", run_dir, table, limit=2000)
@@ -245,10 +245,10 @@ def test_check_parity_holds_with_the_fitted_calibration(listwise):
 def test_a_listwise_run_written_by_hand_exports_as_ranking(tmp_path):
     """A run from the library's writer with no metrics (so no fit, no config in them): its train_config.json's
     loss decides, and a listwise model without a calibration says "ranking"."""
-    from dense_model.model import build_deepfm
-    from dense_model.train import TrainConfig, write_run
-    from exporter.export import export_run
-    from server.scorer import load
+    from offgraph.model.model import build_deepfm
+    from offgraph.model.train import TrainConfig, write_run
+    from offgraph.export.export import export_run
+    from offgraph.scoring.scorer import load
 
     spec = parse_spec(_tiny_raw())
     write_run(tmp_path / "run", build_deepfm(spec), spec, TrainConfig(loss="listwise"), {})

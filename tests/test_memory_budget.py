@@ -1,4 +1,4 @@
-"""The split of one memory budget (server.memory_budget): parts within the budget, the block cache sized
+"""The split of one memory budget (offgraph.scoring.memory_budget): parts within the budget, the block cache sized
 by the version's index, the row cache the big share."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from server.memory_budget import ITEM_BYTES, MiB, index_mb, manifest_index_mb, split_memory
+from offgraph.scoring.memory_budget import ITEM_BYTES, MiB, index_mb, manifest_index_mb, split_memory
 
 
 @pytest.mark.parametrize("memory_mb", [4.0, 16.0, 64.0, 384.0, 1024.0, 8192.0])

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from embstore import StoreConfig, get_codec, open_store
-from embstore.store_reads import MIN_CHUNK_KEYS
+from offgraph.store import StoreConfig, get_codec, open_store
+from offgraph.store.store_reads import MIN_CHUNK_KEYS
 
 D = 8
 
@@ -58,7 +58,7 @@ def test_a_big_read_is_split_into_about_read_threads_sorted_chunks(tmp_path):
 
 
 def test_the_store_read_of_a_request_is_timed(tmp_path):
-    from server import scorer_impl
+    from offgraph.scoring import batch as scorer_impl
 
     cfg = StoreConfig(dim=D, shards=2, block_cache_mb=8)
     v, w = rows_of(300)

@@ -1,4 +1,4 @@
-"""server.plan (`offgraph plan`): the read-time model on hand-computed numbers, the trace twin against
+"""offgraph.export.plan (`offgraph plan`): the read-time model on hand-computed numbers, the trace twin against
 the trace through FG, and the command line's output and refusals."""
 
 import json
@@ -9,11 +9,11 @@ import uuid
 import numpy as np
 import pytest
 
-import offgraph_cli
-from embstore.cache_sim import bench_trace, replay, trace_of
-from embstore.quant import get_codec
-from embstore.row_cache import RowCache
-from server.plan import Device, read_time, sampled, steady_hit_ratio, synth_trace
+import offgraph.cli
+from offgraph.export.cache_sim import bench_trace, replay, trace_of
+from offgraph.store.quant import get_codec
+from offgraph.store.row_cache import RowCache
+from offgraph.export.plan import Device, read_time, sampled, steady_hit_ratio, synth_trace
 from test_prefetch import cold_file
 
 DEV = Device(qd1_ms=0.1, qd8_ms=0.3, qd8_reads_per_s=20000)
@@ -76,7 +76,7 @@ def test_the_exact_columnar_trace_is_the_servers_very_keys():
     """``request_keys(exact=True)`` (what bench.scale gives perfect LFU) against ``bench_trace`` (the
     same bodies through FG and the server's key path): every request's keys are the same keys."""
     from bench.scale_traffic import draw_columns
-    from server.plan import request_keys
+    from offgraph.export.plan import request_keys
 
     rows, n = 10**7, 40
     fg = bench_trace(rows, "zipf", n_requests=n, n_candidates=50, seed=3)
@@ -87,7 +87,7 @@ def test_the_exact_columnar_trace_is_the_servers_very_keys():
 
 
 def _plan(capsys, *args):
-    rc = offgraph_cli.main(["plan", *args])
+    rc = offgraph.cli.main(["plan", *args])
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -141,7 +141,7 @@ def test_plan_refuses_bad_input_naming_it(capsys, args, message):
 ])
 def test_plan_argument_errors_name_the_flag(capsys, args, flag):
     with pytest.raises(SystemExit) as e:
-        offgraph_cli.main(["plan", *args])
+        offgraph.cli.main(["plan", *args])
     assert e.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
 
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from features.pooling import pool_numpy
+from offgraph.features.pooling import pool_numpy
 
 
 def manual_pool(values, offsets, mode):

@@ -1,4 +1,4 @@
-"""embstore.prefetch: store files read into the page cache in the background. Residency is read with
+"""offgraph.store.prefetch: store files read into the page cache in the background. Residency is read with
 ``mincore(2)`` on a mapping of each file, not through the code under test."""
 
 import ctypes
@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from embstore.prefetch import Prefetcher, decide, store_files
+from offgraph.store.prefetch import Prefetcher, decide, store_files
 
 _libc = ctypes.CDLL(None, use_errno=True)
 

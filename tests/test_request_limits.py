@@ -20,9 +20,9 @@ import httpx
 import pytest
 from server_helpers import copy_models, free_port, score, wait_for, wait_ready
 
-from features import FeatureGenerator, FeatureValueError, parse_spec
-from features.spec import SpecError
-from features.value_limits import TooManyValues
+from offgraph.features import FeatureGenerator, FeatureValueError, parse_spec
+from offgraph.features.spec import SpecError
+from offgraph.features.value_limits import TooManyValues
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -134,7 +134,7 @@ class Served:
         env = {k: v for k, v in os.environ.items() if k != "OFFGRAPH_ADMIN_TOKEN"}
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port", str(self.port),
+                [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port", str(self.port),
                  "--cache-mb", "8", "--intra-threads", "1", "--inter-threads", "1", *extra],
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
@@ -355,7 +355,7 @@ def test_a_client_leaving_mid_body_is_not_a_server_error(limited):
 
 
 def test_workers_get_the_same_limits(tiny_model, requests_, tmp_path):
-    # --workers N builds its uvicorn servers itself (server.workers): the same options must reach them
+    # --workers N builds its uvicorn servers itself (offgraph.server.workers): the same options must reach them
     srv = Served(copy_models(tiny_model[0], tmp_path / "models"), tmp_path, "--workers", "2", "--header-timeout", "1",
                  "--body-timeout", "1", "--max-request-values", "50")
     try:
@@ -389,7 +389,7 @@ def test_workers_get_the_same_limits(tiny_model, requests_, tmp_path):
     ({"max_connection": 5}, "HttpLimits: unknown setting 'max_connection'"),
 ])
 def test_http_limits_are_validated_naming_the_option(kw, words):
-    from server.config import HttpLimits
+    from offgraph.server.config import HttpLimits
 
     with pytest.raises(ValueError, match=re.escape(words)):
         HttpLimits(**kw)

@@ -1,4 +1,4 @@
-"""embstore.RowCache: the server's set-associative hot-row cache of store records."""
+"""offgraph.store.RowCache: the server's set-associative hot-row cache of store records."""
 
 import threading
 import tracemalloc
@@ -6,8 +6,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from embstore import RowCache, get_codec
-from embstore.row_cache_impl import EMPTY
+from offgraph.store import RowCache, get_codec
+from offgraph.store._row_cache import EMPTY
 
 D = 8
 FP32 = get_codec("fp32", D)
@@ -163,7 +163,7 @@ def test_insert_after_a_later_invalidation_is_skipped():
     assert c.insert(1, [42], recs(old_v, old_w), e3) == 0
     # ... but not reads of keys in other sets
     a = c._a
-    from embstore.keys import combine_keys, splitmix64
+    from offgraph.store.keys import combine_keys, splitmix64
 
     s42 = int(splitmix64(combine_keys(1, [42]))[0] % np.uint64(a.sets))
     other = next(r for r in range(1000) if int(splitmix64(combine_keys(1, [r]))[0] % np.uint64(a.sets)) != s42)
@@ -319,7 +319,7 @@ def test_hot_keys_are_the_most_frequently_used_first(policy, want):
 def test_hot_key_selection_equals_a_full_sort(limit):
     """The selection partitions once at the limit-th highest score (ties there, many slots share a
     frequency, and empty slots, -1, included): it must equal sorting every used slot by score."""
-    from embstore.row_cache_impl import hot_keys
+    from offgraph.store._row_cache import hot_keys
 
     rng = np.random.default_rng(limit)
     clock = rng.integers(-1, 60, 1000).astype(np.int64)  # many ties, ~1/61 empty

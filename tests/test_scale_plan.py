@@ -1,6 +1,6 @@
 """bench.scale: the disk a run needs at its peak (versions already on disk reused), and its report."""
 from bench.scale import DISK_MARGIN, disk_plan
-from exporter.synth_config import SynthConfig
+from offgraph.export.synth_config import SynthConfig
 
 
 def _gb(n: int) -> int:

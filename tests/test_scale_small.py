@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 
 from bench.scale_traffic import bodies as to_bodies, build_requests
-from server.harness import wait_ready
-from server.scorer import Scorer
+from offgraph.testing.harness import wait_ready
+from offgraph.scoring.scorer import Scorer
 from tests.server_helpers import score, serve_process, stop_server, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,7 +24,7 @@ TOKEN = "t12"
 
 
 def _synth(out: Path, seed: int) -> None:
-    r = subprocess.run([sys.executable, "-m", "offgraph_cli", "synth", "--out", str(out), "--rows", str(ROWS),
+    r = subprocess.run([sys.executable, "-m", "offgraph.cli", "synth", "--out", str(out), "--rows", str(ROWS),
                         "--seed", str(seed), "--shards", "4", "--no-progress"], cwd=REPO, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

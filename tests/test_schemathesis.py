@@ -3,7 +3,7 @@
 Two passes over every operation: without the admin token (admin calls must be 401s, status and errors
 must match the schema) and with it (:load, :unload and :rollback really run, in stateful sequences too).
 The size is ``OFFGRAPH_SCHEMATHESIS_EXAMPLES`` examples per operation and phase (CI default: small; ``make
-schemathesis`` runs a bigger one with a random seed, see server/README.md); the seed is
+schemathesis`` runs a bigger one with a random seed, see offgraph/server/README.md); the seed is
 ``OFFGRAPH_SCHEMATHESIS_SEED`` (default fixed, so CI is reproducible).
 """
 import os

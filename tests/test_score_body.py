@@ -6,8 +6,8 @@ import sys
 import pytest
 from pydantic import Field, ValidationError, create_model
 
-from server.schemas import Features, ScoreRequest
-from server.score_body import ScoreBodyParser, fast_model
+from offgraph.server.schemas import Features, ScoreRequest
+from offgraph.server.score_body import ScoreBodyParser, fast_model
 
 MAX = 3
 Body = create_model("ScoreRequest", __base__=ScoreRequest,

@@ -9,14 +9,14 @@ import pytest
 from conftest import StoreWriter
 from server_helpers import copy_version
 
-from dense_model.train import TrainConfig, train_run
-from server import scorer_impl
-from server.calibration import calibrate
-from exporter.export import export_run
-from embstore.keys import combine_keys
-from server.scorer import Scorer
-from features import parse_spec
-from features.hashing import row_of
+from offgraph.model.train import TrainConfig, train_run
+from offgraph.scoring import batch as scorer_impl
+from offgraph.scoring.calibration import calibrate
+from offgraph.export.export import export_run
+from offgraph.store.keys import combine_keys
+from offgraph.scoring.scorer import Scorer
+from offgraph.features import parse_spec
+from offgraph.features.hashing import row_of
 
 D = 8
 
@@ -159,8 +159,8 @@ def test_follow_sees_a_row_written_by_another_process_within_2s(version_dir):
 def test_last_catch_up_unix_moves_on_a_catch_up_not_on_every_feed_poll(tmp_path):
     """It said when the follower last polled the feed; the RocksDB view is only as fresh as
     its last catch-up (every catch_up_s), and the feed poll has its own time."""
-    from embstore import StoreConfig, open_store
-    from embstore.follower import Follower
+    from offgraph.store import StoreConfig, open_store
+    from offgraph.store.follower import Follower
 
     path = tmp_path / "s"
     with open_store(path, StoreConfig(dim=D, quant="fp32", shards=2, block_cache_mb=8), mode="w") as st:
@@ -193,7 +193,7 @@ def wait_stats(s, key, at_least, timeout_s=5.0) -> dict:
 
 
 def test_follow_maps_existing_feed_releases_covered_epochs_and_validates_args(version_dir):
-    from embstore import open_store
+    from offgraph.store import open_store
 
     store_dir = version_dir / "store"
     with open_store(store_dir, mode="w") as st:  # a writer before the scorer: feed epoch 1
@@ -236,8 +236,8 @@ def test_follow_maps_existing_feed_releases_covered_epochs_and_validates_args(ve
 
 def _rewrite_rows(store: str, rb: int, tables: int, rows: int, stop) -> None:
     """A feed writer rewriting every row of ``tables`` tables as fast as it can."""
-    from embstore.feed import FeedWriter
-    from embstore.keys import key_array
+    from offgraph.store.feed import FeedWriter
+    from offgraph.store.keys import key_array
 
     t = np.repeat(np.arange(tables, dtype=np.uint32), rows)
     r = np.tile(np.arange(rows, dtype=np.uint64), tables)
@@ -291,7 +291,7 @@ def test_a_torn_feed_read_is_a_503_not_a_500(version_dir, tmp_path):
 def test_a_released_epochs_rows_are_written_through_to_the_row_cache_at_their_newest_value(version_dir):
     """Streamed rows stay hot: when their epoch is released they are in the row cache (a hit, no store
     read) at the value the writer streamed, not dropped to be read from disk again."""
-    from embstore import open_store
+    from offgraph.store import open_store
 
     store_dir = version_dir / "store"
     with open_store(store_dir, mode="w") as st:  # epoch 1: rows 1-3 of table 3 changed

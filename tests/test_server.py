@@ -50,9 +50,9 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def library(server):
-    from server.scorer import load
+    from offgraph.scoring.scorer import load
 
-    s = load(server.models / "ml")
+    s = load(offgraph.server.models / "ml")
     yield s
     s.close()
 
@@ -146,7 +146,7 @@ def test_bad_bodies_are_4xx_naming_the_problem(client, body, status, words):
 
 def test_bad_paths_and_versions(client, server, tiny_model):
     # a real model just outside MODELS must never be reachable through the name
-    outside = server.models.parent / "outside"
+    outside = offgraph.server.models.parent / "outside"
     if not outside.exists():
         shutil.copytree(tiny_model[0] / "ml", outside)
     body = json.dumps({"candidates": [CAND]}).encode()
@@ -353,7 +353,7 @@ def test_offgraph_serve_cli(tiny_model, requests_, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "OFFGRAPH_ADMIN_TOKEN"}
-    proc = subprocess.Popen([sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port",
                              str(port), "--intra-threads", "1", "--inter-threads", "1", "--cache-mb", "8",
                              "--poll-seconds", "0.5"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -9,8 +9,8 @@ from server_helpers import ThreadServer, score, server_config
 
 @pytest.fixture(scope="module")
 def served(numeric_run, tmp_path_factory):
-    from exporter.export import export_run
-    from server.scorer import load
+    from offgraph.export.export import export_run
+    from offgraph.scoring.scorer import load
 
     models = tmp_path_factory.mktemp("num_models")
     export_run(numeric_run[0], models / "ml" / "1", shards=2, quant="fp32", progress=False)

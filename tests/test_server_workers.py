@@ -50,14 +50,14 @@ def _fresh(url: str, body: dict, n: int) -> list[httpx.Response]:
 
 def _serve(models: Path, port: int, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "OFFGRAPH_ADMIN_TOKEN": TOKEN}
-    return subprocess.Popen([sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port",
+    return subprocess.Popen([sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port",
                              str(port), "--workers", "2", "--cache-mb", "16", "--poll-seconds", "0.3",
                              "--log-level", "warning", *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
 def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requests_, tmp_path):
-    from server.scorer import load
+    from offgraph.scoring.scorer import load
 
     models = copy_models(tiny_model[0], tmp_path / "models")
     copy_version(models / "ml" / "1", models / "ml" / "2")
@@ -145,6 +145,6 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
 
 
 def test_several_workers_need_a_port_number(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "offgraph_cli", "serve", "--models", str(tmp_path), "--workers", "2",
+    r = subprocess.run([sys.executable, "-m", "offgraph.cli", "serve", "--models", str(tmp_path), "--workers", "2",
                         "--port", "0"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--port 0" in r.stderr and "give a port number" in r.stderr, r.stderr[-500:]

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from features.spec import SpecError, load_spec, parse_spec
+from offgraph.features.spec import SpecError, load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 

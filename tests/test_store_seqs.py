@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from conftest import StoreWriter, run_then_kill
 
-from embstore import StoreConfig, WriteResult, open_store
-from embstore.keys import combine_keys, shard_of
+from offgraph.store import StoreConfig, WriteResult, open_store
+from offgraph.store.keys import combine_keys, shard_of
 
 D = 4
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,7 +96,7 @@ def test_many_random_seq_writes_keep_the_max(tmp_path, cfg):
 
 def _count_seq_reads(st, monkeypatch) -> list[int]:
     """Spy on the store's reads: how many stored row seqs each write looked up."""
-    from embstore.internal_keys import SEQ_PREFIX
+    from offgraph.store.internal_keys import SEQ_PREFIX
 
     looked: list[int] = []
     real = st._multi_get
@@ -127,7 +127,7 @@ def test_increasing_seqs_read_no_stored_seq_and_lower_ones_still_lose(tmp_path, 
 def test_a_store_without_watermark_records_finds_them_from_its_seqs(tmp_path, cfg):
     """A store written before watermarks were kept (their records deleted here) must not
     let an older seq win: the writer derives each shard's watermark from its seq records."""
-    from embstore.internal_keys import SEQ_WATERMARK_KEY
+    from offgraph.store.internal_keys import SEQ_WATERMARK_KEY
 
     with open_store(tmp_path / "s", cfg, mode="w") as st:
         st.write(2, np.arange(30), *vecs(np.ones(30)), seqs=np.full(30, 500))
@@ -211,7 +211,7 @@ KILLED_WRITER = textwrap.dedent(
     """
     import sys, numpy as np
     sys.path.insert(0, {root!r})
-    from embstore import open_store
+    from offgraph.store import open_store
     st = open_store({path!r}, mode="w")
     print("ready", flush=True)
     i = 1
@@ -250,7 +250,7 @@ def test_rows_seqs_and_offsets_are_one_atomic_batch_under_kill(tmp_path, cfg):
 
 _WRITER_SESSION = textwrap.dedent("""
     import sys, numpy as np
-    from embstore import open_store
+    from offgraph.store import open_store
     s = open_store(sys.argv[1], mode="w")
     rows = np.arange(200, dtype=np.int64)
     s.write(np.zeros(200, np.uint32), rows, np.full((200, 4), float(sys.argv[2]), np.float32),
@@ -317,7 +317,7 @@ META_ONLY_WRITER = textwrap.dedent(
     """
     import sys, numpy as np
     sys.path.insert(0, {root!r})
-    from embstore import StoreConfig, open_store
+    from offgraph.store import StoreConfig, open_store
     st = open_store({path!r}, StoreConfig(dim={dim}, quant="fp32", shards=3), mode="w")
     v = np.full((1, {dim}), 7.0, np.float32)
     st.write(1, [0], v, v[:, 0], seqs=[1], meta={{b"pos": b"f1"}}, meta_shards="all", durability="flush")

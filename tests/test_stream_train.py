@@ -8,20 +8,20 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from dense_model.inputs import encode_table
-from dense_model.model import load_run
-from dense_model.train import TrainConfig, train_run
-from embstore import open_store
-from exporter.check import requests_from_rows
-from exporter.export import export_run
-from server.scorer import Scorer
-from server.scorer_impl import batch_keys
-from features import FeatureGenerator, load_spec
-from streaming.delta_format import read_delta_file
-from streaming.sinks import open_sink
-from streaming.stream_train import StreamTrainConfig, open_trainer, stream_train_table
-from embstore.keys import combine_keys, split_keys
-from streaming.stream_train_impl import LocalRows
+from offgraph.model.inputs import encode_table
+from offgraph.model.model import load_run
+from offgraph.model.train import TrainConfig, train_run
+from offgraph.store import open_store
+from offgraph.export.check import requests_from_rows
+from offgraph.export.export import export_run
+from offgraph.scoring.scorer import Scorer
+from offgraph.scoring.batch import batch_keys
+from offgraph.features import FeatureGenerator, load_spec
+from offgraph.streaming.delta_format import read_delta_file
+from offgraph.streaming.sinks import open_sink
+from offgraph.streaming.stream_train import StreamTrainConfig, open_trainer, stream_train_table
+from offgraph.store.keys import combine_keys, split_keys
+from offgraph.streaming._stream_train import LocalRows
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_ROWS = 4000
@@ -97,7 +97,7 @@ def test_sgd_step_is_minus_lr_times_the_keras_gradient(tiny, tmp_path, source):
 
 
 def test_cli_emits_files_of_touched_rows_with_increasing_seqs(tiny, tmp_path):
-    import offgraph_cli
+    import offgraph.cli
 
     spec = tiny["spec"]
     events = tiny["events"].slice(100, 12)
@@ -106,7 +106,7 @@ def test_cli_emits_files_of_touched_rows_with_increasing_seqs(tiny, tmp_path):
     assert len(np.unique(t)) > 3 and (np.diff(t) <= 0).all() and t[0] > t[-1]
     path = tmp_path / "events.parquet"
     pq.write_table(events, path)
-    rc = offgraph_cli.main(["stream-train", "--model", str(tiny["version"].parent), "--events", str(path),
+    rc = offgraph.cli.main(["stream-train", "--model", str(tiny["version"].parent), "--events", str(path),
                             "--emit", f"spool:{tmp_path / 'spool'}", "--every-events", "5", "--seq-start", "1000",
                             "--lr", "0.05", "--no-progress"])
     assert rc == 0
@@ -133,7 +133,7 @@ def test_cli_json_summary_is_strict_json_with_null_for_an_undefined_auc(tiny, tm
 
     import pyarrow.compute as pc
 
-    import offgraph_cli
+    import offgraph.cli
 
     events = tiny["events"]
     events = events.filter(pc.equal(events.column(tiny["spec"].label), 1)).slice(0, 20)
@@ -141,7 +141,7 @@ def test_cli_json_summary_is_strict_json_with_null_for_an_undefined_auc(tiny, tm
     path = tmp_path / "events.parquet"
     pq.write_table(events, path)
     out = tmp_path / "summary.json"
-    rc = offgraph_cli.main(["stream-train", "--model", str(tiny["version"].parent), "--events", str(path),
+    rc = offgraph.cli.main(["stream-train", "--model", str(tiny["version"].parent), "--events", str(path),
                             "--emit", f"spool:{tmp_path / 'spool'}", "--no-progress", "--json", str(out)])
     assert rc == 0
 
@@ -154,7 +154,7 @@ def test_cli_json_summary_is_strict_json_with_null_for_an_undefined_auc(tiny, tm
 
 
 def test_strict_json_maps_every_non_finite_value_to_null():
-    from streaming.strict_json import dumps
+    from offgraph.streaming.strict_json import dumps
 
     text = dumps({"a": float("nan"), "b": [np.float32("inf"), -np.inf, 1.5, np.int64(3)], "c": np.array([np.nan, 2.0]),
                   "d": (float("-inf"),), "e": "NaN"})

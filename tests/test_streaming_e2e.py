@@ -10,12 +10,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from server.calibration import calibrate
-from exporter.export import export_run
-from server.harness import free_port, wait_ready
-from server.scorer import Scorer
-from features.hashing import row_of
-from streaming.delta_format import publish_delta
+from offgraph.scoring.calibration import calibrate
+from offgraph.export.export import export_run
+from offgraph.testing.harness import free_port, wait_ready
+from offgraph.scoring.scorer import Scorer
+from offgraph.features.hashing import row_of
+from offgraph.streaming.delta_format import publish_delta
 
 REPO = Path(__file__).resolve().parent.parent
 REQUEST = {"user_id": 7, "age": 30, "gender": "F", "occupation": "writer", "zip_prefix": "941"}
@@ -25,7 +25,7 @@ CANDS = [{"movie_id": 50, "genres": ["Action", "Sci-Fi"], "title_words": ["star"
 
 def _start(args, log: Path):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.Popen([sys.executable, "-m", "offgraph_cli", *args], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "offgraph.cli", *args], cwd=REPO, env=env,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 

@@ -6,10 +6,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from streaming.delta_format import (DeltaFormatError, parse_spool_name, publish_delta, read_delta_bytes,
+from offgraph.streaming.delta_format import (DeltaFormatError, parse_spool_name, publish_delta, read_delta_bytes,
                                     read_delta_file, spool_file_name, write_delta_file)
-from streaming.delta_format_impl import schema
-from streaming.sources import open_source
+from offgraph.streaming._delta_format import schema
+from offgraph.streaming.sources import open_source
 
 
 def _deltas(k=50, d=4, seed=0):

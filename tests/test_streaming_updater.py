@@ -43,7 +43,7 @@ def test_kill9_restarts_apply_every_delta_exactly_once(tiny_export, tmp_path):
     with _open(vdir) as st:
         before_v, before_w = st.read(untouched_t, untouched_r)
 
-    cmd = [sys.executable, "-m", "offgraph_cli", "update", "--models", str(models), "--model", NAME,
+    cmd = [sys.executable, "-m", "offgraph.cli", "update", "--models", str(models), "--model", NAME,
            "--source", f"spool:{spool}", "--batch-files", "4", "--once", "--log-every", "1",
            "--max-deltas-per-s", "50000"]  # >= 2.2 s of applying: room for 3 kills on a fast machine
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -85,7 +85,7 @@ def test_kill9_restarts_apply_every_delta_exactly_once(tiny_export, tmp_path):
 
 # --------------------------------------------------------------------------- in-process behaviour
 def test_stale_seqs_lose_and_bad_files_go_to_dead_letters(tiny_export, tmp_path):
-    from streaming.delta_format import write_delta_file
+    from offgraph.streaming.delta_format import write_delta_file
 
     models, spool = tmp_path / "models", tmp_path / "spool"
     vdir = _version(tiny_export, models, 1)
@@ -165,8 +165,8 @@ def test_old_version_refused_new_version_applied_future_version_waits(tiny_expor
 
 
 def test_crash_between_shard_batches_reapplies_only_missing_shards(tiny_export, tmp_path):
-    from embstore import shard_of
-    from streaming.delta_format import read_delta_file
+    from offgraph.store import shard_of
+    from offgraph.streaming.delta_format import read_delta_file
 
     models, spool = tmp_path / "models", tmp_path / "spool"
     vdir = _version(tiny_export, models, 1)

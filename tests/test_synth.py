@@ -6,13 +6,13 @@ import json
 import numpy as np
 import pytest
 
-import offgraph_cli
-from embstore import open_store
-from exporter.cli_synth import count
-from exporter.synth import CHUNK_ROWS, synth_version, table_chunks
-from exporter.synth_config import SynthConfig
-from exporter.synth_spec import HUGE_TABLES, MIN_TOTAL_ROWS, SMALL_TABLES, huge_table_rows, synth_spec
-from features.spec import parse_spec
+import offgraph.cli
+from offgraph.store import open_store
+from offgraph.cli.synth import count
+from offgraph.export.synth import CHUNK_ROWS, synth_version, table_chunks
+from offgraph.export.synth_config import SynthConfig
+from offgraph.export.synth_spec import HUGE_TABLES, MIN_TOTAL_ROWS, SMALL_TABLES, huge_table_rows, synth_spec
+from offgraph.features.spec import parse_spec
 from bench.scale_traffic import build_requests
 
 ROWS = 60_000
@@ -49,11 +49,11 @@ def test_settings_refuse_bad_values_with_clear_errors():
 
 def test_cli_refuses_bad_args(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        offgraph_cli.main(["synth", "--out", str(tmp_path / "m" / "1"), "--rows", "lots"])
+        offgraph.cli.main(["synth", "--out", str(tmp_path / "m" / "1"), "--rows", "lots"])
     assert e.value.code == 2 and "'lots' is not a row count" in capsys.readouterr().err
-    assert offgraph_cli.main(["synth", "--out", str(tmp_path / "m" / "1"), "--rows", "100"]) == 2
+    assert offgraph.cli.main(["synth", "--out", str(tmp_path / "m" / "1"), "--rows", "100"]) == 2
     assert f"at least {MIN_TOTAL_ROWS:,} rows" in capsys.readouterr().err
-    assert offgraph_cli.main(["synth", "--out", str(tmp_path / "m" / "x"), "--rows", "1e5"]) == 2
+    assert offgraph.cli.main(["synth", "--out", str(tmp_path / "m" / "x"), "--rows", "1e5"]) == 2
     assert "--out must end in an integer version directory" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
 
@@ -70,7 +70,7 @@ def test_chunks_are_seeded_per_table_and_chunk():
 
 
 def test_same_seed_same_model_and_it_scores(tmp_path):
-    from server.scorer import load  # TensorFlow: imported by the tests that score only
+    from offgraph.scoring.scorer import load  # TensorFlow: imported by the tests that score only
 
     cfg = SynthConfig(rows=ROWS, seed=7, shards=2)
     ma = synth_version(tmp_path / "a" / "scale" / "1", cfg, progress=False)

@@ -1,4 +1,4 @@
-"""features.tables.read_table: Parquet, CSV/TSV, JSON lines, malformed rows."""
+"""offgraph.features.tables.read_table: Parquet, CSV/TSV, JSON lines, malformed rows."""
 from __future__ import annotations
 
 import gzip
@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from features.tables import DataError, detect_format, read_table
+from offgraph.features.tables import DataError, detect_format, read_table
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 

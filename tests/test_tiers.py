@@ -33,7 +33,7 @@ def _two_calls_deep():
 
 @pytest.fixture
 def trained():
-    from dense_model.train import train_run
+    from offgraph.model.train import train_run
     return train_run
 
 

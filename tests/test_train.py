@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dense_model.metrics_impl import auc, logloss, ndcg_at_k
-from dense_model.model import load_run
-from dense_model.splits import held_out_mask
-from dense_model.train import TrainConfig, train_run
-from features import load_spec
+from offgraph.model._metrics import auc, logloss, ndcg_at_k
+from offgraph.model.model import load_run
+from offgraph.model.splits import held_out_mask
+from offgraph.model.train import TrainConfig, train_run
+from offgraph.features import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -62,10 +62,10 @@ def test_small_movielens_training_beats_chance(movielens_table, tmp_path):
 def test_early_stopping_keeps_the_best_validation_epoch(movielens_table):
     """The epoch is picked on validation rows carved from the training rows (never the held-out ones), and
     the model kept is that epoch's: its validation AUC, recomputed, is the best one in the history."""
-    from dense_model.inputs import encode_table
-    from dense_model.metrics_impl import auc
-    from dense_model.model import predict_proba
-    from dense_model.train import carve_validation, split_encoded
+    from offgraph.model.inputs import encode_table
+    from offgraph.model._metrics import auc
+    from offgraph.model.model import predict_proba
+    from offgraph.model.train import carve_validation, split_encoded
 
     spec = load_spec(REPO / "examples" / "movielens.yaml")
     table = movielens_table.slice(0, 20000)
@@ -97,7 +97,7 @@ def test_listwise_training_runs(movielens_table):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "offgraph_cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "offgraph.cli", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=300)
 
 

@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from server.harness import free_port, wait_ready
+from offgraph.testing.harness import free_port, wait_ready
 from streaming_helpers import REPO, export_tiny, install_version, last_write_wins, make_deltas, open_version_store
 from streaming_helpers import publish, train_tiny, update_cmd, updater
 

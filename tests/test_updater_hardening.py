@@ -64,7 +64,7 @@ def reasons(spool) -> dict[str, str]:
     ("fp16", "vector", (0, 1), 65505.0, "65504"), ("fp16", "first_order", 9, np.inf, "65504"),
     ("int8", "vector", (8, 7), -70000.0, "65504"), ("int8", "first_order", 2, 1e6, "65504")])
 def test_check_storable_names_column_delta_and_value(quant, column, at, value, rule):
-    from embstore.quant import get_codec
+    from offgraph.store.quant import get_codec
 
     codec = get_codec(quant, DIM)
     v = np.random.default_rng(0).uniform(-65504, 65504, (10, DIM)).astype(np.float32)  # the edges are fine
@@ -137,7 +137,7 @@ def test_a_file_the_store_refuses_after_all_checks_is_found_alone(exports, tmp_p
     the dead letters, the others are applied."""
     import dataclasses
 
-    from embstore.quant import get_codec
+    from offgraph.store.quant import get_codec
     from streaming_helpers import updater
 
     models, spool = tmp_path / "models", tmp_path / "spool"
@@ -184,7 +184,7 @@ def test_a_bad_file_with_a_longest_name_is_dead_lettered(exports, tmp_path):
 
 @pytest.mark.parametrize("row0", [7, 1 << 40])  # the combined-key sort and the three-key one
 def test_equal_seq_duplicates_are_refused_distinct_seqs_are_not(tmp_path, row0):
-    from streaming.delta_format import DeltaFormatError, read_delta_file, write_delta_file
+    from offgraph.streaming.delta_format import DeltaFormatError, read_delta_file, write_delta_file
 
     k = 50
     d = dict(table_ids=np.arange(k, dtype=np.uint32) % 3, rows=row0 + np.arange(k) // 3, seqs=np.arange(k) % 4,
@@ -227,8 +227,8 @@ def test_disk_full_is_a_clear_error_and_loses_no_delta(exports, small_disk, tmp_
     """The feed's shared memory fills up when the write feed maps its epoch file (before: SIGBUS,
     "Bus error", no log line), or the store's disk when RocksDB flushes the batch: a clear error
     naming the path, rc != 0, every file still in the spool; with space again all are applied once."""
-    from embstore.feed import MIN_SLOTS, SHM_ENV
-    from embstore.feed_impl import file_bytes
+    from offgraph.store.feed import MIN_SLOTS, SHM_ENV
+    from offgraph.store._feed import file_bytes
 
     models, spool = small_disk / "models", tmp_path / "spool"  # the store on the small disk, the spool not
     shm = small_disk / "shm"  # the feed's epochs too (a full /dev/shm is the same ENOSPC)
@@ -266,7 +266,7 @@ BAD_ROW0 = 10000  # bad files name rows >= this in table 0 (good files stay belo
 def bad_files(rng, d0: dict, good_bytes: bytes) -> dict:
     """kind -> (writer(path), words its dead-letter reason must hold). ``d0``: deltas whose
     rows are all >= BAD_ROW0 of table 0 (or made so), so a bad file applied by mistake shows."""
-    from streaming.delta_format import write_delta_file
+    from offgraph.streaming.delta_format import write_delta_file
 
     k = len(d0["rows"])
 
@@ -336,7 +336,7 @@ def test_bad_files_among_good_ones_with_kill9_restarts(exports, tmp_path):
     equals a last-write-wins state computed here from the good files), every bad file in the
     dead letters with a reason naming it, temporary files left alone, no run failing.
     Bigger: OFFGRAPH_HARDENING_GOOD_FILES=5000 OFFGRAPH_HARDENING_KILLS=55 (README)."""
-    from streaming.delta_format import write_delta_file
+    from offgraph.streaming.delta_format import write_delta_file
 
     models, spool = tmp_path / "models", tmp_path / "spool"
     vdir = install_version(exports["fp16"], models, 1)

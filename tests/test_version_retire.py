@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from features import FeatureGenerator
-from server.loop_lag import watch_loop_lag
-from server.scorer import Scorer
-from server.served import ServedVersion
+from offgraph.features import FeatureGenerator
+from offgraph.server.loop_lag import watch_loop_lag
+from offgraph.scoring.scorer import Scorer
+from offgraph.server.served import ServedVersion
 from tests.test_fg_batch import REQUEST, SPEC
 
 

@@ -1,5 +1,5 @@
 """What a version that replaces another starts from (FG item cache, hot rows) and how its load yields
-to serving (server.pacing)."""
+to serving (offgraph.server.pacing)."""
 from __future__ import annotations
 
 import gc
@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from features import FeatureGenerator, parse_spec
-from server.pacing import Pacer
+from offgraph.features import FeatureGenerator, parse_spec
+from offgraph.server.pacing import Pacer
 from tests.test_fg_batch import CANDS, REQUEST, SPEC
 
 

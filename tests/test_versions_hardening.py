@@ -164,7 +164,7 @@ def test_slow_copy_is_retried_and_temp_names_are_ignored(tiny_model, requests_, 
 # -- item 4: admin pins and unloads survive a kill -9; 503 + Retry-After while loading ----------------------
 def _serve(models: Path, port: int, log: Path, *extra: str) -> subprocess.Popen:
     """``offgraph serve`` in its own process group (so that SIGKILL reaches every worker)."""
-    cmd = [sys.executable, "-m", "offgraph_cli", "serve", "--models", str(models), "--port", str(port),
+    cmd = [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port", str(port),
            "--admin-token", TOKEN, "--poll-seconds", "0.2", "--cache-mb", "8", "--intra-threads", "1",
            "--inter-threads", "1", *extra]
     with open(log, "a") as out:

@@ -1,0 +1,92 @@
+"""`offgraph` command line: each package registers its own subcommands."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+# subcommand modules, by name; each has register_cli(subparsers) and imports nothing heavy at module level
+# (no TensorFlow, NumPy or PyArrow): `offgraph --help` imports them all (tests/test_cli_startup.py)
+from offgraph.runtime import install_quiet_tensorflow_import, pin_cpus, uninstall_quiet_tensorflow_import  # noqa: F401 (pin_cpus: the subcommands')
+
+COMMANDS = [
+    "offgraph.cli.data",
+    "offgraph.cli.train",
+    "offgraph.cli.export",
+    "offgraph.cli.synth",
+    "offgraph.cli.features",
+    "offgraph.cli.serve",
+    "offgraph.cli.plan",
+    "offgraph.cli.update",
+    "offgraph.cli.stream_train",
+]
+
+
+def add_cpus_argument(p: argparse.ArgumentParser, who: str) -> None:
+    p.add_argument("--cpus", default=None, metavar="LIST",
+                   help=f"pin {who} (every thread it starts) to these CPUs, e.g. '0' or '0-3,6' (Linux; default: "
+                        "all). Keeping a server and an updater on separate CPUs stops the kernel from moving the "
+                        "server's threads around when the updater is busy (its p99 then does not rise)")
+
+
+class LazyChoices:
+    """argparse ``choices``: the sorted names of ``module.attr``, imported the first time argparse needs
+    them (to check a value given or to print that subcommand's help), so that building the parser
+    imports no heavy module and keeps `offgraph --help` fast. Give the argument a ``metavar`` (argparse
+    would list the choices in it when the argument is added) and "%(choices)s" in its help."""
+
+    def __init__(self, module: str, attr: str):
+        self.module, self.attr = module, attr
+        self._names: list[str] | None = None
+
+    def names(self) -> list[str]:
+        if self._names is None:
+            self._names = sorted(getattr(importlib.import_module(self.module), self.attr))
+        return self._names
+
+    def __contains__(self, value) -> bool:
+        return value in self.names()
+
+    def __iter__(self):
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand. Imports each COMMANDS module, which must not import TensorFlow
+    (a subcommand imports what it needs when it runs): `offgraph --help` stays fast."""
+    parser = argparse.ArgumentParser(prog="offgraph", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging, and TensorFlow's C++ start-up messages (hidden by default)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for mod in COMMANDS:
+        importlib.import_module(mod).register_cli(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    install_quiet_tensorflow_import()  # before the parser: no module may import TensorFlow unseen
+    try:
+        args = build_parser().parse_args(argv)
+        if args.verbose:  # everything TensorFlow says, at the level the caller's environment asks for
+            uninstall_quiet_tensorflow_import()
+            os.environ["OFFGRAPH_VERBOSE"] = "1"  # offgraph.server.workers.VERBOSE_ENV: spawned workers follow
+        else:  # read by TensorFlow when it is imported, and by the server's worker processes
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            return int(args.func(args) or 0)
+        except (ValueError, OSError) as e:  # SpecError, DataError, FeatureValueError are ValueErrors
+            print(f"offgraph {args.command}: error: {e}", file=sys.stderr)
+            return 2
+    finally:  # main() may be called in a process that goes on (tests)
+        uninstall_quiet_tensorflow_import()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

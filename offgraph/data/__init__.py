@@ -1,0 +1,1 @@
+"""Named data sets converted into the trainer's input format (``offgraph data``)."""

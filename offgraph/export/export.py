@@ -1,0 +1,163 @@
+"""`offgraph export`: split a trained run into store/ (tables) + dense/ (head) + manifest.json."""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from offgraph.model.model import CONFIG_FILE, load_run
+from offgraph.store import StoreConfig, open_store
+from offgraph.export.dense_saved_model import save_dense
+from offgraph.modeldir.manifest import (DENSE_DIR, FORMAT_VERSION, STORE_DIR, ModelDirError, check_version_dir,
+                               digest, store_file_records, training_loss, tree_checksums, write_manifest)
+from offgraph.export.feature_build import build_feature_tables, manifest_record, run_held_out_mask
+from offgraph.features.segment import check_segmenters, segmenters_of
+from offgraph.features.spec import FG_VERSION
+from offgraph.scoring.calibration import score_kind
+
+log = logging.getLogger("offgraph.export")
+
+CHUNK_ROWS = 1 << 18
+
+
+def _check_run(model, spec, metrics, run_dir: Path) -> None:
+    d = spec.model.embedding_dim
+    for i, f in enumerate(spec.fields):
+        e = tuple(model.front.emb_tables[i].embeddings.shape)
+        w = tuple(model.front.w_tables[i].embeddings.shape)
+        if e != (f.rows, d) or w != (f.rows, 1):
+            raise ValueError(f"run {run_dir}: field '{f.name}': the model's tables are {e} and {w} but the spec "
+                             f"says rows={f.rows}, embedding_dim={d}")
+    trained_rows = metrics.get("table_rows")
+    if trained_rows is not None and trained_rows != {f.name: f.rows for f in spec.fields}:
+        raise ValueError(f"run {run_dir}: spec.yaml's fields differ from the ones the model was trained with "
+                         f"({trained_rows})")
+    fgv = metrics.get("fg_version")
+    if fgv is not None and fgv != FG_VERSION:
+        raise ValueError(f"run {run_dir}: trained with FG version {fgv!r}, this offgraph hashes with "
+                         f"{FG_VERSION!r}: refusing to export rows that would be looked up differently")
+
+
+def _chunks(emb_var, w_var, rows: int):
+    for s in range(0, rows, CHUNK_ROWS):
+        e = min(rows, s + CHUNK_ROWS)
+        yield (np.arange(s, e, dtype=np.int64), np.asarray(emb_var[s:e], dtype=np.float32),
+               np.asarray(w_var[s:e], dtype=np.float32)[:, 0])
+
+
+def _run_config(run_dir: Path) -> dict | None:
+    """The run's train_config.json (a run written by hand may have metrics without its config: its loss says
+    what the scores are)."""
+    try:
+        config = json.loads((run_dir / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def prepare_version_dir(out: Path) -> None:
+    """:func:`check_version_dir`, then remove an incomplete version left by an interrupted write."""
+    check_version_dir(out)
+    if out.exists():
+        log.warning("removing %s: an incomplete version left by an interrupted export", out)
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+
+
+def write_version(out: Path, spec, head, tables, *, config: StoreConfig, training: dict,
+                  progress: bool = True, workers: int | None = None, segmenters: dict | None = None) -> dict:
+    """Write a version into the prepared directory ``out``: the store, bulk-loaded from ``tables``
+    (per field in spec order, chunks ``(rows, vectors, first_order)`` in ascending rows), the dense
+    SavedModel of ``head``, then the manifest (last, by rename). ``segmenters``: those the model
+    was trained with (default: the spec's, as this library has them). Returns the manifest."""
+    t0 = time.perf_counter()
+    d = spec.model.embedding_dim
+    fields, row_counts = [], {}
+    with open_store(out / STORE_DIR, config, mode="w") as store:
+        loaded = store.bulk_load_tables(list(enumerate(tables)), total_rows=sum(f.rows for f in spec.fields),
+                                        progress=progress, workers=workers)
+        for i, f in enumerate(spec.fields):
+            row_counts[f.name] = loaded[i]
+            fields.append({"name": f.name, "table_id": i, "rows": f.rows, "scope": f.scope, "op": f.op,
+                           "pooling": f.pooling})
+        store.flush()
+        store_stats = store.stats()
+    store_seconds = time.perf_counter() - t0
+    signature = save_dense(head, len(spec.fields), d, out / DENSE_DIR, num_dense=len(spec.numeric))
+    checksums = {"dense": tree_checksums(out / DENSE_DIR)}
+    checksums["dense_digest"] = digest(checksums["dense"])
+    checksums["store_files"] = store_file_records(out / STORE_DIR)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "fg_version": FG_VERSION,
+        "hash": spec.model.hash,
+        "embedding_dim": d,
+        "fields": fields,
+        # numeric fields: column j of the dense [N, k] input, with the statistics training computed
+        "dense_inputs": [{"name": f.name, "scope": f.scope, "input": f.input, **f.params} for f in spec.numeric],
+        # segmenter (and library version) of each tokenize field at training: a scorer with another refuses
+        "segmenters": segmenters if segmenters is not None else segmenters_of(spec),
+        "spec": spec.to_dict(),
+        "calibration": vars(spec.model.calibration),
+        # the loss, and so what a score is: "ctr" (a calibrated probability) or "ranking" (a listwise model
+        # without a fitted calibration); read by offgraph.scoring.scorer, which derives both for manifests without them
+        "training_loss": (loss := training_loss({"training": training})),
+        "score_kind": score_kind(loss, spec.model.calibration),
+        **({"feature_tables": manifest_record(spec)} if spec.tables else {}),  # shared by versions: ../features
+        "store": {**config.to_dict(), "path": STORE_DIR, "row_counts": row_counts,
+                  "bytes_on_disk": store_stats["bytes_on_disk"]},
+        "dense": {"path": DENSE_DIR, "signature": signature},
+        "training": training,
+        "checksums": checksums,
+        "created_at": datetime.now(timezone.utc).isoformat(),
+        "export_seconds": {"store": store_seconds, "total": time.perf_counter() - t0},
+    }
+    write_manifest(out, manifest)
+    return manifest
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant: str = "int8",
+               block_cache_mb: int = 64, progress: bool = True, feature_data=None, feature_source: str = "<data>",
+               feature_rows: str = "training") -> dict:
+    """Export RUN into a version directory MODELS/NAME/VERSION; returns the manifest.
+
+    The spec's feature tables (MODELS/NAME/features/, shared by versions) are created before the
+    manifest is written; with ``feature_data`` (a pyarrow table: the run's training file) they are
+    loaded with the latest value per key of its ``feature_rows``: "training" (the run's training
+    rows: what was known before the held-out cut) or "all"."""
+    run_dir, out = Path(run_dir), Path(out_dir)
+    check_version_dir(out)  # before the run is read
+    model, spec, metrics = load_run(run_dir)
+    _check_run(model, spec, metrics, run_dir)
+    check_segmenters(spec, metrics.get("segmenters"), f"run {run_dir}")
+    if feature_rows not in ("training", "all"):
+        raise ValueError(f"feature_rows must be 'training' or 'all', got {feature_rows!r}")
+    prepare_version_dir(out)
+    if spec.tables:
+        mask = None
+        if feature_data is not None and feature_rows == "training":
+            mask = ~run_held_out_mask(run_dir, spec, feature_data)
+        build_feature_tables(out.parent, spec, feature_data, mask, source=feature_source, progress=progress)
+    config = StoreConfig(dim=spec.model.embedding_dim, quant=quant, shards=shards, block_cache_mb=block_cache_mb)
+    tables = [_chunks(model.front.emb_tables[i].embeddings.value, model.front.w_tables[i].embeddings.value, f.rows)
+              for i, f in enumerate(spec.fields)]
+    training = {"held_out": metrics.get("held_out"), "train_rows": metrics.get("train_rows"),
+                "config": metrics.get("config") or _run_config(run_dir), "run": str(run_dir.resolve()),
+                # a listwise run's calibration fit: a, b, mean score and logloss before and after it
+                **({"calibration": metrics["calibration"]} if metrics.get("calibration") else {})}
+    manifest = write_version(out, spec, model.head, tables, config=config, training=training, progress=progress,
+                             segmenters=metrics.get("segmenters") or segmenters_of(spec))
+    total_rows = sum(manifest["store"]["row_counts"].values())
+    store_seconds = manifest["export_seconds"]["store"]
+    log.info("exported %s -> %s: %d rows in %d tables, %s x %d shards, %.1fs (%.0f rows/s)", run_dir, out,
+             total_rows, len(manifest["fields"]), quant, shards, store_seconds,
+             total_rows / max(store_seconds, 1e-9))
+    return manifest
+
+
+__all__ = ["export_run", "write_version", "check_version_dir", "prepare_version_dir", "ModelDirError"]

@@ -1,0 +1,99 @@
+"""Raw table -> shared FG -> padded id/mask arrays the Keras front takes.
+
+Hashing and FG happen here through ``features`` (never in TF ops), so the ids
+a model trains on are exactly the ids the server computes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from offgraph.features.fg import FeatureGenerator, FeatureValueError
+from offgraph.features.numeric import fit_stats
+from offgraph.features.spec import FeatureSpec
+
+MAX_VALUES_PER_FIELD = 64
+
+
+@dataclass
+class Encoded:
+    """Model inputs for n rows: ``x`` maps ids_<i>/mask_<i> (and ``dense`` [n, k] with numeric fields) to
+    arrays; labels etc. aligned. ``numeric_pre`` [n, k]: the numeric values before standardize (NaN: no
+    value), kept until training has fitted the statistics (``finish_dense``)."""
+    x: dict[str, np.ndarray]
+    labels: np.ndarray
+    groups: np.ndarray | None
+    time: np.ndarray | None
+    key: np.ndarray | None
+    numeric_pre: np.ndarray | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.labels)
+
+    def take(self, idx: np.ndarray) -> "Encoded":
+        pick = lambda a: None if a is None else a[idx]  # noqa: E731
+        return Encoded({k: v[idx] for k, v in self.x.items()}, self.labels[idx],
+                       pick(self.groups), pick(self.time), pick(self.key), pick(self.numeric_pre))
+
+
+def _column(table: pa.Table, name: str, what: str, source: str) -> list:
+    if name not in table.column_names:
+        raise ValueError(f"data {source}: the spec's {what} column '{name}' is not in the table "
+                         f"(columns: {table.column_names})")
+    return table.column(name).to_pylist()
+
+
+def encode_table(spec: FeatureSpec, table: pa.Table, source: str = "<table>") -> Encoded:
+    """Run the shared FG over a whole table. Errors name the field and the row."""
+    n = table.num_rows
+    fg = FeatureGenerator(spec)
+    wanted = {f.input for f in spec.fields + spec.numeric if f.input}
+    cols = {c: table.column(c).to_pylist() for c in table.column_names if c in wanted}
+    missing = sorted(wanted - set(cols))
+    if missing:
+        raise ValueError(f"data {source}: input column(s) {missing} used by the spec are not in the table "
+                         f"(columns: {table.column_names})")
+    try:
+        batch = fg.transform_columns(cols, n, dense=False)
+        pre = fg.numeric_columns(cols, n, finished=False) if spec.numeric else None
+    except FeatureValueError as e:
+        raise ValueError(f"data {source}: {e} (row numbers count data rows from 0)") from None
+    x: dict[str, np.ndarray] = {}
+    for i, rag in enumerate(batch.fields):
+        L = min(int(rag.lengths.max(initial=1)), MAX_VALUES_PER_FIELD)
+        ids, mask = rag.padded(L)
+        x[f"ids_{i}"] = ids.astype(np.int32 if spec.fields[i].rows < 2**31 else np.int64)
+        x[f"mask_{i}"] = mask
+    raw_labels = _column(table, spec.label, "label", source)
+    labels = np.asarray([np.nan if v is None else v for v in raw_labels], dtype=np.float64)
+    bad = np.flatnonzero(~np.isin(labels, (0.0, 1.0)))
+    if len(bad):
+        raise ValueError(f"data {source}: row {bad[0]}: label '{spec.label}' must be 0 or 1, "
+                         f"got {raw_labels[bad[0]]!r} ({len(bad)} bad rows)")
+    groups = np.asarray(_column(table, spec.group, "group", source)) if spec.group else None
+    time = np.asarray(_column(table, spec.time, "time", source), dtype=np.float64) if spec.time else None
+    key = np.asarray(_column(table, spec.split_key, "split_key", source)) if spec.split_key else None
+    out = Encoded(x, labels.astype(np.float32), groups, time, key, pre)
+    if spec.numeric and not needs_stats(spec):
+        finish_dense(spec, out)
+    return out
+
+
+def needs_stats(spec: FeatureSpec) -> bool:
+    """Whether a numeric field standardizes without statistics yet (training fits them)."""
+    return any("standardize" in f.params["transform"] and "stats" not in f.params for f in spec.numeric)
+
+
+def fit_numeric_stats(spec: FeatureSpec, fit_rows: Encoded) -> FeatureSpec:
+    """The spec with the standardize statistics of ``fit_rows`` (training rows only) filled in."""
+    stats = {f.name: fit_stats(fit_rows.numeric_pre[:, j], f.name) for j, f in enumerate(spec.numeric)
+             if "standardize" in f.params["transform"] and "stats" not in f.params}
+    return spec.with_stats(stats) if stats else spec
+
+
+def finish_dense(spec: FeatureSpec, data: Encoded) -> None:
+    """Set ``data.x["dense"]`` from ``numeric_pre`` with the spec's statistics (the serving FG's maths)."""
+    data.x["dense"] = FeatureGenerator(spec).finish_numeric(data.numeric_pre)

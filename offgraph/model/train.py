@@ -1,0 +1,309 @@
+"""Training loop for DeepFM on a raw table: split, FG, tf.data, Adam/Adagrad, held-out metrics."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+import yaml
+from tqdm import tqdm
+
+from offgraph.model import _losses as losses_impl
+from offgraph.model import _metrics as metrics_impl
+from offgraph.model.inputs import Encoded, encode_table, finish_dense, fit_numeric_stats, needs_stats
+from offgraph.model.model import (CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_FILE, DeepFM, build_deepfm,
+                               predict_proba)
+from offgraph.model.platt import fit_platt
+from offgraph.model.splits import held_out_mask
+from offgraph.model.train_config import LOSSES, OPTIMIZERS, SCHEDULES, TrainConfig  # noqa: F401 (re-exported)
+from offgraph.features.segment import segmenters_of
+from offgraph.features.spec import FeatureSpec
+from offgraph.scoring.calibration import platt, score_kind
+
+# the Keras object behind each name of train_config.OPTIMIZERS / SCHEDULES
+OPTIMIZER_FACTORIES = {
+    "adam": lambda lr: tf.keras.optimizers.Adam(lr),
+    "adagrad": lambda lr: tf.keras.optimizers.Adagrad(lr, initial_accumulator_value=0.1),
+}
+SCHEDULE_FACTORIES = {
+    "constant": lambda lr, steps: lr,
+    "cosine": lambda lr, steps: tf.keras.optimizers.schedules.CosineDecay(lr, decay_steps=max(steps, 1)),
+}
+assert set(OPTIMIZER_FACTORIES) == set(OPTIMIZERS) and set(SCHEDULE_FACTORIES) == set(SCHEDULES)
+
+
+def _batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator, listwise: bool):
+    """Yields (x, labels, segments). Listwise batches hold whole request groups."""
+    n = data.n
+    if not listwise:
+        order = rng.permutation(n)
+        for s in range(0, n, cfg.batch_size):
+            idx = order[s:s + cfg.batch_size]
+            yield {k: v[idx] for k, v in data.x.items()}, data.labels[idx], np.zeros(len(idx), np.int32)
+        return
+    _, gid = np.unique(data.groups, return_inverse=True)
+    by_group = np.argsort(gid, kind="stable")
+    starts = np.r_[0, np.flatnonzero(np.diff(gid[by_group])) + 1]
+    ends = np.r_[starts[1:], n]
+    perm = rng.permutation(len(starts))
+    chunk: list[np.ndarray] = []
+    size = 0
+    for g in perm:
+        chunk.append(by_group[starts[g]:ends[g]])
+        size += ends[g] - starts[g]
+        if size >= cfg.batch_size:
+            yield _group_batch(data, chunk)
+            chunk, size = [], 0
+    if chunk:
+        yield _group_batch(data, chunk)
+
+
+def _group_batch(data: Encoded, chunk: list[np.ndarray]):
+    idx = np.concatenate(chunk)
+    seg = np.repeat(np.arange(len(chunk), dtype=np.int32), [len(c) for c in chunk])
+    return {k: v[idx] for k, v in data.x.items()}, data.labels[idx], seg
+
+
+class Trainer:
+    def __init__(self, spec: FeatureSpec, cfg: TrainConfig):
+        cfg.validate(spec)
+        self.spec, self.cfg = spec, cfg
+        tf.keras.utils.set_random_seed(cfg.seed)
+        self.model: DeepFM = build_deepfm(spec)
+        self.opt = None
+        self._step = None
+
+    def _signature(self, x: dict[str, np.ndarray]):
+        return {k: tf.TensorSpec([None] + list(v.shape[1:]), tf.as_dtype(v.dtype)) for k, v in x.items()}
+
+    def _build_fns(self, x: dict[str, np.ndarray]):
+        sig = self._signature(x)
+        model, opt, spec, loss = self.model, self.opt, self.spec, self.cfg.loss
+        l2_emb = spec.model.l2_embedding
+
+        @tf.function(input_signature=[sig, tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32)])
+        def step(xb, yb, seg):
+            with tf.GradientTape() as tape:
+                logits, sq = model.logit_and_l2(xb, training=True)
+                total = 0.0
+                if loss in ("pointwise", "both"):
+                    total += losses_impl.pointwise_loss(yb, logits)
+                if loss in ("listwise", "both"):
+                    total += losses_impl.listwise_loss(yb, logits, seg, tf.reduce_max(seg) + 1)
+                bs = tf.cast(tf.shape(yb)[0], tf.float32)
+                reg = l2_emb * sq / bs
+                if model.head.losses:
+                    reg += tf.add_n(model.head.losses)
+                obj = total + reg
+            grads = tape.gradient(obj, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return total
+
+        self._step = step
+
+    def predict(self, data: Encoded) -> np.ndarray:
+        return predict_proba(self.model, data.x, self.cfg.eval_batch_size)
+
+    def evaluate(self, data: Encoded) -> dict:
+        p = self.predict(data)
+        res = {"auc": metrics_impl.auc(data.labels, p), "logloss": metrics_impl.logloss(data.labels, p),
+               "rows": int(data.n), "positive_rate": float(data.labels.mean())}
+        if data.groups is not None:
+            res["ndcg@10"] = metrics_impl.ndcg_at_k(data.labels, p, data.groups, 10)
+        return res
+
+    def fit(self, train: Encoded, validation: Encoded | None, progress: bool = True, label: str = "epoch") -> dict:
+        """Epochs over ``train``; after each, AUC on ``validation`` (rows carved from the training rows,
+        never the held-out ones): the best epoch's weights are kept and restored, and training stops after
+        ``cfg.patience`` epochs without a better one. No validation: every epoch runs, the last is kept."""
+        cfg = self.cfg
+        total_steps = cfg.epochs * int(np.ceil(train.n / cfg.batch_size))
+        self.opt = OPTIMIZER_FACTORIES[cfg.optimizer](SCHEDULE_FACTORIES[cfg.schedule](cfg.lr, total_steps))
+        self._build_fns(train.x)
+        rng = np.random.default_rng(cfg.seed)
+        listwise = cfg.loss != "pointwise"
+        sig = (self._signature(train.x), tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32))
+        history = []
+        best_auc, best_epoch, best_weights, stopped = -np.inf, 0, None, None
+        t0 = time.perf_counter()
+        for epoch in range(1, cfg.epochs + 1):
+            ds = tf.data.Dataset.from_generator(lambda: _batches(train, cfg, rng, listwise),
+                                                output_signature=sig).prefetch(4)
+            steps = int(np.ceil(train.n / cfg.batch_size))
+            # leave=False: the bar goes when the epoch ends, so each epoch stays on screen as one line (the print)
+            bar = tqdm(ds, total=steps, desc=f"{label} {epoch}/{cfg.epochs}", disable=not progress, unit="step",
+                       leave=False)
+            losses = []
+            for xb, yb, seg in bar:
+                losses.append(float(self._step(xb, yb, seg)))
+                if len(losses) % 20 == 0:
+                    bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+            ev = {"epoch": epoch, "train_loss": float(np.mean(losses))}
+            if validation is not None:
+                ev["validation"] = self.evaluate(validation)
+            ev["seconds"] = time.perf_counter() - t0
+            history.append(ev)
+            v = ev.get("validation")
+            print(f"{label} {epoch}: train loss {ev['train_loss']:.4f}"
+                  + (f"  validation AUC {v['auc']:.4f}  logloss {v['logloss']:.4f}" if v else "")
+                  + f"  ({ev['seconds']:.1f}s)", flush=True)
+            if v is None:
+                continue
+            score = v["auc"] if np.isfinite(v["auc"]) else -np.inf  # undefined with one class: never better
+            if best_weights is None or score > best_auc:
+                best_auc, best_epoch = score, epoch
+                best_weights = [w.copy() for w in self.model.get_weights()]
+            elif epoch - best_epoch >= cfg.patience:
+                stopped = epoch
+                break
+        restored = best_weights is not None and best_epoch != history[-1]["epoch"]
+        if restored:
+            self.model.set_weights(best_weights)
+        early = None
+        if validation is not None:
+            early = {"best_epoch": best_epoch, "best_validation_auc": float(best_auc) if np.isfinite(best_auc) else None, "epochs_run": len(history),
+                     "stopped_early_at": stopped, "restored_best_weights": restored, "patience": cfg.patience,
+                     "validation_rows": int(validation.n)}
+            # worded without "epoch N": each epoch is one line of the output
+            print(f"best validation AUC {best_auc:.4f} after {best_epoch} of {len(history)} epochs"
+                  + ("; those weights restored" if restored else ""), flush=True)
+        return {"history": history, "train_seconds": time.perf_counter() - t0, "early_stopping": early}
+
+
+def split_encoded(spec: FeatureSpec, data: Encoded, cfg: TrainConfig) -> tuple[Encoded, Encoded]:
+    test = held_out_mask(cfg.split, data.n, cfg.held_out, cfg.seed, time=data.time, key=data.key)
+    return data.take(np.flatnonzero(~test)), data.take(np.flatnonzero(test))
+
+
+def carve_validation(train: Encoded, cfg: TrainConfig) -> tuple[Encoded, Encoded | None]:
+    """(rows to fit, validation rows): ``cfg.validation`` of the training rows by the same split (per-key-time:
+    each key's latest training rows), so the epoch is picked on rows like the held-out ones but not them."""
+    if cfg.validation == 0:
+        return train, None
+    val = held_out_mask(cfg.split, train.n, cfg.validation, cfg.seed + 1, time=train.time, key=train.key)
+    return train.take(np.flatnonzero(~val)), train.take(np.flatnonzero(val))
+
+
+def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | None,
+              source: str = "<table>", progress: bool = True) -> tuple[DeepFM, dict]:
+    """Encode, split, train, evaluate; write RUN (weights, spec, config, metrics) when out_dir is given."""
+    t0 = time.perf_counter()
+    cfg.validate(spec)
+    data = encode_table(spec, table, source)
+    train, held = split_encoded(spec, data, cfg)
+    fit_rows, validation = carve_validation(train, cfg)
+    if needs_stats(spec):  # standardize statistics of the training rows only, then the same maths for all
+        spec = fit_numeric_stats(spec, train)
+        for part in (train, fit_rows, validation, held):
+            if part is not None:
+                finish_dense(spec, part)
+    fg_seconds = time.perf_counter() - t0
+    print(f"data {source}: {data.n} rows -> {fit_rows.n} train / "
+          + (f"{validation.n} validation / " if validation is not None else "")
+          + f"{held.n} held-out ({cfg.split} split); FG {fg_seconds:.1f}s", flush=True)
+    trainer = Trainer(spec, cfg)
+    fit = trainer.fit(fit_rows, validation, progress)
+    early = fit["early_stopping"]
+    if early is not None and cfg.refit:
+        # the epoch count is chosen; the rows carved off for choosing it are the latest of each key, the most
+        # like the held-out ones: retrain from the same start on all the training rows for that many epochs
+        early["held_out_auc_before_refit"] = trainer.evaluate(held)["auc"]  # reported, never used to choose
+        print(f"refit on all {train.n} training rows for {early['best_epoch']} epochs", flush=True)
+        trainer = Trainer(spec, cfg.replace(epochs=early["best_epoch"]))
+        refit = trainer.fit(train, None, progress, label="refit")
+        early.update(refit_epochs=early["best_epoch"], refit_rows=int(train.n), refit_seconds=refit["train_seconds"])
+        fit["train_seconds"] += refit["train_seconds"]
+        fit_rows = train
+    final = trainer.evaluate(held)  # once, with the weights kept
+    print(f"held-out AUC {final['auc']:.4f}  logloss {final['logloss']:.4f}"
+          + (f"  NDCG@10 {final['ndcg@10']:.4f}" if "ndcg@10" in final else ""), flush=True)
+    spec, calibration = fit_calibration(spec, cfg, trainer, validation, held,
+                                        trained_on_validation=early is not None and cfg.refit)
+    metrics = {
+        "held_out": {k: final[k] for k in ("auc", "logloss", "ndcg@10", "rows", "positive_rate") if k in final},
+        "history": fit["history"],
+        "early_stopping": fit["early_stopping"],
+        "train_rows": int(fit_rows.n),
+        "validation_rows": int(validation.n) if validation is not None else 0,
+        "held_out_rows": int(held.n),
+        # what a served score is (offgraph.scoring.calibration.score_kind): a listwise model's only with its fitted calibration
+        "score_kind": score_kind(cfg.loss, spec.model.calibration),
+        **({"calibration": calibration} if calibration is not None else {}),
+        "train_seconds": fit["train_seconds"],
+        "fg_seconds": fg_seconds,
+        **spec_record(spec),
+        "config": cfg.model_dump(),
+        "source": source,
+        # the training file, absolute: `offgraph check` checks the held-out rows of this file only
+        "data_file": str(Path(source).resolve()) if Path(source).is_file() else None,
+    }
+    if out_dir is not None:
+        write_run(out_dir, trainer.model, spec, cfg, metrics)
+    return trainer.model, metrics
+
+
+def fit_calibration(spec: FeatureSpec, cfg: TrainConfig, trainer: Trainer, validation: Encoded | None,
+                    held: Encoded, trained_on_validation: bool) -> tuple[FeatureSpec, dict | None]:
+    """A listwise model's Platt scaling (``offgraph.model.platt``), fitted on the validation rows with the weights
+    kept: (the spec with ``model.calibration.logit_scale`` / ``logit_shift`` set, the run's record of the fit:
+    a, b, and the mean score and logloss before and after it on the validation and held-out rows; the held-out
+    figures are reported, never used). A pointwise model: (spec, None), its sigmoid is the CTR. No validation
+    rows (``--validation 0``) or nothing to fit: the spec unchanged, its scores are ranking scores."""
+    if cfg.loss == "pointwise":
+        return spec, None
+    fit = fit_platt(trainer.predict(validation), validation.labels) if validation is not None else None
+    if fit is None:
+        why = ("no validation rows (--validation 0)" if validation is None
+               else "the validation rows hold one class, or the scores rank them backwards")
+        print(f"loss {cfg.loss}: no calibration fitted ({why}): the scores are ranking scores, not CTRs",
+              flush=True)
+        return spec, {"method": None, "reason": why}
+    rec: dict = {"method": "platt", "logit_scale": fit.logit_scale, "logit_shift": fit.logit_shift,
+                 "fitted_on": "validation", "rows": int(validation.n), "iterations": fit.iterations,
+                 # with the refit, the kept weights were trained on the validation rows too
+                 "trained_on_fit_rows": bool(trained_on_validation)}
+    for name, part in (("validation", validation), ("held_out", held)):
+        p = trainer.predict(part)
+        q = platt(p, fit.logit_scale, fit.logit_shift)
+        rec[name] = {"rows": int(part.n), "positive_rate": float(part.labels.mean()) if part.n else None,
+                     "mean_score": float(p.mean()) if part.n else None,
+                     "mean_score_calibrated": float(q.mean()) if part.n else None,
+                     "logloss": metrics_impl.logloss(part.labels, p),
+                     "logloss_calibrated": metrics_impl.logloss(part.labels, q)}
+    h = rec["held_out"]
+    print(f"calibration (Platt, {validation.n} validation rows): logit' = {fit.logit_scale:.4f} logit "
+          f"{fit.logit_shift:+.4f}; held-out mean score {h['mean_score']:.4f} -> {h['mean_score_calibrated']:.4f} "
+          f"(positive rate {h['positive_rate']:.4f}), logloss {h['logloss']:.4f} -> {h['logloss_calibrated']:.4f}",
+          flush=True)
+    return spec.with_calibration(logit_scale=fit.logit_scale, logit_shift=fit.logit_shift), rec
+
+
+def spec_record(spec: FeatureSpec) -> dict:
+    """What a run records that its spec implies, and the exporter checks: the FG version, the segmenter (and
+    library version) of each tokenize field, the fitted numeric stats and each field's table rows."""
+    return {"fg_version": spec.fg_version, "segmenters": segmenters_of(spec),
+            "numeric_stats": {f.name: f.params["stats"] for f in spec.numeric if "stats" in f.params},
+            "table_rows": {f.name: f.rows for f in spec.fields}}
+
+
+def write_run(out_dir: str | Path, model: DeepFM, spec: FeatureSpec, cfg: TrainConfig, metrics: dict) -> Path:
+    """Write a run directory (weights, spec.yaml, train_config.json, metrics.json), replacing ``out_dir``.
+    metrics.json holds ``metrics`` with what the spec implies (``spec_record``) recorded from ``spec`` itself,
+    so a run built by hand (a model and ``metrics={}``) exports like a trained one."""
+    metrics = {**metrics, **spec_record(spec)}
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_weights(tmp / WEIGHTS_FILE)
+    (tmp / SPEC_FILE).write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    (tmp / CONFIG_FILE).write_text(json.dumps(cfg.model_dump(), indent=2))
+    (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2, default=float))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out

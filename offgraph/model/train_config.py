@@ -1,0 +1,58 @@
+"""Training settings (`TrainConfig`) and the names they may take. Imports nothing heavy (pydantic), so
+that the command line can offer them, and take its defaults from them, without loading TensorFlow
+(`offgraph.model.train` maps the names to Keras objects)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, field_validator
+
+from offgraph.config import ConfigModel, option
+from offgraph.modeldir.layout import LOSSES  # one definition: the manifest records it
+
+if TYPE_CHECKING:  # only a type here: importing features would load NumPy into `offgraph --help`
+    from offgraph.features.spec import FeatureSpec
+
+OPTIMIZERS = ("adam", "adagrad")
+SCHEDULES = ("constant", "cosine")
+
+
+class TrainConfig(ConfigModel, validate_assignment=True):
+    """Settings of one training run (recorded in the run's ``train_config.json``).
+
+    held_out: the held-out fraction, in (0, 1); split: a name of ``offgraph.model.splits.SPLITS``.
+    validation: the fraction of the TRAINING rows (after the held-out ones are set aside) carved off, by
+    the same split, to pick the best epoch on (early stopping with the best weights restored) and, with a
+    listwise loss, to fit the calibration on (``offgraph.model.platt``; 0: no validation, the last epoch is
+    kept and a listwise model's scores are ranking scores); patience: epochs without a better validation AUC before stopping;
+    refit: then retrain from the same initial weights on all the training rows for the best epoch count
+    (the carved rows are each key's latest, the most useful to learn from; off: keep the restored weights).
+    """
+
+    epochs: int = option(6, ge=1, flag="--epochs")
+    batch_size: int = option(512, ge=1, flag="--batch-size")
+    lr: float = option(0.001, gt=0, flag="--lr")
+    optimizer: Literal[OPTIMIZERS] = option("adam", flag="--optimizer")
+    loss: Literal[LOSSES] = option("pointwise", flag="--loss")
+    split: str = option("per-key-time", flag="--split")
+    held_out: float = option(0.2, gt=0, lt=1, flag="--held-out")
+    seed: int = option(0, ge=0, flag="--seed")
+    validation: float = option(0.1, ge=0, lt=1, flag="--validation")
+    patience: int = option(2, ge=1, flag="--patience")
+    refit: bool = option(True, flag="--no-refit")
+    eval_batch_size: int = Field(8192, ge=1)
+    schedule: Literal[SCHEDULES] = "constant"
+
+    @field_validator("split")
+    @classmethod
+    def _known_split(cls, v: str) -> str:
+        from offgraph.model.splits import SPLITS  # NumPy: only when a split is given (not for the CLI's --help)
+
+        if v not in SPLITS:
+            raise ValueError(f"unknown split {v!r}: expected one of {sorted(SPLITS)}")
+        return v
+
+    def validate(self, spec: FeatureSpec) -> None:
+        """What depends on the spec (the fields themselves are checked when set)."""
+        if self.loss != "pointwise" and not spec.group:
+            raise ValueError(f"loss {self.loss!r} needs request groups: the spec has no 'group' column")

@@ -1,0 +1,151 @@
+"""The request path's array maths: FG batch -> unique store keys -> pooled [N, F, D] / [N, F].
+
+No per-value Python loop: keys of all fields are concatenated, de-duplicated
+once, looked up once, scattered back and pooled per field with NumPy.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from offgraph.store.keys import combine_keys, split_keys
+from offgraph.features.fg import FGBatch
+
+
+@dataclass(frozen=True)
+class Keys:
+    """All (table, row) lookups of a batch: ``unique_*`` to read, ``inverse`` to scatter back."""
+    unique_tables: np.ndarray  # uint32 [U]
+    unique_rows: np.ndarray    # int64 [U]
+    inverse: np.ndarray        # int64 [K]: position in unique of each looked-up value
+    unique_keys: np.ndarray    # uint64 [U]: combined keys (offgraph.store.keys.combine_keys), ascending
+    field_bounds: np.ndarray   # int64 [F + 1]: field f owns lookups field_bounds[f]:field_bounds[f+1]
+
+
+def batch_keys(batch: FGBatch) -> Keys:
+    sizes = np.fromiter((len(r.ids) for r in batch.fields), dtype=np.int64, count=len(batch.fields))
+    bounds = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    tables = np.repeat(np.arange(len(sizes), dtype=np.uint32), sizes)
+    rows = np.concatenate([r.ids for r in batch.fields]) if bounds[-1] else np.zeros(0, np.int64)
+    uniq, inverse = np.unique(combine_keys(tables, rows), return_inverse=True)
+    ut, ur = split_keys(uniq)
+    return Keys(ut, ur, inverse.astype(np.int64), uniq, bounds)
+
+
+def pool_batch(batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.ndarray, poolings: list[str],
+               dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unique rows' vectors [U, D] / weights [U] -> emb [N, F, D], first_order [N, F].
+
+    All fields at once, vectors and weights together as [U, D+1]. The lookups are in
+    (field, row) order, so each (field, row) segment is contiguous: the segments' first
+    values are gathered in one go, then the j-th values added for the segments longer
+    than j (a loop over positions, not values: as many steps as the longest segment;
+    the same summation order as ``offgraph.features.pooling.pool_numpy``). Mean divides by the
+    count; one gather places each field's segments (one shared segment for a broadcast
+    request field) into [N, F].
+    """
+    n, F = batch.n, len(batch.fields)
+    if len(poolings) != F:
+        raise ValueError(f"{len(poolings)} poolings for {F} fields")
+    bad = set(poolings) - {"mean", "sum"}
+    if bad:
+        raise ValueError(f"unknown pooling {sorted(bad)[0]!r}: expected 'mean' or 'sum'")
+    table = np.empty((len(vectors), dim + 1), dtype=np.float32)
+    table[:, :dim] = vectors
+    table[:, dim] = first_order
+    x = table[keys.inverse]  # [K, D+1]
+    if F:
+        lengths = np.concatenate([r.offsets[1:] - r.offsets[:-1] for r in batch.fields])
+    else:
+        lengths = np.zeros(0, np.int64)
+    nseg = np.fromiter((r.n for r in batch.fields), dtype=np.int64, count=F)
+    first_seg = np.zeros(F, dtype=np.int64)
+    np.cumsum(nseg[:-1], out=first_seg[1:])
+    bcast = np.array(batch.broadcast, dtype=bool)
+    seg = first_seg[None, :] + np.where(bcast, 0, np.arange(n)[:, None])  # [N, F] segment of each output
+    if len(lengths) == len(x) and (lengths == 1).all():
+        sums = x
+    else:
+        # segments by length, longest first: those longer than j are a prefix
+        starts = np.zeros(len(lengths), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        order = np.argsort(-lengths, kind="stable")
+        sl, st = lengths[order], starts[order]
+        longer = np.searchsorted(-sl, -np.arange(int(sl[0]) if len(sl) else 0), side="left")  # #segments > j
+        sums = np.zeros((len(lengths), dim + 1), dtype=np.float32)
+        if len(longer):
+            sums[:longer[0]] = x[st[:longer[0]]]
+        for j in range(1, len(longer)):
+            c = longer[j]
+            sums[:c] += x[st[:c] + j]
+        mean = np.repeat(np.array([p == "mean" for p in poolings]), nseg)[order] & (sl > 1)
+        if mean.any():
+            sums[mean] /= sl[mean, None].astype(np.float32)
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        seg = rank[seg]
+    pooled = sums[seg]  # [N, F, D+1]
+    return np.ascontiguousarray(pooled[..., :dim]), np.ascontiguousarray(pooled[..., dim])
+
+
+def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray, feed=None, keys=None,
+                       parallel: bool = True, timing: dict | None = None):
+    """Rows ``(tables, rows)`` (unique): the write feed's fresh rows first (``feed``: the follower, if
+    any; ``keys``: their combined keys, computed when not given), then the row
+    cache, then a store read of the misses, inserted into the cache with the epoch
+    taken BEFORE the feed lookup (so a row the writer puts in the feed
+    meanwhile can never be cached at its older store value). Returns ``(vectors [U, D],
+    first_order [U], cache hits, rows read from the store, of which found)``. ``parallel``: see
+    ``EmbeddingStore.read_unique``. ``timing``: a dict that gets ``store_read_seconds``, the wall time of
+    the store read, when there was one."""
+    epoch = cache.epoch if cache is not None else 0
+    found = None
+    if feed is not None:
+        found = feed.lookup(combine_keys(tables, rows) if keys is None else keys)
+    if found is None:
+        return _cache_then_store(cache, store, tables, rows, epoch, parallel, timing)
+    idx, ov_vec, ov_w = found
+    vec = np.empty((len(rows), ov_vec.shape[1]), dtype=np.float32)
+    w = np.empty(len(rows), dtype=np.float32)
+    vec[idx], w[idx] = ov_vec, ov_w
+    if len(idx) == len(rows):
+        return vec, w, 0, 0, 0
+    rest = np.ones(len(rows), dtype=bool)
+    rest[idx] = False
+    rest = np.flatnonzero(rest)
+    rv, rw, hits, read, n_found = _cache_then_store(cache, store, tables[rest], rows[rest], epoch, parallel, timing)
+    vec[rest], w[rest] = rv, rw
+    return vec, w, hits, read, n_found
+
+
+def _timed_read(store, tables: np.ndarray, rows: np.ndarray, parallel: bool, timing: dict | None,
+                records: bool = False):
+    t0 = time.perf_counter()
+    out = (store.read_unique_records if records else store.read_unique)(tables, rows, parallel)
+    if timing is not None:
+        timing["store_read_seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _cache_then_store(cache, store, tables: np.ndarray, rows: np.ndarray, epoch: int, parallel: bool = True,
+                      timing: dict | None = None):
+    if cache is None:
+        vec, w, found = _timed_read(store, tables, rows, parallel, timing)
+        return vec, w, 0, len(rows), int(found.sum())
+    # the cache holds the store's records: hits and the misses' records are decoded together, once
+    hit, hit_records, _ = cache.lookup_records(tables, rows)
+    miss = np.flatnonzero(~hit)
+    if len(miss) == 0:
+        vec, w = store.codec.decode(hit_records)
+        return vec, w, len(rows), 0, 0
+    mt, mr = tables[miss], rows[miss]
+    miss_records, found = _timed_read(store, mt, mr, parallel, timing, records=True)
+    records = np.empty((len(rows), store.codec.record_bytes), dtype=np.uint8)
+    records[hit] = hit_records
+    records[miss] = miss_records  # an absent row's record is all zeros: it decodes to zeros, as read_unique's
+    vec, w = store.codec.decode(records)
+    cache.insert(mt, mr, miss_records, epoch)
+    return vec, w, len(rows) - len(miss), len(miss), int(found.sum())

@@ -1,0 +1,312 @@
+"""The library scorer: THE request path. The HTTP server wraps it and adds nothing to the maths.
+
+    from offgraph.scoring.scorer import load
+    scorer = load("models/movielens")               # newest complete version
+    ctr = scorer.score(request, candidates)          # float32 [N]: CTRs (scorer.score_kind "ctr"), or
+                                                     # ranking scores ("ranking": a listwise model uncalibrated)
+
+(feature tables: fill what the body did not send, ``offgraph/scoring/feature_join.py``) -> FG -> unique
+keys -> row cache -> store read of the misses -> pool into [N, F, D] and [N, F] -> one
+signature call -> calibration.
+
+``store_mode="follow"`` opens the store as a RocksDB secondary of the live writer (the
+streaming updater) and starts one daemon thread (``offgraph.store.follower``) that, every
+``follow_interval_s``, maps the new epochs of the writer's feed of applied rows (looked up
+before the row cache), and catches the RocksDB secondary up every ``catch_up_s`` only (a
+catch-up holds the GIL for milliseconds), then drops the epochs it covers (invalidating
+their keys in the row cache).
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from offgraph.store import RowCache
+from offgraph.store.keys import MAX_TABLE_ID, ROW_BITS, ROW_LIMIT
+from offgraph.scoring import batch as scorer_impl
+from offgraph.scoring.calibration import calibrate, score_kind
+from offgraph.scoring.read_metrics import STORE_READ_SECONDS
+from offgraph.modeldir.dense import load_dense
+from offgraph.store.follower import NOT_FOLLOWING, Activity, Follower
+from offgraph.store._feed import file_bytes as feed_file_bytes
+from offgraph.scoring.memory_budget import ITEM_BYTES
+from offgraph.modeldir.manifest import (DENSE_DIR, ModelDirError, complete_versions, load_manifest, open_version_store,
+                               training_loss)
+from offgraph.features.fg import FeatureGenerator, FeatureValueError
+from offgraph.scoring.feature_join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
+from offgraph.features.segment import check_segmenters
+from offgraph.features.spec import parse_spec
+
+class Scorer:
+    """One loaded model version. Thread-safe for concurrent ``score`` calls."""
+
+    def __init__(self, version_dir: str | Path, *, store_mode: str = "r", item_cache_size: int = 100_000,
+                 block_cache_mb: int | None = None, row_cache_mb: float = 0.0, follow_interval_s: float = 0.05,
+                 catch_up_s: float = 30.0, verify: bool = True, max_request_values: int | None = None,
+                 store_statistics: bool = False, pace: Callable[[], None] | None = None,
+                 direct_reads: bool | None = None):
+        if isinstance(row_cache_mb, bool) or not isinstance(row_cache_mb, (int, float)) or row_cache_mb < 0:
+            raise ValueError(f"row_cache_mb must be a number >= 0, got {row_cache_mb!r}")
+        if (isinstance(follow_interval_s, bool) or not isinstance(follow_interval_s, (int, float))
+                or not follow_interval_s > 0):
+            raise ValueError(f"follow_interval_s must be a number > 0, got {follow_interval_s!r}")
+        self.version_dir = Path(version_dir)
+        pace = pace or _no_pause  # called between the load's steps (offgraph.server.pacing: a load yields to serving)
+        self.manifest = load_manifest(self.version_dir, verify_dense=verify)
+        pace()
+        m = self.manifest
+        self.version = int(self.version_dir.name) if self.version_dir.name.isdigit() else 0
+        self.spec = parse_spec(m["spec"], source=str(self.version_dir / "manifest.json"))
+        self.dim = int(m["embedding_dim"])
+        self.poolings = [f.pooling for f in self.spec.fields]
+        if [f["name"] for f in m["fields"]] != self.spec.field_names:
+            raise ModelDirError(f"{self.version_dir}: manifest field order differs from its spec")
+        if max(f.rows for f in self.spec.fields) > ROW_LIMIT:
+            raise ModelDirError(f"{self.version_dir}: tables of more than 2**{ROW_BITS} rows are not supported")
+        if len(self.spec.fields) > MAX_TABLE_ID + 1:
+            raise ModelDirError(f"{self.version_dir}: {len(self.spec.fields)} fields; at most {MAX_TABLE_ID + 1}")
+        try:  # a tokenize field's terms depend on its segmenter (and a library's version): refuse another
+            check_segmenters(self.spec, m.get("segmenters"), str(self.version_dir))
+        except ValueError as e:
+            raise ModelDirError(str(e)) from None
+        self.calibration = self.spec.model.calibration
+        # what a score is: "ctr", or "ranking" for a listwise model without a fitted calibration (a manifest from
+        # before these were recorded: its training config's loss, else pointwise)
+        self.training_loss = training_loss(m, source=str(self.version_dir / "manifest.json"))
+        self.score_kind = score_kind(self.training_loss, self.calibration)
+        self.num_dense = len(self.spec.numeric)
+        # max_request_values bounds one score call's feature values (see offgraph.features.value_limits)
+        self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size, max_request_values=max_request_values)
+        self._fg_lock = threading.Lock()
+        try:
+            self.store = open_version_store(self.version_dir, m, store_mode, block_cache_mb=block_cache_mb,
+                                            statistics=store_statistics, direct_reads=direct_reads)
+        except ValueError as e:
+            raise ModelDirError(f"{self.version_dir}: store does not open: {e}") from None
+        pace()
+        self.row_cache = RowCache(row_cache_mb, self.store.codec) if row_cache_mb > 0 else None
+        self._counts = {"store_rows_read": 0, "cache_hits": 0, "cache_misses": 0, "ignored_keys": 0,
+                        "unknown_candidates": 0, "unusable_feature_rows": 0}
+        self._counts_lock = threading.Lock()
+        self._follower: Follower | None = None
+        self.join: FeatureJoin | None = None  # the spec's feature tables (offgraph/scoring/feature_join.py)
+        self._ids_only_checks = ids_only_checks(self.spec)
+        self.activity = Activity()
+        try:
+            if self.spec.tables:
+                self.join = FeatureJoin(self.version_dir, self.spec, store_mode)
+            self._loaded, self._serve = load_dense(self.version_dir / DENSE_DIR)
+            pace()
+            if store_mode == "follow":
+                self._follower = Follower(self.store, self.row_cache, float(follow_interval_s),
+                                          catch_up_s=catch_up_s, idle=self.activity)
+        except BaseException:
+            if self.join is not None:
+                self.join.close()
+            self.store.close()
+            raise
+
+    # -- the request path -------------------------------------------------------------------
+    def features(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]):
+        with self._fg_lock:  # the item cache is shared state
+            return self.fg.transform(request, candidates)
+
+    def pooled(self, request, candidates) -> tuple[np.ndarray, np.ndarray, dict]:
+        """``(emb [N, F, D], first_order [N, F], stats)``: FG, unique keys, row cache, store
+        reads of the cache misses only, pooling. ``stats``: lookups, unique_rows,
+        cache_hits, store_rows_read and found_rows (of the rows read from the store), store_read_seconds
+        (its wall time, also observed as ``offgraph_store_read_seconds``), ``dense``
+        (the numeric fields' [N, k] values) and ``ignored_keys`` (raw keys the model does not read)."""
+        batch = self.features(request, candidates)
+        keys = scorer_impl.batch_keys(batch)
+        feed = self._follower  # fresh rows from the writer's feed, looked up first
+        timing: dict = {}
+        vec, w, hits, read, found = scorer_impl.read_through_cache(self.row_cache, self.store, keys.unique_tables,
+                                                                   keys.unique_rows, feed, keys.unique_keys,
+                                                                   timing=timing)
+        read_s = timing.get("store_read_seconds")
+        if read_s is not None:
+            STORE_READ_SECONDS.labels(self.version_dir.parent.name).observe(read_s)
+        with self._counts_lock:
+            c = self._counts
+            c["store_rows_read"] += read
+            c["ignored_keys"] += batch.ignored_keys
+            if self.row_cache is not None:
+                c["cache_hits"] += hits
+                c["cache_misses"] += read
+        emb, fo = scorer_impl.pool_batch(batch, keys, vec, w, self.poolings, self.dim)
+        stats = {"lookups": int(len(keys.inverse)), "unique_rows": int(len(keys.unique_rows)),
+                 "cache_hits": hits, "store_rows_read": read, "found_rows": found, "dense": batch.dense,
+                 "ignored_keys": batch.ignored_keys, "store_read_seconds": read_s or 0.0}
+        return emb, fo, stats
+
+    def dense(self, emb: np.ndarray, first_order: np.ndarray, dense: np.ndarray | None = None) -> np.ndarray:
+        if self.num_dense:
+            out = self._serve(emb=tf.constant(emb), first_order=tf.constant(first_order), dense=tf.constant(dense))
+        else:
+            out = self._serve(emb=tf.constant(emb), first_order=tf.constant(first_order))
+        return out["ctr"].numpy()
+
+    def score(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        return self.score_joined(request, candidates)[0]
+
+    def score_joined(self, request: Mapping[str, Any],
+                     candidates: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, Joined]:
+        """Scores, and the join's result (the filled request and candidates, unknown counts): the
+        feature tables fill what the body did not send (offgraph/scoring/feature_join.py)."""
+        # a scope no table fills must not be sent ids-only (a model may have an item table and no user table)
+        check_not_ids_only(self._ids_only_checks, self.version_dir.parent.name, request, candidates)
+        joined = self.join.fill(request, candidates) if self.join is not None else Joined(request, candidates)
+        if len(candidates) == 0:
+            self._count_join(joined)
+            return np.zeros(0, np.float32), joined
+        with self.activity:  # the follower defers its work while a score runs
+            try:
+                emb, fo, st = self.pooled(joined.request, joined.candidates)
+            except FeatureValueError:
+                # a stored row FG refuses is scored as unknown, never the caller's 422 (offgraph/scoring/feature_join.py)
+                screened = self.join.screen(request, candidates, joined) if self.join is not None else None
+                if screened is None:
+                    raise
+                joined = screened
+                emb, fo, st = self.pooled(joined.request, joined.candidates)
+            finally:
+                self._count_join(joined)
+            return calibrate(self.dense(emb, fo, st["dense"]), self.calibration), joined
+
+    def _count_join(self, joined: Joined) -> None:
+        if joined.unknown_candidates or joined.unusable:
+            with self._counts_lock:
+                self._counts["unknown_candidates"] += joined.unknown_candidates
+                self._counts["unusable_feature_rows"] += joined.unusable
+
+    def hot_rows(self, limit: int) -> dict[str, Any] | None:
+        """What the next version warms up with (:meth:`warm_rows`, :meth:`warm_features`): the
+        ``limit`` hottest rows of the row cache (``RowCache.hot_keys``) with the tables they belong to
+        (``"tables"``, ``"rows"``, ``"fields"``: {table id: (name, rows)}; none without a row cache)
+        and a copy of the FG item cache (``"fg"``, its ``limit`` most recent items at most)."""
+        if limit <= 0:
+            return None
+        with self._fg_lock:
+            out: dict[str, Any] = {"fg": self.fg.item_cache_state(limit)}
+        if self.row_cache is not None:
+            t, r = self.row_cache.hot_keys(limit)
+            out.update(tables=t, rows=r,
+                       fields={int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]})
+        return out
+
+    def warm_features(self, hot: dict[str, Any] | None, pace: Callable[[], None] | None = None) -> int:
+        """Adopt another version's FG item cache (:meth:`hot_rows`) if it ran the same spec; returns
+        the items adopted. Its first requests then run no item FG for recently served items."""
+        if not hot or "fg" not in hot:
+            return 0
+        with self._fg_lock:  # nothing serves on this version yet: the lock is not contended
+            return self.fg.adopt_item_cache(hot["fg"], pace)
+
+    def warm_rows(self, hot: dict[str, Any] | None, batch: int = 256, pace: Callable[[], None] | None = None) -> int:
+        """Read the rows of another version's :meth:`hot_rows` that mean the same here (same table
+        id, field name and table size: the same raw value hashes to the same row) through the write
+        feed, row cache and store, as requests do: they fill this version's row cache and its block
+        cache (data and index blocks) before it serves. ``pace`` is called after each batch (the
+        loader's ``offgraph.server.pacing.Pacer``: the serving version keeps most of the time). The shards are
+        read one after another on this thread, not by the read pool, so that warming takes one CPU
+        at most while the serving version's requests need the others. Returns the rows read."""
+        if not hot or len(hot.get("rows", ())) == 0:
+            return 0
+        pace = pace or _no_pause
+        mine = {int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]}
+        same = np.array(sorted(t for t, nr in hot["fields"].items() if mine.get(t) == nr), dtype=np.uint32)
+        keep = np.isin(hot["tables"], same)
+        tables, rows = hot["tables"][keep], hot["rows"][keep]
+        for s in range(0, len(rows), batch):
+            scorer_impl.read_through_cache(self.row_cache, self.store, tables[s:s + batch], rows[s:s + batch],
+                                           self._follower, parallel=False)
+            pace()  # small batches: the serving version's requests wait milliseconds at most for the GIL
+        return int(len(rows))
+
+    def stats(self) -> dict[str, Any]:
+        """Cumulative counters (ints) and freshness of this scorer: ``store_rows_read``,
+        ``cache_hits``, ``cache_misses``, ``cache_entries``, ``block_cache_hits`` / ``block_cache_misses``
+        (RocksDB's block cache, with ``store_statistics``; else 0); when following:
+        ``last_feed_poll_unix`` (when the follower last read the write feed: rows the writer
+        fed before it are served; 0.0 before its first step), ``last_catch_up_unix`` (when
+        the last catch-up of the RocksDB secondary began: rows written before it are in the
+        store view; 0.0 before the first), ``catch_ups`` and ``last_catch_up_seconds``, ``epochs`` (feed epochs mapped now),
+        ``epochs_mapped`` / ``epochs_released``, ``feed_rows`` (rows in them),
+        ``feed_hits`` (rows served from them), ``changes_applied`` (keys invalidated
+        in the row cache when an epoch was released), ``rows_written_through`` (of those, put back into the
+        row cache at their newest value), ``cache_clears`` (whole-cache
+        drops: feed epochs went missing), ``follow_errors``, ``follow_cpu_seconds``."""
+        with self._counts_lock:
+            out: dict[str, Any] = dict(self._counts)
+        cs = self.row_cache.stats() if self.row_cache is not None else None
+        out["cache_entries"] = cs["entries"] if cs else 0
+        out["cache_capacity_rows"] = cs["capacity_rows"] if cs else 0
+        out["cache_bytes"] = cs["bytes"] if cs else 0
+        bc = self.store.block_cache_stats()  # None unless store_statistics
+        out["block_cache_hits"] = bc["hits"] if bc else 0
+        out["block_cache_misses"] = bc["misses"] if bc else 0
+        if self._follower is not None:
+            out.update(self._follower.stats())
+        else:
+            out.update(NOT_FOLLOWING)
+        return out
+
+    def memory_in_use(self) -> dict[str, int]:
+        """Bytes each part of the memory budget holds now (``offgraph.scoring.memory_budget``): ``row_cache`` (its
+        arena), ``block_cache`` (RocksDB's usage), ``item_cache`` (FG items held, at ``ITEM_BYTES`` each:
+        an estimate) and ``feed`` (the write feed's epochs mapped)."""
+        feed = self._follower.feed.epochs if self._follower is not None else []
+        return {"row_cache": int(self.row_cache.stats()["bytes"]) if self.row_cache is not None else 0,
+                "block_cache": int(self.store.cache_usage()),
+                "item_cache": len(self.fg._cache) * ITEM_BYTES,  # noqa: SLF001 - the FG's own bounded cache
+                "feed": sum(feed_file_bytes(ep.slots, ep.rb) for ep in feed)}
+
+    def close(self) -> None:
+        if self._follower is not None:
+            self._follower.stop()
+        if self.join is not None:
+            self.join.close()
+        self.store.close()
+
+    def release(self, pace: Callable[[], None] | None = None) -> None:
+        """Free a closed version's memory one part at a time, ``pace()`` after each: the FG caches (in
+        chunks: ``FeatureGenerator.release``), the follower with its feed mapping, the row cache, the
+        dense model, the feature tables' handles. Dropping the last reference to a version that served
+        would free all of it in one deallocation, holding the GIL while the next version serves.
+        The scorer cannot score afterwards."""
+        pace = pace or _no_pause
+        self.fg.release(pace)
+        pace()
+        for attr in ("_follower", "row_cache", "_serve", "_loaded", "join"):
+            setattr(self, attr, None)
+            pace()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _no_pause() -> None:
+    return None
+
+
+def resolve_version(path: str | Path) -> Path:
+    """A version directory itself, or a model directory's newest complete version."""
+    path = Path(path)
+    if (path / "manifest.json").exists() or path.name.isdigit():
+        return path
+    versions = complete_versions(path)
+    if not versions:
+        raise ModelDirError(f"{path}: no complete version (a version is complete once its manifest.json exists)")
+    return path / str(versions[-1])
+
+
+def load(model_dir: str | Path, **kwargs) -> Scorer:
+    return Scorer(resolve_version(model_dir), **kwargs)

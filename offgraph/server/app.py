@@ -1,0 +1,59 @@
+"""``create_app(config)``: the FastAPI app of one server process."""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from offgraph.server import routes_admin
+from offgraph.server import routes_health
+from offgraph.server import routes_models
+from offgraph.server import routes_score
+from offgraph.server.body_limit import BodySizeLimitMiddleware
+from offgraph.server.config import ServerConfig
+from offgraph.server.errors import InternalErrorMiddleware, install_error_handlers
+from offgraph.server.gc_tuning import tune_gc
+from offgraph.server.http_limits import BodyTimeoutMiddleware
+from offgraph.server.metrics import HttpMetricsMiddleware
+from offgraph.server.state import ServerState
+from offgraph.server.tf_threads import configure_tf_threads
+from offgraph.server.unavailable import install_unavailable_handlers
+
+DESCRIPTION = """\
+DeepFM CTR scoring with the embedding tables out of the TensorFlow graph.
+
+* `POST /v1/models/{name}:score` scores candidates for one request. Raw feature names are the model's
+  input names (`GET /v1/models/{name}` lists them); a missing key or null is *no value*, and
+  **keys the model does not read are ignored**. NaN/Infinity, nested objects, an empty candidate
+  list, too many candidates or a too large body are refused with a 4xx naming the problem.
+* New versions under `MODELS/<name>/<version>/` are loaded in the background, warmed up and swapped in
+  without dropping a request. Admin actions (`:load`, `:unload`, `:rollback`) need a bearer token.
+"""
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    """Build the app. TF's thread pools are set here if the config names them (before any TF op)."""
+    configure_tf_threads(config.intra_threads, config.inter_threads)
+    state = ServerState.build(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await state.start()
+        try:
+            yield {"server": state}
+        finally:
+            await state.stop()
+
+    app = FastAPI(title="offgraph", version="1", description=DESCRIPTION, lifespan=lifespan)
+    app.include_router(routes_score.build_router(config))
+    for module in (routes_models, routes_admin, routes_health):
+        app.include_router(module.router)
+    install_error_handlers(app)
+    install_unavailable_handlers(app, state)
+    app.add_middleware(InternalErrorMiddleware)  # innermost: its 500s are counted like any answer
+    app.add_middleware(BodyTimeoutMiddleware, body_timeout_s=config.http.body_timeout_s)
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(HttpMetricsMiddleware, metrics=state.metrics)  # outermost: sees the 413s too
+    if config.tune_gc:
+        tune_gc()
+    return app

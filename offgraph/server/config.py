@@ -1,0 +1,157 @@
+"""ServerConfig: everything ``create_app`` needs, validated once (pydantic, ``offgraph.config``)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from offgraph.config import ConfigModel, option
+from offgraph.scoring.memory_budget import DEFAULT_MEMORY_MB, MemorySplit, split_memory
+
+ADMIN_TOKEN_ENV = "OFFGRAPH_ADMIN_TOKEN"
+MiB = 1 << 20
+DAY_S = 86400.0
+
+# a path given as a str is taken too (the models are strict otherwise)
+LaxPath = Annotated[Path, Field(strict=False)]
+
+
+class HttpLimits(ConfigModel, frozen=True):
+    """Connection limits of a server process (enforced by ``offgraph.server.http_limits``).
+
+    header_timeout_s: a request's line and headers must arrive within this, from the connection's
+        opening or the next request's first byte (then 408, or a close if nothing came).
+    body_timeout_s: its whole body within this of its headers (then 408 and close).
+    keep_alive_timeout_s: an idle kept-alive connection is closed after this.
+    max_connections: open connections per process; past it the connection idle the longest is
+        closed, or, with none idle, the new connection's request gets a 503.
+    Timeouts are seconds, > 0 and < 1 day.
+    """
+
+    header_timeout_s: float = option(10.0, gt=0, lt=DAY_S, flag="--header-timeout")
+    body_timeout_s: float = option(30.0, gt=0, lt=DAY_S, flag="--body-timeout")
+    keep_alive_timeout_s: float = option(5.0, gt=0, lt=DAY_S, flag="--keep-alive-timeout")
+    max_connections: int = option(1000, ge=1, flag="--max-connections")
+
+
+class ServerConfig(ConfigModel, frozen=True):
+    """Settings of one server process.
+
+    models_dir: MODELS; every ``MODELS/<name>/`` with a complete version is served.
+    memory_mb: what the caches of ONE worker process may hold (MiB), all its models together: each
+        model gets ``memory_mb / number of models``, split over its row cache (the big share), its
+        store's RocksDB block cache (the version's index), its FG item cache and its feed mappings
+        (``offgraph.scoring.memory_budget.split_memory``). The process's own memory (Python, TensorFlow, the
+        dense models) comes on top: the default keeps a worker within 1 GB of PSS.
+    cache_mb: None, or the row cache's size (MiB) of the whole server instead of its share of
+        ``memory_mb``: split evenly between the workers and the models (each scorer gets
+        ``cache_mb / workers / models``); the other parts keep their share of ``memory_mb``.
+    max_candidates: most candidates in one score request.
+    max_body_bytes: largest request body (Content-Length and streamed size).
+    max_request_values: most feature values one score request may hold (request fields once,
+        item and cross fields once per candidate; ``offgraph.features.value_limits``): bounds a request's
+        work beside the spec's per-field ``max_values``.
+    http: the connection limits (``HttpLimits``).
+    poll_seconds: how often MODELS is scanned for new versions.
+    admin_token: bearer token of the admin actions; None (or blank) disables them (403).
+    score_threads: size of the thread pool running ``Scorer.score``. 2: the scorer holds the GIL
+        for most of a request, so more threads mostly add contention (offgraph/server/README.md).
+    intra_threads / inter_threads: TensorFlow thread pools; None leaves TF's default (an app
+        built in a process that already ran TF ops cannot change them; the CLI's fresh process
+        sets both to 1).
+    follow_interval_s: how often a scorer reads its store's write feed (fresh rows from the live
+        writer: plain file reads, ``offgraph.store.follower``).
+    catch_up_s: how often a scorer's RocksDB secondary catches up with the writer (each catch-up
+        holds the GIL for milliseconds per shard, so rarely; the feed keeps rows fresh meanwhile).
+    item_cache_size: None, or the per-model FG item cache (items) instead of its share of ``memory_mb``.
+    warmup_candidates: candidates in the warm-up request of a freshly loaded version.
+    warmup_rows: a version that replaces another first reads up to this many of the serving
+        version's most recently used rows (its row cache) into its own row cache and block cache,
+        so its first requests are no slower than steady traffic (0: off; bounded time: a few
+        seconds per 10^5 rows read from disk).
+    load_share: while a version serves, loading and warming the next takes at most this share of
+        the wall clock (``offgraph.server.pacing``: pauses between its steps), so that a busy server's
+        requests keep the rest; 1 loads flat out. With nothing serving yet, a load runs flat out. A
+        retired version's memory is freed at this pace or a tenth of the time, whichever is less
+        (``Scorer.release``).
+    store_io: how the stores' files are read: ``direct`` (O_DIRECT, the default: past the OS page cache, so
+        what is cached is what this process holds and accounts for, and a request's latency follows from
+        the hit ratio and the disk, whatever the kernel keeps or reclaims) or ``buffered`` (through the page
+        cache, with ``prefetch_store``: for a machine whose RAM holds the stores, where the page cache
+        spares the row cache's first-sighting misses their device reads; bench/results/scale/).
+    prefetch_store: read each version's store files into the OS page cache before the version serves
+        (``offgraph.store.prefetch``; waiting at most ``offgraph.server.loader.PREFETCH_WAIT_S``), so that no request
+        waits on a cold block from disk: ``auto`` when they take at most half the available memory (a
+        table bigger than that is read from disk as requests need it), ``on``, ``off``.
+    prefetch_mb_s: the prefetch's read rate limit in MiB/s (0: none) while the server answers
+        requests, so that requests that still read the disk keep most of it; with nothing serving
+        yet the prefetch reads as fast as the disk goes.
+    verify: check the dense model's checksums when a version loads.
+    tune_gc: ``gc.freeze()`` the objects alive when the app is built (TF's ~400k), raise the
+        young-generation threshold and collect the young generation every 50 ms (see
+        ``offgraph.server.gc_tuning``).
+    workers / worker_id / control_dir: set by ``offgraph.server.workers`` when several worker processes
+        share the port: admin actions are recorded in ``control_dir`` and every worker follows
+        them (``offgraph.server.control``); metrics are aggregated over the workers (Prometheus
+        multiprocess mode). One process (the default): ``workers=1`` and no control_dir.
+    """
+
+    models_dir: LaxPath = option(flag="--models")
+    memory_mb: float = option(DEFAULT_MEMORY_MB, gt=0, flag="--memory-mb")
+    cache_mb: float | None = option(None, ge=0, flag="--cache-mb")
+    max_candidates: int = option(2000, ge=1, flag="--max-candidates")
+    max_body_bytes: int = option(8 * MiB, ge=1024, flag="--max-body-mb")
+    max_request_values: int = option(100_000, ge=1, flag="--max-request-values")
+    http: HttpLimits = HttpLimits()
+    poll_seconds: float = option(2.0, ge=0.01, flag="--poll-seconds")
+    admin_token: str | None = option(None, flag="--admin-token")
+    score_threads: int = option(2, ge=1, flag="--score-threads")
+    intra_threads: int | None = option(None, ge=1, flag="--intra-threads")
+    inter_threads: int | None = option(None, ge=1, flag="--inter-threads")
+    follow_interval_s: float = option(0.05, ge=0.001, flag="--follow-seconds")
+    catch_up_s: float = option(30.0, ge=0.01, flag="--catch-up-seconds")
+    item_cache_size: int | None = Field(None, ge=0)
+    warmup_candidates: int = Field(200, ge=1)
+    warmup_rows: int = option(100_000, ge=0, flag="--warmup-rows")
+    load_share: float = option(0.25, gt=0, le=1, flag="--load-share")
+    store_io: Literal["direct", "buffered"] = option("direct", flag="--store-io")
+    prefetch_store: Literal["auto", "on", "off"] = option("auto", flag="--prefetch-store")
+    prefetch_mb_s: float = option(256.0, ge=0, flag="--prefetch-mb-s")
+    verify: bool = True
+    tune_gc: bool = True
+    workers: int = option(1, ge=1, flag="--workers")
+    worker_id: int = Field(0, ge=0)
+    control_dir: LaxPath | None = None
+
+    @field_validator("models_dir")
+    @classmethod
+    def _models_dir_exists(cls, v: Path) -> Path:
+        if not v.is_dir():
+            raise ValueError(f"{v}: not a directory")
+        return v
+
+    @field_validator("admin_token")
+    @classmethod
+    def _blank_token_is_none(cls, v: str | None) -> str | None:
+        return v if v is not None and v.strip() else None
+
+    @model_validator(mode="after")
+    def _workers(self) -> "ServerConfig":
+        if self.worker_id >= self.workers:
+            raise ValueError(f"worker_id must be < workers, got workers={self.workers}, worker_id={self.worker_id}")
+        if self.workers > 1 and self.control_dir is None:
+            raise ValueError("several workers need a control_dir (admin actions are shared there)")
+        return self
+
+    def memory_split(self, models: int, index_mb: float = 0.0) -> MemorySplit:
+        """One model's share of this process's memory budget, with ``models`` models served, its version's
+        index needing ``index_mb`` (``offgraph.scoring.memory_budget``)."""
+        models = max(1, models)
+        row = None if self.cache_mb is None else self.cache_mb / models
+        return split_memory(self.memory_mb, models, index_mb=index_mb, row_cache_mb=row)
+
+    @staticmethod
+    def admin_token_from_env() -> str | None:
+        return os.environ.get(ADMIN_TOKEN_ENV) or None

@@ -1,0 +1,149 @@
+"""Error responses: every problem becomes ``{"detail": "<what is wrong>"[, "errors": [...]]}``.
+
+Validation errors name the location of each problem (``candidates[3].genres``);
+``offgraph.features.FeatureValueError`` (a bad raw value found by FG) is a 422. Details are rendered
+without absolute paths unless the request holds the admin token (``offgraph.server.redact``).
+
+Only a bug in the server or the scorer can give a 500: ``InternalErrorMiddleware`` logs its
+traceback and answers a generic 500 (no exception text, no paths). It is an ordinary
+middleware rather than an ``Exception`` handler on purpose: Starlette runs that handler in its
+outermost ``ServerErrorMiddleware``, which re-raises after the response, and uvicorn then drops
+the keep-alive connection without ``Connection: close``: the client's next request on it fails.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from offgraph.features import FeatureValueError
+from offgraph.server.redact import view_for
+
+log = logging.getLogger("offgraph.server")
+
+MAX_LISTED_ERRORS = 20
+
+
+class ApiError(HTTPException):
+    """An HTTP error with an explicit message."""
+
+
+class BodyValidationError(RequestValidationError):
+    """A JSON body its pydantic model refused: the 422 speaks of that body (``what``, e.g. "load body") and
+    names the keys it takes, so that each route's errors are about its own body."""
+
+    def __init__(self, errors: Sequence[Any], what: str, keys: Sequence[str]):
+        super().__init__(errors)
+        self.what, self.keys = what, tuple(keys)
+
+
+def _quoted(keys: Sequence[str]) -> str:
+    names = [f"'{k}'" for k in keys]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _where(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if part in ("body",) and not out:
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("str", "bool", "int", "float", "null", "list"):  # union branch tags of FeatureValue
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "body"
+
+
+def _describe(err: dict[str, Any], what: str, keys: Sequence[str]) -> tuple[str, str]:
+    """(where, what is wrong) of one validation error in ``what`` (the body), whose top-level keys are ``keys``."""
+    kind, msg = err.get("type"), err.get("msg", "invalid")
+    if kind == "json_invalid":
+        ctx = err.get("ctx") or {}
+        loc = err.get("loc") or ()
+        at = f" at position {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
+        return "body", f"not valid JSON: {ctx.get('error', msg)}{at}"
+    where = _where(tuple(err.get("loc", ())))
+    if kind == "finite_number":
+        msg = "NaN and Infinity are not valid feature values (" + msg.lower() + ")"
+    elif kind == "too_long" and where == "candidates":
+        ctx = err.get("ctx") or {}
+        msg = (f"{ctx.get('actual_length')} candidates, at most {ctx.get('max_length')} per request "
+               "(--max-candidates)")
+    elif kind == "extra_forbidden":
+        loc = [p for p in err.get("loc", ()) if p != "body"]
+        name = str(loc[-1]) if loc else where
+        msg = f"unknown field {name!r} in the {what}"
+        if keys and len(loc) == 1:  # a top-level key: name the ones the body takes
+            msg += f"; expected {_quoted(keys)}"
+    return where, msg
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errs = list(exc.errors())
+        what, keys = (exc.what, exc.keys) if isinstance(exc, BodyValidationError) else ("request", ())
+        described = [(*_describe(e, what, keys), e.get("type")) for e in errs[:MAX_LISTED_ERRORS]]
+        more = f" (and {len(errs) - MAX_LISTED_ERRORS} more)" if len(errs) > MAX_LISTED_ERRORS else ""
+        detail = f"invalid {what}: " + "; ".join(f"{w}: {m}" for w, m, _ in described) + more
+        listed = [{"loc": w, "msg": m, "type": t} for w, m, t in described]
+        return JSONResponse({"detail": detail, "errors": listed}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        detail = exc.detail
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405 and detail == "Method Not Allowed":
+            detail = f"method {request.method} is not allowed on {request.url.path}"
+        else:  # messages from the registry and the scorer may name directories
+            detail = view_for(request)(detail)
+        return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(FeatureValueError)
+    async def feature_value_error(request: Request, exc: FeatureValueError) -> JSONResponse:
+        return JSONResponse({"detail": f"bad feature value: {exc}"}, status_code=422)
+
+
+INTERNAL_ERROR = json.dumps({"detail": "internal error: the server failed to answer this request; the "
+                                       "details are in its log"}).encode()
+
+
+class InternalErrorMiddleware:
+    """Pure ASGI, inside the user middlewares: an unexpected exception is logged with its traceback and
+    answered with a generic JSON 500, and the keep-alive connection stays usable. An exception after the
+    response has started cannot be answered: it is re-raised (uvicorn then closes the connection)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracking(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracking)
+        except Exception:
+            log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(INTERNAL_ERROR)).encode())]})
+            await send({"type": "http.response.body", "body": INTERNAL_ERROR})

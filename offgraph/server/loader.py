@@ -1,0 +1,151 @@
+"""Open one model version as a scorer, verify its store and warm it up before it may serve.
+
+What is verified, at a cost bounded whatever the store's size: with ``ServerConfig.verify``, the
+manifest's checksums of dense/ and of the store files recorded at export
+(``offgraph.modeldir.manifest.verify_store_files``: sizes, and a sha256 of each file or of its first and
+last 64 KiB); RocksDB's own checks when the shards open; then, always, real rows read from every
+table in every shard (``EmbeddingStore.verify_sample``: every data block of a small store, a
+sample of at most ``VERIFY_MAX_READS`` seeks of a big one; RocksDB checksums each block read).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from offgraph.store.prefetch import SERVING_DISK_SHARE, Prefetcher, decide, store_files, store_reads_direct
+from offgraph.modeldir.manifest import STORE_DIR, load_manifest
+from offgraph.scoring.scorer import Scorer
+from offgraph.server.config import ServerConfig
+from offgraph.scoring.memory_budget import MemorySplit, manifest_index_mb
+from offgraph.server.pacing import Pacer
+from offgraph.server.served import ServedVersion
+
+log = logging.getLogger("offgraph.server")
+
+# candidate counts of the warm-up requests: the first call of a size pays one-off costs
+WARMUP_SIZES = (1, 16)
+
+PREFETCH_WAIT_S = 300.0
+"""How long a version waits for its store prefetch before it opens anyway (the prefetch goes on)."""
+
+VERIFY_MAX_READS = 4096
+"""Seeks of the row verification per version (a seek reads one data block per SST at that position)."""
+
+
+def warm_up(scorer, n: int, pace=None) -> None:
+    """Score requests built from the spec's raw inputs (no values: zero embeddings) at a few sizes.
+
+    Raises ValueError if the scores are not finite CTRs in [0, 1].
+    """
+    request = {c: None for c in scorer.spec.raw_inputs("request")}
+    item = {c: None for c in scorer.spec.raw_inputs("item")}
+    for size in sorted({*WARMUP_SIZES, n}):
+        scores = np.asarray(scorer.score(request, [dict(item) for _ in range(size)]))
+        if scores.shape != (size,):
+            raise ValueError(f"warm-up: {size} candidates gave scores of shape {scores.shape}")
+        if not np.all(np.isfinite(scores)) or scores.min() < 0 or scores.max() > 1:
+            raise ValueError(f"warm-up: scores are not finite CTRs in [0, 1] (min {scores.min()}, "
+                             f"max {scores.max()})")
+        if pace is not None:
+            pace()
+
+
+def verify_store(scorer, pace=None) -> None:
+    """Read real rows of every table from every shard (``EmbeddingStore.verify_sample``)."""
+    tables = {int(f["table_id"]): int(f["rows"]) for f in scorer.manifest["fields"]}
+    t0 = time.perf_counter()
+    got = scorer.store.verify_sample(tables, VERIFY_MAX_READS, between=pace)
+    log.info("%s: store verified: %d rows read by %d seeks in %.2fs", scorer.version_dir, got["rows_read"],
+             got["seeks"], time.perf_counter() - t0)
+
+
+def start_prefetch(version_dir: Path, config: ServerConfig, serving: bool) -> Prefetcher | None:
+    """Read the version's store files into the page cache in the background, if
+    ``config.prefetch_store`` says so (``offgraph.store.prefetch``); while the server answers requests
+    (``serving``) at most ``config.prefetch_mb_s`` and reading at most ``SERVING_DISK_SHARE`` of the
+    time, otherwise as fast as the disk goes. Logs the decision and, from its thread, the result."""
+    why = ""
+
+    def report(pf: Prefetcher) -> None:
+        if pf.error:
+            log.warning("%s: prefetch stopped after %.0f MiB: %s", version_dir, pf.done_bytes / 2**20, pf.error)
+        else:
+            log.info("%s: prefetched %.0f of %.0f MiB of store files into the page cache in %.1fs, %.1fs of it "
+                     "reading (%s; I/O class %s)", version_dir, pf.done_bytes / 2**20, pf.total_bytes / 2**20,
+                     pf.seconds, pf.busy_seconds, why, pf.io_class or "unchanged")
+
+    pf = Prefetcher(store_files(version_dir / STORE_DIR), config.prefetch_mb_s if serving else 0.0,
+                    name=f"prefetch-{version_dir.name}", on_done=report,
+                    disk_share=SERVING_DISK_SHARE if serving else 1.0)
+    go, why = decide(config.prefetch_store, pf.total_bytes, direct=config.store_io == "direct" and store_reads_direct(version_dir / STORE_DIR))
+    if not go:
+        log.info("%s: store not prefetched: %s", version_dir, why)
+        return None
+    return pf.start()
+
+
+def memory_split(version_dir: Path, config: ServerConfig, models: int) -> MemorySplit:
+    """This version's share of the process's memory budget (``ServerConfig.memory_split``), its block
+    cache sized by the index its manifest's rows need."""
+    try:
+        index = manifest_index_mb(load_manifest(version_dir, verify_dense=False))
+    except (KeyError, TypeError, ValueError):  # a bad manifest is refused by the Scorer, with the reason
+        index = 0.0
+    return config.memory_split(models, index)
+
+
+def open_version(version_dir: Path, config: ServerConfig, models: int = 1,
+                 hot: dict | None = None, pacer: Pacer | None = None, serving: bool = False) -> ServedVersion:
+    """Load, warm up and return one version, given its share of the memory budget with ``models``
+    models served (``memory_split``); raises whatever made it unservable. First its store
+    files are read into the page cache when ``config.prefetch_store`` says so (``start_prefetch``,
+    waiting at most ``PREFETCH_WAIT_S``). ``hot``: what the serving version used last
+    (``Scorer.hot_rows``: its most recently used rows and FG items), read into this version's row
+    cache, block cache and FG item cache before it serves, so that its first requests find them
+    there. ``pacer``: while any version serves, the load takes only ``pacer.share`` of the time
+    (``offgraph.server.pacing``). ``serving``: the server answers requests meanwhile, so the prefetch keeps
+    to ``config.prefetch_mb_s``; with nothing serving it reads as fast as the disk goes."""
+    t0 = time.perf_counter()
+    pace = pacer.tick if pacer is not None else None
+    split = memory_split(version_dir, config, models)
+    log.info("%s: memory budget %.0f MiB over %d model(s): %s", version_dir, split.memory_mb, split.models,
+             split.describe())
+    # The files are read in before the store opens: opening, verification seeks and warm-up reads
+    # hold the GIL, and a cold read of a virtual disk can take 100s of ms, which every request of
+    # a serving version would wait out; and a version serving from a cold store answers its first
+    # requests at the disk's pace. The prefetch itself holds no GIL.
+    prefetcher = start_prefetch(version_dir, config, serving)
+    scorer = None
+    try:
+        if prefetcher is not None and not prefetcher.wait(PREFETCH_WAIT_S):
+            log.warning("%s: opening before its prefetch ended (%.0f of %.0f MiB read in %.0fs)", version_dir,
+                        prefetcher.done_bytes / 2**20, prefetcher.total_bytes / 2**20, PREFETCH_WAIT_S)
+        if pacer is not None:
+            pacer.skip()  # waiting for the disk took no CPU: the load's first step owes no pause for it
+        item_cache = split.item_cache_items if config.item_cache_size is None else config.item_cache_size
+        scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=split.row_cache_mb,
+                        block_cache_mb=split.block_cache_mb, item_cache_size=item_cache,
+                        follow_interval_s=config.follow_interval_s, catch_up_s=config.catch_up_s,
+                        max_request_values=config.max_request_values,
+                        verify=config.verify, store_statistics=True, pace=pace,
+                        direct_reads=config.store_io == "direct")
+        verify_store(scorer, pace)
+        items = scorer.warm_features(hot, pace)  # before warm-up: adopting replaces the FG's item state
+        warm_up(scorer, config.warmup_candidates, pace)
+        if hot is not None:
+            t = time.perf_counter()
+            n = scorer.warm_rows(hot, pace=pace)
+            log.info("%s: warmed with %d hot rows and %d FG items of the serving version in %.2fs%s", version_dir,
+                     n, items, time.perf_counter() - t,
+                     f" (paced to {pacer.share:.0%} of the time: {pacer.slept_s:.2f}s of pauses)"
+                     if pacer is not None and pacer.share < 1 else "")
+    except BaseException:
+        if prefetcher is not None:
+            prefetcher.stop()
+        if scorer is not None:
+            scorer.close()
+        raise
+    return ServedVersion(scorer, time.perf_counter() - t0, split, prefetcher)

@@ -1,0 +1,223 @@
+"""Prometheus metrics of one app, in its own CollectorRegistry.
+
+Request-path metrics are observed by the score endpoint; store and model figures
+are read from the model registry (``Scorer.stats()``) at scrape time; HTTP
+errors are counted by status code by a small ASGI middleware.
+
+With several worker processes (``serve --workers N``) prometheus_client runs in
+multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by ``offgraph.server.workers``): every
+worker writes its samples there and a scrape, answered by any worker, sums them.
+The model figures are then published by each worker a few times a second
+(``publish``) instead of being read at scrape time: counters summed over the
+workers, the loaded version as the highest, freshness as the stalest worker's.
+"""
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from offgraph.scoring.read_metrics import STORE_READ_SECONDS
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the registry imports the scorer; the library scorer loads no HTTP code
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+    from offgraph.server.registry import ModelRegistry
+
+START_KEY = "offgraph.t0"
+"""ASGI scope key: perf_counter() when the request reached the app (set by HttpMetricsMiddleware)."""
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.010, 0.012, 0.015, 0.020, 0.030,
+                   0.050, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
+GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+CANDIDATE_BUCKETS = (1, 5, 10, 25, 50, 100, 200, 300, 500, 1000, 2000, 5000)
+class ServerMetrics:
+    def __init__(self, models: ModelRegistry, multiprocess: bool = False):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.multiprocess = multiprocess
+        self.latency = Histogram("offgraph_request_latency_seconds",
+                                 "Score request latency per model, from the request reaching the app to the "
+                                 "scores being ready (body read, validation, queueing, scoring)",
+                                 ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.candidates = Histogram("offgraph_candidates_per_request", "Candidates per score request",
+                                    ["model"], buckets=CANDIDATE_BUCKETS, registry=self.registry)
+        self.gc_pause = Histogram("offgraph_gc_pause_seconds", "Pauses of Python's cyclic garbage collector "
+                                  "(each holds the GIL: every request of the process waits)", ["generation"],
+                                  buckets=GC_BUCKETS, registry=self.registry)
+        self.loop_lag = Histogram("offgraph_event_loop_lag_seconds", "How late the event loop ran a 50-ms timer "
+                                  "(a blocked loop delays every in-flight request)", buckets=GC_BUCKETS,
+                                  registry=self.registry)
+        self.errors = Counter("offgraph_http_errors", "HTTP responses with a 4xx or 5xx status, by code",
+                              ["code"], registry=self.registry)
+        self.registry.register(STORE_READ_SECONDS)
+        if multiprocess:
+            self.publisher: _ModelPublisher | None = _ModelPublisher(models, self.registry)
+        else:
+            self.publisher = None
+            self.registry.register(_ModelCollector(models))
+
+    def render(self) -> bytes:
+        """The exposition text: this process's registry, or every worker's samples in multiprocess mode."""
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return generate_latest(registry)
+
+    def publish(self) -> None:
+        """Multiprocess mode: write this worker's model figures (no-op otherwise)."""
+        if self.publisher is not None:
+            self.publisher.publish()
+
+    def observe_score(self, model: str, n_candidates: int, seconds: float) -> None:
+        self.latency.labels(model).observe(seconds)
+        self.candidates.labels(model).observe(n_candidates)
+
+
+FRESHNESS_HELP = "Seconds since the served rows last included everything the live writer had written"
+MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) -> (metric name, help)
+    "store_rows_read": ("offgraph_store_rows_read",
+                        "Rows read from the embedding store (row-cache misses that went to RocksDB)"),
+    "cache_hits": ("offgraph_row_cache_hits", "Row-cache hits"),
+    "cache_misses": ("offgraph_row_cache_misses", "Row-cache misses"),
+    "catch_ups": ("offgraph_store_catch_ups", "Catch-ups of the store's RocksDB view with the live writer"),
+    "changes_applied": ("offgraph_store_changes_applied",
+                        "Row-cache keys invalidated when a feed epoch the store view covers was released"),
+    "feed_hits": ("offgraph_feed_rows_served", "Rows served from the live writer's feed (fresher than the "
+                     "store view)"),
+    "rows_written_through": ("offgraph_row_cache_rows_written_through",
+                             "Streamed rows put into the row cache at their newest value when their feed epoch "
+                             "was released (not read from disk again)"),
+    "block_cache_hits": ("offgraph_block_cache_hits", "RocksDB block-cache hits (data, index and filter blocks) "
+                         "of the store reads"),
+    "block_cache_misses": ("offgraph_block_cache_misses", "RocksDB block-cache misses (blocks read from the "
+                           "files)"),
+    "load_failures": ("offgraph_model_load_failures", "Versions refused at load"),
+    "ignored_keys": ("offgraph_ignored_keys", "Raw keys of scored requests and candidates that the model does not "
+                     "read (ignored by design; a rise shows a misspelt or renamed input)"),
+    "unknown_candidates": ("offgraph_unknown_candidates", "Candidates whose key has no row in the model's item "
+                           "feature table (scored with no stored features; a rise shows a catalog not loaded)"),
+    "unusable_feature_rows": ("offgraph_unusable_feature_rows", "Stored feature-table rows (one per request or "
+                              "candidate) that FG refuses, scored as unknown keys (offgraph/scoring/feature_join.py; the log "
+                              "names them)"),
+}
+
+
+def _model_figures(models: ModelRegistry):
+    """Per model: (name, loaded version or 0, {MODEL_COUNTERS key: value}, hit ratio, freshness s or None)."""
+    now = time.time()
+    for h in models.all():
+        v, c = h.counters()
+        counts = {k: c.get(k, 0) or 0 for k in MODEL_COUNTERS}
+        counts["load_failures"] = models.load_failures.get(h.name, 0)
+        total = counts["cache_hits"] + counts["cache_misses"]
+        ratio = counts["cache_hits"] / total if total else 0.0
+        fresh = now - c["last_feed_poll_unix"] if c.get("last_feed_poll_unix") else None
+        yield h.name, v or 0, counts, ratio, fresh
+
+
+MEMORY_BUDGET = ("offgraph_memory_budget_bytes", "Bytes each part of a model's memory budget may hold in a worker "
+                 "(--memory-mb split: row_cache, block_cache, item_cache estimated, feed)")
+MEMORY_USED = ("offgraph_memory_used_bytes", "Bytes each part of a model's memory budget holds now (the row cache's "
+               "arena, RocksDB's block-cache usage, FG items held at an estimated size, the feed's mapped epochs)")
+
+
+def _memory_figures(models: ModelRegistry):
+    """Per serving model and part: (name, part, budget bytes, bytes in use)."""
+    for h in models.all():
+        mem = h.memory()
+        if mem is not None:
+            for part, budget in mem["budget_bytes"].items():
+                yield h.name, part, budget, mem["used_bytes"][part]
+
+
+class _ModelCollector:
+    """Loaded versions and cumulative store counters, read from the registry at scrape time."""
+
+    def __init__(self, models: ModelRegistry):
+        self.models = models
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        version = GaugeMetricFamily("offgraph_model_loaded_version", "Model version being served (0: none)",
+                                    labels=["model"])
+        counters = {k: CounterMetricFamily(name, doc, labels=["model"]) for k, (name, doc) in MODEL_COUNTERS.items()}
+        ratio = GaugeMetricFamily("offgraph_row_cache_hit_ratio", "Row-cache hits / lookups since start",
+                                  labels=["model"])
+        fresh = GaugeMetricFamily("offgraph_store_freshness_seconds", FRESHNESS_HELP, labels=["model"])
+        budget, used = (GaugeMetricFamily(*m, labels=["model", "part"]) for m in (MEMORY_BUDGET, MEMORY_USED))
+        for name, part, b, u in _memory_figures(self.models):
+            budget.add_metric([name, part], b)
+            used.add_metric([name, part], u)
+        for name, v, counts, hit_ratio, freshness in _model_figures(self.models):
+            version.add_metric([name], v)
+            for k, family in counters.items():
+                family.add_metric([name], counts[k])
+            ratio.add_metric([name], hit_ratio)
+            if freshness is not None:
+                fresh.add_metric([name], freshness)
+        yield from (version, *counters.values(), ratio, fresh, budget, used)
+
+
+class _ModelPublisher:
+    """The figures of ``_ModelCollector`` as multiprocess-mode metrics, written by ``publish``."""
+
+    def __init__(self, models: ModelRegistry, registry: CollectorRegistry):
+        self.models = models
+        self.counters = {k: Counter(name, doc, ["model"], registry=registry)
+                         for k, (name, doc) in MODEL_COUNTERS.items()}
+        self.version = Gauge("offgraph_model_loaded_version", "Model version being served (0: none; the highest "
+                             "over the workers)", ["model"], multiprocess_mode="livemax", registry=registry)
+        self.fresh = Gauge("offgraph_store_freshness_seconds", FRESHNESS_HELP + " (the stalest worker)", ["model"],
+                           multiprocess_mode="livemax", registry=registry)
+        self.ratio = Gauge("offgraph_row_cache_hit_ratio", "Row-cache hits / lookups since start, per worker "
+                           "(pid label)", ["model"], multiprocess_mode="liveall", registry=registry)
+        # summed over the workers: each holds its own budget
+        self.budget, self.used = (Gauge(*m, ["model", "part"], multiprocess_mode="livesum", registry=registry)
+                                  for m in (MEMORY_BUDGET, MEMORY_USED))
+        self._done: dict[tuple[str, str], float] = {}  # counts already added, per (model, counter)
+
+    def publish(self) -> None:
+        for name, part, b, u in _memory_figures(self.models):
+            self.budget.labels(name, part).set(b)
+            self.used.labels(name, part).set(u)
+        for name, v, counts, hit_ratio, freshness in _model_figures(self.models):
+            for k, counter in self.counters.items():
+                delta = counts[k] - self._done.get((name, k), 0.0)
+                child = counter.labels(name)  # listed (at 0) from the start
+                if delta > 0:
+                    child.inc(delta)
+                    self._done[(name, k)] = counts[k]
+            self.version.labels(name).set(v)
+            self.ratio.labels(name).set(hit_ratio)
+            if freshness is not None:
+                self.fresh.labels(name).set(freshness)
+
+
+class HttpMetricsMiddleware:
+    """Pure ASGI: stamps the request start time into the scope and counts 4xx/5xx responses by code
+    (except /readyz's 503 before the models are loaded: that is an answer, not an error)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/readyz":
+            await self.app(scope, receive, send)
+            return
+        scope[START_KEY] = time.perf_counter()
+        errors = self.metrics.errors
+
+        async def send_counting(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                errors.labels(str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, send_counting)

@@ -1,0 +1,383 @@
+"""The models a server serves: discovery under MODELS, background loads, hot swaps, admin actions.
+
+Every load runs in ONE loader thread (so two versions never load at once): the
+poll task submits ``poll_once`` to it every ``poll_seconds``, admin actions submit
+``load`` / ``rollback`` / ``unload``. A version that fails to load is refused with
+its reason and tried again only once its files changed, with a backoff
+(``offgraph.server.refusals``); the version being served keeps serving. A version whose store
+fails to read while it serves is marked unhealthy (refused) and the previous version
+is loaded in its place (``fall_back``). Admin decisions are saved under MODELS
+(``offgraph.server.control.save_admin_policy``) and applied again when the server restarts.
+With several workers, admin decisions taken by another worker are read from the
+shared control directory (``offgraph.server.control``) and applied by ``sync_control``, in the
+same loader thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from offgraph.modeldir.manifest import ModelDirError, check_model_name, complete_versions
+from offgraph.server.config import ServerConfig
+from offgraph.server.control import Control, Policy, load_admin_policy, save_admin_policy
+from offgraph.server.loader import open_version
+from offgraph.server.pacing import Pacer
+from offgraph.server.refusals import may_retry, refuse, version_signature
+from offgraph.server.served import ModelHolder, ServedVersion, memory_status, scorer_stats
+from offgraph.modeldir.status_file import read_status
+
+log = logging.getLogger("offgraph.server")
+
+CONTROL_TICK_S = 0.25
+"""With several workers: how often each applies the admin decisions of the others (and publishes metrics)."""
+
+
+class AdminError(Exception):
+    """An admin action that cannot be done; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+RELEASE_SHARE = 0.1
+"""Most of the wall clock that freeing a retired version's memory takes (``Scorer.release``)."""
+
+FALLBACK_TRIES = 3
+"""Versions tried, newest first after the previous one, when the served version's store fails."""
+
+
+class ModelRegistry:
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.models_dir = config.models_dir.resolve()
+        self.holders: dict[str, ModelHolder] = {}
+        self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offgraph-loader")
+        self.initial_scan_done = False
+        self.load_failures: dict[str, int] = {}
+        self.control = (Control(config.control_dir, config.worker_id, config.workers)
+                        if config.control_dir is not None else None)
+        self._applied: dict[str, int] = {}  # newest control generation applied, per model
+        self._closed = False
+
+    # -- discovery and polling (loader thread) --------------------------------------------------
+    def discover(self) -> None:
+        """Add a holder for every valid model name under MODELS that has a complete version."""
+        try:
+            entries = sorted(os.scandir(self.models_dir), key=lambda e: e.name)
+        except OSError as e:
+            log.error("cannot list %s: %s", self.models_dir, e)
+            return
+        for entry in entries:
+            if entry.name in self.holders or not entry.is_dir():
+                continue
+            try:
+                check_model_name(entry.name)
+            except ModelDirError:
+                log.warning("ignoring %s: not a valid model name", entry.path)
+                continue
+            if complete_versions(entry.path):
+                h = ModelHolder(entry.name, self.models_dir / entry.name)
+                h.on_store_error = self._on_store_error
+                # the newcomer's first second is its coldest (row-cache misses): freeing the old one
+                # must take less of it than the load did
+                h.release_share = min(self.config.load_share, RELEASE_SHARE)
+                try:
+                    h.policy, h.pinned_version = load_admin_policy(h.dir)
+                except ValueError as e:
+                    h.last_error = f"admin policy ignored (following the newest version): {e}"
+                    log.error("model %s: %s", h.name, h.last_error)
+                self.holders[entry.name] = h
+                log.info("found model %s (policy %s%s)", entry.name, h.policy,
+                         f" {h.pinned_version}" if h.policy == "pinned" else "")
+
+    def _wanted(self, holder: ModelHolder, versions: list[int]) -> list[int]:
+        """Versions to try to load now, in order of preference (the first that loads is served)."""
+        current = holder.current.version if holder.current is not None else None
+        if holder.policy == "unloaded":
+            return []
+        if holder.policy == "pinned":
+            pin = holder.pinned_version
+            if current == pin:
+                return []
+            out = [pin] if pin in versions else []
+            if not out and holder.last_error is None:
+                holder.last_error = f"pinned version {pin} is not on disk (complete versions: {versions})"
+            # nothing serves: the newest loadable version stands in until the pinned one loads
+            return out + ([v for v in reversed(versions) if v != pin] if current is None else [])
+        return [v for v in reversed(versions) if current is None or v > current]
+
+    def poll_once(self) -> None:
+        """One scan: new models; for each, load the version its policy wants (the newest, or the pinned
+        one) unless it was refused and its files did not change since (or its backoff runs)."""
+        if self._closed:
+            return
+        self.discover()
+        for holder in self.all():
+            versions = holder.versions_on_disk = complete_versions(holder.dir)
+            for v in self._wanted(holder, versions):
+                if may_retry(holder.refused.get(v), holder.dir / str(v)) and self._load(holder, v):
+                    break
+            holder.attempted = True
+            holder.updater = read_status(holder.dir)
+            holder.scans += 1
+        self.initial_scan_done = True
+
+
+    def _hot_rows(self, holder: ModelHolder) -> dict | None:
+        """The serving version's most recently used rows (``--warmup-rows`` at most), to warm the next."""
+        sv = holder.current
+        if sv is None or sv.closed or self.config.warmup_rows <= 0:
+            return None
+        try:
+            return sv.scorer.hot_rows(self.config.warmup_rows)
+        except Exception:  # noqa: BLE001 - a warm-up aid: never a reason not to load
+            log.exception("model %s: reading the hot rows of version %d failed", holder.name, sv.version)
+            return None
+
+    def _load(self, holder: ModelHolder, version: int, note: str | None = None) -> bool:
+        """Load, warm up and swap in one version; on failure refuse it (logged, reported) and return False.
+        ``note``: the model's ``last_error`` once it serves (set before the swap, so that no status shows
+        the new version without it)."""
+        vdir = holder.dir / str(version)
+        signature = version_signature(vdir)  # as the try begins: a change during it is retried
+        holder.loading_version = version
+        log.info("model %s: loading version %d", holder.name, version)
+        try:
+            # while any version serves, the load yields to its requests (offgraph.server.pacing), from its
+            # first step on: selecting the hot rows sorts the serving version's whole row cache
+            serving = any(h.current is not None for h in list(self.holders.values()))
+            pacer = Pacer(self.config.load_share if serving else 1.0)
+            hot = self._hot_rows(holder)
+            pacer.tick()
+            sv = open_version(vdir, self.config, len(self.holders), hot, pacer, serving=serving)
+        except Exception as e:  # noqa: BLE001 - whatever it is, this version must not serve
+            reason = f"{type(e).__name__}: {e}"
+            holder.refused[version] = refuse(holder.refused.get(version), reason, signature,
+                                             self.config.poll_seconds)
+            holder.last_error = f"version {version} refused: {reason}"
+            self.load_failures[holder.name] = self.load_failures.get(holder.name, 0) + 1
+            log.error("model %s: version %d refused, %s keeps serving: %s", holder.name, version,
+                      f"version {holder.current.version}" if holder.current else "nothing", reason)
+            return False
+        finally:
+            holder.loading_version = None
+        holder.refused.pop(version, None)
+        holder.last_error = note
+        holder.swap(sv)
+        log.info("model %s: serving version %d (loaded and warmed up in %.2fs)", holder.name, version,
+                 sv.load_seconds)
+        return True
+
+    # -- admin actions (loader thread) ---------------------------------------------------------
+    def holder(self, name: str) -> ModelHolder:
+        h = self.holders.get(name)
+        if h is None:
+            raise AdminError(404, f"unknown model '{name}' (models: {sorted(self.holders)})")
+        return h
+
+    def load(self, name: str, version: int | None) -> None:
+        h = self.holder(name)
+        if version is None:  # back to following the newest version
+            h.policy, h.pinned_version = "latest", None
+            self.poll_once()
+            if h.current is None:
+                raise AdminError(409, f"model '{name}': no version could be loaded: {h.last_error}")
+            return
+        versions = h.versions_on_disk = complete_versions(h.dir)
+        if version not in versions:
+            raise AdminError(404, f"model '{name}' has no complete version {version} (complete versions: "
+                                  f"{versions})")
+        if h.current is None or h.current.version != version:
+            if not self._load(h, version):
+                raise AdminError(409, f"model '{name}': {h.last_error}")
+        h.policy, h.pinned_version = "pinned", version
+
+    def rollback(self, name: str) -> None:
+        h = self.holder(name)
+        if h.previous_version is None:
+            raise AdminError(409, f"model '{name}' has no previous version to roll back to")
+        self.load(name, h.previous_version)
+
+    def unload(self, name: str) -> None:
+        h = self.holder(name)
+        h.policy, h.pinned_version = "unloaded", None
+        h.swap(None)
+
+    # -- a store that fails while serving ----------------------------------------------------------
+    def _on_store_error(self, holder: ModelHolder, sv: ServedVersion) -> None:
+        """Called once per version by the scoring thread whose score failed on a store read."""
+        try:
+            self.loader.submit(self.fall_back, holder, sv)
+        except RuntimeError:  # the server is stopping: the loader takes no more work
+            pass
+
+    def fall_back(self, holder: ModelHolder, sv: ServedVersion) -> None:
+        """(loader thread) Refuse the unhealthy version (tried again once its files change) and serve the
+        previous version instead, else the newest older loadable one; without any, it keeps serving."""
+        if holder.current is not sv or self._closed:
+            return
+        v = sv.version
+        vdir = holder.dir / str(v)
+        holder.refused[v] = refuse(None, f"unhealthy: {sv.unhealthy}", version_signature(vdir),
+                                   self.config.poll_seconds)
+        self.load_failures[holder.name] = self.load_failures.get(holder.name, 0) + 1
+        on_disk = complete_versions(holder.dir)
+        candidates = [holder.previous_version] if holder.previous_version in on_disk else []
+        candidates += [c for c in reversed(on_disk) if c < v and c not in candidates]
+        tried = 0
+        for c in candidates:
+            if c == v or not may_retry(holder.refused.get(c), holder.dir / str(c)):
+                continue
+            if tried == FALLBACK_TRIES:
+                break
+            tried += 1
+            note = f"version {v} is unhealthy ({sv.unhealthy}): fell back to version {c}"
+            if self._load(holder, c, note=note):
+                log.error("model %s: %s", holder.name, note)
+                return
+        holder.last_error = f"version {v} is unhealthy ({sv.unhealthy}) and no other version loads: it keeps serving"
+        log.error("model %s: %s", holder.name, holder.last_error)
+
+    # -- decisions shared between workers (loader thread) --------------------------------------------
+    def record_decision(self, name: str) -> Policy | None:
+        """After an admin action succeeded here: save the model's resulting policy under MODELS (a restart
+        applies it again) and, with several workers, record it for the others."""
+        h = self.holder(name)
+        version = h.pinned_version if h.policy == "pinned" else None
+        try:
+            save_admin_policy(h.dir, h.policy, version)
+        except OSError as e:
+            raise AdminError(503, f"model '{name}': done, but the decision could not be saved under MODELS and "
+                                  f"would not survive a restart: {e}") from None
+        if self.control is None:
+            return None
+        p = self.control.record(name, h.policy, version)
+        self._applied[name] = p.generation
+        self.control.ack(p, True)
+        return p
+
+    def sync_control(self) -> None:
+        """Apply the decisions other workers recorded since the last call, and acknowledge each."""
+        if self.control is None or self._closed:
+            return
+        for name, p in self.control.policies().items():
+            if p.generation <= self._applied.get(name, 0):
+                continue
+            self._applied[name] = p.generation
+            if name not in self.holders:
+                self.discover()
+            try:
+                if p.policy == "unloaded":
+                    self.unload(name)
+                elif p.policy == "latest":
+                    self.load(name, None)
+                else:
+                    self.load(name, p.version)
+            except AdminError as e:
+                log.error("worker %d: model %s: cannot follow the admin decision %s %s: %s", self.config.worker_id,
+                          name, p.policy, p.version if p.version is not None else "", e.detail)
+                self.control.ack(p, False, e.detail)
+                continue
+            log.info("worker %d: model %s follows the admin decision: %s %s", self.config.worker_id, name, p.policy,
+                     p.version if p.version is not None else "")
+            self.control.ack(p, True)
+
+    async def wait_for_workers(self, p: Policy, timeout_s: float) -> None:
+        """Until every worker acknowledged ``p``; AdminError naming those that failed or did not answer."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            acks = self.control.acks(p)
+            failed = [f"worker {a.worker}: {a.detail}" for a in acks.values() if not a.ok]
+            if failed:
+                raise AdminError(409, f"model '{p.model}': done by this worker, but " + "; ".join(failed))
+            if len(acks) == self.config.workers:
+                return
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(self.config.workers)) - set(acks))
+                raise AdminError(504, f"model '{p.model}': done by {len(acks)} of {self.config.workers} workers; "
+                                      f"workers {missing} did not follow within {timeout_s:g}s (they still may)")
+            await asyncio.sleep(0.05)
+
+    # -- async wrappers ----------------------------------------------------------------------------
+    async def run_in_loader(self, fn, *args) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.loader, fn, *args)
+
+    async def poll_forever(self, on_tick=None) -> None:
+        """Scan MODELS every ``poll_seconds``; with a control directory, apply the other workers'
+        admin decisions (first, then every ``CONTROL_TICK_S``) and call ``on_tick`` as often."""
+        tick = min(self.config.poll_seconds, CONTROL_TICK_S) if self.control is not None else self.config.poll_seconds
+        next_poll = 0.0
+        while True:
+            try:
+                if self.control is not None:
+                    await self.run_in_loader(self.sync_control)
+                if time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + self.config.poll_seconds
+                    await self.run_in_loader(self.poll_once)
+                if self.control is not None:  # every worker's /readyz answers for all of them
+                    await self.run_in_loader(self.control.publish_ready, self.ready)
+                if on_tick is not None:
+                    on_tick()
+            except Exception:  # noqa: BLE001 - the poller must survive anything
+                log.exception("polling %s failed", self.models_dir)
+            await asyncio.sleep(tick)
+
+    def close(self) -> None:
+        self._closed = True
+        self.loader.shutdown(wait=True, cancel_futures=True)
+        for h in self.all():
+            h.close()
+
+    # -- status ---------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.initial_scan_done and all(h.current is not None or h.policy == "unloaded"
+                                              for h in self.all())
+
+    def all(self) -> list[ModelHolder]:
+        """The holders, by name (a copy: the loader thread may add models meanwhile)."""
+        return [h for _, h in sorted(self.holders.copy().items())]
+
+    def status(self, h: ModelHolder) -> dict[str, Any]:
+        """What GET /v1/models/{name} answers (no filesystem access: versions on disk are as of the last poll)."""
+        sv = h.current
+        loaded = None
+        if sv is not None:
+            m = sv.scorer.manifest
+            store = m.get("store", {})
+            row_counts = {k: int(v) for k, v in store.get("row_counts", {}).items()}
+            stats = scorer_stats(sv.scorer)
+            hits, misses = stats.get("cache_hits"), stats.get("cache_misses")
+            if isinstance(hits, (int, float)) and isinstance(misses, (int, float)):
+                stats["cache_hit_ratio"] = hits / (hits + misses) if hits + misses else None
+            last = stats.get("last_feed_poll_unix")
+            stats["freshness_seconds"] = time.time() - last if isinstance(last, (int, float)) and last else None
+            training = m.get("training") or None
+            loaded = {"version": sv.version, "loaded_at_unix": sv.loaded_at, "load_seconds": sv.load_seconds,
+                      "in_flight": sv.in_flight, "quantization": store.get("quant"), "shards": store.get("shards"),
+                      "embedding_dim": m.get("embedding_dim"), "row_counts": row_counts,
+                      "total_rows": sum(row_counts.values()), "row_cache_mb": sv.row_cache_mb,
+                      "memory": memory_status(sv),
+                      "created_at": m.get("created_at"), "training": training, "store": stats,
+                      "training_loss": sv.scorer.training_loss, "score_kind": sv.scorer.score_kind}
+        spec = sv.scorer.spec if sv is not None else None
+        return {
+            "name": h.name, "state": h.state, "policy": h.policy, "versions_on_disk": list(h.versions_on_disk),
+            "loaded": loaded, "loading_version": h.loading_version, "previous_version": h.previous_version,
+            "refused": [{"version": v, "reason": r.reason, "at_unix": r.at}
+                        for v, r in sorted(list(h.refused.items()))],
+            "inputs": {s: spec.raw_inputs(s) for s in ("request", "item")} if spec is not None else {},
+            "feature_tables": _feature_tables(sv.scorer) if sv is not None else [],
+            "last_error": h.last_error, "scans": h.scans, "updater": h.updater,
+        }
+
+
+def _feature_tables(scorer) -> list[dict[str, Any]]:
+    join = scorer.join
+    return [{**t.to_dict(), "present": join is not None and join.dbs.get(t.name) is not None}
+            for t in scorer.spec.tables]

@@ -1,0 +1,66 @@
+"""Admin actions (bearer token): :load, :unload, :rollback. They wait for the loader thread, and with
+several workers, until every worker has followed the decision (``offgraph.server.control``)."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+
+from offgraph.server.deps import ModelName, State, require_admin
+from offgraph.server.errors import ApiError
+from offgraph.server.registry import AdminError
+from offgraph.server.schemas import LoadRequest, ModelStatus, error_responses
+from offgraph.server.score_body import JsonBody
+
+router = APIRouter(tags=["admin"], dependencies=[Depends(require_admin)], responses=error_responses(
+    e400="Invalid model name.",
+    e401="Missing or wrong bearer token.",
+    e403="No admin token configured: admin actions are disabled.",
+    e404="Unknown model or version.",
+    e409="The version was refused (the reason is given) or there is nothing to roll back to.",
+    e504="Several workers: not every worker followed in time."))
+
+_load_body = JsonBody(LoadRequest, "load body")
+
+
+async def load_request(request: Request, _: Annotated[None, Depends(require_admin)]) -> LoadRequest:
+    """The :load body, read only once the token is checked: a malformed body without the token is a 401."""
+    return await _load_body.parse(request)
+
+
+WORKERS_WAIT_S = 300.0
+"""How long an admin call waits for the other workers (each may have a version to load and warm up)."""
+
+
+async def _run(state, name: str, fn, *args) -> ModelStatus:
+    models = state.models
+    try:
+        await models.run_in_loader(fn, name, *args)
+        decision = await models.run_in_loader(models.record_decision, name)
+        if decision is not None:
+            await models.wait_for_workers(decision, WORKERS_WAIT_S)
+    except AdminError as e:
+        raise ApiError(e.status, e.detail) from None
+    return ModelStatus(**state.models.status(state.models.holders[name]))
+
+
+@router.post("/v1/models/{name}:load", summary="Load and pin a version", openapi_extra=_load_body.openapi_extra(),
+             responses=error_responses(e413="Body larger than the server's limit.",
+                                       e415="The body's Content-Type is not JSON.",
+                                       e422="Invalid body: the message names each problem."))
+async def load(name: ModelName, body: Annotated[LoadRequest, Depends(load_request)], state: State) -> ModelStatus:
+    """Load `version` in the background, warm it up and swap it in; the model then stays on it (pinned).
+    Without `version`, the model follows the newest complete version again."""
+    return await _run(state, name, state.models.load, body.version)
+
+
+@router.post("/v1/models/{name}:unload", summary="Unload the model")
+async def unload(name: ModelName, state: State) -> ModelStatus:
+    """Stop serving the model (in-flight requests finish); it stays unloaded until `:load`."""
+    return await _run(state, name, state.models.unload)
+
+
+@router.post("/v1/models/{name}:rollback", summary="Roll back to the previous version")
+async def rollback(name: ModelName, state: State) -> ModelStatus:
+    """Load the version served before the current one and pin it."""
+    return await _run(state, name, state.models.rollback)

@@ -1,0 +1,48 @@
+"""GET /healthz, /readyz, /metrics."""
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from offgraph.server.deps import State
+from offgraph.server.redact import view_for
+from offgraph.server.schemas import Health, Readiness
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="Liveness")
+async def healthz() -> Health:
+    """The process is up and its event loop answers."""
+    return Health()
+
+
+@router.get("/readyz", summary="Readiness", responses={503: {"model": Readiness}})
+async def readyz(state: State, request: Request) -> Readiness:
+    """200 once every model is loaded and warmed up (or unloaded by an admin), in every worker
+    process of the server, 503 before."""
+    models = {h.name: h.state for h in state.models.all()}
+    control = state.models.control
+    if state.models.ready:
+        waiting = await asyncio.to_thread(control.workers_not_ready) if control is not None else []
+        if not waiting:
+            return Readiness(ready=True, models=models, detail="every model is serving")
+        detail = (f"worker {control.worker} is serving every model; worker(s) {', '.join(map(str, waiting))} "
+                  f"of {control.workers} not yet")
+        return JSONResponse(Readiness(ready=False, models=models, detail=detail).model_dump(), status_code=503)
+    if not state.models.initial_scan_done:
+        detail = "the first load of the models is in progress"
+    else:
+        waiting = [f"{h.name} ({h.state}: {h.last_error or 'loading'})" for h in state.models.all()
+                   if h.current is None and h.policy != "unloaded"]
+        detail = view_for(request)("not serving: " + "; ".join(waiting))  # reasons may name directories
+    return JSONResponse(Readiness(ready=False, models=models, detail=detail).model_dump(), status_code=503)
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics(state: State) -> Response:
+    state.flush_gc()
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

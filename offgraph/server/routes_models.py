@@ -1,0 +1,42 @@
+"""GET /v1/models and /v1/models/{name}: what is on disk, what is served, how fresh.
+
+Without the admin token, absolute paths are shown relative to MODELS (``offgraph.server.redact``).
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Callable
+
+from fastapi import APIRouter, Depends
+from starlette.convertors import StringConvertor, register_url_convertor
+
+from offgraph.server.deps import Holder, State
+from offgraph.server.redact import path_view
+from offgraph.server.schemas import ModelList, ModelStatus, error_responses
+
+router = APIRouter(tags=["models"])
+
+
+class _NoColon(StringConvertor):
+    """A path segment without ':': GET /v1/models/ml:score is the :score route's (405), not model 'ml:score's."""
+    regex = "[^/:]+"
+
+
+register_url_convertor("no_colon", _NoColon())
+
+PathView = Annotated[Callable[[Any], Any], Depends(path_view)]
+
+
+@router.get("/v1/models", summary="List the models")
+async def list_models(state: State, view: PathView) -> ModelList:
+    """Every model under MODELS with its versions on disk, the loaded version and its state.
+    Paths are relative to MODELS unless the request holds the admin bearer token."""
+    return ModelList(models=[ModelStatus(**view(state.models.status(h))) for h in state.models.all()])
+
+
+@router.get("/v1/models/{name:no_colon}", summary="One model's status",
+            responses=error_responses(e400="Invalid model name.", e404="Unknown model."))
+async def get_model(holder: Holder, state: State, view: PathView) -> ModelStatus:
+    """Versions on disk, the loaded version (quantization, row counts, training metrics, store counters and
+    freshness), the version being loaded, refused versions with their reasons. Paths are relative to MODELS
+    unless the request holds the admin bearer token."""
+    return ModelStatus(**view(state.models.status(holder)))

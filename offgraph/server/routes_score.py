@@ -1,0 +1,74 @@
+"""POST /v1/models/{name}:score — the request path.
+
+The router is built per app: its request model carries the app's --max-candidates as the
+list's max_length, so an oversized candidate list is refused before its items are validated.
+The body is parsed by ``offgraph.server.score_body`` (msgspec for valid bodies, the pydantic model,
+which OpenAPI publishes, for the 422s).
+"""
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import Field, create_model
+
+from offgraph.server.config import ServerConfig
+from offgraph.server.deps import Holder, State
+from offgraph.server.errors import ApiError
+from offgraph.server.metrics import START_KEY
+from offgraph.server.schemas import CANDIDATES_DOC, Features, ScoreRequest, ScoreResponse, error_responses
+from offgraph.server.score_body import ScoreBodyParser
+from offgraph.server.served import NotServing
+
+_ERRORS = error_responses(
+    e400="Invalid model name.",
+    e404="Unknown model, or the version asked for is not loaded.",
+    e413="Body larger than the server's limit.",
+    e415="The body's Content-Type is not JSON.",
+    e422="Invalid body: the message names each problem (invalid JSON, NaN/Infinity, a number beyond the float64 "
+         "range, nested objects, no candidates, too many candidates, a value the feature generation cannot use, an "
+         "input sent in the other scope's place).")
+
+
+def build_router(config: ServerConfig) -> APIRouter:
+    router = APIRouter(tags=["scoring"])
+    Body = create_model(  # noqa: N806 - a class
+        "ScoreRequest", __base__=ScoreRequest, __doc__=ScoreRequest.__doc__,
+        candidates=(list[Features], Field(min_length=1, max_length=config.max_candidates,
+                                          description=CANDIDATES_DOC)))
+    parser = ScoreBodyParser(Body, config.max_candidates)
+
+    async def score_body(request: Request) -> Any:
+        return await parser.parse(request)
+
+    @router.post("/v1/models/{name}:score", responses=_ERRORS, summary="Score candidates",
+                 openapi_extra=parser.openapi_extra())
+    async def score(body: Annotated[Any, Depends(score_body)], holder: Holder, state: State,
+                    request: Request) -> ScoreResponse:
+        """Scores of the candidates for one request, in candidate order, and the model version that made them.
+        `score_kind` says what they are: `ctr`, calibrated CTRs (probabilities of a positive); `ranking`, scores
+        that order the candidates but are not probabilities (a listwise model exported without a fitted
+        calibration).
+
+        Feature names are the model's raw input names (`GET /v1/models/{name}` lists them under `inputs`).
+        Values are strings, finite numbers, booleans, null, or lists of those. A missing key, null, "" or []
+        is *no value* (a zero embedding); keys the model does not read are **ignored** (and counted in
+        `offgraph_ignored_keys_total{model}`); a request-scope input inside a candidate, or an item-scope input
+        in the request, is a 422 naming the key and where it belongs (it would be no value there).
+
+        **Ids-only requests**: for a model whose spec declares feature `tables`, the server fills every
+        input the body does not send from the tables, by key (`{"request": {"user_id": 196}, "candidates":
+        [{"movie_id": 242}]}`); a value sent in the body overrides the stored one (even null). Unknown keys
+        fill nothing: `unknown_candidates` counts them. A request that sends only a key in a scope no table of the
+        model fills (a model without tables) is a 422.
+        """
+        try:
+            version, scores, joined, kind = await state.run_scoring(holder.score, body.request, body.candidates,
+                                                                    body.version)
+        except NotServing as e:
+            raise ApiError(404, str(e)) from None
+        n = len(body.candidates)
+        state.metrics.observe_score(holder.name, n, time.perf_counter() - request.scope.get(START_KEY, 0.0))
+        return ScoreResponse(model=holder.name, version=version, scores=scores.tolist(), score_kind=kind,
+                             unknown_candidates=joined.unknown_candidates, unknown_request=joined.unknown_request)
+
+    return router

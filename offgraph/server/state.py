@@ -1,0 +1,73 @@
+"""ServerState: the shared objects of one app (config, models, metrics, scoring pool)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from offgraph.server.config import ServerConfig
+from offgraph.server.gc_tuning import GcPauses, collect_young_forever
+from offgraph.server.loop_lag import watch_loop_lag
+from offgraph.server.metrics import ServerMetrics
+from offgraph.server.registry import ModelRegistry
+
+log = logging.getLogger("offgraph.server")
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    models: ModelRegistry
+    metrics: ServerMetrics
+    pool: ThreadPoolExecutor | None = None
+    _poll_task: asyncio.Task | None = field(default=None, repr=False)
+    _gc: GcPauses | None = field(default=None, repr=False)
+    _lag_task: asyncio.Task | None = field(default=None, repr=False)
+    _young_task: asyncio.Task | None = field(default=None, repr=False)
+
+    @classmethod
+    def build(cls, config: ServerConfig) -> "ServerState":
+        models = ModelRegistry(config)
+        return cls(config, models, ServerMetrics(models, multiprocess=config.workers > 1))
+
+    async def run_scoring(self, fn: Callable[..., Any], *args) -> Any:
+        """Run ``fn(*args)`` in the bounded scoring pool, without blocking the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def start(self) -> None:
+        # the models are known before the first request (one directory listing): a request for a model
+        # that is still loading is then a 503 to retry, not a 404
+        await self.models.run_in_loader(self.models.discover)
+        self._gc = GcPauses(self.metrics.gc_pause)
+        self._gc.start()
+        self.pool = ThreadPoolExecutor(max_workers=self.config.score_threads, thread_name_prefix="offgraph-score")
+        self._poll_task = asyncio.create_task(self.models.poll_forever(on_tick=self.on_tick),
+                                             name="offgraph-poll")
+        self._lag_task = asyncio.create_task(watch_loop_lag(self.metrics.loop_lag), name="offgraph-loop-lag")
+        if self.config.tune_gc:
+            self._young_task = asyncio.create_task(collect_young_forever(), name="offgraph-gc-young")
+
+    def on_tick(self) -> None:
+        """The poll loop's tick: GC pauses into the metrics, then (several workers) publish them."""
+        self.flush_gc()
+        self.metrics.publish()
+
+    def flush_gc(self) -> None:
+        if self._gc is not None:
+            self._gc.flush()
+
+    async def stop(self) -> None:
+        if self._gc is not None:
+            self._gc.stop()
+        for task in (self._poll_task, self._lag_task, self._young_task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.shutdown, wait=True)
+        await asyncio.to_thread(self.models.close)

@@ -1,0 +1,170 @@
+"""``offgraph serve --workers N``: N server processes on one port, supervised.
+
+One Python process scores on about one core (the GIL), so a server uses a machine's
+cores by running several. Each worker is a full ``create_app`` server with its own
+scorers and caches (``--memory-mb`` is each worker's; ``--cache-mb`` is split between them); each binds the
+port with ``SO_REUSEPORT``, so the kernel spreads connections over the workers.
+Before the workers start, the port is bound once WITHOUT ``SO_REUSEPORT``: a port in
+use by anything (another ``offgraph serve`` included) is an error, never a silently
+shared port. Admin decisions reach every worker through a control directory
+(``offgraph.server.control``) and metrics are summed over the workers (Prometheus multiprocess
+mode); both live in a private temporary directory removed at exit.
+
+The supervisor restarts a worker that dies (logged; a worker that keeps dying within
+seconds of its start stops the server) and on SIGTERM / SIGINT stops every worker
+gracefully (in-flight requests finish).
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from offgraph.server.config import HttpLimits, ServerConfig
+
+VERBOSE_ENV = "OFFGRAPH_VERBOSE"  # set by `offgraph -v`; read by the spawned workers
+
+log = logging.getLogger("offgraph.server")
+
+RESTART_WINDOW_S = 30.0  # a worker that dies this soon after starting ...
+MAX_QUICK_DEATHS = 3     # ... this many times in a row stops the server
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def check_port_free(host: str, port: int) -> None:
+    """OSError naming the port if anything listens on it (a plain bind, no SO_REUSEPORT)."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are fine
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise OSError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` in the port's SO_REUSEPORT group (one per worker)."""
+    sock = socket.socket(_family(host), socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
+
+
+def serve_on(app, sock: socket.socket, log_level: str, limits: HttpLimits = HttpLimits()) -> None:
+    """Run ``app`` under uvicorn (uvloop, httptools, the connection ``limits``) on ``sock`` until
+    SIGTERM / SIGINT."""
+    import uvicorn
+
+    from offgraph.server.http_limits import uvicorn_config
+
+    uvicorn.Server(uvicorn_config(app, limits, log_level)).run(sockets=[sock])
+
+
+def _worker_main(config: ServerConfig, host: str, port: int, log_level: str) -> None:
+    """One worker process (spawned: nothing of the parent's TensorFlow state is inherited)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not os.environ.get(VERBOSE_ENV):  # `offgraph -v` shows TensorFlow's start-up lines, in workers too
+        from offgraph.runtime import install_quiet_tensorflow_import
+
+        install_quiet_tensorflow_import()
+    logging.basicConfig(level=getattr(logging, log_level.upper()),
+                        format=f"%(asctime)s %(levelname)s %(name)s[w{config.worker_id}]: %(message)s")
+    from offgraph.server.tf_threads import configure_tf_threads
+
+    configure_tf_threads(config.intra_threads, config.inter_threads)
+    from offgraph.server.app import create_app
+
+    sock = reuseport_socket(host, port)
+    serve_on(create_app(config), sock, log_level, config.http)
+
+
+class Supervisor:
+    def __init__(self, config: ServerConfig, host: str, port: int, workers: int, log_level: str):
+        if workers < 2:
+            raise ValueError(f"Supervisor runs 2 or more workers, got {workers}")
+        if port == 0:
+            raise ValueError("--port 0 (any free port) cannot be shared by several workers: give a port number")
+        self.host, self.port, self.workers, self.log_level = host, port, workers, log_level
+        self.tmp = Path(tempfile.mkdtemp(prefix="offgraph-serve-"))
+        (self.tmp / "prometheus").mkdir()
+        self.config = config.replace(workers=workers, control_dir=self.tmp / "control",
+                                     cache_mb=None if config.cache_mb is None else config.cache_mb / workers)
+        self.ctx = multiprocessing.get_context("spawn")
+        self.procs: dict[int, multiprocessing.process.BaseProcess] = {}
+        self.started: dict[int, float] = {}
+        self.quick_deaths: dict[int, int] = {}
+        self.stopping = False
+
+    def _start(self, i: int) -> None:
+        cfg = self.config.replace(worker_id=i)
+        p = self.ctx.Process(target=_worker_main, args=(cfg, self.host, self.port, self.log_level),
+                             name=f"offgraph-worker-{i}", daemon=False)
+        p.start()
+        self.procs[i], self.started[i] = p, time.monotonic()
+        log.info("worker %d started (pid %d)", i, p.pid)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        check_port_free(self.host, self.port)
+        # prometheus_client picks multiprocess mode from the environment when a worker imports it
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.tmp / "prometheus")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        log.info("serving on http://%s:%d with %d workers (memory budget %.0f MiB each)", self.host, self.port,
+                 self.workers, self.config.memory_mb)
+        rc = 0
+        try:
+            for i in range(self.workers):
+                self._start(i)
+            while not self.stopping:
+                time.sleep(0.2)
+                for i, p in list(self.procs.items()):
+                    if p.is_alive() or self.stopping:
+                        continue
+                    rc = self._restart(i, p)
+                    if rc:
+                        self.stopping = True
+                        break
+        finally:
+            self._stop_all()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        return rc
+
+    def _restart(self, i: int, p) -> int:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(p.pid)
+        quick = time.monotonic() - self.started[i] < RESTART_WINDOW_S
+        self.quick_deaths[i] = self.quick_deaths.get(i, 0) + 1 if quick else 0
+        if self.quick_deaths[i] >= MAX_QUICK_DEATHS:
+            log.error("worker %d died %d times within %gs of starting (exit code %s): stopping the server", i,
+                      self.quick_deaths[i], RESTART_WINDOW_S, p.exitcode)
+            return 1
+        log.error("worker %d (pid %d) died with exit code %s: restarting it", i, p.pid, p.exitcode)
+        self._start(i)
+        return 0
+
+    def _stop_all(self) -> None:
+        for p in self.procs.values():
+            if p.is_alive():
+                p.terminate()  # SIGTERM: uvicorn finishes the in-flight requests
+        deadline = time.monotonic() + 20
+        for p in self.procs.values():
+            p.join(max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                log.error("worker pid %d did not stop in time: killing it", p.pid)
+                p.kill()
+                p.join(5)
+        log.info("all %d workers stopped", len(self.procs))

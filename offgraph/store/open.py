@@ -1,0 +1,59 @@
+"""``open_store``: create or open a store directory (RocksDB, the one backend)."""
+
+from __future__ import annotations
+
+import os
+
+from offgraph.store.base import MODES, EmbeddingStore
+from offgraph.store.config import StoreConfig
+from offgraph.store.rocksdb_store import RocksDBStore
+from offgraph.store.store_file import STORE_FILE, read_store_file, write_store_file
+
+
+def _check_backend(name: str) -> None:
+    """``StoreConfig.backend`` names the on-disk format; RocksDB is the only one."""
+    if name != RocksDBStore.backend:
+        raise ValueError(f"unknown backend {name!r}; known: [{RocksDBStore.backend!r}]")
+
+
+def open_store(
+    path: str | os.PathLike,
+    config: StoreConfig | None = None,
+    mode: str = "r",
+    *,
+    secondary_dir: str | None = None,
+) -> EmbeddingStore:
+    """Open the store at ``path``.
+
+    mode ``"w"``: read-write; creates the store (and its ``store.json``) when absent,
+        which needs ``config``. ``"r"``: read-only. ``"follow"``: a follower of a live
+        writer process (call ``catch_up()`` periodically); ``secondary_dir`` holds its
+        private files (a temporary directory by default).
+    ``config`` may be omitted to use the stored one; if given, its layout (dim, quant,
+    shards, shard_fn, key_format, backend) must equal the stored one (ValueError
+    otherwise), and its tuning settings (cache, bloom bits, threads...) are used.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if config is not None and not isinstance(config, StoreConfig):
+        raise ValueError(f"config must be a StoreConfig, got {type(config).__name__}")
+    path = os.fspath(path)
+    stored = read_store_file(path) if os.path.isdir(path) else None
+    if stored is None:
+        if mode != "w":
+            raise ValueError(f"{path!r} is not an embedding store (no {STORE_FILE})")
+        if config is None:
+            raise ValueError(f"creating a store at {path!r} needs a StoreConfig")
+        _check_backend(config.backend)
+        if os.path.isdir(path) and os.listdir(path):
+            raise ValueError(f"{path!r} exists, is not empty and has no {STORE_FILE}")
+        os.makedirs(path, exist_ok=True)
+        write_store_file(path, config)
+        effective = config
+    else:
+        if config is not None:
+            stored.check_same_layout(config)
+        effective = config or stored
+    _check_backend(effective.backend)
+    kwargs = {"secondary_dir": secondary_dir} if mode == "follow" else {}
+    return RocksDBStore(path, effective, mode, **kwargs)

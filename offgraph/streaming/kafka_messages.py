@@ -1,0 +1,147 @@
+"""Row deltas as Kafka messages, format version 1 (see offgraph/streaming/README.md, "Kafka").
+
+A message's value is one delta file's bytes (an Arrow IPC file, ``delta_format`` v1: model,
+model version and dim in its schema metadata, K rows), so any language with Arrow can
+produce one. Headers repeat what a consumer may want before decoding:
+
+    offgraph.delta.version = b"1"
+    offgraph.model         = model name (utf-8)
+    offgraph.model_version = decimal int
+
+A message is at most ``MAX_MESSAGE_BYTES`` (1 MiB, Kafka's default ``message.max.bytes``):
+a producer splits a batch into messages of at most ``rows_per_message(dim)`` rows. All
+deltas of one row go to one partition, so they stay in order:
+
+    partition = splitmix64((table_id << 48) | row) % partitions       (offgraph.store.keys.shard_of)
+
+    from offgraph.streaming.kafka_messages import encode_messages
+    for partition, value, headers in encode_messages(delta, partitions=4):
+        producer.produce(topic, value=value, partition=partition, headers=headers)
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlsplit
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from offgraph.store.keys import shard_of
+from offgraph.streaming import _delta_format as _impl
+
+FORMAT_VERSION = b"1"
+H_VERSION, H_MODEL, H_MODEL_VERSION = "offgraph.delta.version", "offgraph.model", "offgraph.model_version"
+H_REASON, H_ORIGIN = "offgraph.dead_letter.reason", "offgraph.dead_letter.origin"
+H_DEAD_PREFIX = "offgraph.dead_letter."  # + topic, partition, offset, size: a reference to a payload not copied
+MAX_MESSAGE_BYTES = 1 << 20
+_OVERHEAD_BYTES = 4096  # Arrow IPC schema, footer and padding of one message, generously
+START_FILE = "stream-start.json"  # in a version directory: where the version's deltas begin in a topic
+
+
+def parse_kafka_url(url: str) -> tuple[str, str]:
+    """``kafka://HOST:PORT[,HOST:PORT...]/TOPIC`` -> (bootstrap servers, topic); ValueError naming the fault."""
+    parts = urlsplit(url)
+    if parts.scheme != "kafka" or not parts.netloc:
+        raise ValueError(f"{url!r}: expected kafka://HOST:PORT/TOPIC")
+    topic = parts.path.lstrip("/")
+    if not topic or "/" in topic or not all(c.isalnum() or c in "._-" for c in topic) or len(topic) > 249:
+        raise ValueError(f"{url!r}: the topic must be 1-249 characters of letters, digits, '.', '_', '-'")
+    for hp in parts.netloc.split(","):
+        host, sep, port = hp.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{url!r}: {hp!r} is not HOST:PORT")
+    return parts.netloc, topic
+
+
+def rows_per_message(dim: int, max_bytes: int = MAX_MESSAGE_BYTES) -> int:
+    """Rows of dim ``dim`` that fit one message (table id, row, vector, weight, seq, time)."""
+    per_row = 4 + 8 + 4 * dim + 4 + 8 + 8
+    return max(1, (max_bytes - _OVERHEAD_BYTES) // per_row)
+
+
+def headers(model: str, model_version: int) -> list[tuple[str, bytes]]:
+    return [(H_VERSION, FORMAT_VERSION), (H_MODEL, model.encode()), (H_MODEL_VERSION, str(int(model_version)).encode())]
+
+
+def encode_one(model: str, model_version: int, **columns) -> bytes:
+    """One message value: the delta file bytes of ``columns`` (``write_delta_file``'s kwargs)."""
+    table = _impl.build_table(model=model, model_version=model_version, **columns)
+    buf = io.BytesIO()
+    _impl.write_ipc(buf, table)
+    return buf.getvalue()
+
+
+def encode_messages(delta: dict, partitions: int, max_bytes: int = MAX_MESSAGE_BYTES):
+    """``(partition, value, headers)`` messages holding the rows of ``delta`` (the kwargs of
+    ``write_delta_file``, event_time_ms per row or one int), each row in its partition,
+    in input order within a partition, each message at most ``max_bytes``."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be >= 1, got {partitions}")
+    model, version = delta["model"], delta["model_version"]
+    t = np.asarray(delta["table_ids"])
+    r = np.asarray(delta["rows"])
+    v = np.asarray(delta["vectors"])
+    k = len(r)
+    et = delta["event_time_ms"]
+    times = np.full(k, int(et), np.int64) if np.ndim(et) == 0 else np.asarray(et)
+    cols = {"table_ids": t, "rows": r, "vectors": v, "first_order": np.asarray(delta["first_order"]),
+            "seqs": np.asarray(delta["seqs"]), "event_time_ms": times}
+    per = rows_per_message(v.shape[1] if v.ndim == 2 else 1, max_bytes)
+    hdr = headers(model, version)
+    part = shard_of(t.astype(np.uint32), r.astype(np.int64), partitions) if k else np.zeros(0, np.int64)
+    for p in range(partitions):
+        idx = np.flatnonzero(part == p)
+        for c0 in range(0, len(idx), per):
+            sel = idx[c0:c0 + per]
+            yield p, encode_one(model, version, **{n: a[sel] for n, a in cols.items()}), hdr
+
+
+def version_start_path(version_dir: str | Path) -> Path:
+    return Path(version_dir) / START_FILE
+
+
+def dead_letter_reference(reason: str, topic: str, partition: int, offset: int, size: int, why: str) -> list:
+    """The headers of a dead letter whose payload is not copied (its value is empty): where to read it."""
+    text = f"{reason} (the {size}-byte payload is not copied here: {why}; read it at its origin)"
+    return [(H_REASON, text.encode("utf-8", "backslashreplace")), (H_ORIGIN, f"{topic}/{partition}/{offset}".encode()),
+            *((H_DEAD_PREFIX + k, str(v).encode()) for k, v in
+              (("topic", topic), ("partition", partition), ("offset", offset), ("size", size)))]
+
+
+Offset = Annotated[int, Field(strict=True, ge=0, lt=2**63)]
+PartitionKey = Annotated[str, StringConstraints(pattern=r"^(0|[1-9][0-9]{0,9})$")]
+
+
+class VersionStart(BaseModel):
+    """``stream-start.json``: the offset of each partition's first message of the version."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    topic: Annotated[str, Field(strict=True, min_length=1)]
+    partitions: dict[PartitionKey, Offset]
+
+
+def read_version_start(version_dir: str | Path, log: logging.Logger) -> tuple[VersionStart | None, Path]:
+    """The version's ``stream-start.json`` (partition keys as ints), or None where there is none or
+    it is unusable: then a warning names the file and the field, and the topic is read from its
+    beginning (one rule for every fault, garbage bytes included: a start-up never fails on it)."""
+    path = version_start_path(version_dir)
+    try:
+        rec = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None, path
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested too deep to parse
+        log.warning("%s unreadable (%s): reading the topic from its beginning", path, e)
+        return None, path
+    try:
+        vs = VersionStart.model_validate(rec)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(x) for x in err["loc"]) or "(the whole file)"
+        log.warning("%s: field %s: %s (got %.80r): ignored, reading the topic from its beginning", path, field,
+                    err["msg"], err.get("input"))
+        return None, path
+    return vs.model_copy(update={"partitions": {int(p): o for p, o in vs.partitions.items()}}), path

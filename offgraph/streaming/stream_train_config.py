@@ -1,0 +1,46 @@
+"""Settings of the incremental trainer (`StreamTrainConfig`) and the names they may take. Imports
+nothing heavy (pydantic): `offgraph stream-train` takes its defaults from here without loading
+TensorFlow (`offgraph.streaming.stream_train` does)."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from offgraph.config import ConfigModel, option
+
+OPTIMIZERS = ("sgd", "adagrad")
+# milliseconds per unit of the spec's time column; "auto" guesses it (stream_train_impl.to_millis)
+TIME_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
+
+
+class StreamTrainConfig(ConfigModel, validate_assignment=True):
+    """lr: embedding step size. The loss is SUMMED over a batch, so keep lr x batch_size small.
+    optimizer: sgd, or adagrad (row-wise, accumulator starting at adagrad_init).
+    l2: l2/2 * |row|^2 on the rows a batch touches.
+    every_events / every_seconds: emit one delta file after this many events or seconds (both
+        None: one file at the end).
+    seq_start: first sequence number (None: time.time_ns() at start).
+    time_unit: unit of the spec's time column: auto, s, ms, us or ns.
+    lr_first_order: learning rate of the first-order weights (None: lr).
+    fields: fields whose rows are trained (None: all); the others stay frozen.
+    """
+
+    lr: float = option(0.003, gt=0, flag="--lr")
+    optimizer: Literal[OPTIMIZERS] = option("sgd", flag="--optimizer")
+    batch_size: int = option(32, ge=1, flag="--batch-size")
+    l2: float = option(0.0, ge=0, flag="--l2")
+    adagrad_init: float = option(0.1, ge=0, flag="--adagrad-init")
+    adagrad_eps: float = Field(1e-8, ge=0)
+    every_events: int | None = option(None, ge=1, flag="--every-events")
+    every_seconds: float | None = option(None, gt=0, flag="--every-seconds")
+    seq_start: int | None = option(None, ge=0, flag="--seq-start")
+    time_unit: Literal[("auto", *TIME_UNITS)] = option("auto", flag="--time-unit")
+    lr_first_order: float | None = option(None, ge=0, flag="--lr-first-order")
+    fields: Annotated[tuple[str, ...], Field(strict=False)] | None = option(None, flag="--fields")  # a list too
+
+    @model_validator(mode="after")
+    def _adagrad_divides(self) -> "StreamTrainConfig":
+        if self.optimizer == "adagrad" and self.adagrad_init == 0 and self.adagrad_eps == 0:
+            raise ValueError("adagrad needs adagrad_init > 0 or adagrad_eps > 0 (a zero gradient would divide by 0)")
+        return self

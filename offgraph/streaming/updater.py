@@ -1,0 +1,347 @@
+"""`offgraph update`: apply delta files to the live model version's store, exactly once.
+
+    up = Updater("models", "ml", open_source("spool:/data/spool"), UpdaterConfig(batch_files=16))
+    up.run()                      # until stop() (SIGTERM); run(once=True): until drained
+
+Exactly once (see offgraph/streaming/README.md): every store write carries, in the SAME atomic
+batch of every shard, the position of the last item it holds under each position key
+(the spool: one key, file names; Kafka: one key per partition, offsets). On start the
+per-shard positions are read back: items at or before the lowest are done; an item
+between a shard's position and the highest (a crash between the shard batches of one
+write) is re-applied to the shards that lack it only.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from offgraph.store.feature_db import FeatureTableError
+from offgraph.streaming.delta_format import DeltaBatch, DeltaFormatError
+from offgraph.streaming.feature_apply import FeatureTables
+from offgraph.streaming.feature_delta import FeatureDeltaBatch
+from offgraph.streaming.live_version import LiveModel
+from offgraph.streaming.metrics import UpdaterMetrics
+from offgraph.streaming.sources import DeltaSource, SourceItem
+from offgraph.modeldir.status_file import write_status
+from offgraph.streaming.updater_config import UpdaterConfig
+from offgraph.streaming._updater import check_batch, concat, lagging_shards, positions_from_meta, shard_subset
+
+log = logging.getLogger("offgraph.update")
+
+APPLY, WAIT, SWITCH = "apply", "wait", "switch"
+
+
+class Updater:
+    def __init__(self, models_dir: str | Path, model: str, source: DeltaSource, config: UpdaterConfig | None = None,
+                 *, metrics: UpdaterMetrics | None = None, **options) -> None:
+        """``config`` (default ``UpdaterConfig()``), with ``options`` (its fields, e.g. ``batch_files=16``)
+        on top: ConfigError (a ValueError naming the setting) if any is bad."""
+        self.config = (config or UpdaterConfig()).replace(**options)
+        self.live = LiveModel(models_dir, model)
+        self.source = source
+        self._budget_t, self._budget_n = time.monotonic(), 0
+        self.metrics = metrics or UpdaterMetrics(model)
+        self.positions: dict[bytes, list[str]] = {}  # position key -> per-shard position ("" : none)
+        self.blocked: SourceItem | None = None
+        self._stop = threading.Event()
+        self._pending: list[tuple[SourceItem, DeltaBatch]] = []  # the batch being gathered (step)
+        self._pending_rows, self._gather_t0 = 0, 0.0
+        self._last_version_check = 0.0
+        self._first_seen: dict[tuple[bytes, str], float] = {}  # waiting item -> when this process first saw it
+        self.features = FeatureTables(self.live.model_dir)  # feature-row deltas (shared by the versions)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        v = self.live.newest()
+        if v is None:
+            raise ValueError(f"{self.live.model_dir}: no complete version to update (a version is complete "
+                             "once its manifest.json exists)")
+        self.live.open(v)
+        self._read_positions()
+        lowest = {k: min(p) or None for k, p in self.positions.items()}
+        if not any(any(p) for p in self.positions.values()):  # a new store: where its version begins
+            lowest = self.source.version_start(self.live.model_dir / str(v)) or lowest
+        log.info("recorded positions of %s v%d in %s: %s", self.live.name, v, self.source.describe(),
+                 _show({k: (lowest.get(k), max(p) or None) for k, p in self.positions.items()}))
+        self.source.seek(lowest)
+        self._last_version_check = time.monotonic()
+        self.metrics.restart_clock()
+
+    def run(self, once: bool = False, max_seconds: float | None = None) -> dict:
+        """Apply until :meth:`stop` (or, with ``once``, until nothing more can be applied now)."""
+        if self.live.store is None:
+            self.start()
+        t_end = None if max_seconds is None else time.monotonic() + max_seconds
+        try:
+            while not self._stop.is_set():
+                if t_end is not None and time.monotonic() > t_end:
+                    break
+                if self.step() == 0:
+                    self.source.wait(self.config.poll_interval_s)  # a new file ends it (inotify, a message)
+                    if once and self.step() == 0:  # nothing came in that wait either: drained
+                        break
+        except OSError as e:  # disk full, I/O error: stop; what was not acked is applied after a restart
+            log.error("stopping: %s. Files not yet applied stay in %s and are applied after a restart "
+                      "(shards that recorded a batch are not written twice)", e, self.source.describe())
+            self._close_after_error()
+            raise
+        except BaseException:
+            self._close_after_error()
+            raise
+        self._tick(force=True)
+        self.close()
+        return self.metrics.summary()
+
+    def _close_after_error(self) -> None:
+        """Close without hiding the error in flight behind one of closing (a store that hit
+        a full disk fails to close too)."""
+        try:
+            self._tick(force=True)
+            self.close()
+        except Exception as e:
+            log.warning("while closing after the error: %s", e)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.source.interrupt()
+
+    def close(self) -> None:
+        self.features.close()
+        self.live.close()
+        self.source.close()
+
+    # ------------------------------------------------------------------ one round
+    def step(self) -> int:
+        """Apply what the source holds now, in batches cut at ``max_batch_rows`` rows or
+        once ``max_batch_delay_s`` was spent gathering, whichever comes first (a lone file is
+        applied at once, a flood in big batches); returns the files handled."""
+        now = time.monotonic()
+        if now - self._last_version_check >= self.config.version_check_s:
+            self._last_version_check = now
+            self._maybe_switch()
+        self.blocked = None
+        self._pending, self._pending_rows, self._gather_t0 = [], 0, now
+        handled = 0
+        while True:
+            items = self.source.poll(self.config.batch_files)
+            self._tick()  # the backlog as polled, before it is applied (at most every 0.5 s; a long drain polls often)
+            handled += self._take(items)
+            if self.blocked is not None or len(items) < self.config.batch_files or self._stop.is_set():
+                break
+            self._flush_pending()  # before polling again: a source returns unacked items again
+        self._flush_pending()
+        self._tick()
+        return handled
+
+    def _tick(self, force: bool = False) -> None:
+        if self.metrics.tick(self.source, self.live.version, force=force):
+            write_status(self.live.model_dir, {**self.metrics.status(), "source": self.source.describe(),
+                                               "wakeup": self.source.wakeup})
+
+    def _flush_pending(self) -> None:
+        self._flush(self._pending)
+        self._pending, self._pending_rows, self._gather_t0 = [], 0, time.monotonic()
+
+    def _take(self, items: list[SourceItem]) -> int:
+        """Check ``items`` and add them to the batch being gathered (flushed whenever it is
+        full); returns the files handled (applied or refused)."""
+        handled = 0
+        for item in items:
+            try:
+                item.position.encode("utf-8")  # recorded in the store as UTF-8
+                batch = item.read()
+            except DeltaFormatError as e:
+                self._reject(item, f"malformed delta file: {e}")
+                handled += 1
+                continue
+            except UnicodeEncodeError:
+                self._reject(item, "the file name is not valid UTF-8 (positions are recorded as UTF-8)")
+                handled += 1
+                continue
+            except FileNotFoundError:
+                continue
+            except (PermissionError, IsADirectoryError) as e:
+                self._reject(item, f"cannot read the file: {e}")
+                handled += 1
+                continue
+            if isinstance(batch, FeatureDeltaBatch):
+                self._flush_pending()  # in order: the embedding rows gathered before it go first
+                self._apply_features(item, batch)
+                handled += 1
+                continue
+            verdict = self._route(item, batch)
+            if verdict == SWITCH:
+                self._flush_pending()
+                self._maybe_switch()
+                verdict = self._route(item, batch)
+            if verdict == WAIT:
+                self.blocked = item
+                break
+            if verdict != APPLY:
+                self._reject(item, verdict)
+                handled += 1
+                continue
+            handled += 1
+            shard_pos = self._shard_positions(item.key)
+            lag = lagging_shards(shard_pos, item.position)
+            if not item.late and len(lag) < len(shard_pos):
+                self._flush_pending()  # recovery: some shards already hold this file
+                self._apply_to_shards(item, batch, lag)
+                continue
+            self._pending.append((item, batch))
+            self._pending_rows += len(batch)
+            if (self._pending_rows >= self.config.max_batch_rows
+                    or time.monotonic() - self._gather_t0 >= self.config.max_batch_delay_s):
+                self._flush_pending()
+        return handled
+
+    def _route(self, item: SourceItem, b: DeltaBatch) -> str:
+        """APPLY, WAIT, SWITCH, or the reason to refuse ``item``."""
+        live = self.live.version
+        if b.model != self.live.name:
+            return f"addressed to model {b.model!r}; this updater serves {self.live.name!r}"
+        if b.model_version < live:
+            return (f"addressed to model version {b.model_version}, but version {live} is live: deltas for an "
+                    "old version are refused, not re-targeted (a retrained version has another embedding "
+                    "space and other rows; the producer must compute deltas against the live version)")
+        if b.model_version > live:
+            newest = self.live.newest()
+            if newest is not None and newest > live:
+                return SWITCH
+            # waited since this process first saw it (monotonic): a producer's clock or a file's mtime
+            # in the future would stall the stream for good
+            seen = self._first_seen.setdefault((item.key, item.position), time.monotonic())
+            age = time.monotonic() - seen
+            if age >= self.config.wait_timeout_s:
+                self._first_seen.pop((item.key, item.position), None)
+                return (f"addressed to model version {b.model_version}, which is not complete (no manifest) "
+                        f"after waiting {age:.0f}s > --wait-timeout {self.config.wait_timeout_s:g}s; live is {live}")
+            return WAIT
+        self._first_seen.pop((item.key, item.position), None)
+        return check_batch(b, self.live.limits) or APPLY
+
+    # ------------------------------------------------------------------ writes
+    def _flush(self, pending: list[tuple[SourceItem, DeltaBatch]]) -> None:
+        if not pending:
+            return
+        b = concat([x for _, x in pending])
+        pos: dict[bytes, str] = {}  # the batch's last position under each key it advances
+        for item, _ in pending:
+            pos[item.key] = max(pos.get(item.key) or max(self._shard_positions(item.key)), item.position)
+        try:
+            res = self.live.store.write(b.table_ids, b.rows, b.vectors, b.first_order, seqs=b.seqs,
+                                        meta={k: p.encode() for k, p in pos.items()}, meta_shards="all",
+                                        feed=True, sync=self.config.sync, durability=self.config.durability)
+        except ValueError as e:
+            # the store refused a value that no check of _route foresaw (store.write raises
+            # ValueError only before it writes anything): find the file alone, apply the rest
+            if len(pending) == 1:
+                self._reject(pending[0][0], f"the store refused it: {e}")
+                return
+            log.warning("the store refused a batch of %d files (%s); applying them one by one", len(pending), e)
+            for one in pending:
+                self._flush([one])
+            return
+        for k, p in pos.items():
+            self.positions[k] = [p] * self.live.store.config.shards
+        for item, _ in pending:
+            self.source.ack(item)
+        self._applied(len(pending), res, b)
+
+    def _apply_to_shards(self, item: SourceItem, b: DeltaBatch, shards: list[int]) -> None:
+        """Catch-up after a crash between shard batches: only ``shards`` lack ``item``."""
+        if shards:
+            log.info("%s: re-applying to shards %s only (the others recorded it before a restart)",
+                     item.name, shards)
+        applied = stale = 0
+        shard_pos = self._shard_positions(item.key)
+        for s, idx in shard_subset(b, len(shard_pos), shards).items():
+            res = self.live.store.write(b.table_ids[idx], b.rows[idx], b.vectors[idx], b.first_order[idx],
+                                        seqs=b.seqs[idx], meta={item.key: item.position.encode()},
+                                        meta_shards=s, feed=True, sync=self.config.sync,
+                                        durability=self.config.durability)
+            shard_pos[s] = item.position
+            applied, stale = applied + res.applied, stale + res.skipped_stale
+        self.metrics.applied(1, len(b), applied, stale, _newest(b))
+        self.source.ack(item)
+
+    def _apply_features(self, item: SourceItem, b: FeatureDeltaBatch) -> None:
+        """A feature-row delta: refused (dead letters) or written with its position in the same batch."""
+        reason = self.features.refusal(b, self.live.name, self.live.spec, self.live.version)
+        if reason is not None:
+            self._reject(item, reason)
+            return
+        try:
+            res = self.features.apply(b, self.live.spec, item.key, item.position, late=item.late,
+                                      sync=self.config.sync)
+        except FeatureTableError as e:  # e.g. a bulk load holds the table: stop; the file stays unapplied
+            raise OSError(str(e)) from None
+        if res is None:
+            log.info("%s: already in feature table %s (applied before a restart)", item.name, b.table)
+        else:
+            self.metrics.applied(1, len(b), res[0], res[1], int(b.event_time_ms.max()) if len(b) else None)
+        self.source.ack(item)
+
+    def _applied(self, files: int, res, b: DeltaBatch) -> None:
+        self.metrics.applied(files, len(b), res.applied, res.skipped_stale, _newest(b))
+        self._throttle(len(b))
+
+    def _throttle(self, n: int) -> None:
+        """With ``max_deltas_per_s``: sleep so that deltas / time stays under it (the
+        budget restarts after an idle second, so a burst is not paid for later)."""
+        if self.config.max_deltas_per_s <= 0:
+            return
+        now = time.monotonic()
+        if now - self._budget_t > 1.0 + self._budget_n / self.config.max_deltas_per_s:
+            self._budget_t, self._budget_n = now, 0
+        self._budget_n += n
+        ahead = self._budget_t + self._budget_n / self.config.max_deltas_per_s - now
+        if ahead > 0:
+            self._stop.wait(ahead)
+
+    def _reject(self, item: SourceItem, reason: str) -> None:
+        where = self.source.reject(item, reason)
+        self.metrics.dead()
+        log.warning("dead-lettered %s -> %s: %s", item.name, where, reason)
+
+    # ------------------------------------------------------------------ versions
+    def _read_positions(self) -> None:
+        self.positions = {k: positions_from_meta(self.live.store.get_meta_per_shard(k))
+                          for k in self.source.position_keys()}
+
+    def _shard_positions(self, key: bytes) -> list[str]:
+        """Per-shard positions under ``key`` (a key first seen now, e.g. a new partition: none)."""
+        if key not in self.positions:
+            self.positions[key] = [""] * self.live.store.config.shards
+        return self.positions[key]
+
+    def _maybe_switch(self) -> None:
+        newest = self.live.newest()
+        if newest is None or newest <= self.live.version:
+            return
+        old = self.live.version
+        done = {k: max(max(p), self.source.positions().get(k, "")) for k, p in self.positions.items()}
+        done.update({k: p for k, p in self.source.positions().items() if k not in done})
+        self.live.open(newest)
+        self._read_positions()
+        if not any(any(p) for p in self.positions.values()):
+            # everything at or before `done` was applied to the old version or refused
+            for k, p in done.items():
+                if p:
+                    self.live.store.put_meta(k, p.encode())
+                    self.positions[k] = [p] * self.live.store.config.shards
+        log.info("switched %s from version %d to %d; deltas for version %d are refused from now on",
+                 self.live.name, old, newest, old)
+
+
+def _show(positions: dict[bytes, tuple]) -> str:
+    return ", ".join(f"{k.decode(errors='replace')}: lowest {lo}, highest {hi}" for k, (lo, hi) in
+                     sorted(positions.items())) or "none"
+
+
+def _newest(b: DeltaBatch) -> int | None:
+    return int(np.max(b.event_time_ms)) if len(b) else None
