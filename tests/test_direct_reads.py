@@ -84,7 +84,7 @@ def test_buffered_is_a_setting_and_reads_the_same_values(tmp_path):
 
 def test_a_filesystem_that_refuses_o_direct_is_read_buffered_with_one_warning(ramfs, caplog):
     path = ramfs / "s"
-    with caplog.at_level(logging.WARNING, logger="offgraph.embstore"):
+    with caplog.at_level(logging.WARNING, logger="offgraph.store"):
         v, w = write_store(path)  # the writer's flushes too: RocksDB would refuse to open with direct I/O
         caplog.clear()
         with open_store(path, mode="r") as st:

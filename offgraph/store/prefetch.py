@@ -32,7 +32,7 @@ import psutil
 from offgraph.store.rocksdb_options import reads_direct
 from offgraph.store.store_file import read_store_file
 
-log = logging.getLogger("offgraph.embstore")
+log = logging.getLogger("offgraph.store")
 
 PrefetchMode = Literal["auto", "on", "off"]
 PREFETCH_MODES = get_args(PrefetchMode)

@@ -38,7 +38,7 @@ from offgraph.store.config import StoreConfig
 from offgraph.store.keys import META_PREFIX
 from offgraph.store.rocksdb_options import direct_io_refused, make_cache, make_options
 
-log = logging.getLogger("offgraph.embstore")
+log = logging.getLogger("offgraph.store")
 
 
 def shard_dir(path: str, shard: int) -> str:

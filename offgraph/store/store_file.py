@@ -10,7 +10,7 @@ from offgraph.store.config import StoreConfig
 from offgraph.store.quant import get_codec
 
 STORE_FILE = "store.json"
-FORMAT = "offgraph-embstore"
+FORMAT = "offgraph.store"
 FORMAT_VERSION = 1
 
 
