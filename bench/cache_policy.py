@@ -19,6 +19,7 @@ insert in the default cache. Writes ``OUT/cache_policy.json``, ``OUT/cache_polic
 
     python -m bench.cache_policy --sizes 1e7,1e9 --out bench/results/cache-policy
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from offgraph.store import RowCache, get_codec
-from offgraph.export.cache_sim import Trace, bench_trace, lru_hit_ratio, perfect_lfu_hit_ratio, replay, s3fifo_hit_ratio
-from offgraph.store._row_cache import SKETCH_BYTES_PER_ROW
 from offgraph.cli.synth import count
+from offgraph.export.cache_sim import Trace, bench_trace, lru_hit_ratio, perfect_lfu_hit_ratio, replay, s3fifo_hit_ratio
 from offgraph.scoring.memory_budget import DEFAULT_MEMORY_MB, index_mb, split_memory
+from offgraph.store import RowCache, get_codec
+from offgraph.store._row_cache import SKETCH_BYTES_PER_ROW
 
 REPO = Path(__file__).resolve().parent.parent
 CODEC = get_codec("int8", 16)  # what `offgraph synth` writes
@@ -52,8 +53,10 @@ def load_trace(rows: int, popularity: str, n_requests: int, cache_dir: Path | No
         return Trace(z["keys"], z["bounds"])
     t0 = time.perf_counter()
     tr = bench_trace(rows, popularity, n_requests)
-    _log(f"trace {rows:.0e} {popularity}: {tr.requests} requests, {len(tr.keys):,} lookups, "
-         f"{len(np.unique(tr.keys)):,} distinct keys ({time.perf_counter() - t0:.0f} s)")
+    _log(
+        f"trace {rows:.0e} {popularity}: {tr.requests} requests, {len(tr.keys):,} lookups, "
+        f"{len(np.unique(tr.keys)):,} distinct keys ({time.perf_counter() - t0:.0f} s)"
+    )
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(path, keys=tr.keys, bounds=tr.bounds)
@@ -96,24 +99,29 @@ def _fmt(x) -> str:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| rows | popularity | MiB | cache rows | TinyLFU (default) | LRU set-assoc | perfect LFU | gap | "
-             "exact LRU | S3-FIFO | perfect LFU, bare rows | CPU us/request (TinyLFU / LRU) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| rows | popularity | MiB | cache rows | TinyLFU (default) | LRU set-assoc | perfect LFU | gap | "
+        "exact LRU | S3-FIFO | perfect LFU, bare rows | CPU us/request (TinyLFU / LRU) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         for c in r["cells"]:
             mark = " (default)" if c.get("default") else ""
-            lines.append(f"| {r['rows']:.0e} | {r['popularity']} | {c['capacity_mb']:.1f}{mark} | {c['capacity_rows']:,} | "
-                         f"{_fmt(c['tinylfu'])} | {_fmt(c['lru_set_assoc'])} | {_fmt(c['perfect_lfu'])} | "
-                         f"{100 * c['gap_to_perfect_lfu']:.2f} pt | {_fmt(c.get('lru_exact'))} | {_fmt(c.get('s3fifo'))} | "
-                         f"{_fmt(c['perfect_lfu_bare_rows'])} | {c['tinylfu_us_per_request']:.0f} / "
-                         f"{c['lru_us_per_request']:.0f} |")
+            lines.append(
+                f"| {r['rows']:.0e} | {r['popularity']} | {c['capacity_mb']:.1f}{mark} | {c['capacity_rows']:,} | "
+                f"{_fmt(c['tinylfu'])} | {_fmt(c['lru_set_assoc'])} | {_fmt(c['perfect_lfu'])} | "
+                f"{100 * c['gap_to_perfect_lfu']:.2f} pt | {_fmt(c.get('lru_exact'))} | {_fmt(c.get('s3fifo'))} | "
+                f"{_fmt(c['perfect_lfu_bare_rows'])} | {c['tinylfu_us_per_request']:.0f} / "
+                f"{c['lru_us_per_request']:.0f} |"
+            )
     return "\n".join(lines)
 
 
 def sketch_table(results: list[dict], sketch_bytes: list[float]) -> str:
     others = [s for s in sketch_bytes if s != SKETCH_BYTES_PER_ROW]
-    head = ["rows", "popularity", "MiB", f"sketch {SKETCH_BYTES_PER_ROW:g} B/row (default)"] + \
-        [f"sketch {s:g} B/row" for s in others]
+    head = ["rows", "popularity", "MiB", f"sketch {SKETCH_BYTES_PER_ROW:g} B/row (default)"] + [
+        f"sketch {s:g} B/row" for s in others
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         for c in r["cells"]:
@@ -132,9 +140,13 @@ def plot(results: list[dict], out: Path) -> None:
     for ax, r in zip(axes[0], results):
         cells = sorted(r["cells"], key=lambda c: c["capacity_mb"])
         x = [c["capacity_mb"] for c in cells]
-        for key, label, style in (("perfect_lfu", "perfect LFU", "k--"), ("tinylfu", "TinyLFU (default)", "o-"),
-                                  ("lru_set_assoc", "LRU set-assoc", "s-"), ("s3fifo", "S3-FIFO", "^:"),
-                                  ("lru_exact", "exact LRU", "v:")):
+        for key, label, style in (
+            ("perfect_lfu", "perfect LFU", "k--"),
+            ("tinylfu", "TinyLFU (default)", "o-"),
+            ("lru_set_assoc", "LRU set-assoc", "s-"),
+            ("s3fifo", "S3-FIFO", "^:"),
+            ("lru_exact", "exact LRU", "v:"),
+        ):
             pts = [(c["capacity_mb"], c[key]) for c in cells if c.get(key) is not None]
             if pts:
                 ax.plot(*zip(*pts), style, label=label, markersize=4)
@@ -156,13 +168,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="1e7,1e9", help="total rows of the synthetic versions, comma separated")
     p.add_argument("--popularities", default="zipf,uniform")
     p.add_argument("--capacities-mb", default="1,4", help="besides the default row-cache share of each size")
-    p.add_argument("--memory-mb", type=float, default=DEFAULT_MEMORY_MB,
-                   help="the server's --memory-mb whose row-cache share is the default capacity")
-    p.add_argument("--requests", type=int, default=4502,
-                   help="requests of the trace (bench.scale's default warm-up + c1 + c8 bodies)")
+    p.add_argument(
+        "--memory-mb",
+        type=float,
+        default=DEFAULT_MEMORY_MB,
+        help="the server's --memory-mb whose row-cache share is the default capacity",
+    )
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=4502,
+        help="requests of the trace (bench.scale's default warm-up + c1 + c8 bodies)",
+    )
     p.add_argument("--sketch-bytes", default=f"4,{SKETCH_BYTES_PER_ROW:g},16")
-    p.add_argument("--reference-max-mb", type=float, default=1.0,
-                   help="exact LRU, S3-FIFO (slow Python loops) and the other sketch sizes for capacities up to this")
+    p.add_argument(
+        "--reference-max-mb",
+        type=float,
+        default=1.0,
+        help="exact LRU, S3-FIFO (slow Python loops) and the other sketch sizes for capacities up to this",
+    )
     p.add_argument("--trace-cache", default="", help="a folder to keep the traces in (they take a minute each)")
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "cache-policy"))
     args = p.parse_args(argv)
@@ -180,17 +204,34 @@ def main(argv: list[str] | None = None) -> int:
                 c = cell(trace, mb, args)
                 c["default"] = mb == default_mb
                 cells.append(c)
-                _log(f"{rows:.0e} {popularity} {mb:6.1f} MiB ({c['capacity_rows']:,} rows): TinyLFU {c['tinylfu']:.4f}"
-                     f"  LRU {c['lru_set_assoc']:.4f}  perfect LFU {c['perfect_lfu']:.4f}  gap "
-                     f"{100 * c['gap_to_perfect_lfu']:.2f} pt")
-            results.append({"rows": rows, "popularity": popularity, "requests": trace.requests,
-                            "lookups": int(len(trace.keys)), "distinct_keys": int(len(np.unique(trace.keys))),
-                            "default_mb": default_mb, "cells": cells})
-    worst = max((c["gap_to_perfect_lfu"] for r in results if r["popularity"] == "zipf" for c in r["cells"]
-                 if c["default"]), default=None)
-    report = {"command": "python -m bench.cache_policy " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "machine": platform.platform(), "codec": CODEC.describe(), "acceptance_gap": ACCEPTANCE_GAP,
-              "worst_zipf_gap_at_default": worst, "results": results}
+                _log(
+                    f"{rows:.0e} {popularity} {mb:6.1f} MiB ({c['capacity_rows']:,} rows): TinyLFU {c['tinylfu']:.4f}"
+                    f"  LRU {c['lru_set_assoc']:.4f}  perfect LFU {c['perfect_lfu']:.4f}  gap "
+                    f"{100 * c['gap_to_perfect_lfu']:.2f} pt"
+                )
+            results.append(
+                {
+                    "rows": rows,
+                    "popularity": popularity,
+                    "requests": trace.requests,
+                    "lookups": int(len(trace.keys)),
+                    "distinct_keys": int(len(np.unique(trace.keys))),
+                    "default_mb": default_mb,
+                    "cells": cells,
+                }
+            )
+    worst = max(
+        (c["gap_to_perfect_lfu"] for r in results if r["popularity"] == "zipf" for c in r["cells"] if c["default"]),
+        default=None,
+    )
+    report = {
+        "command": "python -m bench.cache_policy " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": platform.platform(),
+        "codec": CODEC.describe(),
+        "acceptance_gap": ACCEPTANCE_GAP,
+        "worst_zipf_gap_at_default": worst,
+        "results": results,
+    }
     (out / "cache_policy.json").write_text(json.dumps(report, indent=1))
     worst_s = "n/a" if worst is None else f"{100 * worst:.2f} points"
     plot(results, out)
@@ -202,10 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         f"path's keys (`offgraph.export.cache_sim.bench_trace`); the real `RowCache` ({CODEC.name} D={CODEC.dim} "
         f"records) replayed as the server drives it. Perfect LFU: the static top-C keys of the whole trace, "
         f"each cached from its first request on, at the default cache's capacity in rows (its sketch's bytes "
-        f"spent on rows instead: \"bare rows\"). The default capacity is the row cache's share of "
+        f'spent on rows instead: "bare rows"). The default capacity is the row cache\'s share of '
         f"`--memory-mb {args.memory_mb:g}` (`offgraph.scoring.memory_budget`). Worst Zipf gap at the default capacity: "
         f"{worst_s} (acceptance: 3 points).\n\n{tab}\n\nSketch size (bytes per cached row, hit ratio "
-        f"at the same MiB):\n\n{sketch_table(results, args.sketch_bytes)}\n\n![hit ratios](cache_policy.png)\n")
+        f"at the same MiB):\n\n{sketch_table(results, args.sketch_bytes)}\n\n![hit ratios](cache_policy.png)\n"
+    )
     _log(f"wrote {out}/cache_policy.json, .png, README.md; worst Zipf gap at the default capacity: {worst_s}")
     return 0
 

@@ -6,6 +6,7 @@ follows depends on. The reads are ``offgraph.store.device_probe``'s (``offgraph 
 figures of a server reading a table bigger than memory move with this (on the development VM its
 tail moved by 3x between two probes an hour apart).
 """
+
 from __future__ import annotations
 
 import time
@@ -32,12 +33,22 @@ def cold_reads(files: list[Path], seconds: float = 10.0, seed: int = 0) -> dict 
 def describe(probe: dict | None) -> str:
     if not probe:
         return "disk probe: n/a"
-    return (f"cold 16-KiB reads p50 {probe['p50_ms']:.2f} p99 {probe['p99_ms']:.1f} p99.9 {probe['p999_ms']:.0f} "
-            f"max {probe['max_ms']:.0f} ms ({probe['over_100ms']} of {probe['reads']} over 100 ms)")
+    return (
+        f"cold 16-KiB reads p50 {probe['p50_ms']:.2f} p99 {probe['p99_ms']:.1f} p99.9 {probe['p999_ms']:.0f} "
+        f"max {probe['max_ms']:.0f} ms ({probe['over_100ms']} of {probe['reads']} over 100 ms)"
+    )
 
 
-def settle(files: list[Path], limit_ms: float, max_s: float, probe_s: float = 5.0, pause_s: float = 25.0,
-           probe=cold_reads, sleep=time.sleep, clock=time.monotonic) -> dict:
+def settle(
+    files: list[Path],
+    limit_ms: float,
+    max_s: float,
+    probe_s: float = 5.0,
+    pause_s: float = 25.0,
+    probe=cold_reads,
+    sleep=time.sleep,
+    clock=time.monotonic,
+) -> dict:
     """Probe ``files`` (``probe_s`` each, ``pause_s`` apart) until the cold reads' p99.9 is at most
     ``limit_ms`` or ``max_s`` have passed. Right after a 10^9-row synth (27 GB written) this VM's
     disk read slowly (probes before the first 10^9 run: p99.9 60-112 ms, single reads near 1 s;

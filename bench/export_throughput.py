@@ -160,7 +160,17 @@ def main(argv=None) -> int:
     try:
         for fmt in formats:
             cmd = [sys.executable, "-m", "bench.export_throughput", "--worker", fmt, "--workdir", workdir]
-            for k in ("rows", "dim", "shards", "chunk", "read_keys", "read_batches", "warm_cache_mb", "seed", "workers"):
+            for k in (
+                "rows",
+                "dim",
+                "shards",
+                "chunk",
+                "read_keys",
+                "read_batches",
+                "warm_cache_mb",
+                "seed",
+                "workers",
+            ):
                 if getattr(args, k) is not None:
                     cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -14,6 +14,7 @@ runs without the bad row (each against their median). Writes ``DIR/feature_bad_r
 
     python -m bench.feature_bad_row --out bench/results/feature-bad-row
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,15 +36,15 @@ RATIO_LIMIT = 1.10
 MODEL = "ml"
 
 
-def build_model(root: Path, rows: int) -> tuple[Path, "object"]:
+def build_model(root: Path, rows: int) -> tuple[Path, object]:
     """MODELS with ml/1 (the tiny test model's recipe) and its tables loaded from every row; (MODELS, table)."""
     import pyarrow.parquet as pq
     import yaml
 
     from offgraph.data.datasets import build
-    from offgraph.model.train import TrainConfig, train_run
     from offgraph.export.export import export_run
     from offgraph.features import parse_spec
+    from offgraph.model.train import TrainConfig, train_run
 
     table = pq.read_table(build("movielens-100k", root / "data")).slice(0, rows)
     raw = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "movielens.yaml").read_text())
@@ -53,8 +54,15 @@ def build_model(root: Path, rows: int) -> tuple[Path, "object"]:
     spec = parse_spec(raw, source="bench movielens")
     train_run(spec, table, TrainConfig(epochs=1, batch_size=512, split="per-key-time"), root / "run", progress=False)
     models = root / "models"
-    export_run(root / "run", models / MODEL / "1", shards=2, quant="fp32", progress=False, feature_data=table,
-               feature_rows="all")
+    export_run(
+        root / "run",
+        models / MODEL / "1",
+        shards=2,
+        quant="fp32",
+        progress=False,
+        feature_data=table,
+        feature_rows="all",
+    )
     return models, table
 
 
@@ -64,7 +72,7 @@ def bodies(table, n: int, count: int, bad_movie, share: float, seed: int) -> tup
     users = sorted(set(table.column("user_id").to_pylist()))
     movies = [m for m in sorted(set(table.column("movie_id").to_pylist())) if m != bad_movie]
     out, names_bad = [], []
-    for k in range(count):
+    for _k in range(count):
         cands = [int(m) for m in rng.choice(movies, n, replace=False)]
         bad = rng.random() < share
         if bad:
@@ -75,8 +83,9 @@ def bodies(table, n: int, count: int, bad_movie, share: float, seed: int) -> tup
     return out, names_bad
 
 
-async def run_phase(port: int, path: str, bodies_: list[bytes], names_bad: list[bool], concurrency: int,
-                    requests: int, pid: int) -> dict:
+async def run_phase(
+    port: int, path: str, bodies_: list[bytes], names_bad: list[bool], concurrency: int, requests: int, pid: int
+) -> dict:
     """``requests`` requests over ``concurrency`` keep-alive connections; latency per class (other / bad)."""
     conns = [await Conn.open("127.0.0.1", port) for _ in range(concurrency)]
     lat = {"other": [], "bad": []}
@@ -107,12 +116,24 @@ async def run_phase(port: int, path: str, bodies_: list[bytes], names_bad: list[
     finally:
         for c in conns:
             c.close()
-    out = {"requests": issued, "seconds": wall, "statuses": status_counts, "server_cpu_ms_per_request":
-           cpu / max(issued, 1) * 1e3, "bad_candidates_unknown": unknown, "loadavg_1m": os.getloadavg()[0]}
+    out = {
+        "requests": issued,
+        "seconds": wall,
+        "statuses": status_counts,
+        "server_cpu_ms_per_request": cpu / max(issued, 1) * 1e3,
+        "bad_candidates_unknown": unknown,
+        "loadavg_1m": os.getloadavg()[0],
+    }
     for cls, xs in lat.items():
         a = np.asarray(xs) * 1e3
-        out[cls] = {"requests": len(a), **({"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
-                                            "max_ms": float(a.max())} if len(a) else {})}
+        out[cls] = {
+            "requests": len(a),
+            **(
+                {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)), "max_ms": float(a.max())}
+                if len(a)
+                else {}
+            ),
+        }
     return out
 
 
@@ -136,6 +157,7 @@ async def wait_state(port: int, path: str, probe: bytes, bad: bool, timeout: flo
 
 def plot(report: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -153,8 +175,10 @@ def plot(report: dict, path: Path) -> None:
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
     s = report["summary"]
-    fig.suptitle(f"stored bad feature row: other items' p99 with / without = x{s['p99_ratio']:.3f} "
-                 f"(limit x{RATIO_LIMIT}); noise +-{s['noise_p99_pct']:.1f}%")
+    fig.suptitle(
+        f"stored bad feature row: other items' p99 with / without = x{s['p99_ratio']:.3f} "
+        f"(limit x{RATIO_LIMIT}); noise +-{s['noise_p99_pct']:.1f}%"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -193,8 +217,23 @@ def main(argv: list[str] | None = None) -> int:
         items, names_bad = bodies(table, args.n, 200, bad_movie, args.share, args.seed)
         probe = json.dumps({"request": {"user_id": 1}, "candidates": [{"movie_id": bad_movie}]}).encode()
         port = free_port()
-        server = Proc("offgraph", [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port",
-                                   str(port), "--workers", "1"], port, out / "server.log")
+        server = Proc(
+            "offgraph",
+            [
+                sys.executable,
+                "-m",
+                "offgraph.cli",
+                "serve",
+                "--models",
+                str(models),
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            port,
+            out / "server.log",
+        )
         path = f"/v1/models/{MODEL}:score"
         runs: dict[str, list[dict]] = {"without": [], "with": []}
         db = FeatureDB(table_dir(models / MODEL, "item"), "w")  # the table's one writer (no updater runs here)
@@ -209,13 +248,17 @@ def main(argv: list[str] | None = None) -> int:
                     seq += 1
                     db.write([k], [bad if state == "with" else good], [seq])
                     asyncio.run(wait_state(port, path, probe, state == "with"))
-                    r = asyncio.run(run_phase(port, path, items, names_bad, args.concurrency, args.requests,
-                                              server.p.pid))
+                    r = asyncio.run(
+                        run_phase(port, path, items, names_bad, args.concurrency, args.requests, server.p.pid)
+                    )
                     runs[state].append(r)
-                    print(f"alternation {a} {state:>7} bad row: other items p50 {r['other']['p50_ms']:6.2f} ms "
-                          f"p99 {r['other']['p99_ms']:6.2f} ms | naming X p50 {r['bad'].get('p50_ms', 0):6.2f} ms "
-                          f"p99 {r['bad'].get('p99_ms', 0):6.2f} ms | statuses {r['statuses']} | load "
-                          f"{r['loadavg_1m']:.2f}", flush=True)
+                    print(
+                        f"alternation {a} {state:>7} bad row: other items p50 {r['other']['p50_ms']:6.2f} ms "
+                        f"p99 {r['other']['p99_ms']:6.2f} ms | naming X p50 {r['bad'].get('p50_ms', 0):6.2f} ms "
+                        f"p99 {r['bad'].get('p99_ms', 0):6.2f} ms | statuses {r['statuses']} | load "
+                        f"{r['loadavg_1m']:.2f}",
+                        flush=True,
+                    )
         finally:
             db.write([k], [good], [seq + 1])
             db.close()
@@ -227,39 +270,56 @@ def main(argv: list[str] | None = None) -> int:
 
     without = [r["other"]["p99_ms"] for r in runs["without"]]
     noise = float(np.max(np.abs(np.asarray(without) / np.median(without) - 1)) * 100)
-    summary = {"other_p99_ms": {s: med(s, "other", "p99_ms") for s in runs},
-               "other_p50_ms": {s: med(s, "other", "p50_ms") for s in runs},
-               "bad_item_p50_ms": {s: med(s, "bad", "p50_ms") for s in runs},
-               "bad_item_p99_ms": {s: med(s, "bad", "p99_ms") for s in runs},
-               "server_cpu_ms_per_request": {s: float(np.median([r["server_cpu_ms_per_request"] for r in runs[s]]))
-                                             for s in runs},
-               "noise_p99_pct": noise,
-               "non_200": sum(n for rs in runs.values() for r in rs for st, n in r["statuses"].items() if st != 200),
-               "bad_candidates_scored_unknown": sum(r["bad_candidates_unknown"] for r in runs["with"]),
-               "requests_naming_x_with_bad_row": sum(r["bad"]["requests"] for r in runs["with"]),
-               "server_log_lines_about_the_row": len(log_lines)}
+    summary = {
+        "other_p99_ms": {s: med(s, "other", "p99_ms") for s in runs},
+        "other_p50_ms": {s: med(s, "other", "p50_ms") for s in runs},
+        "bad_item_p50_ms": {s: med(s, "bad", "p50_ms") for s in runs},
+        "bad_item_p99_ms": {s: med(s, "bad", "p99_ms") for s in runs},
+        "server_cpu_ms_per_request": {
+            s: float(np.median([r["server_cpu_ms_per_request"] for r in runs[s]])) for s in runs
+        },
+        "noise_p99_pct": noise,
+        "non_200": sum(n for rs in runs.values() for r in rs for st, n in r["statuses"].items() if st != 200),
+        "bad_candidates_scored_unknown": sum(r["bad_candidates_unknown"] for r in runs["with"]),
+        "requests_naming_x_with_bad_row": sum(r["bad"]["requests"] for r in runs["with"]),
+        "server_log_lines_about_the_row": len(log_lines),
+    }
     summary["p99_ratio"] = summary["other_p99_ms"]["with"] / summary["other_p99_ms"]["without"]
     # each alternation's two runs side by side: a drift of the machine's load over the run cancels out
-    summary["paired_p99_ratios"] = [w["other"]["p99_ms"] / o["other"]["p99_ms"]
-                                    for w, o in zip(runs["with"], runs["without"])]
+    summary["paired_p99_ratios"] = [
+        w["other"]["p99_ms"] / o["other"]["p99_ms"] for w, o in zip(runs["with"], runs["without"])
+    ]
     summary["paired_p99_ratio_median"] = float(np.median(summary["paired_p99_ratios"]))
     summary["p50_ratio"] = summary["other_p50_ms"]["with"] / summary["other_p50_ms"]["without"]
-    ok = summary["p99_ratio"] <= RATIO_LIMIT and summary["non_200"] == 0 and (
-        summary["bad_candidates_scored_unknown"] == summary["requests_naming_x_with_bad_row"])
+    ok = (
+        summary["p99_ratio"] <= RATIO_LIMIT
+        and summary["non_200"] == 0
+        and (summary["bad_candidates_scored_unknown"] == summary["requests_naming_x_with_bad_row"])
+    )
     s = summary
-    print(f"other items, median of {args.alternations} runs: p99 {s['other_p99_ms']['without']:.2f} ms without the "
-          f"bad row, {s['other_p99_ms']['with']:.2f} ms with it: x{s['p99_ratio']:.3f} (p50 x{s['p50_ratio']:.3f}); "
-          f"noise: runs without the bad row within +-{noise:.1f}% of their median p99; paired ratios "
-          f"{', '.join(f'x{r:.2f}' for r in s['paired_p99_ratios'])} (median x{s['paired_p99_ratio_median']:.3f})")
-    print(f"requests naming X: p50 {s['bad_item_p50_ms']['without']:.2f} ms with its good row, "
-          f"{s['bad_item_p50_ms']['with']:.2f} ms with the bad row (X scored unknown in "
-          f"{s['bad_candidates_scored_unknown']} of {s['requests_naming_x_with_bad_row']}); non-200 responses "
-          f"{s['non_200']}; server log lines about the row {s['server_log_lines_about_the_row']}")
-    print(f"acceptance: other items' p99 with / without <= x{RATIO_LIMIT}, all 200, X unknown: "
-          f"{'PASS' if ok else 'FAIL'}")
-    report = {"summary": summary, "runs": runs, "acceptance": {"p99_ratio_limit": RATIO_LIMIT, "pass": ok},
-              "bad_movie": bad_movie, "args": vars(args),
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg": os.getloadavg()}}
+    print(
+        f"other items, median of {args.alternations} runs: p99 {s['other_p99_ms']['without']:.2f} ms without the "
+        f"bad row, {s['other_p99_ms']['with']:.2f} ms with it: x{s['p99_ratio']:.3f} (p50 x{s['p50_ratio']:.3f}); "
+        f"noise: runs without the bad row within +-{noise:.1f}% of their median p99; paired ratios "
+        f"{', '.join(f'x{r:.2f}' for r in s['paired_p99_ratios'])} (median x{s['paired_p99_ratio_median']:.3f})"
+    )
+    print(
+        f"requests naming X: p50 {s['bad_item_p50_ms']['without']:.2f} ms with its good row, "
+        f"{s['bad_item_p50_ms']['with']:.2f} ms with the bad row (X scored unknown in "
+        f"{s['bad_candidates_scored_unknown']} of {s['requests_naming_x_with_bad_row']}); non-200 responses "
+        f"{s['non_200']}; server log lines about the row {s['server_log_lines_about_the_row']}"
+    )
+    print(
+        f"acceptance: other items' p99 with / without <= x{RATIO_LIMIT}, all 200, X unknown: {'PASS' if ok else 'FAIL'}"
+    )
+    report = {
+        "summary": summary,
+        "runs": runs,
+        "acceptance": {"p99_ratio_limit": RATIO_LIMIT, "pass": ok},
+        "bad_movie": bad_movie,
+        "args": vars(args),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg": os.getloadavg()},
+    }
     (out / "feature_bad_row.json").write_text(json.dumps(report, indent=2))
     plot(report, out / "feature_bad_row.png")
     (out / "server.log").unlink(missing_ok=True)

@@ -19,6 +19,7 @@ keys (a request's rows) back to back. Both files live in ``/dev/shm``. Reported:
 This is a micro-benchmark: it does not replace the comparison on ``bench/update_freshness.py``
 (freshness and scoring p99 through the whole server), which is not done.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,22 +70,23 @@ class Lmdb:
     def __init__(self, path: str, rb: int, writer: bool):
         import lmdb
 
-        self.env = lmdb.open(os.path.join(path, "lmdb"), map_size=1 << 34, sync=False, metasync=False,
-                             readahead=False, max_readers=16)
+        self.env = lmdb.open(
+            os.path.join(path, "lmdb"), map_size=1 << 34, sync=False, metasync=False, readahead=False, max_readers=16
+        )
         self.rb = rb
 
     def put(self, k: np.ndarray, recs: np.ndarray) -> None:
         kb = k.astype(">u8").tobytes()
         rb = recs.tobytes()
         # py-lmdb takes Python (key, value) pairs: this per-row loop is part of LMDB's cost from Python
-        items = [(kb[8 * i:8 * i + 8], rb[self.rb * i:self.rb * (i + 1)]) for i in range(len(k))]
+        items = [(kb[8 * i : 8 * i + 8], rb[self.rb * i : self.rb * (i + 1)]) for i in range(len(k))]
         with self.env.begin(write=True) as txn:
             txn.cursor().putmulti(items)
 
     def get(self, k: np.ndarray) -> int:
         kb = k.astype(">u8").tobytes()
         with self.env.begin() as txn:
-            got = txn.cursor().getmulti([kb[8 * i:8 * i + 8] for i in range(len(k))])
+            got = txn.cursor().getmulti([kb[8 * i : 8 * i + 8] for i in range(len(k))])
         recs = np.frombuffer(b"".join(v for _, v in got), np.uint8).reshape(-1, self.rb)
         return len(recs)
 
@@ -100,7 +102,7 @@ def _writer(kind, path, args, ready, go, stop, out) -> None:
     rng = np.random.default_rng(1)
     allk = np.arange(args.keys, dtype=np.uint64)
     for i in range(0, args.keys, args.batch):  # prefill: every lookup finds its rows
-        t.put(allk[i:i + args.batch], _records(len(allk[i:i + args.batch]), args.record_bytes, 1))
+        t.put(allk[i : i + args.batch], _records(len(allk[i : i + args.batch]), args.record_bytes, 1))
     ready.set()
     go.wait()
     rows, v, t0 = 0, 2, time.perf_counter()
@@ -156,15 +158,19 @@ def run(kind: str, args) -> dict:
         feed_dir = None
         if kind == "feed":
             from offgraph.store.feed import feed_dir as fd
+
             feed_dir = fd(path)
         shutil.rmtree(path, ignore_errors=True)
         if feed_dir is not None:
             shutil.rmtree(feed_dir, ignore_errors=True)
     lat_ms = 1e3 * np.asarray(got["reader"])
-    return {"writer_rows_per_s": round(got["writer"]), "lookups": len(lat_ms),
-            "lookup_p50_ms": round(float(np.percentile(lat_ms, 50)), 4),
-            "lookup_p99_ms": round(float(np.percentile(lat_ms, 99)), 4),
-            "lookup_max_ms": round(float(lat_ms.max()), 4)}
+    return {
+        "writer_rows_per_s": round(got["writer"]),
+        "lookups": len(lat_ms),
+        "lookup_p50_ms": round(float(np.percentile(lat_ms, 50)), 4),
+        "lookup_p99_ms": round(float(np.percentile(lat_ms, 99)), 4),
+        "lookup_max_ms": round(float(lat_ms.max()), 4),
+    }
 
 
 def main(argv=None) -> int:
@@ -178,21 +184,31 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="feed,lmdb")
     ap.add_argument("--out", help="write the figures here as JSON too")
     args = ap.parse_args(argv)
-    for name, v, lo in (("--keys", args.keys, 1), ("--batch", args.batch, 1), ("--lookup", args.lookup, 1),
-                        ("--record-bytes", args.record_bytes, 1), ("--seconds", args.seconds, 0.1)):
+    for name, v, lo in (
+        ("--keys", args.keys, 1),
+        ("--batch", args.batch, 1),
+        ("--lookup", args.lookup, 1),
+        ("--record-bytes", args.record_bytes, 1),
+        ("--seconds", args.seconds, 0.1),
+    ):
         if not v >= lo:
             raise SystemExit(f"feed_vs_lmdb: {name} must be >= {lo}, got {v}")
     kinds = [k for k in args.backends.split(",") if k]
     bad = [k for k in kinds if k not in BACKENDS]
     if bad:
         raise SystemExit(f"feed_vs_lmdb: unknown backend(s) {bad}; choose from {sorted(BACKENDS)}")
-    res = {"params": {k: getattr(args, k) for k in ("keys", "batch", "lookup", "record_bytes", "seconds")},
-           "cpus": os.cpu_count()}
+    res = {
+        "params": {k: getattr(args, k) for k in ("keys", "batch", "lookup", "record_bytes", "seconds")},
+        "cpus": os.cpu_count(),
+    }
     for kind in kinds:
         res[kind] = run(kind, args)
-        print(f"{kind:5s}  writer {res[kind]['writer_rows_per_s']:>10,} rows/s   lookup of {args.lookup}: "
-              f"p50 {res[kind]['lookup_p50_ms']:.3f} ms  p99 {res[kind]['lookup_p99_ms']:.3f} ms  "
-              f"max {res[kind]['lookup_max_ms']:.3f} ms  ({res[kind]['lookups']} lookups)", flush=True)
+        print(
+            f"{kind:5s}  writer {res[kind]['writer_rows_per_s']:>10,} rows/s   lookup of {args.lookup}: "
+            f"p50 {res[kind]['lookup_p50_ms']:.3f} ms  p99 {res[kind]['lookup_p99_ms']:.3f} ms  "
+            f"max {res[kind]['lookup_max_ms']:.3f} ms  ({res[kind]['lookups']} lookups)",
+            flush=True,
+        )
     print(json.dumps(res))
     if args.out:
         with open(args.out, "w") as f:

@@ -13,6 +13,7 @@ ids-only p50 <= 1.1x full at concurrency 1) and the bytes per request saved; wri
 
     python -m bench.ids_only_latency --models MODELS --model movielens --data movielens.parquet --out DIR
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,6 +45,7 @@ def ids_only_bodies(spec, bodies: list[bytes]) -> list[bytes]:
 
 def plot(results: list[dict], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -82,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from offgraph.modeldir.manifest import complete_versions, load_manifest
     from offgraph.features.spec import parse_spec
+    from offgraph.modeldir.manifest import complete_versions, load_manifest
 
     mdir = Path(args.models) / args.model
     vdir = mdir / str(complete_versions(mdir)[-1])
@@ -96,8 +98,23 @@ def main(argv: list[str] | None = None) -> int:
     forms = {"full": full, "ids-only": ids}
     size = {k: float(np.mean([len(b) for b in v])) for k, v in forms.items()}
     port = free_port()
-    server = Proc("offgraph", [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(args.models), "--port",
-                               str(port), "--workers", str(args.workers)], port, out / "server.log")
+    server = Proc(
+        "offgraph",
+        [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "serve",
+            "--models",
+            str(args.models),
+            "--port",
+            str(port),
+            "--workers",
+            str(args.workers),
+        ],
+        port,
+        out / "server.log",
+    )
     path = f"/v1/models/{args.model}:score"
     results: list[dict] = []
     try:
@@ -106,26 +123,53 @@ def main(argv: list[str] | None = None) -> int:
             a = asyncio.run(fetch_scores("127.0.0.1", port, path, full[k]))
             b = asyncio.run(fetch_scores("127.0.0.1", port, path, ids[k]))
             if not np.array_equal(a, b):
-                raise RuntimeError(f"request {k}: ids-only scores differ from full-feature scores by up to "
-                                   f"{np.abs(a - b).max():.3g}")
-        print(f"parity: ids-only == full on 5 requests; body {size['full']:,.0f} B full vs {size['ids-only']:,.0f} B "
-              f"ids-only", flush=True)
+                raise RuntimeError(
+                    f"request {k}: ids-only scores differ from full-feature scores by up to {np.abs(a - b).max():.3g}"
+                )
+        print(
+            f"parity: ids-only == full on 5 requests; body {size['full']:,.0f} B full vs {size['ids-only']:,.0f} B "
+            f"ids-only",
+            flush=True,
+        )
         for c in [int(x) for x in args.concurrency.split(",")]:
             rounds: dict[str, list[dict]] = {f: [] for f in forms}
             for _ in range(args.rounds):
                 for form, bodies in forms.items():
-                    r = asyncio.run(run_cell("127.0.0.1", port, path, bodies, c, args.requests, args.seconds,
-                                             warmup=20, check_n=args.n, pid=server.p.pid))
+                    r = asyncio.run(
+                        run_cell(
+                            "127.0.0.1",
+                            port,
+                            path,
+                            bodies,
+                            c,
+                            args.requests,
+                            args.seconds,
+                            warmup=20,
+                            check_n=args.n,
+                            pid=server.p.pid,
+                        )
+                    )
                     rounds[form].append(r)
             for form, rs in rounds.items():
-                med = {k: float(np.median([r[k] for r in rs])) for k in
-                       ("p50_ms", "p99_ms", "rps", "server_cpu_ms_per_request", "server_cpu_utilization")}
-                med.update(form=form, concurrency=c, n=args.n, requests=sum(r["requests"] for r in rs),
-                           body_bytes=size[form], rounds=rs)
+                med = {
+                    k: float(np.median([r[k] for r in rs]))
+                    for k in ("p50_ms", "p99_ms", "rps", "server_cpu_ms_per_request", "server_cpu_utilization")
+                }
+                med.update(
+                    form=form,
+                    concurrency=c,
+                    n=args.n,
+                    requests=sum(r["requests"] for r in rs),
+                    body_bytes=size[form],
+                    rounds=rs,
+                )
                 results.append(med)
-                print(f"c={c:<2} {form:<8}  p50 {med['p50_ms']:6.2f} ms  p99 {med['p99_ms']:6.2f} ms  "
-                      f"{med['rps']:6.1f} req/s  server CPU {med['server_cpu_ms_per_request']:5.2f} ms/req  "
-                      f"body {size[form]:,.0f} B", flush=True)
+                print(
+                    f"c={c:<2} {form:<8}  p50 {med['p50_ms']:6.2f} ms  p99 {med['p99_ms']:6.2f} ms  "
+                    f"{med['rps']:6.1f} req/s  server CPU {med['server_cpu_ms_per_request']:5.2f} ms/req  "
+                    f"body {size[form]:,.0f} B",
+                    flush=True,
+                )
     finally:
         server.stop()
 
@@ -135,21 +179,34 @@ def main(argv: list[str] | None = None) -> int:
     summary = {}
     for c in sorted({r["concurrency"] for r in results}):
         f, i = cell("full", c), cell("ids-only", c)
-        summary[f"c={c}"] = {"p50_ratio": i["p50_ms"] / f["p50_ms"], "p99_ratio": i["p99_ms"] / f["p99_ms"],
-                             "rps_ratio": i["rps"] / f["rps"],
-                             "cpu_ratio": i["server_cpu_ms_per_request"] / f["server_cpu_ms_per_request"]}
-        print(f"c={c}: ids-only / full: p50 x{summary[f'c={c}']['p50_ratio']:.3f}, p99 "
-              f"x{summary[f'c={c}']['p99_ratio']:.3f}, req/s x{summary[f'c={c}']['rps_ratio']:.3f}, server CPU "
-              f"x{summary[f'c={c}']['cpu_ratio']:.3f}")
+        summary[f"c={c}"] = {
+            "p50_ratio": i["p50_ms"] / f["p50_ms"],
+            "p99_ratio": i["p99_ms"] / f["p99_ms"],
+            "rps_ratio": i["rps"] / f["rps"],
+            "cpu_ratio": i["server_cpu_ms_per_request"] / f["server_cpu_ms_per_request"],
+        }
+        print(
+            f"c={c}: ids-only / full: p50 x{summary[f'c={c}']['p50_ratio']:.3f}, p99 "
+            f"x{summary[f'c={c}']['p99_ratio']:.3f}, req/s x{summary[f'c={c}']['rps_ratio']:.3f}, server CPU "
+            f"x{summary[f'c={c}']['cpu_ratio']:.3f}"
+        )
     c1 = min(r["concurrency"] for r in results)
     ok = summary[f"c={c1}"]["p50_ratio"] <= RATIO_LIMIT
     saved = size["full"] - size["ids-only"]
-    print(f"bytes per request saved: {saved:,.0f} of {size['full']:,.0f} ({saved / size['full']:.1%}); acceptance "
-          f"ids-only p50 <= {RATIO_LIMIT}x full at c={c1}: {'PASS' if ok else 'FAIL'}")
-    report = {"results": results, "summary": summary, "bytes_full": size["full"], "bytes_ids_only": size["ids-only"],
-              "bytes_saved_per_request": saved, "acceptance": {"p50_ratio_limit": RATIO_LIMIT, "pass": ok},
-              "args": vars(args), "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                              "loadavg": os.getloadavg()}}
+    print(
+        f"bytes per request saved: {saved:,.0f} of {size['full']:,.0f} ({saved / size['full']:.1%}); acceptance "
+        f"ids-only p50 <= {RATIO_LIMIT}x full at c={c1}: {'PASS' if ok else 'FAIL'}"
+    )
+    report = {
+        "results": results,
+        "summary": summary,
+        "bytes_full": size["full"],
+        "bytes_ids_only": size["ids-only"],
+        "bytes_saved_per_request": saved,
+        "acceptance": {"p50_ratio_limit": RATIO_LIMIT, "pass": ok},
+        "args": vars(args),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg": os.getloadavg()},
+    }
     (out / "ids_only_latency.json").write_text(json.dumps(report, indent=2))
     plot(results, out / "ids_only_latency.png")
     print(f"wrote {out / 'ids_only_latency.json'} and {out / 'ids_only_latency.png'}")

@@ -11,6 +11,7 @@ FG (``FeatureGenerator.transform``, with the same per-item cache) -> padded ids/
 (request fields tiled to N rows) -> one SavedModel call (gather + pool + FM + MLP in TF)
 -> calibration, in a bounded thread pool. Only the name in the path is not checked.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -130,7 +131,8 @@ def create_baseline_app(scorer: InGraphScorer, score_threads: int, max_candidate
         if len(body.candidates) > max_candidates:
             raise HTTPException(422, f"at most {max_candidates} candidates")
         scores = await asyncio.get_running_loop().run_in_executor(
-            request.state.pool, scorer.score, body.request, body.candidates)
+            request.state.pool, scorer.score, body.request, body.candidates
+        )
         return ScoreResponse(model=name, version=0, scores=scores.tolist())
 
     @app.get("/readyz")
@@ -167,14 +169,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--intra-threads", type=int, default=1)
     p.add_argument("--inter-threads", type=int, default=1)
     p.add_argument("--score-threads", type=int, default=2)
-    p.add_argument("--workers", type=int, default=1, help="server processes on the port (SO_REUSEPORT), as "
-                                                          "offgraph serve --workers")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes on the port (SO_REUSEPORT), as offgraph serve --workers",
+    )
     args = p.parse_args(argv)
     from offgraph.server.workers import check_port_free
 
     check_port_free(args.host, args.port)
-    serve_args = (args.run, args.export_dir, args.host, args.port, args.score_threads, args.intra_threads,
-                  args.inter_threads)
+    serve_args = (
+        args.run,
+        args.export_dir,
+        args.host,
+        args.port,
+        args.score_threads,
+        args.intra_threads,
+        args.inter_threads,
+    )
     if args.workers <= 1:
         _serve(*serve_args)
         return 0

@@ -21,6 +21,7 @@ last produced value.
 4. the stream stops, both catch up; their rows are compared, byte for byte (every row of
    every table and its seq), with each other and with the expected state.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.update_freshness import (HttpScorer, _counter, _pct, _start, _stop, build_requests, request_keys,
-                                    user_row)
+from bench.update_freshness import HttpScorer, _counter, _pct, _start, _stop, build_requests, request_keys, user_row
 from offgraph.testing.harness import free_port, wait_ready
 
 NAME = "ml"
@@ -70,8 +70,16 @@ class Producer:
             flat = self.offset[t] + r
             self.final_v[flat], self.final_w[flat], self.final_seq[flat] = v, w, seqs  # rows are distinct
             self.rows += len(r)
-        return {"model": NAME, "model_version": 1, "table_ids": t, "rows": r, "vectors": v, "first_order": w,
-                "seqs": seqs, "event_time_ms": int(time.time() * 1000)}
+        return {
+            "model": NAME,
+            "model_version": 1,
+            "table_ids": t,
+            "rows": r,
+            "vectors": v,
+            "first_order": w,
+            "seqs": seqs,
+            "event_time_ms": int(time.time() * 1000),
+        }
 
     def random_rows(self, k: int):
         from offgraph.store.keys import combine_keys
@@ -107,8 +115,9 @@ def _consumed(model_dir: Path) -> dict[int, int]:
     return {int(p): d.get("offset", -1) for p, d in (st.get("partitions") or {}).items()}
 
 
-def drain(replicas: dict[str, tuple[int, Path]], last: dict[int, int], timeout: float = 900.0,
-          kill: tuple | None = None) -> dict:
+def drain(
+    replicas: dict[str, tuple[int, Path]], last: dict[int, int], timeout: float = 900.0, kill: tuple | None = None
+) -> dict:
     """Until every updater consumed the newest offsets ``last`` of each partition: each one's
     rows/s (its deltas counter over the time from its first consumed delta). ``kill`` = (name,
     fraction of ``kill[3]`` deltas, restart()): SIGKILL that one there and restart it (its
@@ -141,8 +150,14 @@ def drain(replicas: dict[str, tuple[int, Path]], last: dict[int, int], timeout: 
         time.sleep(0.05)
     if len(t_done) < len(replicas):
         raise RuntimeError(f"replicas {sorted(set(replicas) - set(t_done))} did not catch up in {timeout:g}s")
-    return {n: {"rows": rows[n], "seconds": t_done[n] - t0.get(n, t_done[n]),
-                "rows_per_s": rows[n] / max(t_done[n] - t0.get(n, t_done[n]), 1e-3)} for n in replicas}
+    return {
+        n: {
+            "rows": rows[n],
+            "seconds": t_done[n] - t0.get(n, t_done[n]),
+            "rows_per_s": rows[n] / max(t_done[n] - t0.get(n, t_done[n]), 1e-3),
+        }
+        for n in replicas
+    }
 
 
 def compare(vdirs: list[Path], prod: Producer) -> dict:
@@ -155,15 +170,24 @@ def compare(vdirs: list[Path], prod: Producer) -> dict:
         r = np.concatenate([np.arange(n, dtype=np.int64) for n in prod.table_rows])
         got = [(s.read(t, r), s.row_seqs(t, r)) for s in stores]
         (va, wa), sa = got[0]
-        identical = all(np.array_equal(va, v) and np.array_equal(wa, w) and np.array_equal(sa, s)
-                        for (v, w), s in got[1:])
+        identical = all(
+            np.array_equal(va, v) and np.array_equal(wa, w) and np.array_equal(sa, s) for (v, w), s in got[1:]
+        )
         touched = prod.final_seq >= 0
         codec = stores[0].codec
         want_v, want_w = codec.decode(codec.encode(prod.final_v[touched], prod.final_w[touched]))
-        as_expected = (np.array_equal(sa[touched], prod.final_seq[touched]) and np.array_equal(va[touched], want_v)
-                       and np.array_equal(wa[touched], want_w) and (sa[~touched] == -1).all())
-        return {"rows_compared": int(len(r)), "rows_touched": int(touched.sum()), "replicas_identical": bool(identical),
-                "equal_to_expected_state": bool(as_expected)}
+        as_expected = (
+            np.array_equal(sa[touched], prod.final_seq[touched])
+            and np.array_equal(va[touched], want_v)
+            and np.array_equal(wa[touched], want_w)
+            and (sa[~touched] == -1).all()
+        )
+        return {
+            "rows_compared": int(len(r)),
+            "rows_touched": int(touched.sum()),
+            "replicas_identical": bool(identical),
+            "equal_to_expected_state": bool(as_expected),
+        }
     finally:
         for s in stores:
             s.close()
@@ -178,8 +202,11 @@ def plot(report: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
     names = ["one replica", "two: a", "two: b (killed)"]
-    vals = [report["one_replica"]["rows_per_s"], report["two_replicas"]["a"]["rows_per_s"],
-            report["two_replicas"]["b"]["rows_per_s"]]
+    vals = [
+        report["one_replica"]["rows_per_s"],
+        report["two_replicas"]["a"]["rows_per_s"],
+        report["two_replicas"]["b"]["rows_per_s"],
+    ]
     ax[0].bar(names, [v / 1000 for v in vals], color=["C0", "C1", "C1"])
     ax[0].axhline(200, color="r", ls="--", label="200k/s")
     ax[0].set(title="Kafka -> store, draining a backlog", ylabel="k rows/s")
@@ -208,8 +235,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="kafka_replicas.json")
     args = ap.parse_args(argv)
 
-    from offgraph.modeldir.manifest import load_manifest
     from offgraph.features.spec import parse_spec
+    from offgraph.modeldir.manifest import load_manifest
     from offgraph.testing.tansu import tansu_broker
 
     src = Path(args.model_src)
@@ -222,8 +249,13 @@ def main(argv=None) -> int:
     reqs = build_requests(spec, Path(args.data), 50, 200)
     f_req, f_cands = reqs[0][0], reqs[0][1][:20]
     tid, row = user_row(spec, f_req, f_cands[0])
-    report: dict = {"model_src": str(src), "partitions": args.partitions, "deltas_per_phase": args.deltas,
-                    "rate": args.rate, "cpus": os.cpu_count()}
+    report: dict = {
+        "model_src": str(src),
+        "partitions": args.partitions,
+        "deltas_per_phase": args.deltas,
+        "rate": args.rate,
+        "cpus": os.cpu_count(),
+    }
     procs: dict[str, object] = {}
     models = {n: work / n / "models" for n in ("a", "b")}
     vdirs = {n: m / NAME / "1" for n, m in models.items()}
@@ -231,9 +263,24 @@ def main(argv=None) -> int:
     sports = {n: free_port() for n in models}
 
     def updater(n):
-        procs["up_" + n] = _start(py + ["update", "--models", str(models[n]), "--model", NAME, "--source",
-                                        f"kafka://{broker}/{TOPIC}", "--metrics-port", str(mports[n]),
-                                        "--log-every", "2"], work / f"update_{n}.log", env)
+        procs["up_" + n] = _start(
+            py
+            + [
+                "update",
+                "--models",
+                str(models[n]),
+                "--model",
+                NAME,
+                "--source",
+                f"kafka://{broker}/{TOPIC}",
+                "--metrics-port",
+                str(mports[n]),
+                "--log-every",
+                "2",
+            ],
+            work / f"update_{n}.log",
+            env,
+        )
         wait_ready(f"http://127.0.0.1:{mports[n]}", 120, procs["up_" + n], path="/metrics")
 
     try:
@@ -253,8 +300,11 @@ def main(argv=None) -> int:
             (vdirs["b"] / "stream-start.json").write_bytes((vdirs["a"] / "stream-start.json").read_bytes())
             updater("a")
             report["one_replica"] = drain({"a": (mports["a"], models["a"] / NAME)}, prod.sink.last_offsets)["a"]
-            print(f"produced {prod.rows:,} deltas at {report['produce_rows_per_s']:,.0f}/s; one replica alone "
-                  f"applied {report['one_replica']['rows_per_s']:,.0f}/s", flush=True)
+            print(
+                f"produced {prod.rows:,} deltas at {report['produce_rows_per_s']:,.0f}/s; one replica alone "
+                f"applied {report['one_replica']['rows_per_s']:,.0f}/s",
+                flush=True,
+            )
             # 2. a second replica from the version directory, both draining a backlog at once (a
             # stopped meanwhile); b SIGKILLed halfway
             _stop(procs.pop("up_a"))
@@ -273,14 +323,30 @@ def main(argv=None) -> int:
             reps = {n: (mports[n], models[n] / NAME) for n in models}
             both = drain(reps, prod.sink.last_offsets, kill=("b", args.deltas, kill_and_restart))
             report["two_replicas"] = both
-            print(f"two replicas draining at once: a {both['a']['rows_per_s']:,.0f}/s, b "
-                  f"{both['b']['rows_per_s']:,.0f}/s (b SIGKILLed after {args.deltas:,} of its "
-                  f"{2 * args.deltas:,} deltas and restarted)", flush=True)
+            print(
+                f"two replicas draining at once: a {both['a']['rows_per_s']:,.0f}/s, b "
+                f"{both['b']['rows_per_s']:,.0f}/s (b SIGKILLed after {args.deltas:,} of its "
+                f"{2 * args.deltas:,} deltas and restarted)",
+                flush=True,
+            )
             # 3. both serve; a live stream; probes on both
             for n in models:
-                procs["serve_" + n] = _start(py + ["serve", "--models", str(models[n]), "--port", str(sports[n]),
-                                                   "--cache-mb", "64", "--log-level", "warning"],
-                                             work / f"serve_{n}.log", env)
+                procs["serve_" + n] = _start(
+                    py
+                    + [
+                        "serve",
+                        "--models",
+                        str(models[n]),
+                        "--port",
+                        str(sports[n]),
+                        "--cache-mb",
+                        "64",
+                        "--log-level",
+                        "warning",
+                    ],
+                    work / f"serve_{n}.log",
+                    env,
+                )
             for n in models:
                 wait_ready(f"http://127.0.0.1:{sports[n]}", 240, procs["serve_" + n])
             scorers = {n: HttpScorer(sports[n]) for n in models}
@@ -329,16 +395,26 @@ def main(argv=None) -> int:
             stop.set()
             th.join()
             probe_sink.flush()
-            report["live"] = {"offered_rate": args.rate, "rows": live_rows[0],
-                              "achieved_rate": live_rows[0] / (time.perf_counter() - t_live),
-                              "probes": {n: _pct(v) for n, v in lat.items()}, "timeouts_10s": timeouts,
-                              "probes_ms": {n: [round(x * 1e3, 2) for x in v] for n, v in lat.items()},
-                              "both": _pct([max(a, b) for a, b in zip(lat["a"], lat["b"])])}
+            report["live"] = {
+                "offered_rate": args.rate,
+                "rows": live_rows[0],
+                "achieved_rate": live_rows[0] / (time.perf_counter() - t_live),
+                "probes": {n: _pct(v) for n, v in lat.items()},
+                "timeouts_10s": timeouts,
+                "probes_ms": {n: [round(x * 1e3, 2) for x in v] for n, v in lat.items()},
+                "both": _pct([max(a, b) for a, b in zip(lat["a"], lat["b"])]),
+            }
             lv = report["live"]
-            print(f"live stream {lv['achieved_rate']:,.0f} deltas/s into both; produced -> score changed: "
-                  + "; ".join(f"{n} p50 {lv['probes'][n]['p50_ms']:.0f} / p99 {lv['probes'][n]['p99_ms']:.0f} ms "
-                              f"over {lv['probes'][n]['n']}" for n in models)
-                  + f"; both p99 {lv['both']['p99_ms']:.0f} ms; {timeouts} timeouts", flush=True)
+            print(
+                f"live stream {lv['achieved_rate']:,.0f} deltas/s into both; produced -> score changed: "
+                + "; ".join(
+                    f"{n} p50 {lv['probes'][n]['p50_ms']:.0f} / p99 {lv['probes'][n]['p99_ms']:.0f} ms "
+                    f"over {lv['probes'][n]['n']}"
+                    for n in models
+                )
+                + f"; both p99 {lv['both']['p99_ms']:.0f} ms; {timeouts} timeouts",
+                flush=True,
+            )
             # 4. both catch up; compare
             last = dict(prod.sink.last_offsets)
             for p, off in probe_sink.last_offsets.items():

@@ -6,6 +6,7 @@ the page cache of a memory-mapped file) to the processes sharing it in equal par
 a tree counts every page once. Read from ``/proc/PID/smaps_rollup`` (one line per process, cheap
 enough to sample 4 times a second; ``psutil``'s ``memory_full_info`` would walk all of ``smaps``).
 """
+
 from __future__ import annotations
 
 import psutil

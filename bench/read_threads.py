@@ -12,6 +12,7 @@ counts, so that the machine's other load hits every count alike. Two measures pe
 Writes ``OUT/read_threads-B{batch}-K{keys}.json`` and ``.png``; ``offgraph.store.config.DEFAULT_READ_THREADS`` is
 chosen from them (bench/results/read-threads/README.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     store = args.store
     base = StoreConfig.from_dict(json.loads((Path(store) / "store.json").read_text())["config"])
-    stores = {T: open_store(store, base.replace(block_cache_mb=2, read_threads=T, statistics=True), mode="r")
-              for T in THREADS}
+    stores = {
+        T: open_store(store, base.replace(block_cache_mb=2, read_threads=T, statistics=True), mode="r") for T in THREADS
+    }
     if not all(s.io_mode == "direct" for s in stores.values()):
         raise SystemExit(f"{store}: not read with direct I/O here; the figures would be the page cache's")
     manifest = json.loads((Path(store).parent / "manifest.json").read_text())
@@ -60,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                     r = g.integers(0, n_rows, 8 * args.batch).astype(np.uint64)
                     t = np.zeros(len(r), np.uint32)
                     s = shard_of(t, r, base.shards)
-                    sel = np.sort(r[s == s[0]][:args.batch])
-                    k = key_list(key_array(t[:len(sel)], sel))
+                    sel = np.sort(r[s == s[0]][: args.batch])
+                    k = key_list(key_array(t[: len(sel)], sel))
                     t0 = time.perf_counter()
                     st._multi_get(int(s[0]), k)
                     calls[i].append((time.perf_counter() - t0, len(k)))
@@ -85,13 +87,20 @@ def main(argv: list[str] | None = None) -> int:
     for T in THREADS:
         a, q = np.array(lat[T]) * 1e3, np.array(req[T]) * 1e3
         bc = stores[T].block_cache_stats()
-        out[T] = dict(keys_s=keys_done[T] / busy[T], call_p50_ms=float(np.median(a)),
-                      call_p99_ms=float(np.percentile(a, 99)), req_p50_ms=float(np.median(q)),
-                      req_p99_ms=float(np.percentile(q, 99)),
-                      block_cache_miss_share=bc["misses"] / max(1, bc["hits"] + bc["misses"]))
-        print(f"T={T:2d} | {args.batch}-key multi_get per thread: {out[T]['keys_s']:7.0f} keys/s, call p50 "
-              f"{out[T]['call_p50_ms']:.3f} p99 {out[T]['call_p99_ms']:.2f} ms | {args.keys}-key read: p50 "
-              f"{out[T]['req_p50_ms']:.2f} p99 {out[T]['req_p99_ms']:.2f} ms", flush=True)
+        out[T] = dict(
+            keys_s=keys_done[T] / busy[T],
+            call_p50_ms=float(np.median(a)),
+            call_p99_ms=float(np.percentile(a, 99)),
+            req_p50_ms=float(np.median(q)),
+            req_p99_ms=float(np.percentile(q, 99)),
+            block_cache_miss_share=bc["misses"] / max(1, bc["hits"] + bc["misses"]),
+        )
+        print(
+            f"T={T:2d} | {args.batch}-key multi_get per thread: {out[T]['keys_s']:7.0f} keys/s, call p50 "
+            f"{out[T]['call_p50_ms']:.3f} p99 {out[T]['call_p99_ms']:.2f} ms | {args.keys}-key read: p50 "
+            f"{out[T]['req_p50_ms']:.2f} p99 {out[T]['req_p99_ms']:.2f} ms",
+            flush=True,
+        )
     for s in stores.values():
         s.close()
     dest = Path(args.out)

@@ -2,6 +2,7 @@
 
 Reuses ``bench.serve_latency.Proc`` (the server subprocess) and ``offgraph.testing.harness`` (free port, readiness).
 """
+
 from __future__ import annotations
 
 import re
@@ -31,13 +32,27 @@ CACHE_METRICS = {  # what the hit ratios are made of: /metrics counters, summed 
 class ScaleServer:
     """``offgraph serve --models MODELS --workers W`` with the default cache sizes, on a free port."""
 
-    def __init__(self, models: Path, workers: int, log_path: Path, extra: list[str] | None = None,
-                 code: Path | None = None):
+    def __init__(
+        self, models: Path, workers: int, log_path: Path, extra: list[str] | None = None, code: Path | None = None
+    ):
         """``code``: a checkout whose ``offgraph serve`` runs (the server starts there; default this one)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port", str(self.port),
-               "--workers", str(workers), "--admin-token", ADMIN_TOKEN, *(extra or [])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "serve",
+            "--models",
+            str(models),
+            "--port",
+            str(self.port),
+            "--workers",
+            str(workers),
+            "--admin-token",
+            ADMIN_TOKEN,
+            *(extra or []),
+        ]
         self.t_start = time.perf_counter()
         self.proc = Proc(f"serve-w{workers}", cmd, self.port, log_path, **({"cwd": code} if code else {}))
         self.start_to_ready_s: float | None = None
@@ -99,8 +114,9 @@ class ScaleServer:
         that competes with its event loop), which would be charged to the server's in-flight requests."""
         conn = await Conn.open("127.0.0.1", self.port)
         try:
-            status, payload = await conn.post(f"/v1/models/{model}:{action}", b"",
-                                              {"Authorization": f"Bearer {ADMIN_TOKEN}"})
+            status, payload = await conn.post(
+                f"/v1/models/{model}:{action}", b"", {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            )
         finally:
             conn.close()
         if status != 200:
@@ -115,9 +131,12 @@ def hit_ratios(before: dict[str, float], after: dict[str, float]) -> dict[str, f
     """Row-cache and block-cache hit ratios of the requests between two :meth:`ScaleServer.counters`."""
     d = {k: after[k] - before[k] for k in CACHE_METRICS}
     row, block = d["row_hits"] + d["row_misses"], d["block_hits"] + d["block_misses"]
-    return {"row_cache_hit_ratio": d["row_hits"] / row if row else None,
-            "block_cache_hit_ratio": d["block_hits"] / block if block else None,
-            "row_cache_lookups": row, "block_cache_lookups": block}
+    return {
+        "row_cache_hit_ratio": d["row_hits"] / row if row else None,
+        "block_cache_hit_ratio": d["block_hits"] / block if block else None,
+        "row_cache_lookups": row,
+        "block_cache_lookups": block,
+    }
 
 
 def find_key(obj, key: str):

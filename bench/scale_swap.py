@@ -6,6 +6,7 @@ figures of the report: failed requests, p99 in 1-s bins against the steady p99, 
 long each version took from its trigger (the rename, the rollback call) to serving, and the server's
 major page faults and the kernel's page-cache refaults per bin (sampled with PSS).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,9 @@ import orjson
 from bench.serve_latency import Conn
 
 
-async def _stream(host: str, port: int, path: str, bodies: list[bytes], k: int, step: int, stop: asyncio.Event,
-                  trace: list, t0: float) -> None:
+async def _stream(
+    host: str, port: int, path: str, bodies: list[bytes], k: int, step: int, stop: asyncio.Event, trace: list, t0: float
+) -> None:
     conn, j = None, k
     while not stop.is_set():
         body = bodies[j % len(bodies)]
@@ -43,9 +45,21 @@ async def _stream(host: str, port: int, path: str, bodies: list[bytes], k: int, 
         conn.close()
 
 
-async def run_swap(server, model: str, models: Path, hidden_v2: Path, bodies: list[bytes], *, concurrency: int = 8,
-                   steady_s: float = 20.0, after_s: float = 15.0, timeout_s: float = 300.0,
-                   warm_s: float = 0.0, steady_requests: int = 0, steady_max_s: float = 120.0) -> dict:
+async def run_swap(
+    server,
+    model: str,
+    models: Path,
+    hidden_v2: Path,
+    bodies: list[bytes],
+    *,
+    concurrency: int = 8,
+    steady_s: float = 20.0,
+    after_s: float = 15.0,
+    timeout_s: float = 300.0,
+    warm_s: float = 0.0,
+    steady_requests: int = 0,
+    steady_max_s: float = 120.0,
+) -> dict:
     """Against ``server`` (a ready ``ScaleServer`` serving version 1 of ``model``): ``warm_s`` of traffic
     that is not measured (the steady p99 is that of a warm server), steady traffic for ``steady_s`` and
     until ``steady_requests`` were sent in it (at most ``steady_max_s``: a p99 needs enough requests), rename ``hidden_v2`` to ``MODELS/model/2`` (it appears), wait until responses come
@@ -73,22 +87,26 @@ async def run_swap(server, model: str, models: Path, hidden_v2: Path, bodies: li
     async def until_version(v: int, since: float) -> float:
         deadline = time.perf_counter() + timeout_s
         while time.perf_counter() < deadline:
-            got = [row for row in trace[-4 * concurrency:] if row[0] >= since and row[3] == v]
+            got = [row for row in trace[-4 * concurrency :] if row[0] >= since and row[3] == v]
             if got:  # when its first answer arrived: from then on requests are sent to it
                 return min(row[0] + row[1] for row in got)
             await asyncio.sleep(0.05)
         raise RuntimeError(f"version {v} did not serve within {timeout_s:g} s")
 
-    streams = [asyncio.create_task(_stream("127.0.0.1", server.port, path, bodies, k, concurrency, stop, trace, t0))
-               for k in range(concurrency)]
+    streams = [
+        asyncio.create_task(_stream("127.0.0.1", server.port, path, bodies, k, concurrency, stop, trace, t0))
+        for k in range(concurrency)
+    ]
     sampler = asyncio.create_task(sample_pss())
     try:
         if warm_s > 0:  # not measured: v1's working set into the page cache and its caches
             await asyncio.sleep(warm_s)
         events["steady_from"] = max(time.perf_counter() - t0, 5.0)  # after the first seconds of connections
         await asyncio.sleep(max(0.0, events["steady_from"] + steady_s - (time.perf_counter() - t0)))
-        while (sum(row[0] >= events["steady_from"] for row in trace) < steady_requests
-               and time.perf_counter() - t0 < events["steady_from"] + steady_max_s):
+        while (
+            sum(row[0] >= events["steady_from"] for row in trace) < steady_requests
+            and time.perf_counter() - t0 < events["steady_from"] + steady_max_s
+        ):
             await asyncio.sleep(0.25)
         events["v2_appears"] = time.perf_counter() - t0
         os.rename(hidden_v2, models / model / "2")
@@ -144,9 +162,16 @@ def summarize(raw: dict, window_s: float = SWAP_WINDOW_S) -> dict:
     for b in range(int(np.ceil(ev["end"]))):
         m = (t >= b) & (t < b + 1) & ok
         if m.any():
-            bins.append({"t": b, "requests": int(m.sum()), "p50_ms": float(np.percentile(lat[m], 50)),
-                         "p99_ms": float(np.percentile(lat[m], 99)),
-                         "major_faults": faults_in(b, 1), "page_cache_refaults": faults_in(b, 2)})
+            bins.append(
+                {
+                    "t": b,
+                    "requests": int(m.sum()),
+                    "p50_ms": float(np.percentile(lat[m], 50)),
+                    "p99_ms": float(np.percentile(lat[m], 99)),
+                    "major_faults": faults_in(b, 1),
+                    "page_cache_refaults": faults_in(b, 2),
+                }
+            )
     after = [b for b in bins if b["t"] >= int(ev["v2_appears"])]
     # the same statistic over the steady phase's own bins, where no version loads: how far single 1-s bins
     # of plain traffic stray from the steady p99 on this machine (a baseline for the bins of the swap)
@@ -176,14 +201,18 @@ def summarize(raw: dict, window_s: float = SWAP_WINDOW_S) -> dict:
         "max_bin_p99_ms_after_v2_appears": max((b["p99_ms"] for b in after), default=float("nan")),
         "max_bin_p99_over_steady": max((b["p99_ms"] for b in after), default=float("nan")) / steady_p99,
         "steady_max_bin_p99_over_steady": max((b["p99_ms"] for b in steady_bins), default=float("nan")) / steady_p99,
-        "bins_over_2x_steady": {"steady": [sum(b["p99_ms"] > 2 * steady_p99 for b in steady_bins), len(steady_bins)],
-                                "after_v2_appears": [sum(b["p99_ms"] > 2 * steady_p99 for b in after), len(after)]},
+        "bins_over_2x_steady": {
+            "steady": [sum(b["p99_ms"] > 2 * steady_p99 for b in steady_bins), len(steady_bins)],
+            "after_v2_appears": [sum(b["p99_ms"] > 2 * steady_p99 for b in after), len(after)],
+        },
         # what the slow bins had that the others did not: pages read back from disk by the server (code,
         # mapped files) and page-cache pages read again after eviction (e.g. by a proactive reclaim)
         "faults_in_bins_over_2x": _fault_sums([b for b in after if b["p99_ms"] > 2 * steady_p99]),
         "faults_in_other_bins_after_v2_appears": _fault_sums([b for b in after if b["p99_ms"] <= 2 * steady_p99]),
-        "pss_steady_mb": float(np.median([p for ts, p, *_ in raw["pss"]
-                                          if ev.get("steady_from", 0.0) <= ts < ev["v2_appears"]] or [0])) / 2**20,
+        "pss_steady_mb": float(
+            np.median([p for ts, p, *_ in raw["pss"] if ev.get("steady_from", 0.0) <= ts < ev["v2_appears"]] or [0])
+        )
+        / 2**20,
         "pss_peak_mb": float(max(swap_pss or [0])) / 2**20,
         "pss_peak_whole_run_mb": float(pss.max()) / 2**20,
         "first_100_on_v2_p99_ms": first_on(2, ev["v2_serving"]),

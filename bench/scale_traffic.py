@@ -21,6 +21,7 @@ repeats with the same features (the server's FG item cache sees it again). Small
 tables (country, hour, ...) get uniform values. One request = a user and N candidate items;
 bodies are serialized beforehand so the client spends no time on them.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,8 +29,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from offgraph.store.keys import splitmix64
 from offgraph.export.synth_spec import SMALL_TABLES, TAGS_PER_ITEM, huge_table_rows
+from offgraph.store.keys import splitmix64
 
 POPULARITIES = ("zipf", "uniform")
 ZIPF_EXPONENT = 1.1
@@ -68,8 +69,9 @@ def _small_value(u: np.ndarray, op: str, rows: int):
     return (u * rows).astype(np.int64)
 
 
-def draw_columns(total_rows: int, n_requests: int, n_candidates: int, popularity: str, seed: int = 0,
-                 exponent: float = ZIPF_EXPONENT) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def draw_columns(
+    total_rows: int, n_requests: int, n_candidates: int, popularity: str, seed: int = 0, exponent: float = ZIPF_EXPONENT
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The raw inputs of :func:`build_requests` as columns: request fields ``[n_requests]`` and candidate
     fields ``[n_requests * n_candidates]`` (``item_tags``: ``[.., TAGS_PER_ITEM]``), request after request."""
     rng = np.random.default_rng([seed, POPULARITIES.index(popularity) if popularity in POPULARITIES else 9])
@@ -80,15 +82,18 @@ def draw_columns(total_rows: int, n_requests: int, n_candidates: int, popularity
     nc = n_requests * n_candidates
     items = draw_ids(rng, huge["item_id"], nc, popularity, exponent)
     authors = ranks(item_uniform(items, 0), huge["author_id"], popularity, exponent)
-    tags = np.stack([ranks(item_uniform(items, 1 + k), huge["item_tags"], popularity, exponent)
-                     for k in range(TAGS_PER_ITEM)], axis=1)
+    tags = np.stack(
+        [ranks(item_uniform(items, 1 + k), huge["item_tags"], popularity, exponent) for k in range(TAGS_PER_ITEM)],
+        axis=1,
+    )
     rs = {n: _small_value(rng.random(n_requests), op, r) for n, op, r in req_small}
     cs = {n: _small_value(item_uniform(items, 8 + k), op, r) for k, (n, op, r) in enumerate(item_small)}
     return {"user_id": users, **rs}, {"item_id": items, "author_id": authors, "item_tags": tags, **cs}
 
 
-def build_requests(total_rows: int, n_requests: int, n_candidates: int, popularity: str, seed: int = 0,
-                   exponent: float = ZIPF_EXPONENT) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+def build_requests(
+    total_rows: int, n_requests: int, n_candidates: int, popularity: str, seed: int = 0, exponent: float = ZIPF_EXPONENT
+) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """``n_requests`` pairs ``(request, candidates)`` for the synthetic spec of ``total_rows`` rows."""
     req, cand = draw_columns(total_rows, n_requests, n_candidates, popularity, seed, exponent)
     users = req.pop("user_id")
@@ -100,8 +105,9 @@ def build_requests(total_rows: int, n_requests: int, n_candidates: int, populari
         request = {"user_id": int(users[i]), **{n: v[i] for n, v in rs.items()}}
         cands = []
         for j in range(i * n_candidates, (i + 1) * n_candidates):
-            cands.append({"item_id": items[j], "author_id": authors[j], "item_tags": tags[j],
-                          **{n: v[j] for n, v in cs.items()}})
+            cands.append(
+                {"item_id": items[j], "author_id": authors[j], "item_tags": tags[j], **{n: v[j] for n, v in cs.items()}}
+            )
         out.append((request, cands))
     return out
 

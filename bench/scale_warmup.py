@@ -13,10 +13,11 @@ average, and a rule comparing neighbours stopped at 390 KiB a request, after a r
 where a server given more traffic later read 24. Every round's req/s, p99 and disk KiB per request is kept:
 the cold start's figures are part of the report.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from bench.serve_latency import run_cell
 
@@ -44,8 +45,16 @@ def stop_reason(kib_per_request: list[float], elapsed_s: float, max_s: float, le
     return None
 
 
-async def warm_until_steady(server, path: str, first: list[bytes], more: Callable[[int, int], list[bytes]],
-                            candidates: int, round_s: float, max_s: float, level: float) -> dict:
+async def warm_until_steady(
+    server,
+    path: str,
+    first: list[bytes],
+    more: Callable[[int, int], list[bytes]],
+    candidates: int,
+    round_s: float,
+    max_s: float,
+    level: float,
+) -> dict:
     """Warm ``server`` (a ``bench.scale_server.ScaleServer``): the ``first`` bodies, then rounds of
     ``round_s`` seconds with ``more(k, n)``'s ``n`` fresh bodies for round ``k`` (every warm-up request
     is distinct, as in service: a repeated pool would warm the caches for its own rare rows only).
@@ -61,11 +70,18 @@ async def warm_until_steady(server, path: str, first: list[bytes], more: Callabl
             n, seconds = 10**9, round_s
         d0 = server.disk_read_bytes()
         cell = await run_cell("127.0.0.1", server.port, path, bodies, 8, n, seconds, 1, candidates, server.pid)
-        rounds.append({"requests": cell["requests"], "seconds": cell["seconds"], "rps": cell["rps"],
-                       "p99_ms": cell["p99_ms"],
-                       "disk_kib_per_request": kib_per_request(server.disk_read_bytes() - d0, cell["requests"])})
+        rounds.append(
+            {
+                "requests": cell["requests"],
+                "seconds": cell["seconds"],
+                "rps": cell["rps"],
+                "p99_ms": cell["p99_ms"],
+                "disk_kib_per_request": kib_per_request(server.disk_read_bytes() - d0, cell["requests"]),
+            }
+        )
         elapsed = time.perf_counter() - t0
-        reason = "fixed" if max_s <= 0 else stop_reason([r["disk_kib_per_request"] for r in rounds], elapsed,
-                                                        max_s, level)
+        reason = (
+            "fixed" if max_s <= 0 else stop_reason([r["disk_kib_per_request"] for r in rounds], elapsed, max_s, level)
+        )
         if reason:
             return {"seconds": elapsed, "stopped": reason, "rounds": rounds}

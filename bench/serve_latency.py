@@ -19,6 +19,7 @@ Prints a table, checks the acceptance floors, writes ``DIR/serve_latency.json`` 
 
     python -m bench.serve_latency --run RUN --models MODELS --data movielens.parquet --out DIR
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,15 +80,18 @@ class Conn:
         self.r, self.w, self.host = reader, writer, host
 
     @classmethod
-    async def open(cls, host: str, port: int) -> "Conn":
+    async def open(cls, host: str, port: int) -> Conn:
         r, w = await asyncio.open_connection(host, port)
         w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return cls(r, w, host)
 
     async def post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
-        self.w.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
-                     % (path.encode(), self.host.encode(), len(body), extra) + body)
+        self.w.write(
+            b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+            % (path.encode(), self.host.encode(), len(body), extra)
+            + body
+        )
         head = await self.r.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
         length = None
@@ -128,8 +132,18 @@ def cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-async def run_cell(host: str, port: int, path: str, bodies: list[bytes], concurrency: int, max_requests: int,
-                   max_seconds: float, warmup: int, check_n: int, pid: int) -> dict:
+async def run_cell(
+    host: str,
+    port: int,
+    path: str,
+    bodies: list[bytes],
+    concurrency: int,
+    max_requests: int,
+    max_seconds: float,
+    warmup: int,
+    check_n: int,
+    pid: int,
+) -> dict:
     conns = [await Conn.open(host, port) for _ in range(concurrency)]
     try:
         for i in range(warmup):  # warm: connections, item caches, row caches, TF
@@ -164,12 +178,21 @@ async def run_cell(host: str, port: int, path: str, bodies: list[bytes], concurr
         for c in conns:
             c.close()
     a = np.asarray(lat) * 1e3
-    return {"requests": len(lat), "seconds": wall, "rps": len(lat) / wall, "p50_ms": float(np.percentile(a, 50)),
-            "p90_ms": float(np.percentile(a, 90)), "p99_ms": float(np.percentile(a, 99)),
-            "mean_ms": float(a.mean()), "max_ms": float(a.max()), "errors": errors,
-            "server_cpu_ms_per_request": cpu / len(lat) * 1e3, "server_cpu_utilization": cpu / wall,
-            "client_cpu_ms_per_request": own / len(lat) * 1e3,
-            "loadavg_1m": os.getloadavg()[0]}
+    return {
+        "requests": len(lat),
+        "seconds": wall,
+        "rps": len(lat) / wall,
+        "p50_ms": float(np.percentile(a, 50)),
+        "p90_ms": float(np.percentile(a, 90)),
+        "p99_ms": float(np.percentile(a, 99)),
+        "mean_ms": float(a.mean()),
+        "max_ms": float(a.max()),
+        "errors": errors,
+        "server_cpu_ms_per_request": cpu / len(lat) * 1e3,
+        "server_cpu_utilization": cpu / wall,
+        "client_cpu_ms_per_request": own / len(lat) * 1e3,
+        "loadavg_1m": os.getloadavg()[0],
+    }
 
 
 async def fetch_scores(host: str, port: int, path: str, body: bytes) -> np.ndarray:
@@ -210,8 +233,7 @@ class Proc:
 
 
 # -- in-process breakdown of the library scorer ------------------------------------------------------------
-def library_breakdown(model_dir: Path, body: bytes, repeats: int, row_cache_mb: float, intra: int,
-                      inter: int) -> dict:
+def library_breakdown(model_dir: Path, body: bytes, repeats: int, row_cache_mb: float, intra: int, inter: int) -> dict:
     """Phases of Scorer.score in this process for one request (median ms): where the time goes."""
     from offgraph.server.tf_threads import configure_tf_threads
 
@@ -224,8 +246,9 @@ def library_breakdown(model_dir: Path, body: bytes, repeats: int, row_cache_mb: 
     request, cands = req["request"], req["candidates"]
     s = load(model_dir, row_cache_mb=row_cache_mb)
     try:
-        phases: dict[str, list[float]] = {k: [] for k in ("fg", "keys", "store_read", "pool", "dense_tf",
-                                                           "calibrate", "total")}
+        phases: dict[str, list[float]] = {
+            k: [] for k in ("fg", "keys", "store_read", "pool", "dense_tf", "calibrate", "total")
+        }
         for i in range(repeats + 10):
             t = [time.perf_counter()]
             batch = s.features(request, cands)
@@ -262,11 +285,13 @@ def plot(results: list[dict], sizes: list[int], concurrencies: list[int], path: 
     fig, axes = plt.subplots(1, len(concurrencies) + 1, figsize=(5.5 * (len(concurrencies) + 1), 4.5))
     for ax, c in zip(axes, concurrencies):
         for s in servers:
-            rows = [next(r for r in results if r["server"] == s and r["n"] == n and r["concurrency"] == c)
-                    for n in sizes]
-            line, = ax.plot(sizes, [r["p50_ms"] for r in rows], marker="o", label=f"{s} p50")
-            ax.plot(sizes, [r["p99_ms"] for r in rows], marker="x", linestyle="--", color=line.get_color(),
-                    label=f"{s} p99")
+            rows = [
+                next(r for r in results if r["server"] == s and r["n"] == n and r["concurrency"] == c) for n in sizes
+            ]
+            (line,) = ax.plot(sizes, [r["p50_ms"] for r in rows], marker="o", label=f"{s} p50")
+            ax.plot(
+                sizes, [r["p99_ms"] for r in rows], marker="x", linestyle="--", color=line.get_color(), label=f"{s} p99"
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("candidates per request (N)")
@@ -277,8 +302,10 @@ def plot(results: list[dict], sizes: list[int], concurrencies: list[int], path: 
     ax = axes[-1]
     width = 0.8 / len(servers)
     for k, s in enumerate(servers):
-        rows = [next(r for r in results if r["server"] == s and r["n"] == n and r["concurrency"] == max(concurrencies))
-                for n in sizes]
+        rows = [
+            next(r for r in results if r["server"] == s and r["n"] == n and r["concurrency"] == max(concurrencies))
+            for n in sizes
+        ]
         ax.bar(np.arange(len(sizes)) + k * width, [r["rps"] for r in rows], width, label=s)
     ax.set_xticks(np.arange(len(sizes)) + width * (len(servers) - 1) / 2, [str(n) for n in sizes])
     ax.set_xlabel("candidates per request (N)")
@@ -305,14 +332,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=40, help="warm-up requests per cell")
     ap.add_argument("--bodies", type=int, default=64, help="distinct requests per N")
     ap.add_argument("--score-threads", type=int, default=None, help="servers' scoring threads (default: theirs)")
-    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                    help="server processes of each server (--workers of offgraph serve and of the baseline; "
-                         "default: one per core)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="server processes of each server (--workers of offgraph serve and of the baseline; default: one per core)",
+    )
     ap.add_argument("--intra-threads", type=int, default=1)
     ap.add_argument("--inter-threads", type=int, default=1)
     ap.add_argument("--cache-mb", type=float, default=256.0)
-    ap.add_argument("--follow-seconds", type=float, default=None,
-                    help="offgraph serve --follow-seconds (default: the server's)")
+    ap.add_argument(
+        "--follow-seconds", type=float, default=None, help="offgraph serve --follow-seconds (default: the server's)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-breakdown", action="store_true", help="skip the in-process phase breakdown")
     args = ap.parse_args(argv)
@@ -334,19 +365,55 @@ def main(argv: list[str] | None = None) -> int:
     (work / "models").mkdir()
     for n in names:
         os.symlink(models_src / n, work / "models" / n)
-    threads = ["--intra-threads", str(args.intra_threads), "--inter-threads", str(args.inter_threads),
-               "--workers", str(args.workers)]
+    threads = [
+        "--intra-threads",
+        str(args.intra_threads),
+        "--inter-threads",
+        str(args.inter_threads),
+        "--workers",
+        str(args.workers),
+    ]
     if args.score_threads:
         threads += ["--score-threads", str(args.score_threads)]
     og_port, ig_port = free_port(), free_port()
-    offgraph = Proc("offgraph", [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(work / "models"),
-                                 "--port", str(og_port), "--cache-mb", str(args.cache_mb),
-                                 "--log-level", "warning", *threads,
-                                 *(["--follow-seconds", str(args.follow_seconds)] if args.follow_seconds else [])],
-                   og_port, out / "offgraph_server.log")
-    ingraph = Proc("in-graph", [sys.executable, "-m", "bench.ingraph_baseline", "--run", args.run, "--export-dir",
-                                str(out / "ingraph_savedmodel"), "--port", str(ig_port), *threads],
-                   ig_port, out / "ingraph_server.log")
+    offgraph = Proc(
+        "offgraph",
+        [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "serve",
+            "--models",
+            str(work / "models"),
+            "--port",
+            str(og_port),
+            "--cache-mb",
+            str(args.cache_mb),
+            "--log-level",
+            "warning",
+            *threads,
+            *(["--follow-seconds", str(args.follow_seconds)] if args.follow_seconds else []),
+        ],
+        og_port,
+        out / "offgraph_server.log",
+    )
+    ingraph = Proc(
+        "in-graph",
+        [
+            sys.executable,
+            "-m",
+            "bench.ingraph_baseline",
+            "--run",
+            args.run,
+            "--export-dir",
+            str(out / "ingraph_savedmodel"),
+            "--port",
+            str(ig_port),
+            *threads,
+        ],
+        ig_port,
+        out / "ingraph_server.log",
+    )
     targets = [(f"offgraph:{n}", og_port, f"/v1/models/{n}:score", offgraph.p.pid) for n in names]
     targets.append(("in-graph", ig_port, "/v1/models/ingraph:score", ingraph.p.pid))
     results: list[dict] = []
@@ -364,14 +431,19 @@ def main(argv: list[str] | None = None) -> int:
             for n in sizes:
                 for c in concs:
                     for label, port, path, pid in targets:
-                        r = await run_cell("127.0.0.1", port, path, bodies[n], c, args.requests, args.seconds,
-                                           args.warmup, n, pid)
+                        r = await run_cell(
+                            "127.0.0.1", port, path, bodies[n], c, args.requests, args.seconds, args.warmup, n, pid
+                        )
                         r.update(server=label, n=n, concurrency=c)
                         results.append(r)
-                        print(f"  {label:16s} N={n:<5d} c={c}: p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
-                              f"{r['rps']:7.1f} req/s  server CPU {r['server_cpu_ms_per_request']:5.2f} ms/req  "
-                              f"(load {r['loadavg_1m']:.1f}, {r['requests']} requests"
-                              + (f", ERRORS {r['errors']}" if r["errors"] else "") + ")", flush=True)
+                        print(
+                            f"  {label:16s} N={n:<5d} c={c}: p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
+                            f"{r['rps']:7.1f} req/s  server CPU {r['server_cpu_ms_per_request']:5.2f} ms/req  "
+                            f"(load {r['loadavg_1m']:.1f}, {r['requests']} requests"
+                            + (f", ERRORS {r['errors']}" if r["errors"] else "")
+                            + ")",
+                            flush=True,
+                        )
             return parity
 
         import uvloop
@@ -391,8 +463,11 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             for c in concs:
                 a, b = cell(label, n, c), cell("in-graph", n, c)
-                ratios[label][f"N={n},c={c}"] = {"p50": a["p50_ms"] / b["p50_ms"], "p99": a["p99_ms"] / b["p99_ms"],
-                                                 "rps": a["rps"] / b["rps"]}
+                ratios[label][f"N={n},c={c}"] = {
+                    "p50": a["p50_ms"] / b["p50_ms"],
+                    "p99": a["p99_ms"] / b["p99_ms"],
+                    "rps": a["rps"] / b["rps"],
+                }
     acceptance = {}
     if 200 in sizes:
         for label, *_ in targets[:-1]:
@@ -412,38 +487,69 @@ def main(argv: list[str] | None = None) -> int:
         breakdown = {}
         for size in sorted({200, max(sizes)} & set(sizes)):
             try:
-                breakdown[f"N={size}"] = {n: library_breakdown(models_src / n, bodies[size][0], 100,
-                                                               args.cache_mb / max(1, len(names)),
-                                                               args.intra_threads, args.inter_threads)
-                                          for n in names}
+                breakdown[f"N={size}"] = {
+                    n: library_breakdown(
+                        models_src / n,
+                        bodies[size][0],
+                        100,
+                        args.cache_mb / max(1, len(names)),
+                        args.intra_threads,
+                        args.inter_threads,
+                    )
+                    for n in names
+                }
             except Exception as e:  # noqa: BLE001 - the breakdown is extra information
                 breakdown[f"N={size}"] = {"error": f"{type(e).__name__}: {e}"}
 
     report = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "loadavg_at_end": os.getloadavg()},
-        "settings": {"sizes": sizes, "concurrency": concs, "requests_per_cell": args.requests,
-                     "seconds_per_cell": args.seconds, "warmup": args.warmup, "bodies_per_n": args.bodies,
-                     "intra_threads": args.intra_threads, "inter_threads": args.inter_threads,
-                     "score_threads": args.score_threads, "workers": args.workers, "cache_mb": args.cache_mb, "models": names,
-                     "follow_seconds": args.follow_seconds,
-                     "run": str(args.run), "data": str(args.data)},
-        "results": results, "ratio_vs_ingraph": ratios, "acceptance_n200": acceptance,
-        "max_abs_score_diff_vs_ingraph_n200": parity, "library_breakdown_ms": breakdown,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "loadavg_at_end": os.getloadavg(),
+        },
+        "settings": {
+            "sizes": sizes,
+            "concurrency": concs,
+            "requests_per_cell": args.requests,
+            "seconds_per_cell": args.seconds,
+            "warmup": args.warmup,
+            "bodies_per_n": args.bodies,
+            "intra_threads": args.intra_threads,
+            "inter_threads": args.inter_threads,
+            "score_threads": args.score_threads,
+            "workers": args.workers,
+            "cache_mb": args.cache_mb,
+            "models": names,
+            "follow_seconds": args.follow_seconds,
+            "run": str(args.run),
+            "data": str(args.data),
+        },
+        "results": results,
+        "ratio_vs_ingraph": ratios,
+        "acceptance_n200": acceptance,
+        "max_abs_score_diff_vs_ingraph_n200": parity,
+        "library_breakdown_ms": breakdown,
     }
     (out / "serve_latency.json").write_text(json.dumps(report, indent=2))
     plot(results, sizes, concs, out / "serve_latency.png")
 
-    print("\nN=200 acceptance (c=1 p50/p99 over HTTP, p50 ratio vs in-graph, c=%d throughput):" % max(concs))
+    print(f"\nN=200 acceptance (c=1 p50/p99 over HTTP, p50 ratio vs in-graph, c={max(concs)} throughput):")
     for label, acc in acceptance.items():
-        print(f"  {label}: " + ", ".join(f"{k} {v['value']:.2f} {'ok' if v['ok'] else 'MISSED'}"
-                                         for k, v in acc.items()))
+        print(
+            f"  {label}: " + ", ".join(f"{k} {v['value']:.2f} {'ok' if v['ok'] else 'MISSED'}" for k, v in acc.items())
+        )
     print(f"  |score offgraph - in-graph| at N=200: {parity}")
     for size, per_model in (breakdown or {}).items():
         for name, b in per_model.items():
-            print(f"  library Scorer.score in-process, {size}, {name} (median ms): "
-                  + (", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in b.items())
-                     if isinstance(b, dict) else str(b)))
+            print(
+                f"  library Scorer.score in-process, {size}, {name} (median ms): "
+                + (
+                    ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in b.items())
+                    if isinstance(b, dict)
+                    else str(b)
+                )
+            )
     print(f"wrote {out / 'serve_latency.json'} and {out / 'serve_latency.png'}")
     return 0
 

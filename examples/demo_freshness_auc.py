@@ -25,6 +25,7 @@ raters drag the shared rows; streaming the id tables only (user_id, movie_id) wi
 embedding steps and larger first-order steps gains on seen users and loses nothing elsewhere.
 Prints a table and writes OUT/freshness_auc.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fields", default="user_id,movie_id", help="fields whose rows are streamed ('all': every one)")
     p.add_argument("--every-events", type=int, default=1000, help="delta file every K events")
     p.add_argument("--reuse", action="store_true", help="reuse OUT/run and OUT/models when present (tuning)")
-    p.add_argument("--apply", choices=["auto", "updater", "store-write"], default="auto",
-                   help="how deltas reach the streamed store (auto: the updater if offgraph/streaming/updater.py exists)")
+    p.add_argument(
+        "--apply",
+        choices=["auto", "updater", "store-write"],
+        default="auto",
+        help="how deltas reach the streamed store (auto: the updater if offgraph/streaming/updater.py exists)",
+    )
     args = p.parse_args(argv)
     if not 0 < args.cut_quantile < 1:
         raise ValueError(f"--cut-quantile must be in (0, 1), got {args.cut_quantile}")
@@ -145,11 +150,11 @@ def main(argv=None) -> int:
     import pyarrow.parquet as pq
 
     from offgraph.data.datasets import build
+    from offgraph.export.export import export_run
+    from offgraph.features.spec import load_spec
     from offgraph.model._metrics import auc, logloss
     from offgraph.model.train import TrainConfig, train_run
-    from offgraph.export.export import export_run
     from offgraph.scoring.scorer import Scorer
-    from offgraph.features.spec import load_spec
     from offgraph.streaming.stream_train import open_trainer
 
     t_start = time.perf_counter()
@@ -167,8 +172,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     if not (args.reuse and (frozen / "manifest.json").exists()):
         cfg = TrainConfig(epochs=args.epochs, split="random", held_out=0.05)
-        _, metrics = train_run(spec, table.take(pa.array(before)), cfg, run_dir, source="movielens < cut",
-                               progress=False)
+        _, metrics = train_run(
+            spec, table.take(pa.array(before)), cfg, run_dir, source="movielens < cut", progress=False
+        )
         if frozen_models.exists():
             shutil.rmtree(frozen_models)
         export_run(run_dir, frozen, shards=4, quant=args.quant, progress=False)
@@ -193,31 +199,70 @@ def main(argv=None) -> int:
     after = ts >= cut
     cut_day = cut // DAY_S
     days, counts = np.unique(day[after & (day > cut_day)], return_counts=True)
-    eval_days = days[counts >= args.min_events][:args.days]
+    eval_days = days[counts >= args.min_events][: args.days]
     if len(eval_days) == 0:
         raise ValueError(f"no UTC day after the cut has >= {args.min_events} ratings")
     inputs = sorted(set(spec.raw_inputs("request")) | set(spec.raw_inputs("item")))
     columns = {c: table.column(c).to_pylist() for c in inputs}
     labels = table.column(spec.label).to_numpy().astype(np.float32)
     users = table.column("user_id").to_numpy()
-    print(f"cut {time.strftime('%Y-%m-%d %H:%M', time.gmtime(cut))} UTC (q={args.cut_quantile}): "
-          f"{len(before)} ratings before, {int(after.sum())} after; {len(eval_days)} evaluation days; "
-          f"deltas applied by {'the updater (offgraph.streaming.updater.Updater, as offgraph update runs it)' if apply_mode == 'updater' else 'store.write on the copy'}",
-          flush=True)
+    print(
+        f"cut {time.strftime('%Y-%m-%d %H:%M', time.gmtime(cut))} UTC (q={args.cut_quantile}): "
+        f"{len(before)} ratings before, {int(after.sum())} after; {len(eval_days)} evaluation days; "
+        f"deltas applied by {'the updater (offgraph.streaming.updater.Updater, as offgraph update runs it)' if apply_mode == 'updater' else 'store.write on the copy'}",
+        flush=True,
+    )
 
     fields = None if args.fields == "all" else tuple(f.strip() for f in args.fields.split(",") if f.strip())
-    scfg = StreamTrainConfig(lr=args.lr, optimizer=args.optimizer, batch_size=args.batch_size, l2=args.l2,
-                             lr_first_order=args.lr_first_order, fields=fields, adagrad_init=args.adagrad_init,
-                             every_events=args.every_events, time_unit="s")
+    scfg = StreamTrainConfig(
+        lr=args.lr,
+        optimizer=args.optimizer,
+        batch_size=args.batch_size,
+        l2=args.l2,
+        lr_first_order=args.lr_first_order,
+        fields=fields,
+        adagrad_init=args.adagrad_init,
+        every_events=args.every_events,
+        time_unit="s",
+    )
     # ONE writer for the whole demo (the live updater process); the streamed scorer follows it
     applier = _start_updater(streamed_models, spool) if apply_mode == "updater" else _StoreWriter(streamed, spool)
-    state = {"per_day": [], "y": [], "frozen": [], "streamed": [], "seen": [], "files": 0, "rows_applied": 0,
-             "served_minus_trained": 0.0, "streamed_idx": [], "seconds": {"stream_train": 0.0, "apply": 0.0, "score": 0.0}}
+    state = {
+        "per_day": [],
+        "y": [],
+        "frozen": [],
+        "streamed": [],
+        "seen": [],
+        "files": 0,
+        "rows_applied": 0,
+        "served_minus_trained": 0.0,
+        "streamed_idx": [],
+        "seconds": {"stream_train": 0.0, "apply": 0.0, "score": 0.0},
+    }
     try:
-        with open_trainer(model_dir=frozen, config=scfg) as trainer, Scorer(frozen) as fz, \
-                Scorer(streamed, store_mode="follow") as st:
-            _run_days(eval_days, ts, day, table, spec, columns, labels, users, cut, trainer, fz, st, spool,
-                      applier, apply_mode, state)
+        with (
+            open_trainer(model_dir=frozen, config=scfg) as trainer,
+            Scorer(frozen) as fz,
+            Scorer(streamed, store_mode="follow") as st,
+        ):
+            _run_days(
+                eval_days,
+                ts,
+                day,
+                table,
+                spec,
+                columns,
+                labels,
+                users,
+                cut,
+                trainer,
+                fz,
+                st,
+                spool,
+                applier,
+                apply_mode,
+                state,
+            )
             rows_touched = trainer.rows.n_trained
             # progressive: each streamed rating scored by the trainer just before it trained on it, vs frozen
             py, pp = trainer.progressive_predictions()
@@ -225,8 +270,13 @@ def main(argv=None) -> int:
             if not np.array_equal(py, labels[sidx]):
                 raise ValueError("internal error: the trainer's progressive predictions are not in table order")
             pfz = _score(fz, spec, columns, sidx)
-            prog = {"events": int(len(sidx)), "auc_frozen": auc(py, pfz), "auc_streamed": auc(py, pp),
-                    "logloss_frozen": logloss(py, pfz), "logloss_streamed": logloss(py, pp)}
+            prog = {
+                "events": int(len(sidx)),
+                "auc_frozen": auc(py, pfz),
+                "auc_streamed": auc(py, pp),
+                "logloss_frozen": logloss(py, pfz),
+                "logloss_streamed": logloss(py, pp),
+            }
     finally:
         applier.close()
     per_day = state["per_day"]
@@ -235,36 +285,60 @@ def main(argv=None) -> int:
     all_y, all_f, all_s, all_seen = state["y"], state["frozen"], state["streamed"], state["seen"]
 
     y, pf, ps, seen = (np.concatenate(a) for a in (all_y, all_f, all_s, all_seen))
-    pooled = {"events": int(len(y)), "auc_frozen": auc(y, pf), "auc_streamed": auc(y, ps),
-              "logloss_frozen": logloss(y, pf), "logloss_streamed": logloss(y, ps),
-              "seen_user_fraction": float(seen.mean())}
+    pooled = {
+        "events": int(len(y)),
+        "auc_frozen": auc(y, pf),
+        "auc_streamed": auc(y, ps),
+        "logloss_frozen": logloss(y, pf),
+        "logloss_streamed": logloss(y, ps),
+        "seen_user_fraction": float(seen.mean()),
+    }
     if seen.any() and (~seen).any():
-        pooled.update(auc_frozen_seen_users=auc(y[seen], pf[seen]), auc_streamed_seen_users=auc(y[seen], ps[seen]),
-                      auc_frozen_unseen_users=auc(y[~seen], pf[~seen]),
-                      auc_streamed_unseen_users=auc(y[~seen], ps[~seen]))
+        pooled.update(
+            auc_frozen_seen_users=auc(y[seen], pf[seen]),
+            auc_streamed_seen_users=auc(y[seen], ps[seen]),
+            auc_frozen_unseen_users=auc(y[~seen], pf[~seen]),
+            auc_streamed_unseen_users=auc(y[~seen], ps[~seen]),
+        )
     wins = sum(r["auc_streamed"] > r["auc_frozen"] for r in per_day)
     total_s = time.perf_counter() - t_start
     report = {
-        "cut": cut, "cut_quantile": args.cut_quantile, "train_events": int(len(before)), "quant": args.quant,
-        "apply": apply_mode, "stream_config": vars(scfg), "per_day": per_day, "pooled": pooled,
-        "days_streamed_better": wins, "files_emitted": files, "rows_touched": rows_touched,
-        "rows_applied": rows_applied, "max_abs_served_minus_trained": apply_err, "progressive": prog,
-        "seconds": {"train_export": train_s, "stream_train": stream_s, "apply": apply_s, "score": score_s,
-                    "total": total_s},
+        "cut": cut,
+        "cut_quantile": args.cut_quantile,
+        "train_events": int(len(before)),
+        "quant": args.quant,
+        "apply": apply_mode,
+        "stream_config": vars(scfg),
+        "per_day": per_day,
+        "pooled": pooled,
+        "days_streamed_better": wins,
+        "files_emitted": files,
+        "rows_touched": rows_touched,
+        "rows_applied": rows_applied,
+        "max_abs_served_minus_trained": apply_err,
+        "progressive": prog,
+        "seconds": {
+            "train_export": train_s,
+            "stream_train": stream_s,
+            "apply": apply_s,
+            "score": score_s,
+            "total": total_s,
+        },
     }
     (out / "freshness_auc.json").write_text(json.dumps(report, indent=2, default=float))
     _print_table(report)
     return 0
 
 
-def _run_days(eval_days, ts, day, table, spec, columns, labels, users, cut, trainer, fz, st, spool, applier,
-              apply_mode, state) -> None:
+def _run_days(
+    eval_days, ts, day, table, spec, columns, labels, users, cut, trainer, fz, st, spool, applier, apply_mode, state
+) -> None:
     """Per evaluation day: stream-train on what happened before it, apply, catch up, score both models."""
     import pyarrow as pa
 
     from offgraph.model._metrics import auc, logloss
-    from offgraph.streaming.stream_train import stream_train_table
     from offgraph.store.keys import split_keys
+    from offgraph.streaming.stream_train import stream_train_table
 
     secs = state["seconds"]
     streamed_upto = cut  # ratings with cut <= ts < streamed_upto have been streamed
@@ -298,47 +372,70 @@ def _run_days(eval_days, ts, day, table, spec, columns, labels, users, cut, trai
         secs["score"] += time.perf_counter() - t0
         y = labels[idx]
         seen = np.isin(users[idx], list(seen_users))
-        row = {"day": time.strftime("%Y-%m-%d", time.gmtime(start)), "events": int(len(idx)),
-               "streamed_events_before": int(s["events"]), "seen_user_fraction": float(seen.mean()),
-               "auc_frozen": auc(y, pf), "auc_streamed": auc(y, ps),
-               "logloss_frozen": logloss(y, pf), "logloss_streamed": logloss(y, ps),
-               "max_abs_served_minus_trained": err}
+        row = {
+            "day": time.strftime("%Y-%m-%d", time.gmtime(start)),
+            "events": int(len(idx)),
+            "streamed_events_before": int(s["events"]),
+            "seen_user_fraction": float(seen.mean()),
+            "auc_frozen": auc(y, pf),
+            "auc_streamed": auc(y, ps),
+            "logloss_frozen": logloss(y, pf),
+            "logloss_streamed": logloss(y, ps),
+            "max_abs_served_minus_trained": err,
+        }
         state["per_day"].append(row)
         for k, v in (("y", y), ("frozen", pf), ("streamed", ps), ("seen", seen)):
             state[k].append(v)
-        print(f"  {row['day']}: {row['events']:5d} ratings ({100 * row['seen_user_fraction']:3.0f}% seen users) "
-              f"AUC frozen {row['auc_frozen']:.4f} streamed {row['auc_streamed']:.4f} "
-              f"({row['auc_streamed'] - row['auc_frozen']:+.4f}); served-trained {err:.2g}", flush=True)
+        print(
+            f"  {row['day']}: {row['events']:5d} ratings ({100 * row['seen_user_fraction']:3.0f}% seen users) "
+            f"AUC frozen {row['auc_frozen']:.4f} streamed {row['auc_streamed']:.4f} "
+            f"({row['auc_streamed'] - row['auc_frozen']:+.4f}); served-trained {err:.2g}",
+            flush=True,
+        )
 
 
 def _print_table(rep: dict) -> None:
     print()
-    print(f"{'day (UTC)':<12}{'ratings':>8}{'seen':>6}{'AUC frozen':>12}{'AUC streamed':>14}{'delta':>9}"
-          f"{'LL frozen':>11}{'LL streamed':>13}")
+    print(
+        f"{'day (UTC)':<12}{'ratings':>8}{'seen':>6}{'AUC frozen':>12}{'AUC streamed':>14}{'delta':>9}"
+        f"{'LL frozen':>11}{'LL streamed':>13}"
+    )
     for r in rep["per_day"]:
-        print(f"{r['day']:<12}{r['events']:>8}{100 * r['seen_user_fraction']:>5.0f}%{r['auc_frozen']:>12.4f}"
-              f"{r['auc_streamed']:>14.4f}{r['auc_streamed'] - r['auc_frozen']:>+9.4f}"
-              f"{r['logloss_frozen']:>11.4f}{r['logloss_streamed']:>13.4f}")
+        print(
+            f"{r['day']:<12}{r['events']:>8}{100 * r['seen_user_fraction']:>5.0f}%{r['auc_frozen']:>12.4f}"
+            f"{r['auc_streamed']:>14.4f}{r['auc_streamed'] - r['auc_frozen']:>+9.4f}"
+            f"{r['logloss_frozen']:>11.4f}{r['logloss_streamed']:>13.4f}"
+        )
     p = rep["pooled"]
-    print(f"{'pooled':<12}{p['events']:>8}{100 * p['seen_user_fraction']:>5.0f}%{p['auc_frozen']:>12.4f}"
-          f"{p['auc_streamed']:>14.4f}{p['auc_streamed'] - p['auc_frozen']:>+9.4f}"
-          f"{p['logloss_frozen']:>11.4f}{p['logloss_streamed']:>13.4f}")
+    print(
+        f"{'pooled':<12}{p['events']:>8}{100 * p['seen_user_fraction']:>5.0f}%{p['auc_frozen']:>12.4f}"
+        f"{p['auc_streamed']:>14.4f}{p['auc_streamed'] - p['auc_frozen']:>+9.4f}"
+        f"{p['logloss_frozen']:>11.4f}{p['logloss_streamed']:>13.4f}"
+    )
     if "auc_frozen_seen_users" in p:
-        print(f"pooled, users seen in the stream: AUC frozen {p['auc_frozen_seen_users']:.4f} streamed "
-              f"{p['auc_streamed_seen_users']:.4f}; unseen: frozen {p['auc_frozen_unseen_users']:.4f} "
-              f"streamed {p['auc_streamed_unseen_users']:.4f}")
+        print(
+            f"pooled, users seen in the stream: AUC frozen {p['auc_frozen_seen_users']:.4f} streamed "
+            f"{p['auc_streamed_seen_users']:.4f}; unseen: frozen {p['auc_frozen_unseen_users']:.4f} "
+            f"streamed {p['auc_streamed_unseen_users']:.4f}"
+        )
     s = rep["seconds"]
     c = rep["stream_config"]
-    print(f"streamed better on {rep['days_streamed_better']}/{len(rep['per_day'])} days; {c['optimizer']} lr {c['lr']} "
-          f"(first-order {c['lr_first_order'] if c['lr_first_order'] is not None else c['lr']}) batch {c['batch_size']}, "
-          f"fields {','.join(c['fields']) if c['fields'] else 'all'}; {rep['files_emitted']} delta files, {rep['rows_touched']} rows touched, applied by "
-          f"{rep['apply']} ({rep['quant']} store; max |served - trained| {rep['max_abs_served_minus_trained']:.2g})")
+    print(
+        f"streamed better on {rep['days_streamed_better']}/{len(rep['per_day'])} days; {c['optimizer']} lr {c['lr']} "
+        f"(first-order {c['lr_first_order'] if c['lr_first_order'] is not None else c['lr']}) batch {c['batch_size']}, "
+        f"fields {','.join(c['fields']) if c['fields'] else 'all'}; {rep['files_emitted']} delta files, {rep['rows_touched']} rows touched, applied by "
+        f"{rep['apply']} ({rep['quant']} store; max |served - trained| {rep['max_abs_served_minus_trained']:.2g})"
+    )
     g = rep["progressive"]
-    print(f"progressive (each of the {g['events']} streamed ratings scored just before the trainer stepped on it): "
-          f"AUC frozen {g['auc_frozen']:.4f} streamed {g['auc_streamed']:.4f} ({g['auc_streamed'] - g['auc_frozen']:+.4f}), "
-          f"logloss {g['logloss_frozen']:.4f} -> {g['logloss_streamed']:.4f}")
-    print(f"time: train+export {s['train_export']:.0f}s, stream-train {s['stream_train']:.0f}s, apply {s['apply']:.0f}s, "
-          f"score {s['score']:.0f}s, total {s['total']:.0f}s")
+    print(
+        f"progressive (each of the {g['events']} streamed ratings scored just before the trainer stepped on it): "
+        f"AUC frozen {g['auc_frozen']:.4f} streamed {g['auc_streamed']:.4f} ({g['auc_streamed'] - g['auc_frozen']:+.4f}), "
+        f"logloss {g['logloss_frozen']:.4f} -> {g['logloss_streamed']:.4f}"
+    )
+    print(
+        f"time: train+export {s['train_export']:.0f}s, stream-train {s['stream_train']:.0f}s, apply {s['apply']:.0f}s, "
+        f"score {s['score']:.0f}s, total {s['total']:.0f}s"
+    )
 
 
 if __name__ == "__main__":

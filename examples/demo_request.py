@@ -2,6 +2,7 @@
 MovieLens request over HTTP in its ids-only form (the server joins the user and movie features from
 its feature tables), check it against the same request with every feature sent, print it, stop the
 server (the serving step of `make demo`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,11 @@ def real_request(data: str, n: int) -> dict:
     t = pq.read_table(data).to_pylist()
     first = t[0]
     user = {k: first[k] for k in ("user_id", "age", "gender", "occupation", "zip_prefix")}
-    items = [{k: r[k] for k in ("movie_id", "genres", "title_words", "release_year")}
-             for r in t if r["user_id"] == first["user_id"]][:n]
+    items = [
+        {k: r[k] for k in ("movie_id", "genres", "title_words", "release_year")}
+        for r in t
+        if r["user_id"] == first["user_id"]
+    ][:n]
     return {"request": user, "candidates": items}
 
 
@@ -34,8 +38,20 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0)
     args = ap.parse_args(argv)
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "offgraph.cli", "serve", "--models", args.models,
-                               "--host", "127.0.0.1", "--port", str(port)])
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "serve",
+            "--models",
+            args.models,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         try:
@@ -45,20 +61,26 @@ def main(argv=None) -> int:
             return 1
         with httpx.Client(base_url=base, timeout=10.0) as client:
             full = real_request(args.data, args.candidates)
-            ids = {"request": {"user_id": full["request"]["user_id"]},
-                   "candidates": [{"movie_id": c["movie_id"]} for c in full["candidates"]]}
+            ids = {
+                "request": {"user_id": full["request"]["user_id"]},
+                "candidates": [{"movie_id": c["movie_id"]} for c in full["candidates"]],
+            }
             r = client.post(f"/v1/models/{args.model}:score", json=ids)
             print(f"POST {base}/v1/models/{args.model}:score -> {r.status_code}")
             print("ids-only body:", json.dumps(ids))
             out = r.json()
             for cand, score in zip(full["candidates"], out.get("scores", [])):
                 print(f"  movie {cand['movie_id']:>5}  {score:.4f}  {' '.join(cand['title_words'])}")
-            print(f"model {out.get('model')} version {out.get('version')}, unknown candidates "
-                  f"{out.get('unknown_candidates')}")
+            print(
+                f"model {out.get('model')} version {out.get('version')}, unknown candidates "
+                f"{out.get('unknown_candidates')}"
+            )
             r_full = client.post(f"/v1/models/{args.model}:score", json=full)
             same = r.status_code == 200 and r_full.json().get("scores") == out.get("scores")
-            print(f"the same request with every feature sent ({len(json.dumps(full))} bytes instead of "
-                  f"{len(json.dumps(ids))}): {'identical scores' if same else 'DIFFERENT scores'}")
+            print(
+                f"the same request with every feature sent ({len(json.dumps(full))} bytes instead of "
+                f"{len(json.dumps(ids))}): {'identical scores' if same else 'DIFFERENT scores'}"
+            )
             return 0 if same else 1
     finally:
         server.terminate()

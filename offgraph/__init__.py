@@ -9,6 +9,7 @@ Subpackages, lowest layer first (``lint-imports`` checks the order, pyproject.to
 ``features``, ``store``, ``modeldir``, ``scoring``, ``model``, ``data``; then ``export``, ``streaming``,
 ``server``; then ``cli`` and ``testing``. Importing this package loads nothing heavy.
 """
+
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version

@@ -16,6 +16,7 @@ model that checks its fields once, when it is built, and refuses anything else.
 
 Imports pydantic only (no NumPy, no TensorFlow): the CLI's modules import their settings classes.
 """
+
 from __future__ import annotations
 
 import re

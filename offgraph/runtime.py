@@ -1,5 +1,6 @@
 """Process set-up shared by the command line and the processes it spawns (server workers): CPU pinning
 and a quiet first `import tensorflow`. Imports nothing heavy."""
+
 from __future__ import annotations
 
 import importlib.abc
@@ -22,8 +23,9 @@ def pin_cpus(spec: str | None) -> set[int] | None:
         cpus.update(range(int(m[1]), int(m[2] or m[1]) + 1))
     allowed = os.sched_getaffinity(0)
     if not cpus or not cpus <= allowed:
-        raise ValueError(f"--cpus {spec!r}: CPUs {sorted(cpus - allowed) or 'none'} are not available "
-                         f"(available: {sorted(allowed)})")
+        raise ValueError(
+            f"--cpus {spec!r}: CPUs {sorted(cpus - allowed) or 'none'} are not available (available: {sorted(allowed)})"
+        )
     os.sched_setaffinity(0, cpus)
     logging.getLogger("offgraph").info("pinned to CPUs %s", sorted(cpus))
     return cpus
@@ -32,8 +34,10 @@ def pin_cpus(spec: str | None) -> set[int] | None:
 # Lines TensorFlow's C++ code writes to file descriptor 2 while `import tensorflow` runs, before any
 # log level applies: absl's pre-initialisation notice and INFO lines (oneDNN, CPU features).
 # TF_CPP_MIN_LOG_LEVEL does not reach them, and TF_ENABLE_ONEDNN_OPTS would change the maths.
-_TF_IMPORT_NOISE = re.compile(r"WARNING: All log messages before absl::InitializeLog\(\) is called"
-                              r"|I\d{4} [\d:. ]+\d+ \S+:\d+\] ")
+_TF_IMPORT_NOISE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|I\d{4} [\d:. ]+\d+ \S+:\d+\] "
+)
 
 
 class _QuietTensorFlowImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):

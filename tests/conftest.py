@@ -12,8 +12,9 @@ SHARED = REPO.parent / "shared" / "data"
 @pytest.fixture(scope="session")
 def movielens_table(tmp_path_factory):
     """The real MovieLens-100k flat table (built once per test session)."""
-    from offgraph.data.datasets import build
     import pyarrow.parquet as pq
+
+    from offgraph.data.datasets import build
 
     out = tmp_path_factory.mktemp("ml")
     return pq.read_table(build("movielens-100k", out))
@@ -22,8 +23,8 @@ def movielens_table(tmp_path_factory):
 @pytest.fixture(scope="session")
 def small_run(movielens_table, tmp_path_factory):
     """A DeepFM trained for 1 epoch on the first 30k MovieLens ratings: (run_dir, table)."""
-    from offgraph.model.train import TrainConfig, train_run
     from offgraph.features import load_spec
+    from offgraph.model.train import TrainConfig, train_run
 
     spec = load_spec(REPO / "examples" / "movielens.yaml")
     table = movielens_table.slice(0, 30000)
@@ -35,8 +36,8 @@ def small_run(movielens_table, tmp_path_factory):
 @pytest.fixture(scope="session")
 def numeric_run(movielens_table, tmp_path_factory):
     """Like ``small_run`` with examples/movielens_numeric.yaml (a standardized continuous field): (run_dir, table)."""
-    from offgraph.model.train import TrainConfig, train_run
     from offgraph.features import load_spec
+    from offgraph.model.train import TrainConfig, train_run
 
     spec = load_spec(REPO / "examples" / "movielens_numeric.yaml")
     table = movielens_table.slice(0, 30000)
@@ -48,11 +49,11 @@ def numeric_run(movielens_table, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model(movielens_table, tmp_path_factory):
     """(pristine MODELS dir holding ml/1, the table slice): a 1-epoch DeepFM with tables 1/50 of the example's."""
-    from offgraph.model.train import TrainConfig, train_run
     import yaml
 
     from offgraph.export.export import export_run
     from offgraph.features import parse_spec
+    from offgraph.model.train import TrainConfig, train_run
 
     raw = yaml.safe_load((REPO / "examples" / "movielens.yaml").read_text())
     for f in raw["fields"]:
@@ -61,8 +62,7 @@ def tiny_model(movielens_table, tmp_path_factory):
     spec = parse_spec(raw, source="tiny movielens")
     table = movielens_table.slice(0, 8000)
     root = tmp_path_factory.mktemp("server_model")
-    train_run(spec, table, TrainConfig(epochs=1, batch_size=512, split="per-key-time"), root / "run",
-              progress=False)
+    train_run(spec, table, TrainConfig(epochs=1, batch_size=512, split="per-key-time"), root / "run", progress=False)
     export_run(root / "run", root / "models" / "ml" / "1", shards=2, quant="fp32", progress=False)
     return root / "models", table
 
@@ -80,8 +80,7 @@ def requests_(tiny_model):
     out = []
     for rows in groups.values():
         if len(rows) >= 3:
-            out.append(({c: cols[c][rows[0]] for c in req_in},
-                        [{c: cols[c][i] for c in item_in} for i in rows[:100]]))
+            out.append(({c: cols[c][rows[0]] for c in req_in}, [{c: cols[c][i] for c in item_in} for i in rows[:100]]))
         if len(out) == 60:
             break
     return out
@@ -99,8 +98,9 @@ class StdinWriter:
         import subprocess
         import sys
 
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         try:
             assert self.proc.stdout.readline().strip() == "ready"
         except BaseException:
@@ -168,17 +168,23 @@ class StoreWriter(StdinWriter):
     def __init__(self, path):
         super().__init__(STORE_WRITER.format(root=str(REPO), path=str(path)))
 
-    def write(self, table, rows, vectors, first_order, *, seqs=None, feed: bool = False,
-              meta: dict[str, str] | None = None) -> tuple[int, float]:
+    def write(
+        self, table, rows, vectors, first_order, *, seqs=None, feed: bool = False, meta: dict[str, str] | None = None
+    ) -> tuple[int, float]:
         """``store.write`` in the writer process: (rows applied, the writer's ``time.time()`` after it)."""
         import json
 
         import numpy as np
 
-        arg = {"table": int(table), "rows": np.asarray(rows).tolist(),
-               "vectors": np.asarray(vectors, np.float32).tolist(),
-               "first_order": np.asarray(first_order, np.float32).tolist(),
-               "seqs": None if seqs is None else np.asarray(seqs).tolist(), "feed": feed, "meta": meta or {}}
+        arg = {
+            "table": int(table),
+            "rows": np.asarray(rows).tolist(),
+            "vectors": np.asarray(vectors, np.float32).tolist(),
+            "first_order": np.asarray(first_order, np.float32).tolist(),
+            "seqs": None if seqs is None else np.asarray(seqs).tolist(),
+            "feed": feed,
+            "meta": meta or {},
+        }
         out = self.send("write " + json.dumps(arg), "written")
         return int(out[1]), float(out[2])
 

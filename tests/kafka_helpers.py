@@ -1,13 +1,14 @@
 """Kafka test helpers: a reader of a whole topic, producers, and `offgraph update` over a topic as a
 subprocess, with the store's recorded positions (the broker itself: ``offgraph.testing.tansu``)."""
+
 import os
 import subprocess
 import time
 
 import pytest
+from streaming_helpers import NAME, REPO, export_tiny, make_deltas, open_version_store, train_tiny, update_cmd
 
 from offgraph.testing.tansu import tansu_broker
-from streaming_helpers import NAME, REPO, export_tiny, make_deltas, open_version_store, train_tiny, update_cmd
 
 P = 4  # partitions
 
@@ -29,8 +30,14 @@ def consume_all(bootstrap: str, topic: str, partitions: int, expect: int, timeou
     """Every message of ``topic`` from the beginning (until ``expect`` are read): (partition, offset, value, headers)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "log_level": 2, "group.id": f"test-reader-{os.getpid()}-{time.monotonic_ns()}",
-                  "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "log_level": 2,
+            "group.id": f"test-reader-{os.getpid()}-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+        }
+    )
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     out, t_end = [], time.monotonic() + timeout
     try:
@@ -61,8 +68,14 @@ def raw_producer(broker, **config):
     """A plain producer (no offgraph code), e.g. ``compression_type="zstd"`` for a big compressible value."""
     from confluent_kafka import Producer
 
-    return Producer({"bootstrap.servers": broker, "log_level": 2, "message.max.bytes": 64 << 20,
-                     **{k.replace("_", "."): v for k, v in config.items()}})
+    return Producer(
+        {
+            "bootstrap.servers": broker,
+            "log_level": 2,
+            "message.max.bytes": 64 << 20,
+            **{k.replace("_", "."): v for k, v in config.items()},
+        }
+    )
 
 
 def stored_positions(vdir, topic) -> dict[int, list[tuple[int, int]]]:
@@ -95,8 +108,13 @@ def update_kafka_cmd(models, topic, broker, *extra) -> list[str]:
 
 def start_updater(models, topic, broker, log, *extra):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.Popen(update_kafka_cmd(models, topic, broker, *extra), cwd=REPO, env=env, stdout=open(log, "ab"),
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        update_kafka_cmd(models, topic, broker, *extra),
+        cwd=REPO,
+        env=env,
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def stop(*procs):
@@ -123,5 +141,6 @@ def wait_until(cond, timeout: float, *procs, what: str = "", log=None) -> None:
         for p in procs:
             assert p.poll() is None, f"exited with rc {p.returncode}: " + (log.read_text()[-3000:] if log else "")
         assert time.monotonic() < t_end, f"not within {timeout:g}s: {what}" + (
-            "\n" + log.read_text()[-3000:] if log else "")
+            "\n" + log.read_text()[-3000:] if log else ""
+        )
         time.sleep(0.2)

@@ -1,4 +1,5 @@
 """Helpers of the HTTP server tests (real uvicorn, real httpx client)."""
+
 import json
 import os
 import shutil
@@ -44,8 +45,12 @@ def wait_for(pred, timeout: float, what: str):
 
 def score(client, body, name="ml", **kw):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return client.post(f"/v1/models/{name}:score", content=content,
-                       headers={"content-type": "application/json", **kw.pop("headers", {})}, **kw)
+    return client.post(
+        f"/v1/models/{name}:score",
+        content=content,
+        headers={"content-type": "application/json", **kw.pop("headers", {})},
+        **kw,
+    )
 
 
 def serve_process(models: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
@@ -53,9 +58,13 @@ def serve_process(models: Path, log: Path, *flags: str) -> tuple[subprocess.Pope
     ``log``: ``(process, base url)``. Stop it with :func:`stop_server`."""
     port = free_port()
     with open(log, "w") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port",
-                                 str(port), *flags], cwd=Path(__file__).resolve().parent.parent, stdout=logf,
-                                stderr=subprocess.STDOUT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port", str(port), *flags],
+            cwd=Path(__file__).resolve().parent.parent,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -74,8 +83,9 @@ def server_config(models: Path, **kw):
     """A ServerConfig for tests: the admin token ``TOKEN``, fast polls, small caches and warm-ups."""
     from offgraph.server import ServerConfig
 
-    base = dict(models_dir=models, admin_token=TOKEN, poll_seconds=0.2, score_threads=4, cache_mb=16,
-                warmup_candidates=32)
+    base = dict(
+        models_dir=models, admin_token=TOKEN, poll_seconds=0.2, score_threads=4, cache_mb=16, warmup_candidates=32
+    )
     base.update(kw)
     return ServerConfig(**base)
 
@@ -96,8 +106,15 @@ class ThreadServer:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app if app is not None else create_app(config), loop="uvloop",
-                                                    http="httptools", access_log=False, log_level="warning"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                app if app is not None else create_app(config),
+                loop="uvloop",
+                http="httptools",
+                access_log=False,
+                log_level="warning",
+            )
+        )
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         wait_ready(self.url, 60, path="/readyz" if ready else "/healthz")

@@ -1,5 +1,6 @@
 """Helpers of the streaming updater tests: a tiny real export, delta files, an independent
 last-write-wins state, spool listings."""
+
 import os
 import shutil
 import signal
@@ -20,17 +21,30 @@ def train_tiny(root: Path) -> Path:
     """A 3-field DeepFM (tables of ROWS rows, D = DIM) trained 1 epoch on a synthetic table; the run dir."""
     import pyarrow as pa
 
-    from offgraph.model.train import TrainConfig, train_run
     from offgraph.features.spec import parse_spec
+    from offgraph.model.train import TrainConfig, train_run
 
-    spec = parse_spec({"model": {"embedding_dim": DIM, "mlp": [8]}, "label": "label", "fields": [
-        {"name": "user", "scope": "request", "op": "id", "input": "user", "rows": int(ROWS[0])},
-        {"name": "item", "scope": "item", "op": "id", "input": "item", "rows": int(ROWS[1])},
-        {"name": "cat", "scope": "item", "op": "id", "input": "cat", "rows": int(ROWS[2])}]})
+    spec = parse_spec(
+        {
+            "model": {"embedding_dim": DIM, "mlp": [8]},
+            "label": "label",
+            "fields": [
+                {"name": "user", "scope": "request", "op": "id", "input": "user", "rows": int(ROWS[0])},
+                {"name": "item", "scope": "item", "op": "id", "input": "item", "rows": int(ROWS[1])},
+                {"name": "cat", "scope": "item", "op": "id", "input": "cat", "rows": int(ROWS[2])},
+            ],
+        }
+    )
     rng = np.random.default_rng(0)
     n = 1000
-    table = pa.table({"user": rng.integers(0, 300, n), "item": rng.integers(0, 200, n),
-                      "cat": rng.integers(0, 10, n), "label": rng.integers(0, 2, n)})
+    table = pa.table(
+        {
+            "user": rng.integers(0, 300, n),
+            "item": rng.integers(0, 200, n),
+            "cat": rng.integers(0, 10, n),
+            "label": rng.integers(0, 2, n),
+        }
+    )
     train_run(spec, table, TrainConfig(epochs=1, split="random", batch_size=1024), root / "run", progress=False)
     return root / "run"
 
@@ -56,9 +70,14 @@ def make_deltas(rng, k, *, seq0, tables=None, hot=None):
     """``k`` random deltas (kwargs of ``write_delta_file``) with seqs ``seq0, seq0 + 1, ...``."""
     t = rng.integers(0, 3, k).astype(np.uint32) if tables is None else np.full(k, tables, np.uint32)
     r = (rng.random(k) * (ROWS[t] if hot is None else np.minimum(ROWS[t], hot))).astype(np.int64)
-    return dict(table_ids=t, rows=r, vectors=rng.standard_normal((k, DIM)).astype(np.float32),
-                first_order=rng.standard_normal(k).astype(np.float32), seqs=seq0 + np.arange(k),
-                event_time_ms=int(time.time() * 1000))
+    return dict(
+        table_ids=t,
+        rows=r,
+        vectors=rng.standard_normal((k, DIM)).astype(np.float32),
+        first_order=rng.standard_normal(k).astype(np.float32),
+        seqs=seq0 + np.arange(k),
+        event_time_ms=int(time.time() * 1000),
+    )
 
 
 def publish(spool, version, d, model=NAME):
@@ -114,14 +133,26 @@ def updater(models, spool, **kw):
 
 def update_cmd(models, spool, *args) -> list[str]:
     """``offgraph update`` of MODELS/tiny over ``spool:SPOOL`` as a subprocess command line."""
-    return [sys.executable, "-m", "offgraph.cli", "update", "--models", str(models), "--model", NAME,
-            "--source", f"spool:{spool}", *args]
+    return [
+        sys.executable,
+        "-m",
+        "offgraph.cli",
+        "update",
+        "--models",
+        str(models),
+        "--model",
+        NAME,
+        "--source",
+        f"spool:{spool}",
+        *args,
+    ]
 
 
 def run_update(models, spool, *args, timeout=300, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run(update_cmd(models, spool, *args), cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout, **kw)
+    return subprocess.run(
+        update_cmd(models, spool, *args), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, **kw
+    )
 
 
 def kill_at_a_random_point(proc, mode: int, rnd, opened, progressed) -> bool:

@@ -2,6 +2,7 @@
 budget far smaller than the table, (1) reads its store files with O_DIRECT (past the page cache), (2) holds no
 more in its caches than the budget's parts after uniform traffic that overfills every one of them (as
 /metrics and GET /v1/models/{name} account them), and (3) scores exactly as the library scorer does."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,8 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.scale_traffic import bodies as to_bodies, build_requests
+from bench.scale_traffic import bodies as to_bodies
+from bench.scale_traffic import build_requests
 from offgraph.testing.harness import wait_ready
 from tests.server_helpers import score, serve_process, stop_server
 
@@ -27,8 +29,25 @@ O_DIRECT = 0o40000  # x86-64 (asm-generic): the flag as /proc/PID/fdinfo shows i
 
 
 def _synth(out: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "offgraph.cli", "synth", "--out", str(out), "--rows", str(ROWS),
-                        "--shards", "4", "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "synth",
+            "--out",
+            str(out),
+            "--rows",
+            str(ROWS),
+            "--shards",
+            "4",
+            "--no-progress",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -63,8 +82,9 @@ def test_a_small_budget_holds_under_traffic_with_direct_reads_and_library_scores
     reqs = build_requests(ROWS, *REQUESTS)
     bodies = to_bodies(reqs)
     log = tmp_path / "serve.log"
-    proc, url = serve_process(models, log, "--memory-mb", str(MEMORY_MB), "--poll-seconds", "0.2",
-                              "--prefetch-store", "off")
+    proc, url = serve_process(
+        models, log, "--memory-mb", str(MEMORY_MB), "--poll-seconds", "0.2", "--prefetch-store", "off"
+    )
     try:
         wait_ready(url, 120, proc, log=str(log))
         served = []
@@ -88,20 +108,29 @@ def test_a_small_budget_holds_under_traffic_with_direct_reads_and_library_scores
     assert sum(metrics["budget"].values()) <= MEMORY_MB * 2**20
     # ... after traffic that filled them: the row cache full, the block and item caches at their budget
     mem, store = status["memory"], status["store"]
-    assert mem["split"]["memory_mb"] == MEMORY_MB and mem["budget_bytes"] == {k: int(v) for k, v in
-                                                                               metrics["budget"].items()}
+    assert mem["split"]["memory_mb"] == MEMORY_MB and mem["budget_bytes"] == {
+        k: int(v) for k, v in metrics["budget"].items()
+    }
     # (a set-associative cache is full with a few ways of some sets still empty)
     assert store["cache_entries"] >= 0.8 * store["cache_capacity_rows"] > 0, store
     assert store["cache_misses"] > 1.2 * store["cache_capacity_rows"], store  # it had to evict
     for part in ("block_cache", "item_cache"):
         assert metrics["used"][part] >= 0.5 * metrics["budget"][part], (part, metrics)
-    assert re.search(rf"scale/1: memory budget {MEMORY_MB} MiB over 1 model\(s\): row cache [\d.]+ MiB, block cache "
-                     r"\d+ MiB", log.read_text())
+    assert re.search(
+        rf"scale/1: memory budget {MEMORY_MB} MiB over 1 model\(s\): row cache [\d.]+ MiB, block cache "
+        r"\d+ MiB",
+        log.read_text(),
+    )
     # (3) the scores are the library scorer's, exactly: run as the server runs it, with TensorFlow's pools at
     # one thread (threads split a matmul's sums differently: a last-bit difference), in a fresh process
     lib = tmp_path / "library.npy"
-    r = subprocess.run([sys.executable, "-c", LIBRARY_SCORES, str(models / "scale" / "1"), str(lib)], cwd=REPO,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", LIBRARY_SCORES, str(models / "scale" / "1"), str(lib)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     np.testing.assert_array_equal(np.stack(served), np.load(lib))
 

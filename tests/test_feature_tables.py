@@ -1,4 +1,5 @@
 """Feature tables: the spec's `tables`, their RocksDB store, bulk loads and their refusals (no model, no server)."""
+
 import subprocess
 import sys
 
@@ -6,12 +7,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-
 from conftest import REPO
-from offgraph.store.feature_db import FeatureDB, FeatureTableError, row_key, table_dir
-from offgraph.store.feature_load import latest_per_key, load_table
+
 from offgraph.features import parse_spec
 from offgraph.features.spec import SpecError, load_spec
+from offgraph.store.feature_db import FeatureDB, FeatureTableError, row_key, table_dir
+from offgraph.store.feature_load import latest_per_key, load_table
 
 
 def _raw(tables=None):
@@ -24,8 +25,10 @@ def _raw(tables=None):
 
 def test_example_declares_user_and_item_tables():
     spec = load_spec(REPO / "examples" / "movielens.yaml")
-    assert [(t.name, t.key, t.scope) for t in spec.tables] == [("user", "user_id", "request"),
-                                                              ("item", "movie_id", "item")]
+    assert [(t.name, t.key, t.scope) for t in spec.tables] == [
+        ("user", "user_id", "request"),
+        ("item", "movie_id", "item"),
+    ]
     assert spec.tables[1].columns == ("genres", "title_words", "release_year")
 
 
@@ -38,26 +41,35 @@ def test_spec_without_tables_is_unchanged():
     assert spec.to_dict() == raw
 
 
-@pytest.mark.parametrize("tables, msg", [
-    ({"item": {"key": "nope", "columns": ["genres"]}}, "key 'nope' is not a raw input"),
-    ({"item": {"key": "movie_id", "columns": ["age"]}}, "column 'age' is a request-scope input"),
-    ({"item": {"key": "movie_id", "columns": ["genre"]}}, "column 'genre' is not a raw input"),
-    ({"item": {"key": "movie_id", "columns": []}}, "'columns' must be a non-empty list"),
-    ({"item": {"key": "movie_id", "columns": ["movie_id"]}}, "cannot be one of its own columns"),
-    ({"item": {"key": "movie_id", "columns": ["genres"]}, "item2": {"key": "movie_id", "columns": ["genres"]}},
-     "column 'genres' is already filled by table 'item'"),
-    ({"Item": {"key": "movie_id", "columns": ["genres"]}}, "lowercase letters"),
-    ({"item": {"key": "movie_id", "columns": ["genres"], "extra": 1}}, "'key', 'columns' and optionally"),
-    ([1], "'tables' must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "tables, msg",
+    [
+        ({"item": {"key": "nope", "columns": ["genres"]}}, "key 'nope' is not a raw input"),
+        ({"item": {"key": "movie_id", "columns": ["age"]}}, "column 'age' is a request-scope input"),
+        ({"item": {"key": "movie_id", "columns": ["genre"]}}, "column 'genre' is not a raw input"),
+        ({"item": {"key": "movie_id", "columns": []}}, "'columns' must be a non-empty list"),
+        ({"item": {"key": "movie_id", "columns": ["movie_id"]}}, "cannot be one of its own columns"),
+        (
+            {"item": {"key": "movie_id", "columns": ["genres"]}, "item2": {"key": "movie_id", "columns": ["genres"]}},
+            "column 'genres' is already filled by table 'item'",
+        ),
+        ({"Item": {"key": "movie_id", "columns": ["genres"]}}, "lowercase letters"),
+        ({"item": {"key": "movie_id", "columns": ["genres"], "extra": 1}}, "'key', 'columns' and optionally"),
+        ([1], "'tables' must be a mapping"),
+    ],
+)
 def test_bad_tables_are_spec_errors_naming_the_table(tables, msg):
     with pytest.raises(SpecError, match=msg):
         parse_spec(_raw(tables))
 
 
 def _movies(n=50, **over):
-    cols = {"movie_id": list(range(1, n + 1)), "genres": [["Drama"], ["Comedy", "Romance"]] * (n // 2),
-            "title_words": [["a", "b"]] * n, "release_year": [1990 + i % 9 for i in range(n)]}
+    cols = {
+        "movie_id": list(range(1, n + 1)),
+        "genres": [["Drama"], ["Comedy", "Romance"]] * (n // 2),
+        "title_words": [["a", "b"]] * n,
+        "release_year": [1990 + i % 9 for i in range(n)],
+    }
     cols.update(over)
     return pa.table(cols)
 
@@ -119,23 +131,61 @@ def test_latest_value_per_key_before_the_cut():
 def test_cli_load_errors_name_the_problem(tmp_path):
     bad = tmp_path / "movies.parquet"
     pq.write_table(_movies(movie_id=[1] * 50), bad)
-    out = subprocess.run([sys.executable, "-m", "offgraph.cli", "features", "load", "--model", str(tmp_path / "ml"),
-                          "--spec", str(REPO / "examples" / "movielens.yaml"), "--table", "item", "--data", str(bad)],
-                         capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "features",
+            "load",
+            "--model",
+            str(tmp_path / "ml"),
+            "--spec",
+            str(REPO / "examples" / "movielens.yaml"),
+            "--table",
+            "item",
+            "--data",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 2 and "duplicate key movie_id='1' at row 1 and row 2;" in out.stderr, out.stderr
-    out = subprocess.run([sys.executable, "-m", "offgraph.cli", "features", "load", "--model", str(tmp_path / "ml"),
-                          "--spec", str(REPO / "examples" / "movielens.yaml"), "--table", "movies", "--data", str(bad)],
-                         capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "features",
+            "load",
+            "--model",
+            str(tmp_path / "ml"),
+            "--spec",
+            str(REPO / "examples" / "movielens.yaml"),
+            "--table",
+            "movies",
+            "--data",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 2 and "declares no table 'movies'" in out.stderr, out.stderr
 
 
 def test_feature_delta_round_trip_and_malformed_files(tmp_path):
     from offgraph.streaming.delta_format import DeltaFormatError, read_delta_bytes, read_delta_file
-    from offgraph.streaming.feature_delta import FeatureDeltaBatch, build_table, encode_feature_delta, publish_feature_delta
+    from offgraph.streaming.feature_delta import (
+        FeatureDeltaBatch,
+        build_table,
+        encode_feature_delta,
+        publish_feature_delta,
+    )
 
     rows = [{"movie_id": 242, "genres": ["Comedy"], "title_words": ["kolya"], "release_year": 1996}]
-    p = publish_feature_delta(tmp_path, model="ml", table="item", key="movie_id", rows=rows, seqs=[3],
-                              event_time_ms=5)
+    p = publish_feature_delta(tmp_path, model="ml", table="item", key="movie_id", rows=rows, seqs=[3], event_time_ms=5)
     b = read_delta_file(p)
     assert isinstance(b, FeatureDeltaBatch) and (b.model, b.table, b.key) == ("ml", "item", "movie_id")
     assert b.keys == [row_key(242)] and b.rows == [{k: v for k, v in rows[0].items() if k != "movie_id"}]
@@ -145,6 +195,7 @@ def test_feature_delta_round_trip_and_malformed_files(tmp_path):
 
     def broken(edit) -> bytes:
         import io
+
         t = edit(build_table(**ok))
         buf = io.BytesIO()
         with pa.ipc.new_file(buf, t.schema) as w:
@@ -166,8 +217,22 @@ def test_feature_delta_round_trip_and_malformed_files(tmp_path):
 def test_cli_load_success_replaces_rows(tmp_path):
     data = tmp_path / "movies.parquet"
     pq.write_table(_movies(), data)
-    args = [sys.executable, "-m", "offgraph.cli", "features", "load", "--model", str(tmp_path / "ml"), "--spec",
-            str(REPO / "examples" / "movielens.yaml"), "--table", "item", "--data", str(data), "--no-progress"]
+    args = [
+        sys.executable,
+        "-m",
+        "offgraph.cli",
+        "features",
+        "load",
+        "--model",
+        str(tmp_path / "ml"),
+        "--spec",
+        str(REPO / "examples" / "movielens.yaml"),
+        "--table",
+        "item",
+        "--data",
+        str(data),
+        "--no-progress",
+    ]
     out = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and "loaded 50 rows" in out.stdout, out.stderr
     pq.write_table(_movies(10, release_year=[1900] * 10, genres=[["X"]] * 10, title_words=[["y"]] * 10), data)
@@ -179,8 +244,8 @@ def test_cli_load_success_replaces_rows(tmp_path):
 def test_exporter_path_never_opens_a_held_table_and_keeps_streamed_rows(tmp_path):
     """Exporting beside a running updater: creating/extending a table does not open its DB (the updater holds the
     lock); the exporter's load keeps rows a stream wrote (newer than a training cut), `features load` replaces them."""
-    from offgraph.store.feature_db import ensure_table
     from offgraph.export.feature_build import build_feature_tables
+    from offgraph.store.feature_db import ensure_table
 
     spec = load_spec(REPO / "examples" / "movielens.yaml")
     item = spec.tables[1]
@@ -188,8 +253,9 @@ def test_exporter_path_never_opens_a_held_table_and_keeps_streamed_rows(tmp_path
     with FeatureDB(table_dir(tmp_path / "ml", "item"), "w") as held:  # the updater, say
         held.write([row_key(3)], [{"genres": ["Streamed"], "title_words": [], "release_year": 2001}], [3])
         build_feature_tables(tmp_path / "ml", spec, None)  # a new version's export without data: no lock needed
-        wider = parse_spec({**_raw(), "tables": {"item": {"key": "movie_id", "columns": ["genres", "release_year",
-                                                                                           "title_words"]}}})
+        wider = parse_spec(
+            {**_raw(), "tables": {"item": {"key": "movie_id", "columns": ["genres", "release_year", "title_words"]}}}
+        )
         ensure_table(table_dir(tmp_path / "ml", "item"), wider.tables[0])
     res = load_table(tmp_path / "ml", item, spec, _movies(), progress=False, keep_streamed=True)
     assert res["kept_streamed"] == 1 and res["rows"] == 49

@@ -1,22 +1,19 @@
 """Feature-table values (issue 26, items 6-9): what the writers refuse (FG's own value rules, size bounds, equal
 seqs), what the server does with a stored row FG refuses (unknown, never a 422), and clear load errors."""
+
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
-import httpx
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import REPO
-from offgraph.store.feature_db import FeatureDB, FeatureTableError, row_key, table_dir
-from offgraph.store.feature_load import load_table
+
 from offgraph.features.spec import load_spec, parse_spec
+from offgraph.store.feature_db import FeatureTableError
+from offgraph.store.feature_load import load_table
 from offgraph.streaming.delta_format import DeltaFormatError, read_delta_bytes
 from offgraph.streaming.feature_delta import encode_feature_delta
 
@@ -24,29 +21,65 @@ SPEC = REPO / "examples" / "movielens.yaml"
 
 
 def _movies(n=6, **over):
-    cols = {"movie_id": list(range(1, n + 1)), "genres": [["Drama"]] * n, "title_words": [["a", "b"]] * n,
-            "release_year": [1990 + i for i in range(n)]}
+    cols = {
+        "movie_id": list(range(1, n + 1)),
+        "genres": [["Drama"]] * n,
+        "title_words": [["a", "b"]] * n,
+        "release_year": [1990 + i for i in range(n)],
+    }
     cols.update(over)
     return pa.table(cols)
 
 
 def _load_cli(tmp_path, data, table="item", *extra):
-    return subprocess.run([sys.executable, "-m", "offgraph.cli", "features", "load", "--model", str(tmp_path / "ml"),
-                           "--spec", str(SPEC), "--table", table, "--data", str(data), "--no-progress", *extra],
-                          capture_output=True, text=True, cwd=REPO)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "features",
+            "load",
+            "--model",
+            str(tmp_path / "ml"),
+            "--spec",
+            str(SPEC),
+            "--table",
+            table,
+            "--data",
+            str(data),
+            "--no-progress",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
 
 
 # ------------------------------------------------------------------ item 6: write time
 
-@pytest.mark.parametrize("over, where, rule", [
-    ({"genres": [["Drama"]] * 3 + [["g%d" % i for i in range(5000)]] + [["Drama"]] * 2},
-     "row 4 (movie_id=4): column 'genres' (field 'genres')", "5000 values, more than the field's max_values of 1000"),
-    ({"release_year": ["1990", "1991", "abc", "1993", "1994", "1995"]},
-     "row 3 (movie_id=3): column 'release_year' (field 'release_year')", "expected a number, got 'abc'"),
-    ({"release_year": [True] * 6}, "row 1 (movie_id=1): column 'release_year'", "expected a number, got True"),
-    ({"release_year": [1990.0, float("inf"), 1, 2, 3, 4]}, "row 2 (movie_id=2): column 'release_year'",
-     "expected a finite number, got inf"),
-])
+
+@pytest.mark.parametrize(
+    "over, where, rule",
+    [
+        (
+            {"genres": [["Drama"]] * 3 + [[f"g{i}" for i in range(5000)]] + [["Drama"]] * 2},
+            "row 4 (movie_id=4): column 'genres' (field 'genres')",
+            "5000 values, more than the field's max_values of 1000",
+        ),
+        (
+            {"release_year": ["1990", "1991", "abc", "1993", "1994", "1995"]},
+            "row 3 (movie_id=3): column 'release_year' (field 'release_year')",
+            "expected a number, got 'abc'",
+        ),
+        ({"release_year": [True] * 6}, "row 1 (movie_id=1): column 'release_year'", "expected a number, got True"),
+        (
+            {"release_year": [1990.0, float("inf"), 1, 2, 3, 4]},
+            "row 2 (movie_id=2): column 'release_year'",
+            "expected a finite number, got inf",
+        ),
+    ],
+)
 def test_load_refuses_values_fg_refuses_naming_row_column_rule(tmp_path, over, where, rule):
     spec = load_spec(SPEC)
     with pytest.raises(FeatureTableError) as e:
@@ -62,11 +95,16 @@ def test_cli_load_names_the_csv_line_of_a_bad_user_row(tmp_path):
     data.write_text('user_id,age,gender,occupation,zip_prefix\n1,24,M,"tech\nnician",85\n\n2,abc,F,writer,94\n')
     out = _load_cli(tmp_path, data, "user")
     assert out.returncode == 2, out
-    assert ("line 5 (user_id=2): column 'age' (field 'age_bucket'): expected a number, got 'abc'" in out.stderr
-            ), out.stderr
+    assert "line 5 (user_id=2): column 'age' (field 'age_bucket'): expected a number, got 'abc'" in out.stderr, (
+        out.stderr
+    )
     jl = tmp_path / "movies.jsonl"
-    jl.write_text("\n".join(json.dumps({"movie_id": i, "genres": ["Drama"], "title_words": ["x"],
-                                        "release_year": True}) for i in (1, 2)) + "\n")
+    jl.write_text(
+        "\n".join(
+            json.dumps({"movie_id": i, "genres": ["Drama"], "title_words": ["x"], "release_year": True}) for i in (1, 2)
+        )
+        + "\n"
+    )
     out = _load_cli(tmp_path, jl)
     assert out.returncode == 2 and "line 1 (movie_id=1): column 'release_year'" in out.stderr, out.stderr
     assert "expected a number, got True" in out.stderr
@@ -74,21 +112,28 @@ def test_cli_load_names_the_csv_line_of_a_bad_user_row(tmp_path):
 
 # ------------------------------------------------------------------ item 8: size bounds
 
+
 def test_oversized_values_and_rows_are_refused_at_write_time(tmp_path):
     spec = load_spec(SPEC)
     item = spec.tables[1]
     assert (item.max_value_bytes, item.max_row_bytes) == (64 * 1024, 256 * 1024)  # the documented defaults
     big = _movies(title_words=[["a"]] * 4 + [["w" * 1_000_000]] + [["a"]])  # a 1 MB title
-    with pytest.raises(FeatureTableError, match=r"row 5 \(movie_id=5\): column 'title_words': a value of 1,000,000 "
-                                                r"bytes, more than the table's max_value_bytes of 65,536"):
+    with pytest.raises(
+        FeatureTableError,
+        match=r"row 5 \(movie_id=5\): column 'title_words': a value of 1,000,000 "
+        r"bytes, more than the table's max_value_bytes of 65,536",
+    ):
         load_table(tmp_path / "ml", item, spec, big, progress=False)
     # the bounds are settings of the table in the spec
     raw = dict(spec.raw)
     raw["tables"] = {"item": {"key": "movie_id", "columns": list(item.columns), "max_row_bytes": 100}}
     small = parse_spec(raw).tables[0]
     rows = _movies(title_words=[["a"]] * 5 + [["w" * 40, "v" * 60]])
-    with pytest.raises(FeatureTableError, match=r"row 6 \(movie_id=6\): a row of 1\d\d bytes, more than the table's "
-                                                r"max_row_bytes of 100"):
+    with pytest.raises(
+        FeatureTableError,
+        match=r"row 6 \(movie_id=6\): a row of 1\d\d bytes, more than the table's "
+        r"max_row_bytes of 100",
+    ):
         load_table(tmp_path / "ml", small, spec, rows, progress=False)
     with pytest.raises(ValueError, match="'max_value_bytes' must be an integer >= 1"):
         parse_spec({**raw, "tables": {"item": {"key": "movie_id", "columns": ["genres"], "max_value_bytes": 0}}})
@@ -96,17 +141,27 @@ def test_oversized_values_and_rows_are_refused_at_write_time(tmp_path):
 
 # ------------------------------------------------------------------ item 7: equal seqs in one feature delta
 
+
 def test_feature_delta_with_two_rows_of_one_key_at_one_seq_is_refused_like_embedding_deltas():
     from offgraph.streaming._delta_format import build_table as build_embedding_deltas
 
     row = {"movie_id": 7, "genres": ["a"], "title_words": ["b"], "release_year": 1990}
     kw = dict(model="ml", table="item", key="movie_id", event_time_ms=1)
     with pytest.raises(DeltaFormatError) as feat:  # 7.0 is the same movie as 7 (canonical keys)
-        read_delta_bytes(encode_feature_delta(rows=[row, {**row, "movie_id": 8}, {**row, "movie_id": 7.0}],
-                                              seqs=[3, 3, 3], **kw))
+        read_delta_bytes(
+            encode_feature_delta(rows=[row, {**row, "movie_id": 8}, {**row, "movie_id": 7.0}], seqs=[3, 3, 3], **kw)
+        )
     with pytest.raises(DeltaFormatError) as emb:
-        build_embedding_deltas(model="ml", model_version=1, table_ids=[0, 0], rows=[5, 5], vectors=np.zeros((2, 4)),
-                               first_order=np.zeros(2), seqs=[3, 3], event_time_ms=1)
+        build_embedding_deltas(
+            model="ml",
+            model_version=1,
+            table_ids=[0, 0],
+            rows=[5, 5],
+            vectors=np.zeros((2, 4)),
+            first_order=np.zeros(2),
+            seqs=[3, 3],
+            event_time_ms=1,
+        )
     assert str(feat.value).startswith("deltas 0 and 2 both update movie_id='7' at seq 3 (1 such duplicates): ")
     assert str(emb.value).startswith("deltas 0 and 1 both update table_id 0 row 5 at seq 3 (1 such duplicates): ")
     rule = "one seq of a row must have one value (give each update its own seq; the highest wins)"
@@ -116,12 +171,14 @@ def test_feature_delta_with_two_rows_of_one_key_at_one_seq_is_refused_like_embed
 
 # ------------------------------------------------------------------ item 9: load errors that say what is wrong
 
+
 def test_load_errors_say_what_is_wrong(tmp_path):
     head = "movie_id,genres,title_words,release_year"
     wide = tmp_path / "wide.csv"  # a header line over pyarrow's 1 MiB block ("Empty CSV file or block" before)
     extra = [f"x{i:04d}" + "_" * 600 for i in range(2000)]
-    wide.write_text(",".join([head, *extra]) + "\n" + "\n".join(f"{i},Drama,w,1990" + "," * len(extra)
-                                                               for i in (1, 2)) + "\n")
+    wide.write_text(
+        ",".join([head, *extra]) + "\n" + "\n".join(f"{i},Drama,w,1990" + "," * len(extra) for i in (1, 2)) + "\n"
+    )
     out = _load_cli(tmp_path, wide)
     assert out.returncode == 0 and "loaded 2 rows" in out.stdout and "ignored 2000 column(s)" in out.stdout, out
     out = _load_cli(tmp_path, tmp_path / "nope.csv")
@@ -153,9 +210,11 @@ def test_value_errors_finds_every_row_the_serving_fg_refuses():
     from offgraph.features.value_limits import value_errors
 
     spec = load_spec(SPEC)
-    cols = {"genres": [["Drama"], ["g"] * 1200, ["Drama"], ["g"] * 1500, ["Drama"], [["nested"]], ["Drama"], None],
-            "title_words": [["a"], ["b"], ["c"], ["d"], ["w"] * 1001, ["e"], ["f"], "one title"],
-            "release_year": [1990, 1991, float("inf"), "1993", 1994, 1995, "abc", True]}
+    cols = {
+        "genres": [["Drama"], ["g"] * 1200, ["Drama"], ["g"] * 1500, ["Drama"], [["nested"]], ["Drama"], None],
+        "title_words": [["a"], ["b"], ["c"], ["d"], ["w"] * 1001, ["e"], ["f"], "one title"],
+        "release_year": [1990, 1991, float("inf"), "1993", 1994, 1995, "abc", True],
+    }
     n = 8
     got = {b.row: b for b in value_errors(spec, cols, n)}
     fg = FeatureGenerator(spec)

@@ -1,4 +1,5 @@
 """The write feed (offgraph.store.feed): shared-memory epochs a writer fills and followers read."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -254,6 +255,7 @@ def test_a_writer_killed_before_its_store_write_never_shows_that_batch(tmp_path,
     import sys
 
     from conftest import StdinWriter
+
     from offgraph.store import open_store
 
     store = tmp_path / "store"
@@ -277,8 +279,13 @@ def test_a_writer_killed_before_its_store_write_never_shows_that_batch(tmp_path,
     with open_store(store, mode="r") as st:
         assert (st.read(0, np.arange(6))[0] == 1).all()
     # a restarted writer: a new epoch after the crashed batch; batch 2's rows never appear
-    p = subprocess.run([sys.executable, "-c", CRASH_WRITER, str(store), durability], input="write 3\nquit\n",
-                       text=True, capture_output=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", CRASH_WRITER, str(store), durability],
+        input="write 3\nquit\n",
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert p.returncode == 0 and p.stdout.split() == ["ready", "ok"], p.stderr[-2000:]
     assert fed(r) == [3.0] * 6 and r.epochs[0].first_batch == 3
     r.release(r.epochs[:1])  # the crashed writer's epoch alone (as before a follower's catch-up)
@@ -291,6 +298,7 @@ def test_a_shard_is_fed_once_the_store_holds_it_not_after_every_shard(tmp_path, 
     flushed: a row waited for all the other shards. Now each shard is written, flushed and
     published before the next one; killed there, the fed rows are what a reopened store holds."""
     from conftest import StdinWriter
+
     from offgraph.store import open_store
 
     store = tmp_path / "store"
@@ -326,8 +334,7 @@ def test_rows_that_keep_changing_raise_feed_torn_read(tmp_path):
     rows = np.arange(n, dtype=np.uint64)
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
-    proc = ctx.Process(target=_hammer, args=(str(tmp_path), key_array(np.zeros(n, np.uint32), rows).tobytes(), n,
-                                             stop))
+    proc = ctx.Process(target=_hammer, args=(str(tmp_path), key_array(np.zeros(n, np.uint32), rows).tobytes(), n, stop))
     proc.start()
     try:
         r = FeedReader(tmp_path, RB, torn_retries=0)  # give up at the first change seen

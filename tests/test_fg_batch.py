@@ -4,20 +4,28 @@ import pytest
 from offgraph.features import FeatureGenerator, FeatureValueError, RaggedIds, parse_spec
 from offgraph.features.hashing import row_of
 
-SPEC = parse_spec({
-    "model": {"embedding_dim": 4, "hash": "xxh64", "mlp": [8]},
-    "label": "label",
-    "fields": [
-        {"name": "user", "scope": "request", "op": "id", "input": "user_id", "rows": 1000},
-        {"name": "query", "scope": "request", "op": "tokenize", "input": "query", "rows": 500},
-        {"name": "price", "scope": "item", "op": "log_bucket", "input": "price", "base": 2, "rows": 64},
-        {"name": "title", "scope": "item", "op": "id", "input": "title_terms", "rows": 800, "pooling": "sum"},
-        {"name": "cat", "scope": "item", "op": "id", "input": "cat_id", "rows": 100},
-        {"name": "u_x_cat", "scope": "cross", "op": "cross", "inputs": ["user", "cat"], "rows": 5000},
-        {"name": "match", "scope": "cross", "op": "match_count", "inputs": ["query", "title"],
-         "boundaries": [1, 2, 3], "rows": 8},
-    ],
-})
+SPEC = parse_spec(
+    {
+        "model": {"embedding_dim": 4, "hash": "xxh64", "mlp": [8]},
+        "label": "label",
+        "fields": [
+            {"name": "user", "scope": "request", "op": "id", "input": "user_id", "rows": 1000},
+            {"name": "query", "scope": "request", "op": "tokenize", "input": "query", "rows": 500},
+            {"name": "price", "scope": "item", "op": "log_bucket", "input": "price", "base": 2, "rows": 64},
+            {"name": "title", "scope": "item", "op": "id", "input": "title_terms", "rows": 800, "pooling": "sum"},
+            {"name": "cat", "scope": "item", "op": "id", "input": "cat_id", "rows": 100},
+            {"name": "u_x_cat", "scope": "cross", "op": "cross", "inputs": ["user", "cat"], "rows": 5000},
+            {
+                "name": "match",
+                "scope": "cross",
+                "op": "match_count",
+                "inputs": ["query", "title"],
+                "boundaries": [1, 2, 3],
+                "rows": 8,
+            },
+        ],
+    }
+)
 
 REQUEST = {"user_id": 42, "query": "Red running Shoes", "unknown_key": "ignored"}
 CANDS = [
@@ -35,7 +43,7 @@ def training_columns():
 
 
 def expand(rag: RaggedIds, n: int, broadcast: bool) -> list[list[int]]:
-    per = [rag.ids[rag.offsets[i]:rag.offsets[i + 1]].tolist() for i in range(rag.n)]
+    per = [rag.ids[rag.offsets[i] : rag.offsets[i + 1]].tolist() for i in range(rag.n)]
     return per * n if broadcast else per
 
 
@@ -86,9 +94,16 @@ def test_padded():
 
 
 def test_item_cache_tells_bools_from_ints():
-    spec = parse_spec({"label": "y", "model": {"mlp": [4]}, "fields": [
-        {"name": "flag", "scope": "item", "op": "id", "input": "flag", "rows": 1000},
-        {"name": "flags", "scope": "item", "op": "id", "input": "flags", "rows": 1000}]})
+    spec = parse_spec(
+        {
+            "label": "y",
+            "model": {"mlp": [4]},
+            "fields": [
+                {"name": "flag", "scope": "item", "op": "id", "input": "flag", "rows": 1000},
+                {"name": "flags", "scope": "item", "op": "id", "input": "flags", "rows": 1000},
+            ],
+        }
+    )
     fg = FeatureGenerator(spec, item_cache_size=10)
     a = fg.transform({}, [{"flag": 1, "flags": [1]}])
     b = fg.transform({}, [{"flag": True, "flags": [True]}])
@@ -101,10 +116,12 @@ def test_the_item_cache_tells_bools_apart_from_0_and_1():
     """True == 1 and hash(True) == hash(1) in Python, but FG hashes "true" and "1" apart: a cached item
     must never answer for another whose values differ only in that (in a list, at the top level,
     Python's or NumPy's bools)."""
-    cands = [{"price": 1, "title_terms": [1, "red"], "cat_id": 1},
-             {"price": 1, "title_terms": [True, "red"], "cat_id": True},
-             {"price": 1, "title_terms": [np.True_, "red"], "cat_id": np.True_},
-             {"price": 1, "title_terms": [1, "red"], "cat_id": 1}]
+    cands = [
+        {"price": 1, "title_terms": [1, "red"], "cat_id": 1},
+        {"price": 1, "title_terms": [True, "red"], "cat_id": True},
+        {"price": 1, "title_terms": [np.True_, "red"], "cat_id": np.True_},
+        {"price": 1, "title_terms": [1, "red"], "cat_id": 1},
+    ]
     cached = FeatureGenerator(SPEC, item_cache_size=100)
     for c in cands:  # one at a time: each later one may find an earlier one in the cache
         want = FeatureGenerator(SPEC).transform(REQUEST, [c])

@@ -3,13 +3,28 @@ import math
 import numpy as np
 import pytest
 
-from offgraph.features.ops import (FeatureValueError, log_bucket_index, op_bucketize, op_cross, op_id,
-                               op_log_bucket, op_match_count, op_tokenize)
+from offgraph.features.ops import (
+    FeatureValueError,
+    log_bucket_index,
+    op_bucketize,
+    op_cross,
+    op_id,
+    op_log_bucket,
+    op_match_count,
+    op_tokenize,
+)
 
 
 def test_id_scalar_list_separator_and_missing():
-    assert op_id("f", [5, "a", None, float("nan"), "", [1, None, "x"], []], {}) == \
-        [["5"], ["a"], [], [], [], ["1", "x"], []]
+    assert op_id("f", [5, "a", None, float("nan"), "", [1, None, "x"], []], {}) == [
+        ["5"],
+        ["a"],
+        [],
+        [],
+        [],
+        ["1", "x"],
+        [],
+    ]
     assert op_id("f", ["a|b||c"], {"separator": "|"}) == [["a", "b", "c"]]
 
 
@@ -19,8 +34,11 @@ def test_id_rejects_objects():
 
 
 def test_tokenize():
-    assert op_tokenize("q", ["Red  Shoes", None, ["A b", "C"]], {"lowercase": True}) == \
-        [["red", "shoes"], [], ["a", "b", "c"]]
+    assert op_tokenize("q", ["Red  Shoes", None, ["A b", "C"]], {"lowercase": True}) == [
+        ["red", "shoes"],
+        [],
+        ["a", "b", "c"],
+    ]
     assert op_tokenize("q", ["a,B,,c"], {"separator": ",", "lowercase": False}) == [["a", "B", "c"]]
 
 
@@ -50,8 +68,17 @@ def test_numbers_must_be_finite(value):
 def test_log_bucket():
     vals = [299, 1, 1.5, 2, 0.5, 0, -3, 1000, None]
     out = op_log_bucket("p", vals, {"base": 2.0})
-    expect = [[str(math.floor(math.log2(299)))], ["0"], ["0"], ["1"], ["-1"], ["-1"], ["-2"],
-              [str(math.floor(math.log2(1000)))], []]
+    expect = [
+        [str(math.floor(math.log2(299)))],
+        ["0"],
+        ["0"],
+        ["1"],
+        ["-1"],
+        ["-1"],
+        ["-2"],
+        [str(math.floor(math.log2(1000)))],
+        [],
+    ]
     assert out == expect
     assert out[0] == ["8"]
     # exact powers are not lost to float error

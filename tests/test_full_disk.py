@@ -4,6 +4,7 @@ in bounded time in any phase, and once space is freed every spool file is applie
 Real tmpfs mounts (root only), real RocksDB, `offgraph update` as a subprocess.
 
 OFFGRAPH_FULL_DISK_ROUNDS=N repeats the 10 full-disk runs N times (default 1: about a minute)."""
+
 import os
 import signal
 import subprocess
@@ -14,9 +15,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from streaming_helpers import (NAME, REPO, assert_store_holds, export_tiny, install_version, make_deltas,
-                               mount_tmpfs, open_version_store, publish, spool_files, train_tiny, update_cmd)
+from streaming_helpers import (
+    NAME,
+    REPO,
+    assert_store_holds,
+    export_tiny,
+    install_version,
+    make_deltas,
+    mount_tmpfs,
+    open_version_store,
+    publish,
+    spool_files,
+    train_tiny,
+    update_cmd,
+)
 
 ROUNDS = int(os.environ.get("OFFGRAPH_FULL_DISK_ROUNDS", "1"))
 EXIT_S = 10.0  # every run on a full disk, and every SIGTERM, ends the process within this
@@ -67,8 +79,9 @@ def fill(disk, leave: int = 0):
 
 
 def start(models, spool, *args):
-    return subprocess.Popen(update_cmd(models, spool, *args), cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        update_cmd(models, spool, *args), cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def finish(p, t0: float, what: str) -> tuple[int, float, str]:
@@ -106,16 +119,23 @@ def wait_for(p, words: str, timeout: float = 30.0) -> list[str]:
 def partial_write(vdir, spool, shards: list[int]) -> str:
     """What a crash between the shard batches of one write leaves: the first spool file written,
     with its position, to ``shards`` only; returns its name."""
+    from offgraph.streaming._updater import shard_subset
     from offgraph.streaming.delta_format import read_delta_file
     from offgraph.streaming.sources import SPOOL_POSITION_KEY
-    from offgraph.streaming._updater import shard_subset
 
     name = spool_files(spool)[0]
     b = read_delta_file(spool / name)
     with open_version_store(vdir, "w") as st:
         for s, idx in shard_subset(b, st.config.shards, shards).items():
-            st.write(b.table_ids[idx], b.rows[idx], b.vectors[idx], b.first_order[idx], seqs=b.seqs[idx],
-                     meta={SPOOL_POSITION_KEY: name.encode()}, meta_shards=s)
+            st.write(
+                b.table_ids[idx],
+                b.rows[idx],
+                b.vectors[idx],
+                b.first_order[idx],
+                seqs=b.seqs[idx],
+                meta={SPOOL_POSITION_KEY: name.encode()},
+                meta_shards=s,
+            )
     return name
 
 
@@ -206,14 +226,16 @@ def test_full_disk_runs_exit_rc2_in_seconds_and_lose_nothing(export, disks, tmp_
             runs.append((f"re-apply after {shards}", rc, dt))
             reapplied += "re-applying to shards" in err
             filler.unlink()
-    print("full-disk runs (phase, rc, seconds):", [(w, rc, round(dt, 2)) for w, rc, dt in runs],
-          "re-applied:", reapplied)
+    print(
+        "full-disk runs (phase, rc, seconds):", [(w, rc, round(dt, 2)) for w, rc, dt in runs], "re-applied:", reapplied
+    )
     assert len(runs) == 10 * ROUNDS and all(rc == 2 and dt < EXIT_S for _, rc, dt in runs), runs
     assert reapplied >= ROUNDS, "no run on a full disk got as far as a re-apply"
 
     # space again: everything is applied, once
-    p = subprocess.run(update_cmd(models, spool, "--once"), cwd=REPO, env=ENV, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        update_cmd(models, spool, "--once"), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert spool_files(spool) == [] and spool_files(spool / "applied") == sorted(names)
     assert not (spool / "dead").exists() or not any((spool / "dead").iterdir())
@@ -243,8 +265,9 @@ def test_a_flush_that_waits_for_a_compaction_the_full_disk_stops_is_rc2(export, 
     assert_clear_disk_error(rc, err, vdir / "store")
     assert spool_files(spool) == [name]
     filler.unlink()
-    p = subprocess.run(update_cmd(models, spool, "--once"), cwd=REPO, env=ENV, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        update_cmd(models, spool, "--once"), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0 and spool_files(spool / "applied") == [name], p.stderr[-3000:]
     assert_store_holds(vdir, deltas)
 
@@ -307,14 +330,17 @@ def test_stop_watchdog_exits_when_the_orderly_stop_hangs(tmp_path):
     """A main thread that never comes back (here a sleep; in the field a RocksDB flush that
     waited for good) cannot take a signal: the watchdog thread does, logs one line and exits
     with EXIT_STOP_TIMEOUT once the grace time is over."""
-    code = ("import logging, sys, time; logging.basicConfig()\n"
-            "from offgraph.streaming.stop_watchdog import StopWatchdog\n"
-            "w = StopWatchdog(grace_s=1.0); w.on_stop(lambda: None)\n"
-            "print('ready', flush=True); time.sleep(120)\n")
+    code = (
+        "import logging, sys, time; logging.basicConfig()\n"
+        "from offgraph.streaming.stop_watchdog import StopWatchdog\n"
+        "w = StopWatchdog(grace_s=1.0); w.on_stop(lambda: None)\n"
+        "print('ready', flush=True); time.sleep(120)\n"
+    )
     from offgraph.streaming.stop_watchdog import EXIT_STOP_TIMEOUT
 
-    p = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert p.stdout.readline().strip() == "ready"
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
@@ -337,22 +363,50 @@ def test_read_only_models_dir_is_rc2_and_one_line(export, tmp_path):
         spool = tmp_path / "spool"
         spool.mkdir()
         movies = tmp_path / "movies.parquet"
-        pq.write_table(pa.table({"movie_id": [1, 2], "genres": [["Drama"], ["Comedy"]], "title_words": [["a"], ["b"]],
-                                 "release_year": [1990, 1991]}), movies)
+        pq.write_table(
+            pa.table(
+                {
+                    "movie_id": [1, 2],
+                    "genres": [["Drama"], ["Comedy"]],
+                    "title_words": [["a"], ["b"]],
+                    "release_year": [1990, 1991],
+                }
+            ),
+            movies,
+        )
         cli = [sys.executable, "-m", "offgraph.cli"]
         commands = {
             "update": update_cmd(models, spool, "--once"),
-            "export": [*cli, "export", "--run", str(export.parents[2] / "run"), "--out",
-                       str(models / NAME / "2"), "--no-progress"],
-            "features load": [*cli, "features", "load", "--model", str(models / NAME), "--spec",
-                              str(REPO / "examples" / "movielens.yaml"), "--table", "item", "--data",
-                              str(movies), "--no-progress"],
+            "export": [
+                *cli,
+                "export",
+                "--run",
+                str(export.parents[2] / "run"),
+                "--out",
+                str(models / NAME / "2"),
+                "--no-progress",
+            ],
+            "features load": [
+                *cli,
+                "features",
+                "load",
+                "--model",
+                str(models / NAME),
+                "--spec",
+                str(REPO / "examples" / "movielens.yaml"),
+                "--table",
+                "item",
+                "--data",
+                str(movies),
+                "--no-progress",
+            ],
         }
         for what, cmd in commands.items():
             p = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
             lines = p.stderr.strip().splitlines()
             assert p.returncode == 2 and "Traceback" not in p.stderr, f"{what}: rc {p.returncode}: {p.stderr[-3000:]}"
-            assert lines[-1].startswith(f"offgraph {what}: error: [Errno 30]") and str(models) in lines[-1], \
+            assert lines[-1].startswith(f"offgraph {what}: error: [Errno 30]") and str(models) in lines[-1], (
                 f"{what}: {p.stderr[-3000:]}"
+            )
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=False)

@@ -1,5 +1,6 @@
 """GC pauses on /metrics: the collector's callback must never wait for a lock (it runs wherever a
 collection starts, possibly inside the metrics code's own non-reentrant locks)."""
+
 from __future__ import annotations
 
 import gc
@@ -63,6 +64,7 @@ def test_the_young_generation_is_collected_on_a_timer_whatever_the_allocation_co
     gc.set_threshold(10**9, old[1], old[2])
     gc.callbacks.append(cb)
     try:
+
         async def main():
             task = asyncio.create_task(collect_young_forever(0.01))
             await asyncio.sleep(0.2)

@@ -6,14 +6,27 @@ import numpy as np
 import pytest
 import xxhash
 
-from offgraph.features.hashing import canonical, row_of, rows_of, check_hash_name
+from offgraph.features.hashing import canonical, check_hash_name, row_of, rows_of
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("abc", "abc"), ("Ünïcode", "Ünïcode"), (7, "7"), (-12, "-12"), (np.int64(42), "42"),
-    (3.0, "3"), (np.float32(5.0), "5"), (0.1, "0.1"), (-2.5, "-2.5"), (True, "true"), (False, "false"),
-    (float("inf"), "inf"), (b"bytes", "bytes"),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("abc", "abc"),
+        ("Ünïcode", "Ünïcode"),
+        (7, "7"),
+        (-12, "-12"),
+        (np.int64(42), "42"),
+        (3.0, "3"),
+        (np.float32(5.0), "5"),
+        (0.1, "0.1"),
+        (-2.5, "-2.5"),
+        (True, "true"),
+        (False, "false"),
+        (float("inf"), "inf"),
+        (b"bytes", "bytes"),
+    ],
+)
 def test_canonical_strings(value, expected):
     assert canonical(value) == expected
 
@@ -54,12 +67,20 @@ def test_unknown_hash():
 
 
 def test_same_rows_in_two_processes():
-    code = ("from offgraph.features.hashing import rows_of; import sys;"
-            "print(list(rows_of(['a','b','user_9','Ünï','3','-1.5'], sys.argv[1], 1000003)))")
+    code = (
+        "from offgraph.features.hashing import rows_of; import sys;"
+        "print(list(rows_of(['a','b','user_9','Ünï','3','-1.5'], sys.argv[1], 1000003)))"
+    )
     outs = set()
     for seed in ("1", "2"):
         for h in ("xxh64", "crc32"):
-            out = subprocess.run([sys.executable, "-c", code, h], capture_output=True, text=True, check=True,
-                                 env={"PYTHONHASHSEED": seed, "PATH": ""}, cwd=str(__import__("pathlib").Path(__file__).parent.parent))
+            out = subprocess.run(
+                [sys.executable, "-c", code, h],
+                capture_output=True,
+                text=True,
+                check=True,
+                env={"PYTHONHASHSEED": seed, "PATH": ""},
+                cwd=str(__import__("pathlib").Path(__file__).parent.parent),
+            )
             outs.add((h, out.stdout))
     assert len(outs) == 2  # one distinct answer per hash, whatever the process's hash seed

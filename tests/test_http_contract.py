@@ -3,6 +3,7 @@ float64 range are 4xx naming the field, an unexpected error is a clean 500 the k
 non-JSON bodies are 415, admin calls authenticate before they parse, the published OpenAPI schema describes what
 the server accepts, and absolute paths are only shown to the admin.
 """
+
 import json
 import logging
 import re
@@ -67,12 +68,14 @@ def _scores_ok(r: httpx.Response, n: int) -> None:
 
 # -- item 3: big numbers ----------------------------------------------------------------------------------------
 BIG = [
-    (b'{"candidates": [{"release_year": 9' + b"0" * 399 + b'}]}', "candidates[0].release_year"),
-    (json.dumps({"request": {"age": 2 ** 1024}, "candidates": [{}]}).encode(), "request.age"),
-    (json.dumps({"request": {"age": -(2 ** 1024)}, "candidates": [{}]}).encode(), "request.age"),
-    (json.dumps({"request": {"user_id": 10 ** 400}, "candidates": [{}]}).encode(), "request.user_id"),
-    (json.dumps({"candidates": [{"movie_id": 1}, {"genres": ["Comedy", 2 ** 1100]}]}).encode(),
-     "candidates[1].genres[1]"),
+    (b'{"candidates": [{"release_year": 9' + b"0" * 399 + b"}]}", "candidates[0].release_year"),
+    (json.dumps({"request": {"age": 2**1024}, "candidates": [{}]}).encode(), "request.age"),
+    (json.dumps({"request": {"age": -(2**1024)}, "candidates": [{}]}).encode(), "request.age"),
+    (json.dumps({"request": {"user_id": 10**400}, "candidates": [{}]}).encode(), "request.user_id"),
+    (
+        json.dumps({"candidates": [{"movie_id": 1}, {"genres": ["Comedy", 2**1100]}]}).encode(),
+        "candidates[1].genres[1]",
+    ),
     (json.dumps({"candidates": [{"release_year": int(MAX_FLOAT) + 1}]}).encode(), "candidates[0].release_year"),
 ]
 
@@ -87,28 +90,48 @@ def test_numbers_beyond_float64_are_422_naming_the_field(client, body, where):
 
 
 def test_an_integer_literal_too_long_to_parse_is_422(client):
-    r = score(client, b'{"candidates": [{"release_year": ' + b"7" * 5000 + b'}]}')
+    r = score(client, b'{"candidates": [{"release_year": ' + b"7" * 5000 + b"}]}")
     assert r.status_code == 422 and "not valid JSON" in r.json()["detail"], r.text
 
 
-@pytest.mark.parametrize("cand", [
-    {"release_year": 1e308}, {"release_year": -1e308}, {"release_year": MAX_FLOAT}, {"release_year": -0.0},
-    {"release_year": int(MAX_FLOAT)}, {"release_year": -(2 ** 1000)}, {"movie_id": 2 ** 64},
-    {"movie_id": -(2 ** 63) - 1}, {"movie_id": 10 ** 300}, {"movie_id": 5e-324}, {"genres": [2 ** 70, 1e300]},
-    {"movie_id": True}, {"genres": [False, None, -0.0]}, {"movie_id": -17976931348623157 * 10 ** 292 - 1},
-], ids=lambda c: "-".join(f"{k}={str(v)[:12]}" for k, v in c.items()))
+@pytest.mark.parametrize(
+    "cand",
+    [
+        {"release_year": 1e308},
+        {"release_year": -1e308},
+        {"release_year": MAX_FLOAT},
+        {"release_year": -0.0},
+        {"release_year": int(MAX_FLOAT)},
+        {"release_year": -(2**1000)},
+        {"movie_id": 2**64},
+        {"movie_id": -(2**63) - 1},
+        {"movie_id": 10**300},
+        {"movie_id": 5e-324},
+        {"genres": [2**70, 1e300]},
+        {"movie_id": True},
+        {"genres": [False, None, -0.0]},
+        {"movie_id": -17976931348623157 * 10**292 - 1},
+    ],
+    ids=lambda c: "-".join(f"{k}={str(v)[:12]}" for k, v in c.items()),
+)
 def test_numbers_within_float64_are_scored(client, cand):
-    _scores_ok(score(client, {"request": {"age": 1e308, "user_id": 2 ** 100}, "candidates": [cand, {}]}), 2)
+    _scores_ok(score(client, {"request": {"age": 1e308, "user_id": 2**100}, "candidates": [cand, {}]}), 2)
 
 
 def _json_values():
     from hypothesis import strategies as st
 
     scalar = st.one_of(
-        st.none(), st.booleans(), st.integers(), st.integers(min_value=-(2 ** 1100), max_value=2 ** 1100),
-        st.sampled_from([int(MAX_FLOAT), -int(MAX_FLOAT), int(MAX_FLOAT) + 1, 2 ** 63, -(2 ** 63) - 1, 0]),
-        st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([MAX_FLOAT, -MAX_FLOAT, 5e-324, -0.0]),
-        st.text(max_size=12), st.sampled_from(["1e999", "inf", "-inf", "nan", "1990", "", " ", "-0"]))
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.integers(min_value=-(2**1100), max_value=2**1100),
+        st.sampled_from([int(MAX_FLOAT), -int(MAX_FLOAT), int(MAX_FLOAT) + 1, 2**63, -(2**63) - 1, 0]),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.sampled_from([MAX_FLOAT, -MAX_FLOAT, 5e-324, -0.0]),
+        st.text(max_size=12),
+        st.sampled_from(["1e999", "inf", "-inf", "nan", "1990", "", " ", "-0"]),
+    )
     return st.one_of(scalar, st.lists(scalar, max_size=4))
 
 
@@ -123,17 +146,28 @@ def test_random_values_of_the_real_inputs_are_200_or_a_422_naming_them(server):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    inputs = ["user_id", "age", "gender", "occupation", "zip_prefix", "movie_id", "genres", "title_words",
-              "release_year"]
+    inputs = [
+        "user_id",
+        "age",
+        "gender",
+        "occupation",
+        "zip_prefix",
+        "movie_id",
+        "genres",
+        "title_words",
+        "release_year",
+    ]
     features = st.dictionaries(st.sampled_from(inputs), _json_values(), max_size=len(inputs))
 
     with httpx.Client(base_url=server.url, timeout=30, limits=httpx.Limits(max_connections=1)) as c:
+
         @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         @given(request=features, candidates=st.lists(features, min_size=1, max_size=4))
         def check(request, candidates):
             r = score(c, {"request": request, "candidates": candidates})
             too_big = [k for k, v in request.items() if _too_big(v)] + [
-                k for cand in candidates for k, v in cand.items() if _too_big(v)]
+                k for cand in candidates for k, v in cand.items() if _too_big(v)
+            ]
             if too_big:
                 assert r.status_code == 422 and "beyond the float64 range" in r.json()["detail"], r.text
                 assert any(k in r.json()["detail"] for k in too_big), r.text
@@ -141,8 +175,10 @@ def test_random_values_of_the_real_inputs_are_200_or_a_422_naming_them(server):
                 detail = r.json()["detail"]
                 if detail.startswith("bad feature value: input '"):  # sent in the other scope's place
                     assert any(f"input '{k}' sent in request: " in detail for k in request) or any(
-                        f"input '{k}' sent in candidates[{i}]: " in detail for i, cand in enumerate(candidates)
-                        for k in cand), detail
+                        f"input '{k}' sent in candidates[{i}]: " in detail
+                        for i, cand in enumerate(candidates)
+                        for k in cand
+                    ), detail
                 else:
                     assert detail.startswith("bad feature value: field '"), detail
                     assert ", request:" in detail or ", candidates[" in detail, detail
@@ -153,8 +189,10 @@ def test_random_values_of_the_real_inputs_are_200_or_a_422_naming_them(server):
 
 
 def test_a_boolean_where_a_number_is_bucketized_is_422(client):
-    for body, where in [({"request": {"age": True}, "candidates": [{}]}, "age_bucket"),
-                        ({"candidates": [{"release_year": False}]}, "release_year")]:
+    for body, where in [
+        ({"request": {"age": True}, "candidates": [{}]}, "age_bucket"),
+        ({"candidates": [{"release_year": False}]}, "release_year"),
+    ]:
         r = score(client, body)
         assert r.status_code == 422 and f"field '{where}'" in r.json()["detail"], r.text
 
@@ -173,7 +211,7 @@ def test_unexpected_error_is_a_generic_500_on_a_connection_that_survives(server,
         with caplog.at_level(logging.ERROR, logger="offgraph.server"):
             r = c.get("/test-only/raise")
         assert r.status_code == 500 and r.headers["content-type"] == "application/json", r.text
-        assert SECRET not in r.text and str(offgraph.server.models) not in r.text and "RuntimeError" not in r.text, r.text
+        assert SECRET not in r.text and str(server.models) not in r.text and "RuntimeError" not in r.text, r.text
         assert "internal error" in r.json()["detail"]
         assert r.headers.get("connection", "").lower() != "close"
         assert c.get("/test-only/port").json()["port"] == port  # the same keep-alive connection
@@ -181,15 +219,20 @@ def test_unexpected_error_is_a_generic_500_on_a_connection_that_survives(server,
         assert c.get("/test-only/port").json()["port"] == port
         metrics = c.get("/metrics").text
     assert SECRET in caplog.text and "Traceback" in caplog.text  # the traceback goes to the log
-    assert re.search(r'offgraph_http_errors_total\{code="500"\} 1\.0', metrics), \
-        [ln for ln in metrics.splitlines() if "code=" in ln]
+    assert re.search(r'offgraph_http_errors_total\{code="500"\} 1\.0', metrics), [
+        ln for ln in metrics.splitlines() if "code=" in ln
+    ]
 
 
 # -- item 10: content types ---------------------------------------------------------------------------------------
 def test_score_needs_a_json_content_type(client):
     body = json.dumps({"candidates": [{"movie_id": 1}]}).encode()
-    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
-                  "application/xml"):
+    for ctype in (
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/xml",
+    ):
         r = client.post("/v1/models/ml:score", content=body, headers={"content-type": ctype})
         assert r.status_code == 415, (ctype, r.text)
         assert ctype.split(";")[0] in r.json()["detail"] and "application/json" in r.json()["detail"]
@@ -200,10 +243,16 @@ def test_score_needs_a_json_content_type(client):
 
 
 # -- item 9: admin authenticates before it parses ------------------------------------------------------------------
-@pytest.mark.parametrize("content,ctype", [
-    (b'{"version": ', "application/json"), (b"\xff\xfe", "application/json"), (b'{"version": "x"}', "application/json"),
-    (b"version=1", "application/x-www-form-urlencoded"), (b"[]", "application/json"),
-])
+@pytest.mark.parametrize(
+    "content,ctype",
+    [
+        (b'{"version": ', "application/json"),
+        (b"\xff\xfe", "application/json"),
+        (b'{"version": "x"}', "application/json"),
+        (b"version=1", "application/x-www-form-urlencoded"),
+        (b"[]", "application/json"),
+    ],
+)
 def test_admin_load_authenticates_before_parsing(client, content, ctype):
     for headers, status in [({}, 401), ({"Authorization": "Bearer wrong"}, 401)]:
         r = client.post("/v1/models/ml:load", content=content, headers={"content-type": ctype, **headers})
@@ -221,12 +270,23 @@ def test_admin_load_without_a_body_follows_the_newest_version(client):
 
 
 # -- issue 26 item 12: each body's own wording; one model-name rule on every route ---------------------------------
-@pytest.mark.parametrize("path,body,headers,words", [
-    ("/v1/models/ml:load", {"versoin": 2}, ADMIN,
-     "versoin: unknown field 'versoin' in the load body; expected 'version'"),
-    ("/v1/models/ml:score", {"candidates": [{}], "canddiates": []}, {},
-     "canddiates: unknown field 'canddiates' in the score body; expected 'request', 'candidates' or 'version'"),
-])
+@pytest.mark.parametrize(
+    "path,body,headers,words",
+    [
+        (
+            "/v1/models/ml:load",
+            {"versoin": 2},
+            ADMIN,
+            "versoin: unknown field 'versoin' in the load body; expected 'version'",
+        ),
+        (
+            "/v1/models/ml:score",
+            {"candidates": [{}], "canddiates": []},
+            {},
+            "canddiates: unknown field 'canddiates' in the score body; expected 'request', 'candidates' or 'version'",
+        ),
+    ],
+)
 def test_validation_errors_speak_of_the_routes_own_body(client, path, body, headers, words):
     r = client.post(path, json=body, headers=headers)
     assert r.status_code == 422 and words in r.json()["detail"], r.text
@@ -235,11 +295,29 @@ def test_validation_errors_speak_of_the_routes_own_body(client, path, body, head
         assert "'request'" not in r.text, r.text
 
 
-BAD_NAMES = ["ml%0a", "ml%0A", "ml%0d", "ml%0d%0a", "%0aml", "ml%00", "ml%09", "ml%20", "ml%0b", "ml%0c", "ml%7f",
-             "ml%c2%85", "ml%e2%80%a8", "m%0al"]
-NAME_ROUTES = [("GET", "/v1/models/{}", None), ("POST", "/v1/models/{}:score", {"candidates": [{}]}),
-               ("POST", "/v1/models/{}:load", {}), ("POST", "/v1/models/{}:unload", None),
-               ("POST", "/v1/models/{}:rollback", None)]
+BAD_NAMES = [
+    "ml%0a",
+    "ml%0A",
+    "ml%0d",
+    "ml%0d%0a",
+    "%0aml",
+    "ml%00",
+    "ml%09",
+    "ml%20",
+    "ml%0b",
+    "ml%0c",
+    "ml%7f",
+    "ml%c2%85",
+    "ml%e2%80%a8",
+    "m%0al",
+]
+NAME_ROUTES = [
+    ("GET", "/v1/models/{}", None),
+    ("POST", "/v1/models/{}:score", {"candidates": [{}]}),
+    ("POST", "/v1/models/{}:load", {}),
+    ("POST", "/v1/models/{}:unload", None),
+    ("POST", "/v1/models/{}:rollback", None),
+]
 
 
 @pytest.mark.parametrize("name", BAD_NAMES)
@@ -253,8 +331,12 @@ def test_a_model_name_with_whitespace_or_a_control_character_is_400_naming_the_r
 
 
 def test_a_method_a_route_does_not_take_is_405_with_allow(client):
-    for method, path, allow in [("GET", "/v1/models/ml:score", "POST"), ("PUT", "/v1/models/ml", "GET"),
-                                ("GET", "/v1/models/ml:load", "POST"), ("DELETE", "/v1/models", "GET")]:
+    for method, path, allow in [
+        ("GET", "/v1/models/ml:score", "POST"),
+        ("PUT", "/v1/models/ml", "GET"),
+        ("GET", "/v1/models/ml:load", "POST"),
+        ("DELETE", "/v1/models", "GET"),
+    ]:
         r = client.request(method, path)
         assert r.status_code == 405 and allow in r.headers["allow"], (method, path, r.status_code, r.text)
     assert client.get("/v1/models/a:b").status_code == 404  # a name with ':' is no model's
@@ -281,11 +363,19 @@ def test_openapi_score_body_accepts_the_documented_example_and_integers(client):
     example = schema["examples"][0]
     assert list(validator.iter_errors(example)) == []
     _scores_ok(score(client, example), len(example["candidates"]))
-    for ok in ({"candidates": [{"m": 1}]}, {"candidates": [{"m": [1, 2.5, "a", None, True]}], "version": 3},
-               {"candidates": [{"m": MAX_FLOAT, "n": -MAX_FLOAT}]}):
+    for ok in (
+        {"candidates": [{"m": 1}]},
+        {"candidates": [{"m": [1, 2.5, "a", None, True]}], "version": 3},
+        {"candidates": [{"m": MAX_FLOAT, "n": -MAX_FLOAT}]},
+    ):
         assert list(validator.iter_errors(ok)) == [], ok
-    for bad in ({"candidates": [{"m": 2 ** 1024}]}, {"candidates": [{"m": [[1]]}]}, {"candidates": []},
-                {"candidates": [{"m": {"x": 1}}]}, {"candidates": [{}], "version": -1}):
+    for bad in (
+        {"candidates": [{"m": 2**1024}]},
+        {"candidates": [{"m": [[1]]}]},
+        {"candidates": []},
+        {"candidates": [{"m": {"x": 1}}]},
+        {"candidates": [{}], "version": -1},
+    ):
         assert list(validator.iter_errors(bad)) != [], bad
 
 
@@ -302,21 +392,51 @@ def test_openapi_documents_the_error_bodies_the_server_sends(client):
     assert {"400", "404", "413", "415", "422"} <= set(score_op["responses"])
     assert {"401", "403", "413", "415", "422"} <= set(spec["paths"]["/v1/models/{name}:load"]["post"]["responses"])
     # :load's 422 is a string detail, as sent
-    detail = _resolve(spec["paths"]["/v1/models/{name}:load"]["post"]["responses"]["422"]["content"]
-                      ["application/json"]["schema"], spec)["properties"]["detail"]
+    detail = _resolve(
+        spec["paths"]["/v1/models/{name}:load"]["post"]["responses"]["422"]["content"]["application/json"]["schema"],
+        spec,
+    )["properties"]["detail"]
     assert detail["type"] == "string"
 
 
-@pytest.mark.parametrize("name", ["ml", "a", "A.b_c-9", "x" * 128, "a.b.", "a..b", ".a", "-a", "a/b", "a:b", "",
-                                  "x" * 129, "é", "a b", "a\n", "a\r\n", "a\x00", "\na", "a\t", "a\u2028"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ml",
+        "a",
+        "A.b_c-9",
+        "x" * 128,
+        "a.b.",
+        "a..b",
+        ".a",
+        "-a",
+        "a/b",
+        "a:b",
+        "",
+        "x" * 129,
+        "é",
+        "a b",
+        "a\n",
+        "a\r\n",
+        "a\x00",
+        "\na",
+        "a\t",
+        "a\u2028",
+    ],
+)
 def test_openapi_model_name_pattern_is_the_servers_rule(client, name):
     import jsonschema_rs  # schemathesis' validator: the pattern as a JSON Schema reads it
 
     from offgraph.modeldir.manifest import ModelDirError, check_model_name
 
     spec = client.get("/openapi.json").json()
-    for path in ("/v1/models/{name}", "/v1/models/{name}:score", "/v1/models/{name}:load",
-                 "/v1/models/{name}:unload", "/v1/models/{name}:rollback"):
+    for path in (
+        "/v1/models/{name}",
+        "/v1/models/{name}:score",
+        "/v1/models/{name}:load",
+        "/v1/models/{name}:unload",
+        "/v1/models/{name}:rollback",
+    ):
         op = next(iter(spec["paths"][path].values()))
         param = next(p for p in op["parameters"] if p["name"] == "name")["schema"]
         documented = jsonschema_rs.Draft202012Validator(param).is_valid(name)
@@ -330,7 +450,11 @@ def test_openapi_model_name_pattern_is_the_servers_rule(client, name):
 
 # -- item 10: no absolute paths without the admin token -----------------------------------------------------------
 def _abs_paths(text: str, server) -> list[str]:
-    roots = {str(offgraph.server.models), str(offgraph.server.models.resolve()), str(offgraph.server.models.parent.parent)}
+    roots = {
+        str(server.models),
+        str(server.models.resolve()),
+        str(server.models.parent.parent),
+    }
     return [r for r in roots if r in text]
 
 
@@ -344,7 +468,7 @@ def test_model_status_shows_paths_relative_to_models_without_the_token(client, s
         assert ml["loaded"]["training"]["run"] == ".../run", ml["loaded"]["training"]
         # the admin sees the full detail
         full = client.get(path, headers=ADMIN)
-        assert str(offgraph.server.models.resolve()) in full.text or str(offgraph.server.models) in full.text, full.text
+        assert str(server.models.resolve()) in full.text or str(server.models) in full.text, full.text
         wrong = client.get(path, headers={"Authorization": "Bearer wrong"})
         assert _abs_paths(wrong.text, server) == []
 

@@ -3,6 +3,7 @@ the topic -> `offgraph update --source kafka://` (process) -> the live store -> 
 (process): the HTTP scores equal the library scorer's on a copy of the version to which the
 topic's deltas were applied independently (decoded and last-write-wins merged here); the
 server's model status shows the updater's per-partition lag, and the updater's /metrics too."""
+
 import os
 import shutil
 import subprocess
@@ -14,13 +15,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pyarrow.parquet as pq
-
-from offgraph.store import open_store
-from offgraph.export.export import export_run
 from kafka_helpers import consume_all
-from offgraph.testing.harness import free_port, wait_ready
+
+from offgraph.export.export import export_run
 from offgraph.scoring.scorer import Scorer
+from offgraph.store import open_store
 from offgraph.streaming.delta_format import read_delta_bytes
+from offgraph.testing.harness import free_port, wait_ready
 from offgraph.testing.tansu import tansu_broker
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,8 +30,13 @@ P = 4
 
 def _start(args, log: Path):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.Popen([sys.executable, "-m", "offgraph.cli", *args], cwd=REPO, env=env,
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "offgraph.cli", *args],
+        cwd=REPO,
+        env=env,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _apply_by_hand(messages, vdir: Path) -> int:
@@ -67,16 +73,50 @@ def test_stream_train_to_kafka_to_replica_scores_as_recomputed(small_run, moviel
     with tansu_broker(tmp_path / "tansu.log") as broker:
         url = f"kafka://{broker}/deltas"
         port, mport = free_port(), free_port()
-        server = _start(["serve", "--models", str(models), "--port", str(port), "--follow-seconds", "0.1",
-                         "--poll-seconds", "0.2", "--log-level", "warning"], tmp_path / "serve.log")
-        train = subprocess.run([sys.executable, "-m", "offgraph.cli", "stream-train", "--model", str(vdir),
-                                "--events", str(tmp_path / "events.parquet"), "--emit", url, "--every-events", "100",
-                                "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=300,
-                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        server = _start(
+            [
+                "serve",
+                "--models",
+                str(models),
+                "--port",
+                str(port),
+                "--follow-seconds",
+                "0.1",
+                "--poll-seconds",
+                "0.2",
+                "--log-level",
+                "warning",
+            ],
+            tmp_path / "serve.log",
+        )
+        train = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "offgraph.cli",
+                "stream-train",
+                "--model",
+                str(vdir),
+                "--events",
+                str(tmp_path / "events.parquet"),
+                "--emit",
+                url,
+                "--every-events",
+                "100",
+                "--no-progress",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        )
         assert train.returncode == 0, train.stdout + train.stderr
         assert (vdir / "stream-start.json").exists()
-        updater = _start(["update", "--models", str(models), "--model", "ml", "--source", url, "--metrics-port",
-                          str(mport)], tmp_path / "update.log")
+        updater = _start(
+            ["update", "--models", str(models), "--model", "ml", "--source", url, "--metrics-port", str(mport)],
+            tmp_path / "update.log",
+        )
         try:
             wait_ready(f"http://127.0.0.1:{port}", 120, server, log=str(tmp_path / "serve.log"))
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
@@ -106,8 +146,7 @@ def test_stream_train_to_kafka_to_replica_scores_as_recomputed(small_run, moviel
                 t_end = time.monotonic() + 30
                 while time.monotonic() < t_end:
                     up = client.get("/v1/models/ml").json()["updater"]
-                    if up and len(up["partitions"]) == P and all(
-                            d["messages"] == 0 for d in up["partitions"].values()):
+                    if up and len(up["partitions"]) == P and all(d["messages"] == 0 for d in up["partitions"].values()):
                         break
                     time.sleep(0.2)
                 # (the source shows as the server shows paths: redacted to its last part)

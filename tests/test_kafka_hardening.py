@@ -2,18 +2,31 @@
 against a real Kafka-protocol broker (Tansu, in memory, on loopback) and `offgraph update` as a
 subprocess: a 32 MiB message, offsets that go backwards (a broker that lost its log), a message
 from the future, a hostile stream-start.json, a broker that is down."""
+
 import logging
 import time
 import urllib.request
 
 import numpy as np
-
-from kafka_helpers import (P, broker, caught_up, consume_all, delta, raw_producer, sink,  # noqa: F401
-                           start_updater, stop, tiny_export, topic_name, wait_until)
-from offgraph.testing.harness import free_port
-from offgraph.streaming.kafka_messages import encode_messages
-from offgraph.testing.tansu import TansuBroker
+from kafka_helpers import (  # noqa: F401
+    P,
+    broker,
+    caught_up,
+    consume_all,
+    delta,
+    raw_producer,
+    sink,
+    start_updater,
+    stop,
+    tiny_export,
+    topic_name,
+    wait_until,
+)
 from streaming_helpers import NAME, assert_store_holds, install_version, make_deltas, publish, spool_files
+
+from offgraph.streaming.kafka_messages import encode_messages
+from offgraph.testing.harness import free_port
+from offgraph.testing.tansu import TansuBroker
 
 
 def _metrics(port: int) -> str:
@@ -32,8 +45,7 @@ def _metric(port: int, name: str) -> float | None:
 
 
 # --------------------------------------------------------------------------- item 1
-def test_a_32mib_message_is_dead_lettered_as_a_reference_and_the_rest_applied(broker, tiny_export, tmp_path,
-                                                                               request):
+def test_a_32mib_message_is_dead_lettered_as_a_reference_and_the_rest_applied(broker, tiny_export, tmp_path, request):
     """32 MiB of zeros reach the broker zstd-compressed (Tansu takes 16 MiB a request); the updater
     reads at most 16 MiB, and the dead-letter producer cannot copy it either (was: KafkaException
     MSG_SIZE_TOO_LARGE from reject(), on every restart): a reference goes to the dead letters."""
@@ -97,8 +109,7 @@ def _run_until_it_exits(models, topic, bootstrap, log) -> tuple[int | None, str]
     return up.returncode, log.read_text()[mark:]
 
 
-def test_a_broker_that_lost_its_log_stops_the_updater_then_rebase_applies_the_new_log(tiny_export, tmp_path,
-                                                                                       request):
+def test_a_broker_that_lost_its_log_stops_the_updater_then_rebase_applies_the_new_log(tiny_export, tmp_path, request):
     """The issue's case: the store recorded offsets; the broker comes back empty (first: the
     partitions end before the recorded offsets), then takes a re-sent delta and new ones at
     offsets at and below the recorded ones (was: all acknowledged, none applied, nothing logged).
@@ -132,13 +143,24 @@ def test_a_broker_that_lost_its_log_stops_the_updater_then_rebase_applies_the_ne
         assert "offsets went backwards" in line and "--on-offset-reset stop" in line, line
         assert_store_holds(vdir, a)  # nothing of the new log acknowledged
         mport = free_port()
-        up = start_updater(models, topic, kafka.bootstrap, log, "--on-offset-reset", "rebase", "--metrics-port",
-                           str(mport))
+        up = start_updater(
+            models, topic, kafka.bootstrap, log, "--on-offset-reset", "rebase", "--metrics-port", str(mport)
+        )
         try:
-            wait_until(lambda: caught_up(vdir, topic, out.last_offsets, epoch=1), 120, up, log=log,
-                       what="the new log applied as epoch 1")
-            wait_until(lambda: (_metric(mport, "offgraph_update_offset_resets_total") or 0) >= 1, 30, up, log=log,
-                       what="the reset counted on /metrics")
+            wait_until(
+                lambda: caught_up(vdir, topic, out.last_offsets, epoch=1),
+                120,
+                up,
+                log=log,
+                what="the new log applied as epoch 1",
+            )
+            wait_until(
+                lambda: (_metric(mport, "offgraph_update_offset_resets_total") or 0) >= 1,
+                30,
+                up,
+                log=log,
+                what="the reset counted on /metrics",
+            )
         finally:
             stop(up)
             out.close()
@@ -167,8 +189,13 @@ def test_a_broker_restarted_empty_under_a_running_updater_is_rebased(tiny_export
             for d in b:
                 out.emit(d)
             out.flush()
-            wait_until(lambda: caught_up(vdir, topic, out.last_offsets, epoch=1), 120, up, log=log,
-                       what="the new log applied as epoch 1")
+            wait_until(
+                lambda: caught_up(vdir, topic, out.last_offsets, epoch=1),
+                120,
+                up,
+                log=log,
+                what="the new log applied as epoch 1",
+            )
         finally:
             stop(up)
             out.close()
@@ -254,8 +281,9 @@ HOSTILE_STARTS = {  # stream-start.json content -> the field the warning names
 }
 
 
-def test_a_hostile_stream_start_is_ignored_with_a_warning_naming_the_field(broker, tiny_export, tmp_path, request,
-                                                                             caplog):
+def test_a_hostile_stream_start_is_ignored_with_a_warning_naming_the_field(
+    broker, tiny_export, tmp_path, request, caplog
+):
     """Each start-up goes on from the topic's beginning, with a warning naming the file and the field
     (was: AttributeError, OverflowError or ValueError, rc 1, on every restart)."""
     from offgraph.streaming.source_kafka import KafkaSource
@@ -336,14 +364,21 @@ def test_broker_health_says_each_change_once_and_sums_up_while_down(caplog):
 
     now = [0.0]
     downs = []
-    h = BrokerHealth("b:1", logging.getLogger("offgraph.test.health"), on_down=lambda: downs.append(now[0]),
-                     clock=lambda: now[0])
+    h = BrokerHealth(
+        "b:1", logging.getLogger("offgraph.test.health"), on_down=lambda: downs.append(now[0]), clock=lambda: now[0]
+    )
     with caplog.at_level(logging.INFO, logger="offgraph.test.health"):
         h.stats('{"brokers": {"b:1/1": {"nodeid": 1, "state": "UP"}}}')
         assert h.up is True and not caplog.records  # up from the start: nothing to say
-        for i in range(500):
+        for _i in range(500):
             now[0] += 0.05
-            h.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", "Connect to ipv4#127.0.0.1:1 failed: Connection refused")
+            h.log(
+                logging.ERROR,
+                "%s [%s] %s",
+                "FAIL",
+                "rdkafka#consumer-1",
+                "Connect to ipv4#127.0.0.1:1 failed: Connection refused",
+            )
         assert h.up is False and h.errors == 500 and downs == [0.05]
         said = [(r.levelname, r.getMessage()) for r in caplog.records]
         assert len(said) == 1 + int(25.0 // SUMMARY_S) and said[0][0] == "ERROR" and "unreachable" in said[0][1]

@@ -11,6 +11,7 @@ recorded as applied at each loss plus every message of the final log; a message 
 but not applied would be missing. No run may end by itself (only by SIGKILL, or SIGTERM at the
 end, rc 0). Full size by default; OFFGRAPH_KAFKA_RESETS_DELTAS and OFFGRAPH_KAFKA_RESETS_KILLS
 shrink it."""
+
 import json
 import os
 import random
@@ -21,14 +22,21 @@ import time
 
 import numpy as np
 import pytest
-
 from kafka_helpers import P, raw_producer, start_updater, stop, tiny_export, update_kafka_cmd, wait_until  # noqa: F401
+from streaming_helpers import (
+    NAME,
+    REPO,
+    install_version,
+    kill_at_a_random_point,
+    last_write_wins,
+    make_deltas,
+    open_version_store,
+)
+
 from offgraph.streaming.delta_format import read_delta_bytes
 from offgraph.streaming.kafka_messages import encode_messages
 from offgraph.streaming.source_kafka import fingerprint, parse_position
 from offgraph.testing.tansu import TansuBroker
-from streaming_helpers import (NAME, REPO, install_version, kill_at_a_random_point, last_write_wins, make_deltas,
-                               open_version_store)
 
 DELTAS = int(os.environ.get("OFFGRAPH_KAFKA_RESETS_DELTAS", "100000"))
 KILLS = int(os.environ.get("OFFGRAPH_KAFKA_RESETS_KILLS", "20"))
@@ -54,8 +62,13 @@ class Stream:
         out: list = []
         while True:
             try:
-                prod.produce(TOPIC, value=value, partition=p, headers=headers,
-                             on_delivery=lambda err, m: out.append((err, m.offset(), m.timestamp()[1])))
+                prod.produce(
+                    TOPIC,
+                    value=value,
+                    partition=p,
+                    headers=headers,
+                    on_delivery=lambda err, m: out.append((err, m.offset(), m.timestamp()[1])),
+                )
                 break
             except BufferError:  # the local queue is full: let it drain
                 prod.poll(0.05)
@@ -70,8 +83,17 @@ class Stream:
         for out, p, value, headers, good in self._pending:
             ((err, off, ts),) = out
             assert err is None, err
-            self.sent.append({"gen": self.gen, "p": p, "offset": off, "fp": fingerprint(value, ts), "value": value,
-                              "headers": headers, "good": good})
+            self.sent.append(
+                {
+                    "gen": self.gen,
+                    "p": p,
+                    "offset": off,
+                    "fp": fingerprint(value, ts),
+                    "value": value,
+                    "headers": headers,
+                    "good": good,
+                }
+            )
         self._pending = []
 
     def emit(self, d: dict) -> None:
@@ -162,8 +184,18 @@ def test_kafka_exactly_once_across_kills_broker_restarts_and_a_recreated_topic(t
     stream = Stream(kafka.bootstrap)
     log = tmp_path / "update.log"
     rate = max(2000, DELTAS // 60)  # about a minute of applying: a backlog to kill into
-    extra = ("--on-offset-reset", "rebase", "--wait-timeout", "0", "--batch-files", "8", "--log-every", "1",
-             "--max-deltas-per-s", str(rate))
+    extra = (
+        "--on-offset-reset",
+        "rebase",
+        "--wait-timeout",
+        "0",
+        "--batch-files",
+        "8",
+        "--log-every",
+        "1",
+        "--max-deltas-per-s",
+        str(rate),
+    )
     acked: set[int] = set()  # good messages of lost logs that the store had recorded as applied
     kills, exits, resets = 0, [], 0
     t0 = time.monotonic()
@@ -182,8 +214,9 @@ def test_kafka_exactly_once_across_kills_broker_restarts_and_a_recreated_topic(t
         nonlocal kills
         said = lambda what: log.read_bytes().count(what)  # noqa: E731
         opened, progress = said(b"recorded positions of"), said(b" rows written")
-        kills += kill_at_a_random_point(proc, mode, rnd, lambda: said(b"recorded positions of") > opened,
-                                        lambda: said(b" rows written") > progress)
+        kills += kill_at_a_random_point(
+            proc, mode, rnd, lambda: said(b"recorded positions of") > opened, lambda: said(b" rows written") > progress
+        )
         if proc.returncode != -signal.SIGKILL:
             exits.append((proc.returncode, log.read_text()[-2000:]))
 
@@ -193,7 +226,9 @@ def test_kafka_exactly_once_across_kills_broker_restarts_and_a_recreated_topic(t
             if i in events:
                 stream.flush()
                 what = events[i]
-                if what == "topic re-created":  # with the updater down (see offgraph/streaming/README.md, "Offset resets")
+                if (
+                    what == "topic re-created"
+                ):  # with the updater down (see offgraph/streaming/README.md, "Offset resets")
                     kill(up, 0)
                 else:  # under an updater that is applying
                     wait_until(applying, 120, up, log=log, what="the updater applying before the broker restart")
@@ -245,27 +280,38 @@ def test_kafka_exactly_once_across_kills_broker_restarts_and_a_recreated_topic(t
         kafka_alive = kafka.proc is not None
     try:
         assert up.returncode == 0, log.read_text()[-3000:]
-        again = subprocess.run(update_kafka_cmd(models, TOPIC, kafka.bootstrap, "--once", "--on-offset-reset", "rebase"),
-                               cwd=REPO, capture_output=True, text=True, timeout=300,
-                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        again = subprocess.run(
+            update_kafka_cmd(models, TOPIC, kafka.bootstrap, "--once", "--on-offset-reset", "rebase"),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        )
     finally:
         kafka.kill()
     assert kafka_alive
-    print(f"{DELTAS} deltas in {len(stream.sent)} messages ({sum(not m['good'] for m in stream.sent)} poison), "
-          f"{kills} kills, {resets} log losses, {len(acked)} messages of lost logs acknowledged, {took:.0f}s")
+    print(
+        f"{DELTAS} deltas in {len(stream.sent)} messages ({sum(not m['good'] for m in stream.sent)} poison), "
+        f"{kills} kills, {resets} log losses, {len(acked)} messages of lost logs acknowledged, {took:.0f}s"
+    )
     assert kills >= KILLS, f"killed {kills} times, fewer than {KILLS}"
     assert not exits, f"runs that ended by themselves: {[rc for rc, _ in exits]}\n{exits[0][1] if exits else ''}"
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout.strip().splitlines()[-1])["update"]["files_applied"] == 0  # nothing redone
     said = log.read_text()
     assert "--on-offset-reset rebase" in said and "Traceback" not in said
-    print(f"{said.count('offsets went backwards')} partition resets detected; the broker unreachable "
-          f"{said.count('broker unreachable')} times, reachable again {said.count('reachable again')} times")
+    print(
+        f"{said.count('offsets went backwards')} partition resets detected; the broker unreachable "
+        f"{said.count('broker unreachable')} times, reachable again {said.count('reachable again')} times"
+    )
 
     final = [j for j, m in enumerate(stream.sent) if m["gen"] == stream.gen and m["good"]]
     applied = [read_delta_bytes(stream.sent[j]["value"]) for j in sorted(acked | set(final))]
-    cols = [{"table_ids": b.table_ids, "rows": b.rows, "seqs": b.seqs, "vectors": b.vectors,
-             "first_order": b.first_order} for b in applied]
+    cols = [
+        {"table_ids": b.table_ids, "rows": b.rows, "seqs": b.seqs, "vectors": b.vectors, "first_order": b.first_order}
+        for b in applied
+    ]
     et, er, es, ev, ew = last_write_wins(cols)
     with open_version_store(vdir) as st:
         gs = st.row_seqs(et, er)

@@ -2,25 +2,35 @@
 loopback): the message format and partitioning, the source's contract, replicas that converge
 (one SIGKILLed and restarted), a new replica from the version directory, poison messages to the
 dead-letter topic, and a version switch."""
+
 import json
 import signal
 import time
 
 import numpy as np
-import pytest
-
-from offgraph.store.keys import shard_of
-from kafka_helpers import P, broker, caught_up, consume_all, delta, rows_of, start_updater, stop, stored_positions  # noqa: F401
-from kafka_helpers import tiny_export  # noqa: F401 - fixtures
-from kafka_helpers import sink as _sink, topic_name as _topic
-from offgraph.streaming.kafka_messages import encode_messages
+from kafka_helpers import (  # noqa: F401
+    P,
+    broker,
+    caught_up,
+    consume_all,
+    delta,
+    rows_of,
+    start_updater,
+    stop,
+    stored_positions,
+    tiny_export,  # noqa: F401 - fixtures
+)
+from kafka_helpers import sink as _sink
+from kafka_helpers import topic_name as _topic
 from streaming_helpers import DIM, NAME, install_version, last_write_wins
 
+from offgraph.store.keys import shard_of
+from offgraph.streaming.kafka_messages import encode_messages
 
 
-
-def test_messages_partition_rows_and_the_source_delivers_acks_seeks_and_dead_letters(broker, tiny_export, tmp_path,
-                                                                                     request):
+def test_messages_partition_rows_and_the_source_delivers_acks_seeks_and_dead_letters(
+    broker, tiny_export, tmp_path, request
+):
     from offgraph.streaming.sources import open_source
 
     topic = _topic(request)
@@ -75,14 +85,17 @@ def test_messages_partition_rows_and_the_source_delivers_acks_seeks_and_dead_let
             src2.wait(0.5)
             got = src2.poll(1000)
         assert sorted((i.partition, i.offset) for i in got) == sorted(
-            (i.partition, i.offset) for i in items if (i.partition, i.offset) not in
-            {(0, first[0].offset), (0, first[1].offset)})
+            (i.partition, i.offset)
+            for i in items
+            if (i.partition, i.offset) not in {(0, first[0].offset), (0, first[1].offset)}
+        )
     finally:
         src2.close()
 
 
-def test_two_replicas_converge_one_killed_and_a_new_one_started_from_the_version_dir(broker, tiny_export,
-                                                                                      tmp_path, request):
+def test_two_replicas_converge_one_killed_and_a_new_one_started_from_the_version_dir(
+    broker, tiny_export, tmp_path, request
+):
     topic = _topic(request)
     models = [tmp_path / f"replica{i}" for i in range(3)]
     vdirs = [install_version(tiny_export, m, 1) for m in models[:2]]
@@ -127,8 +140,7 @@ def test_two_replicas_converge_one_killed_and_a_new_one_started_from_the_version
     assert "the version begins at" in logs[2].read_text()
 
 
-def test_poison_messages_go_to_the_dead_letter_topic_and_the_rest_is_applied(broker, tiny_export, tmp_path,
-                                                                              request):
+def test_poison_messages_go_to_the_dead_letter_topic_and_the_rest_is_applied(broker, tiny_export, tmp_path, request):
     from confluent_kafka import Producer
 
     topic = _topic(request)
@@ -139,8 +151,7 @@ def test_poison_messages_go_to_the_dead_letter_topic_and_the_rest_is_applied(bro
     sink.emit(good[0])
     sink.flush()
     prod = Producer({"bootstrap.servers": broker, "log_level": 2})
-    poison = {b"not arrow at all": "not an Arrow IPC file",
-              b"": "empty"}
+    poison = {b"not arrow at all": "not an Arrow IPC file", b"": "empty"}
     for value in poison:
         prod.produce(topic, value=value, partition=1)
     bad_rows = delta(rng, 5, 10**9)
@@ -151,8 +162,11 @@ def test_poison_messages_go_to_the_dead_letter_topic_and_the_rest_is_applied(bro
     for p, value, hdrs in encode_messages(other, P):
         prod.produce(topic, value=value, partition=p, headers=hdrs)
     assert prod.flush(10) == 0
-    n_bad = 2 + len({int(x) for x in shard_of(bad_rows["table_ids"], bad_rows["rows"], P)}) + len(
-        {int(x) for x in shard_of(other["table_ids"], other["rows"], P)})
+    n_bad = (
+        2
+        + len({int(x) for x in shard_of(bad_rows["table_ids"], bad_rows["rows"], P)})
+        + len({int(x) for x in shard_of(other["table_ids"], other["rows"], P)})
+    )
     for d in good[1:]:
         sink.emit(d)
     sink.flush()

@@ -7,6 +7,7 @@ like the other calibration steps. A listwise version without a fit says its scor
 scores; a version exported before these fields keeps serving (pointwise CTRs unless its training
 config says otherwise).
 """
+
 import json
 import math
 import shutil
@@ -18,10 +19,10 @@ import pytest
 import yaml
 from server_helpers import ThreadServer, copy_version, score, server_config
 
+from offgraph.features.spec import Calibration, SpecError, parse_spec
 from offgraph.model._metrics import logloss
 from offgraph.model.platt import fit_platt
 from offgraph.modeldir.manifest import ModelDirError, training_loss
-from offgraph.features.spec import Calibration, SpecError, parse_spec
 from offgraph.scoring.calibration import calibrate, score_kind
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,8 +67,9 @@ def test_calibrate_applies_platt_first_then_the_declared_steps():
     np.testing.assert_allclose(got, _sigmoid(0.5 * z - 1.0), rtol=1e-5)
     q = _sigmoid(0.5 * z - 1.0)
     r = 0.25  # then the down-sampling correction, on the Platt output
-    np.testing.assert_allclose(calibrate(p, Calibration(negative_rate=r, logit_scale=0.5, logit_shift=-1.0)),
-                               q / (q + (1 - q) / r), rtol=1e-5)
+    np.testing.assert_allclose(
+        calibrate(p, Calibration(negative_rate=r, logit_scale=0.5, logit_shift=-1.0)), q / (q + (1 - q) / r), rtol=1e-5
+    )
     # a saturated float32 sigmoid (|logit| > ~17) still maps to a finite, ordered score
     edge = calibrate(np.array([0.0, 1.0], np.float32), Calibration(logit_scale=0.3, logit_shift=0.0))
     assert 0.0 < edge[0] < 0.5 < edge[1] < 1.0
@@ -81,8 +83,13 @@ def test_spec_calibration_keys_are_checked_and_set_by_training():
     c = fitted.model.calibration
     assert (c.logit_scale, c.logit_shift, c.platt, c.identity) == (2.5, -0.25, True, False)
     assert parse_spec(fitted.to_dict()).model.calibration == c  # the run's spec.yaml reads back the same
-    for bad in ({"logit_scale": 0}, {"logit_scale": -1.0}, {"logit_scale": float("nan")},
-                {"logit_shift": float("inf")}, {"logit_shift": "x"}):
+    for bad in (
+        {"logit_scale": 0},
+        {"logit_scale": -1.0},
+        {"logit_scale": float("nan")},
+        {"logit_shift": float("inf")},
+        {"logit_shift": "x"},
+    ):
         raw = _tiny_raw()
         raw["model"]["calibration"] = bad
         with pytest.raises(SpecError, match=f"model.calibration.{next(iter(bad))}"):
@@ -121,13 +128,18 @@ def listwise(movielens_table, tmp_path_factory):
     """(MODELS, run dir, table, metrics): a 1-epoch listwise DeepFM (then its refit) with tiny tables on the first
     20k MovieLens ratings, exported as lw/1; lw_old/1 is that version with a manifest as exported before the
     loss and score kind were recorded (no training_loss / score_kind, no fitted calibration)."""
-    from offgraph.model.train import TrainConfig, train_run
     from offgraph.export.export import export_run
+    from offgraph.model.train import TrainConfig, train_run
 
     root = tmp_path_factory.mktemp("listwise")
     table = movielens_table.slice(0, 20000)
-    _, metrics = train_run(parse_spec(_tiny_raw()), table, TrainConfig(epochs=1, loss="listwise", split="per-key-time"),
-                           root / "run", progress=False)
+    _, metrics = train_run(
+        parse_spec(_tiny_raw()),
+        table,
+        TrainConfig(epochs=1, loss="listwise", split="per-key-time"),
+        root / "run",
+        progress=False,
+    )
     models = root / "models"
     export_run(root / "run", models / "lw" / "1", shards=2, quant="fp32", progress=False)
 
@@ -161,9 +173,9 @@ def served(listwise, tiny_model, tmp_path_factory):
 
 
 def _held_out_requests(run_dir, table):
-    from offgraph.model.model import load_run
     from offgraph.export.check import requests_from_rows
     from offgraph.export.feature_build import run_held_out_mask
+    from offgraph.model.model import load_run
 
     _, spec, _ = load_run(run_dir)
     idx = np.flatnonzero(run_held_out_mask(run_dir, spec, table))
@@ -194,8 +206,10 @@ def test_training_fits_and_records_the_calibration(listwise):
     assert run_spec["model"]["calibration"] == {"logit_scale": rec["logit_scale"], "logit_shift": rec["logit_shift"]}
     m = json.loads((models / "lw" / "1" / "manifest.json").read_text())
     assert m["training_loss"] == "listwise" and m["score_kind"] == "ctr"
-    assert (m["calibration"]["logit_scale"], m["calibration"]["logit_shift"]) == (rec["logit_scale"],
-                                                                                  rec["logit_shift"])
+    assert (m["calibration"]["logit_scale"], m["calibration"]["logit_shift"]) == (
+        rec["logit_scale"],
+        rec["logit_shift"],
+    )
     assert m["training"]["calibration"] == rec  # GET /v1/models/{name} shows it under loaded.training
 
 
@@ -215,8 +229,12 @@ def test_served_listwise_scores_are_ctrs(served, listwise):
 
 
 def test_get_model_says_the_loss_and_the_score_kind(served):
-    want = {"lw": ("listwise", "ctr"), "lw_old": ("listwise", "ranking"), "pw": ("pointwise", "ctr"),
-            "pw_old": ("pointwise", "ctr")}
+    want = {
+        "lw": ("listwise", "ctr"),
+        "lw_old": ("listwise", "ranking"),
+        "pw": ("pointwise", "ctr"),
+        "pw_old": ("pointwise", "ctr"),
+    }
     for name, (loss, kind) in want.items():
         r = served.get(f"/v1/models/{name}")
         assert r.status_code == 200, r.text
@@ -245,9 +263,9 @@ def test_check_parity_holds_with_the_fitted_calibration(listwise):
 def test_a_listwise_run_written_by_hand_exports_as_ranking(tmp_path):
     """A run from the library's writer with no metrics (so no fit, no config in them): its train_config.json's
     loss decides, and a listwise model without a calibration says "ranking"."""
+    from offgraph.export.export import export_run
     from offgraph.model.model import build_deepfm
     from offgraph.model.train import TrainConfig, write_run
-    from offgraph.export.export import export_run
     from offgraph.scoring.scorer import load
 
     spec = parse_spec(_tiny_raw())

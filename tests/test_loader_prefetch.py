@@ -2,16 +2,17 @@
 limited while the server answers requests, as fast as the disk goes before), and its paced load
 owes no pause for that wait. Residency is read with
 ``mincore(2)`` (tests/test_prefetch.py), not through the code under test."""
+
 from __future__ import annotations
 
 import logging
 import shutil
 import time
 
-from offgraph.store.prefetch import SERVING_DISK_SHARE, store_files
 from offgraph.server.config import ServerConfig
 from offgraph.server.loader import open_version
 from offgraph.server.pacing import Pacer
+from offgraph.store.prefetch import SERVING_DISK_SHARE, store_files
 from tests.test_prefetch import drop_from_cache, resident_bytes
 
 PREFETCH_S = 1.5  # the store read at a rate that makes the prefetch take about this long
@@ -34,7 +35,8 @@ def _messages(caplog) -> list[str]:
 
 
 def test_a_version_loaded_while_serving_is_read_in_before_its_store_opens_and_not_paced_for_the_wait(
-        tiny_model, tmp_path, caplog):
+    tiny_model, tmp_path, caplog
+):
     models, vdir, total = _cold_version(tiny_model, tmp_path)
     config = ServerConfig(models_dir=models, prefetch_store="on", prefetch_mb_s=total / 2**20 / PREFETCH_S)
     pacer = Pacer(0.25)
@@ -60,7 +62,8 @@ def test_a_version_loaded_while_serving_is_read_in_before_its_store_opens_and_no
 
 
 def test_with_nothing_serving_the_prefetch_ignores_the_rate_limit_and_ends_before_the_version_serves(
-        tiny_model, tmp_path, caplog):
+    tiny_model, tmp_path, caplog
+):
     models, vdir, total = _cold_version(tiny_model, tmp_path)
     slow_s = 60.0  # the limit would make it take this long: it is for protecting requests, and none are served
     config = ServerConfig(models_dir=models, prefetch_store="on", prefetch_mb_s=total / 2**20 / slow_s)
@@ -75,7 +78,8 @@ def test_with_nothing_serving_the_prefetch_ignores_the_rate_limit_and_ends_befor
         assert sum(resident_bytes(p) for p in store_files(vdir / "store")) >= 0.9 * total
         msgs = _messages(caplog)
         assert next(i for i, m in enumerate(msgs) if "prefetched" in m) < next(
-            i for i, m in enumerate(msgs) if "store verified" in m), msgs
+            i for i, m in enumerate(msgs) if "store verified" in m
+        ), msgs
     finally:
         sv.close()
 

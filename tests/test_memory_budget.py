@@ -1,5 +1,6 @@
 """The split of one memory budget (offgraph.scoring.memory_budget): parts within the budget, the block cache sized
 by the version's index, the row cache the big share."""
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,10 @@ def test_the_row_cache_override_leaves_the_other_parts_as_they_were():
 
 
 def test_the_index_estimate_from_a_manifest_counts_every_table():
-    m = {"embedding_dim": 16, "store": {"quant": "int8", "block_size_kb": 16, "row_counts": {"a": 600_000,
-                                                                                            "b": 400_000}}}
+    m = {
+        "embedding_dim": 16,
+        "store": {"quant": "int8", "block_size_kb": 16, "row_counts": {"a": 600_000, "b": 400_000}},
+    }
     # int8 D=16: 21-byte records (RocksDB's "raw average value size" of a synth store)
     assert math.isclose(manifest_index_mb(m), index_mb(10**6, 21, 16))
     m["store"]["block_size_kb"] = 4  # smaller blocks: four times the index entries

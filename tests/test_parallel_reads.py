@@ -46,7 +46,7 @@ def test_a_big_read_is_split_into_about_read_threads_sorted_chunks(tmp_path):
         for _, p in chunks:
             assert np.all(np.diff(rows[p].astype(np.int64)) > 0)  # key order within a chunk
         assert len(st._read_chunks(t, rows, parallel=False)) == 2  # one call a shard
-        small = st._read_chunks(t[: MIN_CHUNK_KEYS], rows[: MIN_CHUNK_KEYS], parallel=True)
+        small = st._read_chunks(t[:MIN_CHUNK_KEYS], rows[:MIN_CHUNK_KEYS], parallel=True)
         assert len(small) <= 2  # a small read is not split beyond its shards
         got_v, got_w, found = st.read_unique(t, rows)
         assert found.all() and np.array_equal(got_v, v[rows]) and np.array_equal(got_w, w[rows])

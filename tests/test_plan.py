@@ -8,13 +8,13 @@ import uuid
 
 import numpy as np
 import pytest
+from test_prefetch import cold_file
 
 import offgraph.cli
 from offgraph.export.cache_sim import bench_trace, replay, trace_of
+from offgraph.export.plan import Device, read_time, sampled, steady_hit_ratio, synth_trace
 from offgraph.store.quant import get_codec
 from offgraph.store.row_cache import RowCache
-from offgraph.export.plan import Device, read_time, sampled, steady_hit_ratio, synth_trace
-from test_prefetch import cold_file
 
 DEV = Device(qd1_ms=0.1, qd8_ms=0.3, qd8_reads_per_s=20000)
 
@@ -98,14 +98,24 @@ DISK = ["--disk-ms-qd1", "0.1", "--disk-ms-qd8", "0.3", "--disk-iops-qd8", "2000
 def test_plan_prints_the_prediction_and_its_inputs(capsys):
     rc, out, _ = _plan(capsys, "--rows", "1e6", "--memory-mb", "64", "--zipf", "1.1", *DISK, "--max-requests", "400")
     assert rc == 0
-    for line in ("1,000,000 rows", "Zipf 1.1", "--memory-mb 64", "qd1 0.100 ms", "20,000 reads/s", "hit ratio",
-                 "misses per request", "predicted read time per request (c1)", "c8 throughput bound"):
+    for line in (
+        "1,000,000 rows",
+        "Zipf 1.1",
+        "--memory-mb 64",
+        "qd1 0.100 ms",
+        "20,000 reads/s",
+        "hit ratio",
+        "misses per request",
+        "predicted read time per request (c1)",
+        "c8 throughput bound",
+    ):
         assert line in out
 
 
 def test_plan_json_has_the_model_figures_and_no_nan(capsys):
-    rc, out, _ = _plan(capsys, "--rows", "1e6", "--memory-mb", "64", "--uniform", *DISK, "--max-requests", "400",
-                       "--json")
+    rc, out, _ = _plan(
+        capsys, "--rows", "1e6", "--memory-mb", "64", "--uniform", *DISK, "--max-requests", "400", "--json"
+    )
     assert rc == 0
 
     def no_constants(name):
@@ -119,26 +129,32 @@ def test_plan_json_has_the_model_figures_and_no_nan(capsys):
     assert plan["budget"]["memory_mb"] == 64 and plan["row_cache_rows"] > 0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--rows", "1e6"], "give --probe DIR or --disk-ms-qd1"),
-    (["--rows", "1e6", "--disk-ms-qd1", "0.1"], "--disk-ms-qd8, --disk-iops-qd8 missing"),
-    (["--rows", "1e6", "--zipf", "0.9", *DISK], "--zipf must be > 1"),
-    (["--rows", "1000", *DISK], "at least"),
-    (["--rows", "1e6", "--probe", "/nonexistent-dir", *DISK], "not both"),
-    (["--rows", "1e6", "--probe", "/nonexistent-dir"], "--probe /nonexistent-dir: not a directory"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rows", "1e6"], "give --probe DIR or --disk-ms-qd1"),
+        (["--rows", "1e6", "--disk-ms-qd1", "0.1"], "--disk-ms-qd8, --disk-iops-qd8 missing"),
+        (["--rows", "1e6", "--zipf", "0.9", *DISK], "--zipf must be > 1"),
+        (["--rows", "1000", *DISK], "at least"),
+        (["--rows", "1e6", "--probe", "/nonexistent-dir", *DISK], "not both"),
+        (["--rows", "1e6", "--probe", "/nonexistent-dir"], "--probe /nonexistent-dir: not a directory"),
+    ],
+)
 def test_plan_refuses_bad_input_naming_it(capsys, args, message):
     rc, out, err = _plan(capsys, *args)
     assert rc == 2 and out == "" and message in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("args, flag", [
-    (["--rows", "1e6", "--memory-mb", "-5", *DISK], "--memory-mb"),
-    (["--rows", "1e6", "--memory-mb", "nan", *DISK], "--memory-mb"),
-    (["--rows", "lots", *DISK], "--rows"),
-    (["--rows", "1e6", "--zipf", "1.2", "--uniform", *DISK], "--uniform"),
-    (["--rows", "1e6", "--candidates", "0", *DISK], "--candidates"),
-])
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--rows", "1e6", "--memory-mb", "-5", *DISK], "--memory-mb"),
+        (["--rows", "1e6", "--memory-mb", "nan", *DISK], "--memory-mb"),
+        (["--rows", "lots", *DISK], "--rows"),
+        (["--rows", "1e6", "--zipf", "1.2", "--uniform", *DISK], "--uniform"),
+        (["--rows", "1e6", "--candidates", "0", *DISK], "--candidates"),
+    ],
+)
 def test_plan_argument_errors_name_the_flag(capsys, args, flag):
     with pytest.raises(SystemExit) as e:
         offgraph.cli.main(["plan", *args])
@@ -148,8 +164,20 @@ def test_plan_argument_errors_name_the_flag(capsys, args, flag):
 def test_plan_probes_a_store_on_disk_and_refuses_one_in_memory(tmp_path, capsys):
     (tmp_path / "store" / "shard-0").mkdir(parents=True)
     cold_file(tmp_path / "store" / "shard-0" / "000001.sst", 16)
-    rc, out, err = _plan(capsys, "--rows", "1e6", "--memory-mb", "64", "--probe", str(tmp_path), "--probe-s", "0.2",
-                         "--max-requests", "400", "--json")
+    rc, out, err = _plan(
+        capsys,
+        "--rows",
+        "1e6",
+        "--memory-mb",
+        "64",
+        "--probe",
+        str(tmp_path),
+        "--probe-s",
+        "0.2",
+        "--max-requests",
+        "400",
+        "--json",
+    )
     assert rc == 0, err
     dev = json.loads(out)["inputs"]["device"]
     assert dev["source"] == f"probe of {tmp_path}" and 0 < dev["qd1_ms"] and dev["qd8_reads_per_s"] > 0

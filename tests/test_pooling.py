@@ -7,7 +7,7 @@ from offgraph.features.pooling import pool_numpy
 def manual_pool(values, offsets, mode):
     out = []
     for i in range(len(offsets) - 1):
-        seg = values[offsets[i]:offsets[i + 1]]
+        seg = values[offsets[i] : offsets[i + 1]]
         if len(seg) == 0:
             out.append(np.zeros(values.shape[1:], np.float32))
         else:

@@ -1,11 +1,13 @@
 """bench.proc_memory: sums over a process tree, read from /proc by the test itself for comparison."""
+
 import os
 import subprocess
 import sys
 import time
 
-from bench.proc_memory import page_cache_refaults, tree_major_faults, tree_pss_bytes, tree_read_bytes
 from test_prefetch import cold_file
+
+from bench.proc_memory import page_cache_refaults, tree_major_faults, tree_pss_bytes, tree_read_bytes
 
 CHILD = """
 import mmap, sys, time
@@ -30,8 +32,9 @@ def _pss(pid: int) -> int:
 
 def test_the_tree_counts_a_child_and_its_major_faults(tmp_path):
     path = cold_file(tmp_path / "cold.bin", 8)
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert child.stdout.readline().strip() == "ready"
         me = os.getpid()
@@ -41,7 +44,8 @@ def test_the_tree_counts_a_child_and_its_major_faults(tmp_path):
         assert before_tree >= _majflt(me) + before_child
         pss = tree_pss_bytes(me)
         assert pss >= 0.8 * (_pss(me) + _pss(child.pid)) and pss > _pss(me)
-        child.stdin.write("\n"); child.stdin.flush()
+        child.stdin.write("\n")
+        child.stdin.flush()
         assert child.stdout.readline().strip() == "touched True"
         gained = _majflt(child.pid) - before_child
         assert gained >= 1  # the cold pages came from disk (readahead makes it fewer than 2048)

@@ -5,6 +5,7 @@ training takes every value). HTTP level (a real ``offgraph serve`` on 127.0.0.1,
 clients and raw sockets): the bounds as 422s, a valid request's latency while maximal bodies
 are scored, header / body / keep-alive timeouts, HTTP/0.9 request lines, the connection limit.
 """
+
 import json
 import os
 import re
@@ -34,8 +35,7 @@ LIMITED = {
         {"name": "user", "scope": "request", "op": "id", "input": "user_id", "rows": 1000},
         {"name": "query", "scope": "request", "op": "tokenize", "input": "query", "rows": 500, "max_values": 3},
         {"name": "title", "scope": "item", "op": "id", "input": "title_terms", "rows": 800, "max_values": 4},
-        {"name": "tags", "scope": "item", "op": "id", "input": "tags", "separator": "|", "rows": 80,
-         "max_values": 2},
+        {"name": "tags", "scope": "item", "op": "id", "input": "tags", "separator": "|", "rows": 80, "max_values": 2},
         {"name": "cat", "scope": "item", "op": "id", "input": "cat_id", "rows": 100},
         {"name": "u_x_cat", "scope": "cross", "op": "cross", "inputs": ["user", "cat"], "rows": 5000},
     ],
@@ -53,8 +53,15 @@ def test_max_values_defaults_and_validation():
             parse_spec({**LIMITED, "fields": [dict(LIMITED["fields"][2], max_values=bad)]})
     with pytest.raises(SpecError, match="model.max_values must be an integer >= 1"):
         parse_spec({**LIMITED, "model": {**LIMITED["model"], "max_values": 0}})
-    bucket = {"name": "p", "scope": "item", "op": "bucketize", "input": "p", "boundaries": [1], "rows": 4,
-              "max_values": 3}
+    bucket = {
+        "name": "p",
+        "scope": "item",
+        "op": "bucketize",
+        "input": "p",
+        "boundaries": [1],
+        "rows": 4,
+        "max_values": 3,
+    }
     with pytest.raises(SpecError, match=r"field 'p': unknown parameter\(s\) \['max_values'\]"):
         parse_spec({**LIMITED, "fields": [bucket]})
 
@@ -65,14 +72,21 @@ def test_a_list_over_max_values_is_refused_naming_field_candidate_and_limit():
     batch = fg.transform({"user_id": 1, "query": "red shoes now"}, ok)
     assert batch.fields[2].lengths.tolist() == [4]  # at the limit: every value, none cut
     cands = ok * 3 + [{"title_terms": ["a", "b", "c", "d", "e"]}]
-    with pytest.raises(FeatureValueError, match=r"field 'title', candidates\[3\]: 5 values, more than the "
-                                                r"field's max_values of 4"):
+    with pytest.raises(
+        FeatureValueError,
+        match=r"field 'title', candidates\[3\]: 5 values, more than the "
+        r"field's max_values of 4",
+    ):
         fg.transform({"user_id": 1}, cands)
-    with pytest.raises(FeatureValueError, match=r"field 'tags', candidates\[1\]: 3 values, more than the "
-                                                r"field's max_values of 2"):
+    with pytest.raises(
+        FeatureValueError,
+        match=r"field 'tags', candidates\[1\]: 3 values, more than the "
+        r"field's max_values of 2",
+    ):
         fg.transform({"user_id": 1}, [{"tags": "x"}, {"tags": "x|y|z"}])  # a split string counts its terms
-    with pytest.raises(FeatureValueError, match="field 'query', request: 4 values, more than the field's "
-                                                "max_values of 3"):
+    with pytest.raises(
+        FeatureValueError, match="field 'query', request: 4 values, more than the field's max_values of 3"
+    ):
         fg.transform({"user_id": 1, "query": "red running shoes now"}, ok)
 
 
@@ -97,8 +111,10 @@ def test_max_request_values_counts_request_item_and_cross_values():
     # request: user 1 + query 2 = 3 values once; per candidate: title + tags + cat + the cross
     # (user x cat: one value when cat is set)
     request = {"user_id": 1, "query": "red shoes"}
-    cands = [{"title_terms": ["a", "b"], "tags": "x|y", "cat_id": 1},  # 2 + 2 + 1 + 1 = 6
-             {"title_terms": ["c"], "cat_id": 2}]                     # 1 + 0 + 1 + 1 = 3
+    cands = [
+        {"title_terms": ["a", "b"], "tags": "x|y", "cat_id": 1},  # 2 + 2 + 1 + 1 = 6
+        {"title_terms": ["c"], "cat_id": 2},
+    ]  # 1 + 0 + 1 + 1 = 3
     for cache in (0, 100):
         at_limit = FeatureGenerator(SPEC, item_cache_size=cache, max_request_values=12)
         over = FeatureGenerator(SPEC, item_cache_size=cache, max_request_values=11)
@@ -134,9 +150,28 @@ class Served:
         env = {k: v for k, v in os.environ.items() if k != "OFFGRAPH_ADMIN_TOKEN"}
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port", str(self.port),
-                 "--cache-mb", "8", "--intra-threads", "1", "--inter-threads", "1", *extra],
-                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "offgraph.cli",
+                    "serve",
+                    "--models",
+                    str(models),
+                    "--port",
+                    str(self.port),
+                    "--cache-mb",
+                    "8",
+                    "--intra-threads",
+                    "1",
+                    "--inter-threads",
+                    "1",
+                    *extra,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         try:
             wait_ready(self.url, 120, self.proc)
         except BaseException:
@@ -158,9 +193,22 @@ class Served:
 @pytest.fixture(scope="module")
 def limited(tiny_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("limited")
-    srv = Served(copy_models(tiny_model[0], tmp / "models"), tmp, "--header-timeout", str(HEADER_S),
-                 "--body-timeout", str(BODY_S), "--keep-alive-timeout", str(KEEP_ALIVE_S), "--max-connections",
-                 str(MAX_CONNECTIONS), "--max-request-values", str(MAX_REQUEST_VALUES), "--score-threads", "2")
+    srv = Served(
+        copy_models(tiny_model[0], tmp / "models"),
+        tmp,
+        "--header-timeout",
+        str(HEADER_S),
+        "--body-timeout",
+        str(BODY_S),
+        "--keep-alive-timeout",
+        str(KEEP_ALIVE_S),
+        "--max-connections",
+        str(MAX_CONNECTIONS),
+        "--max-request-values",
+        str(MAX_REQUEST_VALUES),
+        "--score-threads",
+        "2",
+    )
     yield srv
     srv.stop()
 
@@ -177,8 +225,10 @@ def test_too_many_values_is_a_422_naming_field_candidate_and_limit(limited, requ
         long_list = dict(cands[0], title_words=[f"w{i}" for i in range(1001)])  # the spec's default max_values
         r = score(c, {"request": req, "candidates": [cands[0], long_list]})
         assert r.status_code == 422, r.text
-        assert "field 'title_words', candidates[1]: 1001 values, more than the field's max_values of 1000" \
+        assert (
+            "field 'title_words', candidates[1]: 1001 values, more than the field's max_values of 1000"
             in r.json()["detail"]
+        )
         many = [dict(cands[0], movie_id=i, title_words=[f"w{i}_{j}" for j in range(20)]) for i in range(300)]
         r = score(c, {"request": req, "candidates": many})
         assert r.status_code == 422, r.text
@@ -192,8 +242,12 @@ def test_a_valid_request_stays_fast_while_maximal_bodies_are_scored(limited, req
     # the issue's body: 8 MiB, one candidate with 772,684 distinct title words (seconds of work unbounded)
     req, cands = requests_[1]
     words = [f"w{i}" for i in range(772_684)]
-    big = json.dumps({"request": req, "candidates": [{"movie_id": 1, "genres": ["Action"], "title_words": words,
-                                                       "release_year": 1990}]}).encode()
+    big = json.dumps(
+        {
+            "request": req,
+            "candidates": [{"movie_id": 1, "genres": ["Action"], "title_words": words, "release_year": 1990}],
+        }
+    ).encode()
     assert len(big) <= 8 << 20
     stop, statuses = threading.Event(), []
 
@@ -248,11 +302,14 @@ def _read_until_closed(s: socket.socket) -> tuple[float, bytes]:
     return time.monotonic() - t0, data
 
 
-@pytest.mark.parametrize("sent, answer", [
-    (b"", b""),                                                           # idle: closed, nothing said
-    (b"GET /heal", b"HTTP/1.1 408 "),                                     # half a request line
-    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nAccept: */", b"HTTP/1.1 408 "),  # half the headers
-])
+@pytest.mark.parametrize(
+    "sent, answer",
+    [
+        (b"", b""),  # idle: closed, nothing said
+        (b"GET /heal", b"HTTP/1.1 408 "),  # half a request line
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nAccept: */", b"HTTP/1.1 408 "),  # half the headers
+    ],
+)
 def test_a_head_not_sent_in_time_is_closed_within_the_header_timeout(limited, sent, answer):
     with _connect(limited.port) as s:
         s.sendall(sent)
@@ -265,8 +322,10 @@ def test_a_head_not_sent_in_time_is_closed_within_the_header_timeout(limited, se
 
 def test_a_half_sent_body_is_a_408_within_the_body_timeout(limited):
     with _connect(limited.port) as s:
-        s.sendall(b"POST /v1/models/ml:score HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
-                  b"content-length: 1000\r\n\r\n{\"request\": {")
+        s.sendall(
+            b"POST /v1/models/ml:score HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            b'content-length: 1000\r\n\r\n{"request": {'
+        )
         seconds, data = _read_until_closed(s)
     assert BODY_S * 0.8 < seconds < BODY_S + 2, seconds
     assert data.startswith(b"HTTP/1.1 408 ") and b"request body not received within 1 s" in data, data
@@ -347,7 +406,7 @@ def test_a_client_leaving_mid_body_is_not_a_server_error(limited):
     before = _errors_500(limited.url)
     for _ in range(3):
         with _connect(limited.port) as s:
-            s.sendall(b"POST /v1/models/ml:score HTTP/1.1\r\nHost: x\r\ncontent-length: 1000\r\n\r\n{\"req")
+            s.sendall(b'POST /v1/models/ml:score HTTP/1.1\r\nHost: x\r\ncontent-length: 1000\r\n\r\n{"req')
             time.sleep(0.1)
     time.sleep(0.3)
     assert _errors_500(limited.url) == before == 0
@@ -356,8 +415,18 @@ def test_a_client_leaving_mid_body_is_not_a_server_error(limited):
 
 def test_workers_get_the_same_limits(tiny_model, requests_, tmp_path):
     # --workers N builds its uvicorn servers itself (offgraph.server.workers): the same options must reach them
-    srv = Served(copy_models(tiny_model[0], tmp_path / "models"), tmp_path, "--workers", "2", "--header-timeout", "1",
-                 "--body-timeout", "1", "--max-request-values", "50")
+    srv = Served(
+        copy_models(tiny_model[0], tmp_path / "models"),
+        tmp_path,
+        "--workers",
+        "2",
+        "--header-timeout",
+        "1",
+        "--body-timeout",
+        "1",
+        "--max-request-values",
+        "50",
+    )
     try:
         for _ in range(4):  # fresh connections: the kernel spreads them over both workers
             with _connect(srv.port) as s:
@@ -378,16 +447,19 @@ def test_workers_get_the_same_limits(tiny_model, requests_, tmp_path):
         srv.stop()
 
 
-@pytest.mark.parametrize("kw, words", [
-    ({"header_timeout_s": 0}, "header_timeout_s (--header-timeout) must be greater than 0, got 0"),
-    ({"header_timeout_s": 86400}, "header_timeout_s (--header-timeout) must be less than 86400"),
-    ({"body_timeout_s": float("nan")}, "body_timeout_s (--body-timeout) must be a finite number"),
-    ({"keep_alive_timeout_s": "5"}, "keep_alive_timeout_s (--keep-alive-timeout) must be a valid number, got '5'"),
-    ({"keep_alive_timeout_s": True}, "keep_alive_timeout_s (--keep-alive-timeout) must be a valid number"),
-    ({"max_connections": 0}, "max_connections (--max-connections) must be greater than or equal to 1"),
-    ({"max_connections": 2.5}, "max_connections (--max-connections) must be a valid integer, got 2.5"),
-    ({"max_connection": 5}, "HttpLimits: unknown setting 'max_connection'"),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"header_timeout_s": 0}, "header_timeout_s (--header-timeout) must be greater than 0, got 0"),
+        ({"header_timeout_s": 86400}, "header_timeout_s (--header-timeout) must be less than 86400"),
+        ({"body_timeout_s": float("nan")}, "body_timeout_s (--body-timeout) must be a finite number"),
+        ({"keep_alive_timeout_s": "5"}, "keep_alive_timeout_s (--keep-alive-timeout) must be a valid number, got '5'"),
+        ({"keep_alive_timeout_s": True}, "keep_alive_timeout_s (--keep-alive-timeout) must be a valid number"),
+        ({"max_connections": 0}, "max_connections (--max-connections) must be greater than or equal to 1"),
+        ({"max_connections": 2.5}, "max_connections (--max-connections) must be a valid integer, got 2.5"),
+        ({"max_connection": 5}, "HttpLimits: unknown setting 'max_connection'"),
+    ],
+)
 def test_http_limits_are_validated_naming_the_option(kw, words):
     from offgraph.server.config import HttpLimits
 

@@ -55,9 +55,16 @@ def test_hits_return_exactly_what_was_inserted_and_misses_read_zeros():
     assert s["entries"] == 5 and s["hits"] == 6 and s["misses"] == 5 + 2
 
 
-@pytest.mark.parametrize("capacity_mb,quant,dim,ways,policy", [
-    (0.01, "fp32", 4, 1, "tinylfu"), (0.5, "int8", 16, 4, "tinylfu"), (3.3, "int8", 16, 8, "tinylfu"),
-    (3.3, "fp16", 16, 8, "lru"), (16, "fp32", 64, 2, "tinylfu")])
+@pytest.mark.parametrize(
+    "capacity_mb,quant,dim,ways,policy",
+    [
+        (0.01, "fp32", 4, 1, "tinylfu"),
+        (0.5, "int8", 16, 4, "tinylfu"),
+        (3.3, "int8", 16, 8, "tinylfu"),
+        (3.3, "fp16", 16, 8, "lru"),
+        (16, "fp32", 64, 2, "tinylfu"),
+    ],
+)
 def test_memory_is_bounded_by_capacity(capacity_mb, quant, dim, ways, policy):
     budget = capacity_mb * (1 << 20)
     cod = get_codec(quant, dim)

@@ -4,8 +4,8 @@ bit-identical to a store read, in every record format."""
 import numpy as np
 import pytest
 
-from offgraph.store import RowCache, StoreConfig, open_store
 from offgraph.scoring.batch import read_through_cache
+from offgraph.store import RowCache, StoreConfig, open_store
 
 D = 16
 N = 4000

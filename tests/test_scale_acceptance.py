@@ -1,20 +1,25 @@
 """bench.scale: the read time the disk predicts, and the acceptance lines on a hand-made report."""
+
 import pytest
 
 from bench.scale import acceptance, markdown, plan_cells, predicted_read, reads_per_request
 
-DEVICE = {"qd1": {"mean_ms": 0.10, "p50_ms": 0.09, "p99_ms": 0.3, "p999_ms": 1.0, "max_ms": 2.0, "reads_per_s": 9000},
-          "qd8": {"mean_ms": 0.25, "p50_ms": 0.2, "p99_ms": 0.9, "p999_ms": 3.0, "max_ms": 5.0, "reads_per_s": 32000}}
+DEVICE = {
+    "qd1": {"mean_ms": 0.10, "p50_ms": 0.09, "p99_ms": 0.3, "p999_ms": 1.0, "max_ms": 2.0, "reads_per_s": 9000},
+    "qd8": {"mean_ms": 0.25, "p50_ms": 0.2, "p99_ms": 0.9, "p999_ms": 3.0, "max_ms": 5.0, "reads_per_s": 32000},
+}
 
 
-@pytest.mark.parametrize("misses, threads, in_flight, ms", [
-    (800.0, 8, 8.0, 800 / 8 * 0.25),  # every shard hit, 8 chunks in flight: rounds at depth 8's mean
-    (800.0, 2, 2.0, 800 / 2 * (0.10 + 0.15 / 7)),  # 2 threads: depth 2, between depth 1 and 8 linearly
-    (1.0, 8, 1.0, 0.10),  # one miss: one read at depth 1
-    (0.0, 8, 1.0, 0.0),
-])
-def test_the_predicted_read_time_is_misses_over_reads_in_flight_times_the_mean_latency(misses, threads, in_flight,
-                                                                                          ms):
+@pytest.mark.parametrize(
+    "misses, threads, in_flight, ms",
+    [
+        (800.0, 8, 8.0, 800 / 8 * 0.25),  # every shard hit, 8 chunks in flight: rounds at depth 8's mean
+        (800.0, 2, 2.0, 800 / 2 * (0.10 + 0.15 / 7)),  # 2 threads: depth 2, between depth 1 and 8 linearly
+        (1.0, 8, 1.0, 0.10),  # one miss: one read at depth 1
+        (0.0, 8, 1.0, 0.0),
+    ],
+)
+def test_the_predicted_read_time_is_misses_over_reads_in_flight_times_the_mean_latency(misses, threads, in_flight, ms):
     got = predicted_read(misses, threads, DEVICE)
     assert got["reads_in_flight"] == pytest.approx(in_flight, abs=1e-3)
     assert got["read_ms_c1"] == pytest.approx(ms, rel=1e-3)
@@ -33,18 +38,47 @@ def test_misses_and_read_time_per_request_from_counter_deltas():
     got = reads_per_request(before, after, 100)
     assert got["misses_per_request"] == pytest.approx(72.0) and got["read_ms_per_request"] == pytest.approx(9.0)
     # a server without the read-time histogram: not measured, not 0
-    assert reads_per_request({**before, "read_count": 0.0, "read_s_sum": 0.0},
-                             {**after, "read_count": 0.0, "read_s_sum": 0.0}, 100)["read_ms_per_request"] is None
+    assert (
+        reads_per_request(
+            {**before, "read_count": 0.0, "read_s_sum": 0.0}, {**after, "read_count": 0.0, "read_s_sum": 0.0}, 100
+        )["read_ms_per_request"]
+        is None
+    )
 
 
-def _run(rows, pop, p99, *, code="new", repeat=0, pred=2.0, rps=100.0, bound=None, pss=800.0, ready=10.0,
-         hit=None, lfu=None, p50=5.0):
-    return {"rows": rows, "workers": 1, "popularity": pop, "code": code, "repeat": repeat,
-            "start_to_ready_s": ready, "pss_after_warmup_mb": pss, "pss_under_load_mb": pss,
-            "c1": {"p50_ms": p50, "p99_ms": p99, "prediction": {"read_ms_c1": pred}},
-            "c8": {"rps": rps, "p99_ms": 50.0, "device_bound_rps": bound},
-            "row_cache_hit_ratio": hit, "perfect_lfu_hit_ratio": lfu, "block_cache_hit_ratio": 0.5,
-            "disk_bytes_per_row": 27.0, "device": DEVICE}
+def _run(
+    rows,
+    pop,
+    p99,
+    *,
+    code="new",
+    repeat=0,
+    pred=2.0,
+    rps=100.0,
+    bound=None,
+    pss=800.0,
+    ready=10.0,
+    hit=None,
+    lfu=None,
+    p50=5.0,
+):
+    return {
+        "rows": rows,
+        "workers": 1,
+        "popularity": pop,
+        "code": code,
+        "repeat": repeat,
+        "start_to_ready_s": ready,
+        "pss_after_warmup_mb": pss,
+        "pss_under_load_mb": pss,
+        "c1": {"p50_ms": p50, "p99_ms": p99, "prediction": {"read_ms_c1": pred}},
+        "c8": {"rps": rps, "p99_ms": 50.0, "device_bound_rps": bound},
+        "row_cache_hit_ratio": hit,
+        "perfect_lfu_hit_ratio": lfu,
+        "block_cache_hit_ratio": 0.5,
+        "disk_bytes_per_row": 27.0,
+        "device": DEVICE,
+    }
 
 
 def _report():
@@ -59,8 +93,13 @@ def _report():
         _run(10**9, "zipf", 30.0, repeat=2, pred=6.0),
         _run(10**9, "uniform", 40.0, rps=70.0, bound=100.0, ready=16.0),
     ]
-    swap = {"failed_requests": 0, "window_p99_over_steady": 1.2, "steady_s": 20.5, "steady_requests": 1900,
-            "pss_peak_mb": 1400.0}
+    swap = {
+        "failed_requests": 0,
+        "window_p99_over_steady": 1.2,
+        "steady_s": 20.5,
+        "steady_requests": 1900,
+        "pss_peak_mb": 1400.0,
+    }
     return {"runs": runs, "synth": {}, "swap": swap}
 
 
@@ -103,9 +142,17 @@ def test_a_cell_off_by_more_than_25_percent_fails_the_spread_and_the_report_rend
 def test_the_cells_of_a_size_alternate_old_and_new_code_and_repeat_the_big_zipf_cell():
     class A:
         baseline_runs, repeats, repeats_at, baseline_popularities = 2, 3, 10**9, "zipf"
+
     assert plan_cells(10**7, [1], ["zipf", "uniform"], A, {10**7}) == [
-        (10**7, 1, "zipf", "baseline", 0), (10**7, 1, "zipf", "new", 0),
-        (10**7, 1, "zipf", "baseline", 1), (10**7, 1, "zipf", "new", 1), (10**7, 1, "uniform", "new", 0)]
+        (10**7, 1, "zipf", "baseline", 0),
+        (10**7, 1, "zipf", "new", 0),
+        (10**7, 1, "zipf", "baseline", 1),
+        (10**7, 1, "zipf", "new", 1),
+        (10**7, 1, "uniform", "new", 0),
+    ]
     assert plan_cells(10**9, [1], ["zipf", "uniform"], A, {10**7}) == [
-        (10**9, 1, "zipf", "new", 0), (10**9, 1, "zipf", "new", 1), (10**9, 1, "zipf", "new", 2),
-        (10**9, 1, "uniform", "new", 0)]
+        (10**9, 1, "zipf", "new", 0),
+        (10**9, 1, "zipf", "new", 1),
+        (10**9, 1, "zipf", "new", 2),
+        (10**9, 1, "uniform", "new", 0),
+    ]

@@ -1,6 +1,7 @@
 """Issue 12's path at CI size: a 10^6-row `offgraph synth` model served by a real `offgraph serve`, swapped
 under light load (v2 appears, then an admin rollback to v1) with no failed request, and its scores equal
 to the library scorer's for the same requests. Memory is the bench's business (bench/scale.py), not a test's."""
+
 from __future__ import annotations
 
 import os
@@ -13,9 +14,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.scale_traffic import bodies as to_bodies, build_requests
-from offgraph.testing.harness import wait_ready
+from bench.scale_traffic import bodies as to_bodies
+from bench.scale_traffic import build_requests
 from offgraph.scoring.scorer import Scorer
+from offgraph.testing.harness import wait_ready
 from tests.server_helpers import score, serve_process, stop_server, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,9 +26,27 @@ TOKEN = "t12"
 
 
 def _synth(out: Path, seed: int) -> None:
-    r = subprocess.run([sys.executable, "-m", "offgraph.cli", "synth", "--out", str(out), "--rows", str(ROWS),
-                        "--seed", str(seed), "--shards", "4", "--no-progress"], cwd=REPO, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "synth",
+            "--out",
+            str(out),
+            "--rows",
+            str(ROWS),
+            "--seed",
+            str(seed),
+            "--shards",
+            "4",
+            "--no-progress",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -101,10 +121,10 @@ def test_synth_model_served_swapped_under_load_and_scored_like_the_library(tmp_p
         assert load.errors == [] and set(statuses) == {200}, (load.errors[:3], sorted(set(statuses)))
         # each version took over once, in order: 1 ... 2 ... 1 (the two threads interleave at the edges)
         first2, last2 = versions.index(2), len(versions) - 1 - versions[::-1].index(2)
-        assert set(versions[:first2]) == {1} and versions[-1] == 1 and set(versions[last2 + 1:]) == {1}
+        assert set(versions[:first2]) == {1} and versions[-1] == 1 and set(versions[last2 + 1 :]) == {1}
     finally:
         stop_server(proc)
-    for version, body, served in ((1, bodies[0], served_v1), (2, bodies[1], served_v2)):
+    for version, _body, served in ((1, bodies[0], served_v1), (2, bodies[1], served_v2)):
         with Scorer(models / "scale" / str(version)) as lib:
             request, candidates = reqs[0] if version == 1 else reqs[1]
             np.testing.assert_array_equal(served, lib.score(request, candidates))
@@ -113,8 +133,9 @@ def test_synth_model_served_swapped_under_load_and_scored_like_the_library(tmp_p
     # spec), at the default share of the time while the other served
     text = log.read_text()
     for v in (2, 1):
-        assert re.search(rf"scale/{v}: warmed with [1-9]\d* hot rows and [1-9]\d* FG items .* \(paced to 25% ",
-                         text), text[-3000:]
+        assert re.search(rf"scale/{v}: warmed with [1-9]\d* hot rows and [1-9]\d* FG items .* \(paced to 25% ", text), (
+            text[-3000:]
+        )
         # its store is read with direct I/O: the page cache is not in its read path, so "auto" read nothing in
         assert re.search(rf"scale/{v}: store not prefetched: the store is read with direct I/O", text), text[-3000:]
         assert not re.search(rf"scale/{v}: prefetched", text)

@@ -1,4 +1,5 @@
 """bench.scale_warmup.stop_reason: when the scale bench's warm-up of a server stops."""
+
 import pytest
 
 from bench.scale_warmup import FLOOR_KIB, stop_reason
@@ -25,12 +26,23 @@ def test_it_stops_at_the_time_limit_while_still_improving():
     assert stop_reason([], 0.0, 420, 0.10) is None
 
 
-@pytest.mark.parametrize("run, want", [
-    ({"warmup": {"seconds": 95.4, "stopped": "leveled", "rounds": [{"disk_kib_per_request": 2799.2},
-                                                                     {"disk_kib_per_request": 660.0}]}},
-     "95 s (2799 -> 660)"),
-    ({}, "?"),  # a report written before the warm-up was recorded
-])
+@pytest.mark.parametrize(
+    "run, want",
+    [
+        (
+            {
+                "warmup": {
+                    "seconds": 95.4,
+                    "stopped": "leveled",
+                    "rounds": [{"disk_kib_per_request": 2799.2}, {"disk_kib_per_request": 660.0}],
+                }
+            },
+            "95 s (2799 -> 660)",
+        ),
+        ({}, "?"),  # a report written before the warm-up was recorded
+    ],
+)
 def test_the_report_gives_the_warmup_time_and_its_first_and_last_disk_reads(run, want):
     from bench.scale import _warm
+
     assert _warm(run) == want

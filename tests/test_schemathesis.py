@@ -6,6 +6,7 @@ The size is ``OFFGRAPH_SCHEMATHESIS_EXAMPLES`` examples per operation and phase 
 schemathesis`` runs a bigger one with a random seed, see offgraph/server/README.md); the seed is
 ``OFFGRAPH_SCHEMATHESIS_SEED`` (default fixed, so CI is reproducible).
 """
+
 import os
 import re
 import subprocess
@@ -42,10 +43,27 @@ values = ["ml"]
 def _run(url: str, cwd, *extra: str) -> tuple[str, int]:
     """One ``st run`` with every check; its output and the number of cases it generated."""
     (cwd / "schemathesis.toml").write_text(CONFIG)
-    cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(cwd / "schemathesis.toml"), "run",
-           f"{url}/openapi.json", "--checks", "all",
-           "--max-examples", str(EXAMPLES), "--generation-database", "none", "--no-color", "--workers", "1",
-           "--request-timeout", "30", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "--config-file",
+        str(cwd / "schemathesis.toml"),
+        "run",
+        f"{url}/openapi.json",
+        "--checks",
+        "all",
+        "--max-examples",
+        str(EXAMPLES),
+        "--generation-database",
+        "none",
+        "--no-color",
+        "--workers",
+        "1",
+        "--request-timeout",
+        "30",
+        *extra,
+    ]
     if SEED:
         cmd += ["--seed", SEED]
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)

@@ -1,5 +1,6 @@
 """The score body's fast decoder (msgspec) accepts what the documented pydantic model accepts, refuses what it
 refuses, and leaves the rest (integers beyond 64 bits, integral floats as versions) to the model."""
+
 import json
 import sys
 
@@ -10,8 +11,9 @@ from offgraph.server.schemas import Features, ScoreRequest
 from offgraph.server.score_body import ScoreBodyParser, fast_model
 
 MAX = 3
-Body = create_model("ScoreRequest", __base__=ScoreRequest,
-                    candidates=(list[Features], Field(min_length=1, max_length=MAX)))
+Body = create_model(
+    "ScoreRequest", __base__=ScoreRequest, candidates=(list[Features], Field(min_length=1, max_length=MAX))
+)
 
 GOOD = [
     b'{"candidates": [{}]}',
@@ -33,17 +35,37 @@ MODEL_ONLY = [
     b'{"candidates": [{"m": 1}], "version": 2.0}',
 ]
 BAD = [
-    b'', b'null', b'[]', b'[1, 2]', b'{}', b'{"request": {}}', b'{"candidates": []}',
-    b'{"candidates": [{}, {}, {}, {}]}',                       # more than MAX
-    b'{"candidates": [{"m": NaN}]}', b'{"candidates": [{"m": Infinity}]}', b'{"candidates": [{"m": 1e999}]}',
-    b'{"candidates": [{"m": {"x": 1}}]}', b'{"candidates": [{"m": [[1]]}]}', b'{"candidates": [{"m": [{}]}]}',
-    b'{"candidates": {"m": 1}}', b'{"candidates": [1]}', b'{"candidates": [{"m": 1}], "request": [1]}',
-    b'{"candidates": [{"m": 1}], "extra": 1}', b'{"candidates": [{"m": 1}], "version": -1}',
-    b'{"candidates": [{"m": 1}], "version": "2"}', b'{"candidates": [{"m": 1}], "version": true}',
-    b'{"candidates": [{"m": 1}], "version": 1.5}', b'{"candidates": [{"m": 1}]', b'{"candidates": [{"m": 1,}]}',
-    b'{"candidates": [{"m": 1}]} x', b'\xff\xfe', b'{"candidates": [{"m": "\\ud800"}]}',
-    b'{"candidates": [{"m": 1' + b'0' * 400 + b'}]}', b'{"candidates": [{"m": [1, -1' + b'0' * 400 + b']}]}',
-    b'{"candidates": [{"m": 1' + b'0' * 5000 + b'}]}', b'{"candidates": [{"m": 1}], "version": 2.5}',
+    b"",
+    b"null",
+    b"[]",
+    b"[1, 2]",
+    b"{}",
+    b'{"request": {}}',
+    b'{"candidates": []}',
+    b'{"candidates": [{}, {}, {}, {}]}',  # more than MAX
+    b'{"candidates": [{"m": NaN}]}',
+    b'{"candidates": [{"m": Infinity}]}',
+    b'{"candidates": [{"m": 1e999}]}',
+    b'{"candidates": [{"m": {"x": 1}}]}',
+    b'{"candidates": [{"m": [[1]]}]}',
+    b'{"candidates": [{"m": [{}]}]}',
+    b'{"candidates": {"m": 1}}',
+    b'{"candidates": [1]}',
+    b'{"candidates": [{"m": 1}], "request": [1]}',
+    b'{"candidates": [{"m": 1}], "extra": 1}',
+    b'{"candidates": [{"m": 1}], "version": -1}',
+    b'{"candidates": [{"m": 1}], "version": "2"}',
+    b'{"candidates": [{"m": 1}], "version": true}',
+    b'{"candidates": [{"m": 1}], "version": 1.5}',
+    b'{"candidates": [{"m": 1}]',
+    b'{"candidates": [{"m": 1,}]}',
+    b'{"candidates": [{"m": 1}]} x',
+    b"\xff\xfe",
+    b'{"candidates": [{"m": "\\ud800"}]}',
+    b'{"candidates": [{"m": 1' + b"0" * 400 + b"}]}",
+    b'{"candidates": [{"m": [1, -1' + b"0" * 400 + b"]}]}",
+    b'{"candidates": [{"m": 1' + b"0" * 5000 + b"}]}",
+    b'{"candidates": [{"m": 1}], "version": 2.5}',
 ]
 
 

@@ -9,14 +9,14 @@ import pytest
 from conftest import StoreWriter
 from server_helpers import copy_version
 
+from offgraph.export.export import export_run
+from offgraph.features import parse_spec
+from offgraph.features.hashing import row_of
 from offgraph.model.train import TrainConfig, train_run
 from offgraph.scoring import batch as scorer_impl
 from offgraph.scoring.calibration import calibrate
-from offgraph.export.export import export_run
-from offgraph.store.keys import combine_keys
 from offgraph.scoring.scorer import Scorer
-from offgraph.features import parse_spec
-from offgraph.features.hashing import row_of
+from offgraph.store.keys import combine_keys
 
 D = 8
 
@@ -48,8 +48,9 @@ def exported_version(tmp_path_factory):
     """A model version exported once per module; tests write into copies of it (``version_dir``)."""
     root = tmp_path_factory.mktemp("follow")
     spec = parse_spec(SPEC)
-    train_run(spec, synthetic_table(), TrainConfig(epochs=1, batch_size=256, split="random"), root / "run",
-              progress=False)
+    train_run(
+        spec, synthetic_table(), TrainConfig(epochs=1, batch_size=256, split="random"), root / "run", progress=False
+    )
     out = root / "models" / "m" / "1"
     export_run(root / "run", out, shards=3, quant="fp32", block_cache_mb=8, progress=False)
     return out
@@ -66,6 +67,7 @@ def version_dir(exported_version, tmp_path):
 
 REQUEST = {"user_id": 7}
 CANDS = [{"item_id": i, "tags": [f"t{(i * 7 + k) % 20}" for k in range(1 + i % 3)]} for i in (3, 10, 42, 3, 99)]
+
 
 def expected_after_write(scorer, emb0, fo0, cand_idx, value):
     """By hand: the pooled inputs from before, with the item field of the candidates
@@ -211,8 +213,9 @@ def test_follow_maps_existing_feed_releases_covered_epochs_and_validates_args(ve
         assert sorted(pos.tolist()) == [0, 1, 2]
         np.testing.assert_array_equal(vec[np.argsort(pos)], want_v)
         # a cached copy of row 4 (read from the store), then a new writer: epoch 2, row 4 changed
-        s.row_cache.insert(np.array([3]), np.array([4]), np.zeros((1, s.store.codec.record_bytes), np.uint8),
-                           s.row_cache.epoch)
+        s.row_cache.insert(
+            np.array([3]), np.array([4]), np.zeros((1, s.store.codec.record_bytes), np.uint8), s.row_cache.epoch
+        )
         with open_store(store_dir, mode="w") as st2:
             v4, w4 = st2.read(3, [4])
             st2.write(3, [4], v4 - 0.25, w4, feed=True)
@@ -221,8 +224,9 @@ def test_follow_maps_existing_feed_releases_covered_epochs_and_validates_args(ve
         # the first writer's epoch is covered by the caught-up store: released, its 3 keys invalidated
         assert st["epochs_released"] == base["epochs_released"] + 1 and st["epochs"] == 1
         assert st["changes_applied"] == base["changes_applied"] + 3
-        vec4, _, hits, read, _ = scorer_impl.read_through_cache(s.row_cache, s.store, np.array([3], np.uint32),
-                                                                 np.array([4]), s._follower, keys[:1] + 3)
+        vec4, _, hits, read, _ = scorer_impl.read_through_cache(
+            s.row_cache, s.store, np.array([3], np.uint32), np.array([4]), s._follower, keys[:1] + 3
+        )
         np.testing.assert_array_equal(vec4, want4)  # from epoch 2, not the stale cached zeros
         assert hits == 0 and read == 0
         assert st["follow_errors"] == 0 and st["cache_clears"] == 0
@@ -263,8 +267,10 @@ def test_a_torn_feed_read_is_a_503_not_a_500(version_dir, tmp_path):
     srv = ThreadServer(server_config(models))
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
-    proc = ctx.Process(target=_rewrite_rows, args=(str(models / "m" / "1" / "store"), 4 * D + 4, len(spec.fields),
-                                                   max(f.rows for f in spec.fields), stop))
+    proc = ctx.Process(
+        target=_rewrite_rows,
+        args=(str(models / "m" / "1" / "store"), 4 * D + 4, len(spec.fields), max(f.rows for f in spec.fields), stop),
+    )
     try:
         holder = srv.server.lifespan.state["server"].models.holders["m"]
         holder.current.scorer._follower.feed.torn_retries = 0  # a torn read at the first change seen
@@ -310,6 +316,7 @@ def test_a_released_epochs_rows_are_written_through_to_the_row_cache_at_their_ne
         np.testing.assert_array_equal(vec, want_v)
         np.testing.assert_array_equal(w, want_w)
         # and a request reads them from the cache: no store read
-        _, _, hits, read, _ = scorer_impl.read_through_cache(s.row_cache, s.store, np.full(3, 3, np.uint32),
-                                                             np.array([1, 2, 3]), s._follower)
+        _, _, hits, read, _ = scorer_impl.read_through_cache(
+            s.row_cache, s.store, np.full(3, 3, np.uint32), np.array([1, 2, 3]), s._follower
+        )
         assert hits == 3 and read == 0

@@ -3,6 +3,7 @@
 A tiny DeepFM (MovieLens spec with small tables, conftest's ``tiny_model``) is trained on a
 MovieLens slice and exported once per session; each server gets its own copy of MODELS.
 """
+
 import gc
 import json
 import os
@@ -13,15 +14,23 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from server_helpers import (TOKEN, ThreadServer, copy_models, copy_version, score, server_config, stop_server,
-                            wait_for, wait_ready)
+from server_helpers import (
+    TOKEN,
+    ThreadServer,
+    copy_models,
+    copy_version,
+    score,
+    server_config,
+    stop_server,
+    wait_for,
+    wait_ready,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_CANDIDATES = 300
@@ -52,7 +61,7 @@ def client(server):
 def library(server):
     from offgraph.scoring.scorer import load
 
-    s = load(offgraph.server.models / "ml")
+    s = load(server.models / "ml")
     yield s
     s.close()
 
@@ -78,8 +87,14 @@ def test_served_scores_equal_the_library_scorer(client, requests_, library):
 
 def test_colon_routes_really_route(client):
     r = client.get("/openapi.json").json()
-    assert {"/v1/models/{name}:score", "/v1/models/{name}:load", "/v1/models/{name}:unload",
-            "/v1/models/{name}:rollback", "/v1/models/{name}", "/v1/models"} <= set(r["paths"])
+    assert {
+        "/v1/models/{name}:score",
+        "/v1/models/{name}:load",
+        "/v1/models/{name}:unload",
+        "/v1/models/{name}:rollback",
+        "/v1/models/{name}",
+        "/v1/models",
+    } <= set(r["paths"])
     assert "ignored" in r["paths"]["/v1/models/{name}:score"]["post"]["description"]
     assert client.get("/docs").status_code == 200
     assert client.get("/v1/models/ml:score").status_code in (400, 405)  # GET on a POST route
@@ -124,12 +139,12 @@ BAD_BODIES = [
     (b'{"request": [1], "candidates": [{}]}', 422, "request"),
     (b'{"request": {"user_id": {"id": 1}}, "candidates": [{}]}', 422, "request.user_id"),
     (b'{"candidates": [{"genres": ["a", {"b": 1}]}]}', 422, "candidates[0].genres[1]"),
-    (b'[1, 2]', 422, "invalid score body"),
+    (b"[1, 2]", 422, "invalid score body"),
     (b'{"candidates": [{"movie_id": 1}], "canddiates": []}', 422, "canddiates: unknown field 'canddiates'"),
     (b'{"candidates": [{"movie_id": 1}], "version": "two"}', 422, "version"),
     (b'{"candidates": [{"movie_id": 1}], "version": -1}', 422, "version"),
     (b'{"candidates": [{"movie_id": 1}', 422, "not valid JSON"),
-    (b'', 422, "Field required"),
+    (b"", 422, "Field required"),
     (b'{"candidates": [{"release_year": "not a year"}]}', 422, "field 'release_year', candidates[0]"),
     (json.dumps({"candidates": [{}] * (MAX_CANDIDATES + 1)}).encode(), 422, f"at most {MAX_CANDIDATES}"),
     (json.dumps({"candidates": [{"title_words": "x" * (MAX_BODY + 10)}]}).encode(), 413, "larger than the limit"),
@@ -146,7 +161,7 @@ def test_bad_bodies_are_4xx_naming_the_problem(client, body, status, words):
 
 def test_bad_paths_and_versions(client, server, tiny_model):
     # a real model just outside MODELS must never be reachable through the name
-    outside = offgraph.server.models.parent / "outside"
+    outside = server.models.parent / "outside"
     if not outside.exists():
         shutil.copytree(tiny_model[0] / "ml", outside)
     body = json.dumps({"candidates": [CAND]}).encode()
@@ -177,7 +192,7 @@ def test_body_limit_streamed_and_by_content_length(server):
 
     def chunks():  # no Content-Length: the streamed size is what trips the limit
         for i in range(0, len(big), 64 << 10):
-            yield big[i:i + (64 << 10)]
+            yield big[i : i + (64 << 10)]
 
     with httpx.Client(base_url=server.url, timeout=30) as c:
         r = c.post("/v1/models/ml:score", content=chunks(), headers={"content-type": "application/json"})
@@ -191,13 +206,22 @@ def test_body_limit_streamed_and_by_content_length(server):
 def test_metrics_and_no_5xx_after_bad_input(client, requests_):
     assert score(client, {"candidates": []}).status_code == 422  # its own bad input: no state of other tests
     big = b'{"candidates": [{"title_words": "' + b"x" * MAX_BODY + b'"}]}'
-    assert client.post("/v1/models/ml:score", content=big, headers={"content-type": "application/json"}).status_code == 413
+    assert (
+        client.post("/v1/models/ml:score", content=big, headers={"content-type": "application/json"}).status_code == 413
+    )
     req, cands = requests_[0]
     assert score(client, {"request": req, "candidates": cands}).status_code == 200  # still serving
     text = client.get("/metrics").text
-    for name in ("offgraph_request_latency_seconds_bucket", "offgraph_candidates_per_request_bucket",
-                 "offgraph_store_rows_read_total", "offgraph_row_cache_hit_ratio", "offgraph_row_cache_hits_total",
-                 "offgraph_http_errors_total", "offgraph_model_loaded_version", "offgraph_store_freshness_seconds"):
+    for name in (
+        "offgraph_request_latency_seconds_bucket",
+        "offgraph_candidates_per_request_bucket",
+        "offgraph_store_rows_read_total",
+        "offgraph_row_cache_hit_ratio",
+        "offgraph_row_cache_hits_total",
+        "offgraph_http_errors_total",
+        "offgraph_model_loaded_version",
+        "offgraph_store_freshness_seconds",
+    ):
         assert name in text, name
     assert 'offgraph_model_loaded_version{model="ml"} 1.0' in text
     assert 'offgraph_http_errors_total{code="422"}' in text and 'code="413"' in text
@@ -218,7 +242,7 @@ def _ignored_keys(client) -> float:
     for ln in client.get("/metrics").text.splitlines():
         if ln.startswith('offgraph_ignored_keys_total{model="ml"}'):
             return float(ln.split()[-1])
-    raise AssertionError("no offgraph_ignored_keys_total{model=\"ml\"} on /metrics")
+    raise AssertionError('no offgraph_ignored_keys_total{model="ml"} on /metrics')
 
 
 def test_inputs_in_the_wrong_scope_are_422_naming_the_key(client, requests_):
@@ -300,12 +324,17 @@ def test_hot_swap_under_load_refusals_and_rollback(tiny_model, requests_, tmp_pa
                 pb.write_bytes(pb.read_bytes() + b"\0")
 
             copy_version(models / "ml" / "1", models / "ml" / "3", tamper=tamper_dense)
-            copy_version(models / "ml" / "1", models / "ml" / "4",
-                          tamper=lambda d: shutil.rmtree(d / "store" / "shard-001"))
-            copy_version(models / "ml" / "1", models / "ml" / "5",
-                          manifest_edit=lambda m: m.update(fg_version="offgraph-fg-0"))
-            st = wait_for(lambda: (lambda s: s if len(s["refused"]) == 3 else None)(c.get("/v1/models/ml").json()),
-                          30, "versions 3, 4 and 5 refused")
+            copy_version(
+                models / "ml" / "1", models / "ml" / "4", tamper=lambda d: shutil.rmtree(d / "store" / "shard-001")
+            )
+            copy_version(
+                models / "ml" / "1", models / "ml" / "5", manifest_edit=lambda m: m.update(fg_version="offgraph-fg-0")
+            )
+            st = wait_for(
+                lambda: (lambda s: s if len(s["refused"]) == 3 else None)(c.get("/v1/models/ml").json()),
+                30,
+                "versions 3, 4 and 5 refused",
+            )
             reasons = {x["version"]: x["reason"] for x in st["refused"]}
             assert "checksum mismatch" in reasons[3] and "missing store shard 1" in reasons[4], reasons
             assert "FG version 'offgraph-fg-0'" in reasons[5], reasons
@@ -315,7 +344,7 @@ def test_hot_swap_under_load_refusals_and_rollback(tiny_model, requests_, tmp_pa
             assert {x["version"]: x["at_unix"] for x in later["refused"]} == at
             req, cands = requests_[0]
             assert score(c, {"request": req, "candidates": cands}).json()["version"] == 2
-            assert "offgraph_model_load_failures_total{model=\"ml\"} 3.0" in c.get("/metrics").text
+            assert 'offgraph_model_load_failures_total{model="ml"} 3.0' in c.get("/metrics").text
 
             # admin: rollback to 1 (pinned: the poller does not move it back to 2)
             r = c.post("/v1/models/ml:rollback", headers=admin)
@@ -342,8 +371,11 @@ def test_hot_swap_under_load_refusals_and_rollback(tiny_model, requests_, tmp_pa
 def _after_scans(c: httpx.Client, n: int) -> dict:
     """The model's status once ``n`` more scans of MODELS have run (an event to wait for, not a sleep)."""
     start = c.get("/v1/models/ml").json()["scans"]
-    return wait_for(lambda: (lambda st: st if st["scans"] >= start + n else None)(c.get("/v1/models/ml").json()),
-                    30, f"{n} scans of MODELS")
+    return wait_for(
+        lambda: (lambda st: st if st["scans"] >= start + n else None)(c.get("/v1/models/ml").json()),
+        30,
+        f"{n} scans of MODELS",
+    )
 
 
 # -- the CLI -------------------------------------------------------------------------------------------------
@@ -353,10 +385,31 @@ def test_offgraph_serve_cli(tiny_model, requests_, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "OFFGRAPH_ADMIN_TOKEN"}
-    proc = subprocess.Popen([sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port",
-                             str(port), "--intra-threads", "1", "--inter-threads", "1", "--cache-mb", "8",
-                             "--poll-seconds", "0.5"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "serve",
+            "--models",
+            str(models),
+            "--port",
+            str(port),
+            "--intra-threads",
+            "1",
+            "--inter-threads",
+            "1",
+            "--cache-mb",
+            "8",
+            "--poll-seconds",
+            "0.5",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, 90, proc)

@@ -1,6 +1,7 @@
 """A model with a continuous input (examples/movielens_numeric.yaml) served over real HTTP: the numeric
 value reaches the dense input (the score moves with it, as the library scorer says), no value is the
 documented default, and a value of the wrong type is a 422 naming the field."""
+
 import httpx
 import numpy as np
 import pytest

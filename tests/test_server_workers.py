@@ -3,6 +3,7 @@
 Requests go on fresh connections, which the kernel spreads over both workers
 (SO_REUSEPORT), so "every response says version v" means every worker serves v.
 """
+
 import os
 import re
 import signal
@@ -50,10 +51,32 @@ def _fresh(url: str, body: dict, n: int) -> list[httpx.Response]:
 
 def _serve(models: Path, port: int, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "OFFGRAPH_ADMIN_TOKEN": TOKEN}
-    return subprocess.Popen([sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port",
-                             str(port), "--workers", "2", "--cache-mb", "16", "--poll-seconds", "0.3",
-                             "--log-level", "warning", *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "serve",
+            "--models",
+            str(models),
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--cache-mb",
+            "16",
+            "--poll-seconds",
+            "0.3",
+            "--log-level",
+            "warning",
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requests_, tmp_path):
@@ -99,6 +122,7 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
         # a worker killed -9 is restarted and follows the pinned version before it serves
         victim = sorted(workers)[0]
         os.kill(victim, signal.SIGKILL)
+
         # readiness is the whole server's: the survivor answers 503 until the restarted worker has loaded
         # (polled: the probe may come before the kernel has finished the victim off)
         def not_ready() -> bool:
@@ -112,8 +136,11 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
         wait_for(lambda: len(set(_children(proc.pid)) - workers) == 1, 30, "a restarted worker")
         wait_ready(url, 120, proc)
         assert {httpx.get(url + "/readyz", timeout=10).status_code for _ in range(10)} == {200}
-        wait_for(lambda: str(victim) not in _worker_pids(url) and len(_worker_pids(url)) == 2, 90,
-                 "the restarted worker publishing metrics")
+        wait_for(
+            lambda: str(victim) not in _worker_pids(url) and len(_worker_pids(url)) == 2,
+            90,
+            "the restarted worker publishing metrics",
+        )
         rs = _fresh(url, body, 30)
         sent += 30
         assert {r.status_code for r in rs} == {200} and {r.json()["version"] for r in rs} == {1}
@@ -145,6 +172,11 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
 
 
 def test_several_workers_need_a_port_number(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "offgraph.cli", "serve", "--models", str(tmp_path), "--workers", "2",
-                        "--port", "0"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(tmp_path), "--workers", "2", "--port", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "--port 0" in r.stderr and "give a port number" in r.stderr, r.stderr[-500:]

@@ -32,27 +32,40 @@ def test_base_spec_loads():
     assert spec.model.pooling == "mean"
 
 
-@pytest.mark.parametrize("fn, msg", [
-    (lambda r: r["fields"][2].update(op="hashify"), "field 'cat': unknown op 'hashify'"),
-    (lambda r: r["fields"][2].pop("input"), "field 'cat': missing 'input'"),
-    (lambda r: r["fields"][0].update(rows=0), "field 'user': rows must be an integer >= 1"),
-    (lambda r: r["fields"][3].update(inputs=["gender", "brand"]), "field 'g_x_c': input 'brand' is not a field"),
-    (lambda r: r["fields"][3].update(scope="item"), "field 'g_x_c': declared scope 'item'"),
-    (lambda r: r["fields"][1].update(name="user"), "field 'user': duplicate field name"),
-    (lambda r: r["fields"][0].update(pooling="max"), "field 'user': pooling must be one of"),
-    (lambda r: r["fields"][0].update(boundaries=[1, 2]), "field 'user': unknown parameter"),
-    (lambda r: r["fields"].append({"name": "b", "scope": "item", "op": "bucketize", "input": "p",
-                                   "rows": 8, "boundaries": [3, 2]}), "field 'b': boundaries must be strictly increasing"),
-    (lambda r: r["fields"].append({"name": "b", "scope": "item", "op": "bucketize", "input": "p", "rows": 8}),
-     "field 'b': op 'bucketize' needs 'boundaries'"),
-    (lambda r: r["fields"].append({"name": "lb", "scope": "item", "op": "log_bucket", "input": "p", "rows": 8,
-                                   "base": 1}), "field 'lb': log_bucket base must be a number > 1"),
-    (lambda r: r["model"].update(hash="md5"), "model.hash"),
-    (lambda r: r["model"].update(embedding_dim=0), "model.embedding_dim"),
-    (lambda r: r.pop("label"), "'label'"),
-    (lambda r: r.update(extra=1), "unknown top-level key"),
-    (lambda r: r["fields"][0].update(scope="cross"), "field 'user': a raw-column op"),
-])
+@pytest.mark.parametrize(
+    "fn, msg",
+    [
+        (lambda r: r["fields"][2].update(op="hashify"), "field 'cat': unknown op 'hashify'"),
+        (lambda r: r["fields"][2].pop("input"), "field 'cat': missing 'input'"),
+        (lambda r: r["fields"][0].update(rows=0), "field 'user': rows must be an integer >= 1"),
+        (lambda r: r["fields"][3].update(inputs=["gender", "brand"]), "field 'g_x_c': input 'brand' is not a field"),
+        (lambda r: r["fields"][3].update(scope="item"), "field 'g_x_c': declared scope 'item'"),
+        (lambda r: r["fields"][1].update(name="user"), "field 'user': duplicate field name"),
+        (lambda r: r["fields"][0].update(pooling="max"), "field 'user': pooling must be one of"),
+        (lambda r: r["fields"][0].update(boundaries=[1, 2]), "field 'user': unknown parameter"),
+        (
+            lambda r: r["fields"].append(
+                {"name": "b", "scope": "item", "op": "bucketize", "input": "p", "rows": 8, "boundaries": [3, 2]}
+            ),
+            "field 'b': boundaries must be strictly increasing",
+        ),
+        (
+            lambda r: r["fields"].append({"name": "b", "scope": "item", "op": "bucketize", "input": "p", "rows": 8}),
+            "field 'b': op 'bucketize' needs 'boundaries'",
+        ),
+        (
+            lambda r: r["fields"].append(
+                {"name": "lb", "scope": "item", "op": "log_bucket", "input": "p", "rows": 8, "base": 1}
+            ),
+            "field 'lb': log_bucket base must be a number > 1",
+        ),
+        (lambda r: r["model"].update(hash="md5"), "model.hash"),
+        (lambda r: r["model"].update(embedding_dim=0), "model.embedding_dim"),
+        (lambda r: r.pop("label"), "'label'"),
+        (lambda r: r.update(extra=1), "unknown top-level key"),
+        (lambda r: r["fields"][0].update(scope="cross"), "field 'user': a raw-column op"),
+    ],
+)
 def test_validation_errors_name_field_and_problem(fn, msg):
     with pytest.raises(SpecError) as e:
         parse_spec(mutate(fn))

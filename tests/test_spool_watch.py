@@ -1,4 +1,5 @@
 """The spool's wake-up: inotify ends a wait as soon as a delta file lands (real inotify, real files)."""
+
 import os
 import threading
 import time
@@ -33,6 +34,7 @@ def _land_later(path, delay, rename=True):
             os.replace(tmp, path)
         else:
             path.write_bytes(b"x")
+
     th = threading.Thread(target=go)
     th.start()
     return th

@@ -196,8 +196,9 @@ def test_follower_in_another_process_sees_fed_rows_at_once_and_stored_rows_after
             for table in (1, 2, 3):
                 rows = sorted({int(x) for x in np.random.default_rng(table).integers(0, 10**9, 40)})
                 v, w = vecs(np.full(len(rows), table))
-                assert writer.write(table, rows, v, w, seqs=[table] * len(rows), feed=True,
-                                    meta={"offset": str(table)})[0] == len(rows)
+                assert writer.write(
+                    table, rows, v, w, seqs=[table] * len(rows), feed=True, meta={"offset": str(table)}
+                )[0] == len(rows)
                 assert fed(fol, table, rows) == dict.fromkeys(rows, float(table))  # in the feed at once
                 assert not fol.read(table, rows)[1].any()  # not in the store view before catch_up
                 fol.catch_up()
@@ -296,16 +297,16 @@ def test_flush_durability_persists_without_wal_and_reaches_followers(tmp_path, c
     st = open_store(path, cfg, mode="w")
     follower = open_store(path, mode="follow")
     v, w = vecs([1.5, 2.5, 3.5])
-    st.write(np.zeros(3, np.uint32), np.array([4, 5, 6]), v, w, seqs=np.array([1, 1, 1]), feed=True,
-             durability="flush")
+    st.write(np.zeros(3, np.uint32), np.array([4, 5, 6]), v, w, seqs=np.array([1, 1, 1]), feed=True, durability="flush")
     with pytest.raises(ValueError, match="durability must be one of"):
         st.write(np.zeros(1, np.uint32), np.array([1]), v[:1], w[:1], durability="fast")
     follower.catch_up()
     got, _ = follower.read(np.zeros(3, np.uint32), np.array([4, 5, 6]))
     np.testing.assert_array_equal(got, v)
     # nothing is in the WAL: the rows are in SST files already
-    wal_bytes = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(path) for f in fs
-                    if f.endswith(".log"))
+    wal_bytes = sum(
+        os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(path) for f in fs if f.endswith(".log")
+    )
     assert wal_bytes == 0
     follower.close()
     st.close()

@@ -1,4 +1,5 @@
 """The incremental trainer on a real (tiny) exported model: real RocksDB store, real SavedModel."""
+
 import shutil
 from pathlib import Path
 
@@ -8,20 +9,20 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
+from offgraph.export.check import requests_from_rows
+from offgraph.export.export import export_run
+from offgraph.features import FeatureGenerator, load_spec
 from offgraph.model.inputs import encode_table
 from offgraph.model.model import load_run
 from offgraph.model.train import TrainConfig, train_run
-from offgraph.store import open_store
-from offgraph.export.check import requests_from_rows
-from offgraph.export.export import export_run
-from offgraph.scoring.scorer import Scorer
 from offgraph.scoring.batch import batch_keys
-from offgraph.features import FeatureGenerator, load_spec
+from offgraph.scoring.scorer import Scorer
+from offgraph.store import open_store
+from offgraph.store.keys import combine_keys, split_keys
+from offgraph.streaming._stream_train import LocalRows
 from offgraph.streaming.delta_format import read_delta_file
 from offgraph.streaming.sinks import open_sink
 from offgraph.streaming.stream_train import StreamTrainConfig, open_trainer, stream_train_table
-from offgraph.store.keys import combine_keys, split_keys
-from offgraph.streaming._stream_train import LocalRows
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_ROWS = 4000
@@ -34,8 +35,13 @@ def tiny(movielens_table, tmp_path_factory):
     spec = load_spec(REPO / "examples" / "movielens.yaml")
     train_run(spec, movielens_table.slice(0, TRAIN_ROWS), TrainConfig(epochs=1), root / "run", progress=False)
     export_run(root / "run", root / "models" / "ml" / "1", shards=2, quant="fp32", progress=False)
-    return {"root": root, "run": root / "run", "version": root / "models" / "ml" / "1", "spec": spec,
-            "events": movielens_table.slice(TRAIN_ROWS, 2000)}
+    return {
+        "root": root,
+        "run": root / "run",
+        "version": root / "models" / "ml" / "1",
+        "spec": spec,
+        "events": movielens_table.slice(TRAIN_ROWS, 2000),
+    }
 
 
 def _keys_of(spec, table: pa.Table) -> set:
@@ -77,8 +83,11 @@ def test_sgd_step_is_minus_lr_times_the_keras_gradient(tiny, tmp_path, source):
     events = tiny["events"].slice(0, 24)  # several users, multi-valued genres / title words, repeated rows
     spool = open_sink(f"spool:{tmp_path / 'spool'}").dir
     cfg = StreamTrainConfig(lr=lr, optimizer="sgd", batch_size=64)  # ONE step on all 24 events
-    kw = {"model_dir": tiny["version"]} if source == "model" else {
-        "run_dir": tiny["run"], "model_name": "ml", "model_version": 1}
+    kw = (
+        {"model_dir": tiny["version"]}
+        if source == "model"
+        else {"run_dir": tiny["run"], "model_name": "ml", "model_version": 1}
+    )
     with open_trainer(config=cfg, **kw) as tr:
         s = stream_train_table(tr, events, spool, progress=False)
     assert s["events"] == 24 and s["files_emitted"] == 1
@@ -106,9 +115,24 @@ def test_cli_emits_files_of_touched_rows_with_increasing_seqs(tiny, tmp_path):
     assert len(np.unique(t)) > 3 and (np.diff(t) <= 0).all() and t[0] > t[-1]
     path = tmp_path / "events.parquet"
     pq.write_table(events, path)
-    rc = offgraph.cli.main(["stream-train", "--model", str(tiny["version"].parent), "--events", str(path),
-                            "--emit", f"spool:{tmp_path / 'spool'}", "--every-events", "5", "--seq-start", "1000",
-                            "--lr", "0.05", "--no-progress"])
+    rc = offgraph.cli.main(
+        [
+            "stream-train",
+            "--model",
+            str(tiny["version"].parent),
+            "--events",
+            str(path),
+            "--emit",
+            f"spool:{tmp_path / 'spool'}",
+            "--every-events",
+            "5",
+            "--seq-start",
+            "1000",
+            "--lr",
+            "0.05",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     files = _deltas(tmp_path / "spool")
     assert [len(set(combine_keys(f.table_ids, f.rows).tolist())) for f in files] == [len(f) for f in files]
@@ -141,8 +165,20 @@ def test_cli_json_summary_is_strict_json_with_null_for_an_undefined_auc(tiny, tm
     path = tmp_path / "events.parquet"
     pq.write_table(events, path)
     out = tmp_path / "summary.json"
-    rc = offgraph.cli.main(["stream-train", "--model", str(tiny["version"].parent), "--events", str(path),
-                            "--emit", f"spool:{tmp_path / 'spool'}", "--no-progress", "--json", str(out)])
+    rc = offgraph.cli.main(
+        [
+            "stream-train",
+            "--model",
+            str(tiny["version"].parent),
+            "--events",
+            str(path),
+            "--emit",
+            f"spool:{tmp_path / 'spool'}",
+            "--no-progress",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
 
     def refuse(token):
@@ -156,8 +192,15 @@ def test_cli_json_summary_is_strict_json_with_null_for_an_undefined_auc(tiny, tm
 def test_strict_json_maps_every_non_finite_value_to_null():
     from offgraph.streaming.strict_json import dumps
 
-    text = dumps({"a": float("nan"), "b": [np.float32("inf"), -np.inf, 1.5, np.int64(3)], "c": np.array([np.nan, 2.0]),
-                  "d": (float("-inf"),), "e": "NaN"})
+    text = dumps(
+        {
+            "a": float("nan"),
+            "b": [np.float32("inf"), -np.inf, 1.5, np.int64(3)],
+            "c": np.array([np.nan, 2.0]),
+            "d": (float("-inf"),),
+            "e": "NaN",
+        }
+    )
     assert text == '{"a": null, "b": [null, null, 1.5, 3], "c": [null, 2.0], "d": [null], "e": "NaN"}'
 
 
@@ -257,8 +300,11 @@ def test_bad_arguments_are_named(tiny, tmp_path):
         open_trainer(run_dir=tiny["run"])
     with pytest.raises(ValueError, match=r"StreamTrainConfig.optimizer \(--optimizer\) must be 'sgd' or 'adagrad'"):
         open_trainer(model_dir=tiny["version"], config=StreamTrainConfig(optimizer="adam"))
-    bad = tiny["events"].slice(0, 4).set_column(
-        tiny["events"].column_names.index("label"), "label", pa.array([0, 1, 2, 1]))
+    bad = (
+        tiny["events"]
+        .slice(0, 4)
+        .set_column(tiny["events"].column_names.index("label"), "label", pa.array([0, 1, 2, 1]))
+    )
     spool = open_sink(f"spool:{tmp_path / 'spool'}").dir
     with open_trainer(model_dir=tiny["version"]) as tr:
         with pytest.raises(ValueError, match="label 'label' must be 0 or 1"):

@@ -1,4 +1,5 @@
 """Delta file format v1 and the spool source (no model needed)."""
+
 import os
 
 import numpy as np
@@ -6,18 +7,29 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from offgraph.streaming.delta_format import (DeltaFormatError, parse_spool_name, publish_delta, read_delta_bytes,
-                                    read_delta_file, spool_file_name, write_delta_file)
 from offgraph.streaming._delta_format import schema
+from offgraph.streaming.delta_format import (
+    DeltaFormatError,
+    parse_spool_name,
+    publish_delta,
+    read_delta_bytes,
+    read_delta_file,
+    spool_file_name,
+    write_delta_file,
+)
 from offgraph.streaming.sources import open_source
 
 
 def _deltas(k=50, d=4, seed=0):
     rng = np.random.default_rng(seed)
-    return dict(table_ids=rng.integers(0, 3, k).astype(np.uint32), rows=rng.integers(0, 1000, k),
-                vectors=rng.standard_normal((k, d)).astype(np.float32),
-                first_order=rng.standard_normal(k).astype(np.float32), seqs=np.arange(k) + 10,
-                event_time_ms=rng.integers(1, 2**40, k))
+    return dict(
+        table_ids=rng.integers(0, 3, k).astype(np.uint32),
+        rows=rng.integers(0, 1000, k),
+        vectors=rng.standard_normal((k, d)).astype(np.float32),
+        first_order=rng.standard_normal(k).astype(np.float32),
+        seqs=np.arange(k) + 10,
+        event_time_ms=rng.integers(1, 2**40, k),
+    )
 
 
 def test_round_trip(tmp_path):
@@ -26,24 +38,45 @@ def test_round_trip(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["a.delta.arrow"]  # the .tmp was renamed away
     b = read_delta_file(p)
     assert (b.model, b.model_version, b.dim, len(b)) == ("ml", 7, 4, 50)
-    for name, col in [("table_ids", "table_ids"), ("rows", "rows"), ("vectors", "vectors"),
-                      ("first_order", "first_order"), ("seqs", "seqs"), ("event_time_ms", "event_time_ms")]:
+    for name, col in [
+        ("table_ids", "table_ids"),
+        ("rows", "rows"),
+        ("vectors", "vectors"),
+        ("first_order", "first_order"),
+        ("seqs", "seqs"),
+        ("event_time_ms", "event_time_ms"),
+    ]:
         np.testing.assert_array_equal(getattr(b, name), d[col])
     assert b.table_ids.dtype == np.uint32 and b.rows.dtype == np.int64 and b.vectors.dtype == np.float32
     assert b.vectors.base is not None  # a view of the memory-mapped Arrow buffer, not a copy
     meta = ipc.open_file(pa.memory_map(str(p))).schema.metadata
     assert meta[b"offgraph.delta.version"] == b"1" and meta[b"dim"] == b"4" and meta[b"model_version"] == b"7"
     # compressed, a scalar event time, and in memory (broker payloads)
-    p2 = write_delta_file(tmp_path / "b.delta.arrow", model="ml", model_version=1, compression="zstd",
-                          fsync=False, **{**d, "event_time_ms": 123})
+    p2 = write_delta_file(
+        tmp_path / "b.delta.arrow",
+        model="ml",
+        model_version=1,
+        compression="zstd",
+        fsync=False,
+        **{**d, "event_time_ms": 123},
+    )
     b2 = read_delta_bytes(p2.read_bytes())
     np.testing.assert_array_equal(b2.vectors, d["vectors"])
     assert (b2.event_time_ms == 123).all()
 
 
 def test_empty_file_is_valid(tmp_path):
-    p = write_delta_file(tmp_path / "e.delta.arrow", model="m", model_version=0, table_ids=[], rows=[],
-                         vectors=np.zeros((0, 16), np.float32), first_order=[], seqs=[], event_time_ms=[])
+    p = write_delta_file(
+        tmp_path / "e.delta.arrow",
+        model="m",
+        model_version=0,
+        table_ids=[],
+        rows=[],
+        vectors=np.zeros((0, 16), np.float32),
+        first_order=[],
+        seqs=[],
+        event_time_ms=[],
+    )
     b = read_delta_file(p)
     assert len(b) == 0 and b.dim == 16 and b.vectors.shape == (0, 16)
 
@@ -51,9 +84,14 @@ def test_empty_file_is_valid(tmp_path):
 def _raw(tmp_path, name, table=None, *, meta=None, dim=4, stream=False, k=3):
     if table is None:
         d = _deltas(k, dim)
-        arrays = [pa.array(d["table_ids"]), pa.array(d["rows"]),
-                  pa.FixedSizeListArray.from_arrays(pa.array(d["vectors"].ravel()), dim),
-                  pa.array(d["first_order"]), pa.array(d["seqs"]), pa.array(d["event_time_ms"])]
+        arrays = [
+            pa.array(d["table_ids"]),
+            pa.array(d["rows"]),
+            pa.FixedSizeListArray.from_arrays(pa.array(d["vectors"].ravel()), dim),
+            pa.array(d["first_order"]),
+            pa.array(d["seqs"]),
+            pa.array(d["event_time_ms"]),
+        ]
         table = pa.Table.from_arrays(arrays, schema=schema(dim))
     m = {b"offgraph.delta.version": b"1", b"model": b"m", b"model_version": b"1", b"dim": str(dim).encode()}
     m.update(meta or {})
@@ -68,10 +106,14 @@ def _raw(tmp_path, name, table=None, *, meta=None, dim=4, stream=False, k=3):
 
 def _table_with(col, arr, dim=4):
     d = _deltas(3, dim)
-    cols = {"table_id": pa.array(d["table_ids"]), "row": pa.array(d["rows"]),
-            "vector": pa.FixedSizeListArray.from_arrays(pa.array(d["vectors"].ravel()), dim),
-            "first_order": pa.array(d["first_order"]), "seq": pa.array(d["seqs"]),
-            "event_time_ms": pa.array(d["event_time_ms"])}
+    cols = {
+        "table_id": pa.array(d["table_ids"]),
+        "row": pa.array(d["rows"]),
+        "vector": pa.FixedSizeListArray.from_arrays(pa.array(d["vectors"].ravel()), dim),
+        "first_order": pa.array(d["first_order"]),
+        "seq": pa.array(d["seqs"]),
+        "event_time_ms": pa.array(d["event_time_ms"]),
+    }
     if arr is None:
         del cols[col]
     else:
@@ -79,24 +121,27 @@ def _table_with(col, arr, dim=4):
     return pa.table(cols)
 
 
-@pytest.mark.parametrize("case, match", [
-    ("random bytes", "not an Arrow IPC file"),
-    ("zero bytes", "0-byte"),
-    ("stream format", "not an Arrow IPC file"),
-    ("no version", "not an offgraph delta file"),
-    ("version 2", "delta format version"),
-    ("no model", "'model'"),
-    ("bad model_version", "decimal int"),
-    ("missing column", "missing column 'seq'"),
-    ("row int32", "column 'row' has type int32"),
-    ("dim mismatch", "dim mismatch"),
-    ("vector float64", "column 'vector' has type"),
-    ("nan vector", "NaN/Inf"),
-    ("inf first_order", "NaN/Inf"),
-    ("negative row", "column 'row' holds negative"),
-    ("negative seq", "column 'seq' holds negative"),
-    ("null row", "nulls"),
-])
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("random bytes", "not an Arrow IPC file"),
+        ("zero bytes", "0-byte"),
+        ("stream format", "not an Arrow IPC file"),
+        ("no version", "not an offgraph delta file"),
+        ("version 2", "delta format version"),
+        ("no model", "'model'"),
+        ("bad model_version", "decimal int"),
+        ("missing column", "missing column 'seq'"),
+        ("row int32", "column 'row' has type int32"),
+        ("dim mismatch", "dim mismatch"),
+        ("vector float64", "column 'vector' has type"),
+        ("nan vector", "NaN/Inf"),
+        ("inf first_order", "NaN/Inf"),
+        ("negative row", "column 'row' holds negative"),
+        ("negative seq", "column 'seq' holds negative"),
+        ("null row", "nulls"),
+    ],
+)
 def test_malformed_files_are_rejected_with_a_reason(tmp_path, case, match):
     name = "x.delta.arrow"
     if case == "random bytes":
@@ -122,8 +167,7 @@ def test_malformed_files_are_rejected_with_a_reason(tmp_path, case, match):
     elif case == "dim mismatch":
         p = _raw(tmp_path, name, meta={b"dim": b"8"})
     elif case == "vector float64":
-        p = _raw(tmp_path, name, _table_with("vector", pa.FixedSizeListArray.from_arrays(
-            pa.array(np.zeros(12)), 4)))
+        p = _raw(tmp_path, name, _table_with("vector", pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(12)), 4)))
     elif case == "nan vector":
         v = np.zeros(12, np.float32)
         v[5] = np.nan
@@ -142,9 +186,14 @@ def test_malformed_files_are_rejected_with_a_reason(tmp_path, case, match):
 
 def test_writer_refuses_bad_values(tmp_path):
     d = _deltas(3)
-    bad = [({"vectors": np.full((3, 4), np.nan)}, "NaN/Inf"), ({"rows": [1, -1, 2]}, "negative"),
-           ({"rows": [1.0, 2.0, 3.0]}, "integers"), ({"seqs": [1, 2]}, "expected 3"),
-           ({"vectors": np.zeros(3)}, r"\[K, D\]"), ({"table_ids": [0, 1, 2**32]}, "2\\*\\*32")]
+    bad = [
+        ({"vectors": np.full((3, 4), np.nan)}, "NaN/Inf"),
+        ({"rows": [1, -1, 2]}, "negative"),
+        ({"rows": [1.0, 2.0, 3.0]}, "integers"),
+        ({"seqs": [1, 2]}, "expected 3"),
+        ({"vectors": np.zeros(3)}, r"\[K, D\]"),
+        ({"table_ids": [0, 1, 2**32]}, "2\\*\\*32"),
+    ]
     for change, match in bad:
         with pytest.raises(DeltaFormatError, match=match):
             write_delta_file(tmp_path / "w.delta.arrow", model="m", model_version=1, **{**d, **change})
@@ -165,8 +214,7 @@ def test_spool_names_sort_in_creation_order():
 def test_spool_source_order_ack_reject_seek(tmp_path):
     spool = tmp_path / "spool"
     src = open_source(f"spool:{spool}")
-    names = [publish_delta(spool, model="m", model_version=1, fsync=False, **_deltas(2, seed=i)).name
-             for i in range(5)]
+    names = [publish_delta(spool, model="m", model_version=1, fsync=False, **_deltas(2, seed=i)).name for i in range(5)]
     (spool / "junk.tmp").write_bytes(b"x")
     (spool / ".hidden.delta.arrow").write_bytes(b"x")
     items = src.poll(3)
@@ -183,8 +231,9 @@ def test_spool_source_order_ack_reject_seek(tmp_path):
     assert [i.position for i in src2.poll(10)] == [names[4]]
     assert (spool / "applied" / names[3]).exists()
     # a late file (named before the cursor) is still delivered, flagged
-    late = write_delta_file(spool / ("0" * 20 + "-late.delta.arrow"), model="m", model_version=1, fsync=False,
-                            **_deltas(2))
+    late = write_delta_file(
+        spool / ("0" * 20 + "-late.delta.arrow"), model="m", model_version=1, fsync=False, **_deltas(2)
+    )
     got = src2.poll(10)
     assert [(i.position, i.late) for i in got] == [(late.name, True), (names[4], False)]
     with pytest.raises(ValueError, match="unknown source scheme"):

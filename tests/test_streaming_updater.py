@@ -1,5 +1,6 @@
 """`offgraph update` on a real export (tiny DeepFM, 1 epoch, fp32, 4 shards, real RocksDB):
 kill -9 exactly-once, stale seqs, dead letters, version switches, per-shard crash recovery."""
+
 import json
 import os
 import random
@@ -10,10 +11,14 @@ import time
 
 import numpy as np
 import pytest
-
-from streaming_helpers import NAME, REPO, install_version as _version, last_write_wins as _last_write_wins
-from streaming_helpers import make_deltas as _deltas, open_version_store as _open, publish as _publish
-from streaming_helpers import export_tiny, spool_files as _files, train_tiny, updater as _updater
+from streaming_helpers import NAME, REPO, export_tiny, train_tiny
+from streaming_helpers import install_version as _version
+from streaming_helpers import last_write_wins as _last_write_wins
+from streaming_helpers import make_deltas as _deltas
+from streaming_helpers import open_version_store as _open
+from streaming_helpers import publish as _publish
+from streaming_helpers import spool_files as _files
+from streaming_helpers import updater as _updater
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +48,29 @@ def test_kill9_restarts_apply_every_delta_exactly_once(tiny_export, tmp_path):
     with _open(vdir) as st:
         before_v, before_w = st.read(untouched_t, untouched_r)
 
-    cmd = [sys.executable, "-m", "offgraph.cli", "update", "--models", str(models), "--model", NAME,
-           "--source", f"spool:{spool}", "--batch-files", "4", "--once", "--log-every", "1",
-           "--max-deltas-per-s", "50000"]  # >= 2.2 s of applying: room for 3 kills on a fast machine
+    cmd = [
+        sys.executable,
+        "-m",
+        "offgraph.cli",
+        "update",
+        "--models",
+        str(models),
+        "--model",
+        NAME,
+        "--source",
+        f"spool:{spool}",
+        "--batch-files",
+        "4",
+        "--once",
+        "--log-every",
+        "1",
+        "--max-deltas-per-s",
+        "50000",
+    ]  # >= 2.2 s of applying: room for 3 kills on a fast machine
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     log = open(tmp_path / "update.log", "ab")
     kills, rnd = 0, random.Random(3)
-    for attempt in range(8):
+    for _attempt in range(8):
         if kills >= 3 or not _files(spool):
             break
         done_before = len(_files(spool / "applied"))
@@ -64,8 +85,9 @@ def test_kill9_restarts_apply_every_delta_exactly_once(tiny_export, tmp_path):
         p.wait()
     assert kills >= 3, f"the updater finished before it could be killed 3 times ({kills})"
     # the last run as deployed next to a server: on one CPU, at idle priority
-    p = subprocess.run(cmd + ["--cpus", "0", "--idle-priority"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                       stderr=log, timeout=120)
+    p = subprocess.run(
+        cmd + ["--cpus", "0", "--idle-priority"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, timeout=120
+    )
     assert p.returncode == 0
     summary = json.loads(p.stdout.decode().strip().splitlines()[-1])["update"]
     assert summary["files_dead_lettered"] == 0
@@ -95,8 +117,16 @@ def test_stale_seqs_lose_and_bad_files_go_to_dead_letters(tiny_export, tmp_path)
     good2 = _deltas(rng, 50, seq0=500)
     _publish(spool, 1, fresh)
     (spool / "00000000000000000002-garbage.delta.arrow").write_bytes(b"not arrow at all")
-    os.rename(write_delta_file(tmp_path / "x", model="tiny", model_version=1, fsync=False,
-                               **{**good2, "vectors": np.zeros((50, 4), np.float32)}), spool / spool_name(3))
+    os.rename(
+        write_delta_file(
+            tmp_path / "x",
+            model="tiny",
+            model_version=1,
+            fsync=False,
+            **{**good2, "vectors": np.zeros((50, 4), np.float32)},
+        ),
+        spool / spool_name(3),
+    )
     bad_row = _deltas(rng, 10, seq0=900, tables=2)
     bad_row["rows"][4] = 500  # the cat table has 500 rows
     _publish(spool, 1, bad_row)
@@ -111,8 +141,13 @@ def test_stale_seqs_lose_and_bad_files_go_to_dead_letters(tiny_export, tmp_path)
     reasons = {p.name: p.read_text() for p in (spool / "dead").glob("*.reason.txt")}
     assert len(reasons) == 5 and len(_files(spool / "dead")) == 5
     text = "\n".join(reasons.values())
-    for want in ("malformed delta file: not an Arrow IPC file", "dim 4 but model tiny version 1 has embedding_dim 8",
-                 "table 2 row 500 >= 500 rows", "table ids >= 3", "addressed to model 'other'"):
+    for want in (
+        "malformed delta file: not an Arrow IPC file",
+        "dim 4 but model tiny version 1 has embedding_dim 8",
+        "table 2 row 500 >= 500 rows",
+        "table ids >= 3",
+        "addressed to model 'other'",
+    ):
         assert want in text, (want, text)
     et, er, es, ev, ew = _last_write_wins([fresh, good2])
     with _open(vdir) as st:
@@ -180,8 +215,16 @@ def test_crash_between_shard_batches_reapplies_only_missing_shards(tiny_export, 
     with _open(vdir, "w") as st:
         for s in (0, 1):
             i = sh == s
-            st.write(b.table_ids[i], b.rows[i], b.vectors[i], b.first_order[i], seqs=b.seqs[i],
-                     meta={b"spool_position": f1.name.encode()}, meta_shards=s, feed=True)
+            st.write(
+                b.table_ids[i],
+                b.rows[i],
+                b.vectors[i],
+                b.first_order[i],
+                seqs=b.seqs[i],
+                meta={b"spool_position": f1.name.encode()},
+                meta_shards=s,
+                feed=True,
+            )
     up = _updater(models, spool)
     up.start()
     calls = []

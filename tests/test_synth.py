@@ -1,4 +1,5 @@
 """`offgraph synth`: the spec's table sizes, its settings' refusals, determinism by seed, a servable version."""
+
 from __future__ import annotations
 
 import json
@@ -7,13 +8,13 @@ import numpy as np
 import pytest
 
 import offgraph.cli
-from offgraph.store import open_store
+from bench.scale_traffic import build_requests
 from offgraph.cli.synth import count
 from offgraph.export.synth import CHUNK_ROWS, synth_version, table_chunks
 from offgraph.export.synth_config import SynthConfig
 from offgraph.export.synth_spec import HUGE_TABLES, MIN_TOTAL_ROWS, SMALL_TABLES, huge_table_rows, synth_spec
 from offgraph.features.spec import parse_spec
-from bench.scale_traffic import build_requests
+from offgraph.store import open_store
 
 ROWS = 60_000
 
@@ -24,7 +25,7 @@ def test_tables_add_up_to_the_rows_asked(total):
     rows = {f.name: f.rows for f in spec.fields}
     assert sum(rows.values()) == total
     assert len(spec.fields) == len(HUGE_TABLES) + len(SMALL_TABLES)
-    for name, _, op, n, _ in SMALL_TABLES:  # small tables keep their cardinality whatever the size
+    for name, _, _op, n, _ in SMALL_TABLES:  # small tables keep their cardinality whatever the size
         assert rows[name] == n
     huge = huge_table_rows(total)
     assert all(rows[name] == huge[name] >= 1024 for name, _, _ in HUGE_TABLES)

@@ -1,4 +1,5 @@
 """offgraph.features.tables.read_table: Parquet, CSV/TSV, JSON lines, malformed rows."""
+
 from __future__ import annotations
 
 import gzip
@@ -46,29 +47,28 @@ def test_parquet_missing_column(tmp_path):
 
 
 def test_csv_with_header_types_and_nulls(tmp_path):
-    p = write(tmp_path / "t.csv",
-              "id,count,price,hexid,zip,word\n"
-              "1,5,0.5,68fd1e64,00501,a\n"
-              "2,,1.25,3e10,94043,\n"
-              "3,7,2,12345678,85711,c\n")
+    p = write(
+        tmp_path / "t.csv",
+        "id,count,price,hexid,zip,word\n1,5,0.5,68fd1e64,00501,a\n2,,1.25,3e10,94043,\n3,7,2,12345678,85711,c\n",
+    )
     t = read_table(p)
     assert t.column_names == ["id", "count", "price", "hexid", "zip", "word"]
     assert t.schema.field("id").type == pa.int64()
     assert t.schema.field("count").type == pa.int64()
-    assert t.column("count").to_pylist() == [5, None, 7]        # empty -> null, not 0
+    assert t.column("count").to_pylist() == [5, None, 7]  # empty -> null, not 0
     assert t.schema.field("price").type == pa.float64()
     assert t.column("price").to_pylist() == [0.5, 1.25, 2.0]
     # "3e10" and "12345678" must not turn into numbers: the column is hex ids
     assert t.column("hexid").to_pylist() == ["68fd1e64", "3e10", "12345678"]
     # leading zeros keep a code a string
     assert t.column("zip").to_pylist() == ["00501", "94043", "85711"]
-    assert t.column("word").to_pylist() == ["a", None, "c"]      # empty -> null, not ""
+    assert t.column("word").to_pylist() == ["a", None, "c"]  # empty -> null, not ""
 
 
 def test_tsv_without_header_with_names(tmp_path):
     p = write(tmp_path / "t.tsv", "0\t1\t\t68fd1e64\n1\t\t44\t\n0\t3\t5\t0b153874\n")
     t = read_table(p, names=["label", "I1", "I2", "C1"])
-    assert t.num_rows == 3                                       # first line is data
+    assert t.num_rows == 3  # first line is data
     assert t.schema.field("I1").type == pa.int64()
     assert t.column("I1").to_pylist() == [1, None, 3]
     assert t.column("I2").to_pylist() == [None, 44, 5]
@@ -125,10 +125,12 @@ def test_unknown_extension(tmp_path):
 
 
 def test_json_lines(tmp_path):
-    p = write(tmp_path / "t.jsonl",
-              '{"user": "u1", "age": 30, "terms": ["a", "b"], "hex": "68fd1e64"}\n'
-              '{"user": "u2", "age": null, "terms": [], "hex": "3e10"}\n'
-              '{"user": "u3", "terms": ["c"], "hex": null}\n')
+    p = write(
+        tmp_path / "t.jsonl",
+        '{"user": "u1", "age": 30, "terms": ["a", "b"], "hex": "68fd1e64"}\n'
+        '{"user": "u2", "age": null, "terms": [], "hex": "3e10"}\n'
+        '{"user": "u3", "terms": ["c"], "hex": null}\n',
+    )
     t = read_table(p)
     assert t.column("user").to_pylist() == ["u1", "u2", "u3"]
     assert t.column("age").to_pylist() == [30, None, None]

@@ -1,5 +1,6 @@
 """tests/tiers.py: which tests `make test-fast` (pytest -m "not slow") leaves out, on a sample test suite
 collected by a real pytest in a child process."""
+
 import os
 import subprocess
 import sys
@@ -7,16 +8,16 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 
-CONFTEST = '''
+CONFTEST = """
 import pytest
 from tiers import pytest_collection_modifyitems  # noqa: F401
 
 @pytest.fixture
 def small_run():
     return None
-'''
+"""
 
-SAMPLE = '''
+SAMPLE = """
 import subprocess
 import sys
 
@@ -80,14 +81,30 @@ def test_parametrized_plain(x):
 def test_in_a_lambda():
     f = lambda: subprocess.Popen  # noqa: E731
     assert f
-'''
+"""
 
 
 def _collected(root: Path, marker_expr: str) -> set[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)])}
-    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                        "-m", marker_expr, "test_sample.py"], cwd=root, capture_output=True, text=True, env=env,
-                       timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            marker_expr,
+            "test_sample.py",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode in (0, 5), r.stdout[-2000:] + r.stderr[-2000:]
     return {ln.split("::", 1)[1] for ln in r.stdout.splitlines() if "::" in ln}
 
@@ -96,9 +113,19 @@ def test_slow_tests_are_found_without_markers(tmp_path):
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_sample.py").write_text(SAMPLE)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
-    fast = {"test_plain", "test_mentions_subprocess_only_in_a_comment", "test_parametrized_plain[1]",
-            "test_parametrized_plain[2]"}
-    slow = {"test_starts_a_process", "test_through_a_helper", "test_fixture_trains",
-            "test_conftest_training_fixture", "test_marked", "test_in_a_lambda"}
+    fast = {
+        "test_plain",
+        "test_mentions_subprocess_only_in_a_comment",
+        "test_parametrized_plain[1]",
+        "test_parametrized_plain[2]",
+    }
+    slow = {
+        "test_starts_a_process",
+        "test_through_a_helper",
+        "test_fixture_trains",
+        "test_conftest_training_fixture",
+        "test_marked",
+        "test_in_a_lambda",
+    }
     assert _collected(tmp_path, "not slow") == fast
     assert _collected(tmp_path, "slow") == slow

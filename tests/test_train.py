@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from offgraph.features import load_spec
 from offgraph.model._metrics import auc, logloss, ndcg_at_k
 from offgraph.model.model import load_run
 from offgraph.model.splits import held_out_mask
 from offgraph.model.train import TrainConfig, train_run
-from offgraph.features import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -62,8 +62,8 @@ def test_small_movielens_training_beats_chance(movielens_table, tmp_path):
 def test_early_stopping_keeps_the_best_validation_epoch(movielens_table):
     """The epoch is picked on validation rows carved from the training rows (never the held-out ones), and
     the model kept is that epoch's: its validation AUC, recomputed, is the best one in the history."""
-    from offgraph.model.inputs import encode_table
     from offgraph.model._metrics import auc
+    from offgraph.model.inputs import encode_table
     from offgraph.model.model import predict_proba
     from offgraph.model.train import carve_validation, split_encoded
 
@@ -97,8 +97,9 @@ def test_listwise_training_runs(movielens_table):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "offgraph.cli", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "offgraph.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
 
 
 def test_cli_broken_spec_names_field(tmp_path):
@@ -114,8 +115,9 @@ def test_cli_broken_spec_names_field(tmp_path):
 
 def test_cli_malformed_rows_name_the_line(tmp_path):
     spec = tmp_path / "s.yaml"
-    spec.write_text("label: y\nmodel: {mlp: [4]}\nfields:\n"
-                    "  - {name: price, scope: item, op: log_bucket, input: p, rows: 16}\n")
+    spec.write_text(
+        "label: y\nmodel: {mlp: [4]}\nfields:\n  - {name: price, scope: item, op: log_bucket, input: p, rows: 16}\n"
+    )
     bad = tmp_path / "bad.csv"
     bad.write_text("y,p\n1,2\n0,3,4\n1,5\n")
     r = run_cli("train", "--spec", str(spec), "--data", str(bad), "--out", str(tmp_path / "run"))
@@ -137,7 +139,21 @@ def test_cli_headerless_file_needs_columns(tmp_path):
     data.write_text("1\t1\n" + "".join(f"{i % 2}\tv{i % 3}\n" for i in range(40)))  # first row read as a header
     r = run_cli("train", "--spec", str(spec), "--data", str(data), "--out", str(tmp_path / "run"), "--epochs", "1")
     assert r.returncode == 2 and "appear more than once" in r.stderr and "Traceback" not in r.stderr
-    r = run_cli("train", "--spec", str(spec), "--data", str(data), "--columns", "y,c", "--out", str(tmp_path / "run"),
-                "--epochs", "1", "--split", "random", "--no-progress")
+    r = run_cli(
+        "train",
+        "--spec",
+        str(spec),
+        "--data",
+        str(data),
+        "--columns",
+        "y,c",
+        "--out",
+        str(tmp_path / "run"),
+        "--epochs",
+        "1",
+        "--split",
+        "random",
+        "--no-progress",
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["held_out_rows"] > 0

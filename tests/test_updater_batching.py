@@ -1,6 +1,7 @@
 """The updater's loop: a lone delta is applied at once (inotify, not the poll interval), a flood in
 batches cut by rows or by the gathering deadline, and its backlog is visible (real store, real
 spool, a real `offgraph update` process for /metrics)."""
+
 import os
 import subprocess
 import threading
@@ -9,10 +10,20 @@ import urllib.request
 
 import numpy as np
 import pytest
+from streaming_helpers import (
+    REPO,
+    export_tiny,
+    install_version,
+    last_write_wins,
+    make_deltas,
+    open_version_store,
+    publish,
+    train_tiny,
+    update_cmd,
+    updater,
+)
 
 from offgraph.testing.harness import free_port, wait_ready
-from streaming_helpers import REPO, export_tiny, install_version, last_write_wins, make_deltas, open_version_store
-from streaming_helpers import publish, train_tiny, update_cmd, updater
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +63,11 @@ def test_a_lone_delta_is_applied_at_once_while_idle_and_stop_is_prompt(tiny_expo
     assert not th.is_alive() and time.monotonic() - t0 < 5.0
 
 
-@pytest.mark.parametrize("limits, batches", [({"max_batch_rows": 3000}, 4), ({"max_batch_delay_s": 0.0}, 10),
-                                              ({}, 1)], ids=["by-rows", "by-delay", "all-at-once"])
+@pytest.mark.parametrize(
+    "limits, batches",
+    [({"max_batch_rows": 3000}, 4), ({"max_batch_delay_s": 0.0}, 10), ({}, 1)],
+    ids=["by-rows", "by-delay", "all-at-once"],
+)
 def test_a_flood_is_applied_in_batches_cut_by_rows_or_delay(tiny_export, tmp_path, limits, batches):
     models, spool = tmp_path / "models", tmp_path / "spool"
     vdir = install_version(tiny_export, models, 1)
@@ -74,8 +88,9 @@ def test_a_flood_is_applied_in_batches_cut_by_rows_or_delay(tiny_export, tmp_pat
 def _metrics(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         lines = resp.read().decode().splitlines()
-    return {ln.split("{")[0]: float(ln.rsplit(" ", 1)[1]) for ln in lines
-            if ln.startswith("offgraph_update_") and "{" in ln}
+    return {
+        ln.split("{")[0]: float(ln.rsplit(" ", 1)[1]) for ln in lines if ln.startswith("offgraph_update_") and "{" in ln
+    }
 
 
 def test_the_backlog_is_on_metrics_in_files_rows_and_age(tiny_export, tmp_path):
@@ -89,8 +104,14 @@ def test_the_backlog_is_on_metrics_in_files_rows_and_age(tiny_export, tmp_path):
     os.utime(paths[0], (old, old))
     port = free_port()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.Popen(update_cmd(models, spool, "--metrics-port", str(port), "--log-every", "0.2"),
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        update_cmd(models, spool, "--metrics-port", str(port), "--log-every", "0.2"),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()

@@ -1,5 +1,6 @@
 """The updater never dies on input, and a full disk is a clear error that loses nothing
 (real exports, real RocksDB, `offgraph update` as a subprocess)."""
+
 import json
 import os
 import random
@@ -11,10 +12,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
-
-from streaming_helpers import (DIM, NAME, REPO, ROWS, assert_store_holds, export_tiny, install_version,
-                               kill_at_a_random_point, last_write_wins, make_deltas, mount_tmpfs, open_version_store, publish,
-                               run_update, spool_files, train_tiny, update_cmd)
+from streaming_helpers import (
+    DIM,
+    NAME,
+    REPO,
+    assert_store_holds,
+    export_tiny,
+    install_version,
+    kill_at_a_random_point,
+    last_write_wins,
+    make_deltas,
+    mount_tmpfs,
+    open_version_store,
+    publish,
+    run_update,
+    spool_files,
+    train_tiny,
+    update_cmd,
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +43,7 @@ def exports(tmp_path_factory):
 # --------------------------------------------------------------------------- raw files
 def raw_delta(path, cols: dict, meta: dict | None = None):
     """Write an Arrow IPC file with exactly these columns/metadata (pyarrow only: no checks of ours)."""
-    meta = {"offgraph.delta.version": "1", "model": NAME, "model_version": "1", "dim": str(DIM),
-            **(meta or {})}
+    meta = {"offgraph.delta.version": "1", "model": NAME, "model_version": "1", "dim": str(DIM), **(meta or {})}
     table = pa.table(cols).replace_schema_metadata({k: v for k, v in meta.items() if v is not None})
     with open(path, "wb") as f, ipc.new_file(f, table.schema) as w:
         w.write_table(table)
@@ -40,11 +54,14 @@ def raw_cols(d: dict, **override) -> dict:
     """Arrow columns of a ``make_deltas`` dict, with any column replaced by ``override``."""
     k = len(d["rows"])
     v = np.asarray(d["vectors"], np.float32)
-    cols = {"table_id": pa.array(np.asarray(d["table_ids"], np.uint32)), "row": pa.array(np.asarray(d["rows"], np.int64)),
-            "vector": pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1]),
-            "first_order": pa.array(np.asarray(d["first_order"], np.float32)),
-            "seq": pa.array(np.asarray(d["seqs"], np.int64)),
-            "event_time_ms": pa.array(np.full(k, int(time.time() * 1000), np.int64))}
+    cols = {
+        "table_id": pa.array(np.asarray(d["table_ids"], np.uint32)),
+        "row": pa.array(np.asarray(d["rows"], np.int64)),
+        "vector": pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1]),
+        "first_order": pa.array(np.asarray(d["first_order"], np.float32)),
+        "seq": pa.array(np.asarray(d["seqs"], np.int64)),
+        "event_time_ms": pa.array(np.full(k, int(time.time() * 1000), np.int64)),
+    }
     cols.update(override)
     return {c: x for c, x in cols.items() if x is not None}
 
@@ -59,10 +76,17 @@ def reasons(spool) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- what a record format holds
-@pytest.mark.parametrize("quant,column,at,value,rule", [
-    ("fp32", "vector", (3, 5), np.nan, "finite"), ("fp32", "first_order", 6, -np.inf, "finite"),
-    ("fp16", "vector", (0, 1), 65505.0, "65504"), ("fp16", "first_order", 9, np.inf, "65504"),
-    ("int8", "vector", (8, 7), -70000.0, "65504"), ("int8", "first_order", 2, 1e6, "65504")])
+@pytest.mark.parametrize(
+    "quant,column,at,value,rule",
+    [
+        ("fp32", "vector", (3, 5), np.nan, "finite"),
+        ("fp32", "first_order", 6, -np.inf, "finite"),
+        ("fp16", "vector", (0, 1), 65505.0, "65504"),
+        ("fp16", "first_order", 9, np.inf, "65504"),
+        ("int8", "vector", (8, 7), -70000.0, "65504"),
+        ("int8", "first_order", 2, 1e6, "65504"),
+    ],
+)
 def test_check_storable_names_column_delta_and_value(quant, column, at, value, rule):
     from offgraph.store.quant import get_codec
 
@@ -95,7 +119,7 @@ def test_value_beyond_the_record_format_is_dead_lettered_and_its_batch_applied(e
     else:
         bad["first_order"][7] = -1.5e5
     fa, fbad, fb = publish(spool, 1, a), publish(spool, 1, bad), publish(spool, 1, b)
-    for attempt in range(2):  # a restart finds nothing left to trip over
+    for _attempt in range(2):  # a restart finds nothing left to trip over
         p = run_update(models, spool, "--once")
         assert p.returncode == 0, p.stderr[-3000:]
     assert spool_files(spool) == [] and spool_files(spool / "applied") == sorted([fa.name, fb.name])
@@ -137,8 +161,9 @@ def test_a_file_the_store_refuses_after_all_checks_is_found_alone(exports, tmp_p
     the dead letters, the others are applied."""
     import dataclasses
 
-    from offgraph.store.quant import get_codec
     from streaming_helpers import updater
+
+    from offgraph.store.quant import get_codec
 
     models, spool = tmp_path / "models", tmp_path / "spool"
     vdir = install_version(exports["int8"], models, 1)
@@ -187,8 +212,14 @@ def test_equal_seq_duplicates_are_refused_distinct_seqs_are_not(tmp_path, row0):
     from offgraph.streaming.delta_format import DeltaFormatError, read_delta_file, write_delta_file
 
     k = 50
-    d = dict(table_ids=np.arange(k, dtype=np.uint32) % 3, rows=row0 + np.arange(k) // 3, seqs=np.arange(k) % 4,
-             vectors=np.zeros((k, DIM), np.float32), first_order=np.zeros(k, np.float32), event_time_ms=0)
+    d = dict(
+        table_ids=np.arange(k, dtype=np.uint32) % 3,
+        rows=row0 + np.arange(k) // 3,
+        seqs=np.arange(k) % 4,
+        vectors=np.zeros((k, DIM), np.float32),
+        first_order=np.zeros(k, np.float32),
+        event_time_ms=0,
+    )
     # rows repeat only across tables; then delta 47 repeats delta 2's (table, row) at a new seq: allowed
     d["table_ids"][47], d["rows"][47], d["seqs"][47] = d["table_ids"][2], d["rows"][2], 9
     write_delta_file(tmp_path / "ok.delta.arrow", model=NAME, model_version=1, **d)
@@ -227,8 +258,8 @@ def test_disk_full_is_a_clear_error_and_loses_no_delta(exports, small_disk, tmp_
     """The feed's shared memory fills up when the write feed maps its epoch file (before: SIGBUS,
     "Bus error", no log line), or the store's disk when RocksDB flushes the batch: a clear error
     naming the path, rc != 0, every file still in the spool; with space again all are applied once."""
-    from offgraph.store.feed import MIN_SLOTS, SHM_ENV
     from offgraph.store._feed import file_bytes
+    from offgraph.store.feed import MIN_SLOTS, SHM_ENV
 
     models, spool = small_disk / "models", tmp_path / "spool"  # the store on the small disk, the spool not
     shm = small_disk / "shm"  # the feed's epochs too (a full /dev/shm is the same ENOSPC)
@@ -274,9 +305,11 @@ def bad_files(rng, d0: dict, good_bytes: bytes) -> dict:
         def w(path):
             args = {**d0, **change}
             model, version = args.pop("model", NAME), args.pop("model_version", 1)
-            tmp = write_delta_file(path.with_name(".w" + path.name), model=model, model_version=version,
-                                   fsync=False, **args)
+            tmp = write_delta_file(
+                path.with_name(".w" + path.name), model=model, model_version=version, fsync=False, **args
+            )
             os.replace(tmp, path)
+
         return w
 
     def raw(meta=None, **cols):
@@ -320,13 +353,17 @@ def bad_files(rng, d0: dict, good_bytes: bytes) -> dict:
         "negative row": (raw(row=pa.array(neg)), ["column 'row' holds negative"]),
         "negative seq": (raw(seq=pa.array(seq_neg)), ["column 'seq' holds negative"]),
         "row as int32": (raw(row=pa.array(d0["rows"].astype(np.int32))), ["column 'row' has type int32"]),
-        "vector of float64": (raw(vector=pa.FixedSizeListArray.from_arrays(
-            pa.array(d0["vectors"].reshape(-1).astype(np.float64)), DIM)), ["column 'vector' has type"]),
+        "vector of float64": (
+            raw(vector=pa.FixedSizeListArray.from_arrays(pa.array(d0["vectors"].reshape(-1).astype(np.float64)), DIM)),
+            ["column 'vector' has type"],
+        ),
         "missing column": (raw(first_order=None), ["missing column 'first_order'"]),
         "nulls": (raw(seq=pa.array([None] + d0["seqs"][1:].tolist(), pa.int64())), ["'seq' holds 1 nulls"]),
         "other format version": (raw({"offgraph.delta.version": "2"}), ["delta format version b'2'"]),
-        "duplicate key and seq": (raw(table_id=pa.array(dup_t), row=pa.array(dup_r), seq=pa.array(dup_s)),
-                                  ["deltas 0 and 1 both update table_id 0"]),
+        "duplicate key and seq": (
+            raw(table_id=pa.array(dup_t), row=pa.array(dup_r), seq=pa.array(dup_s)),
+            ["deltas 0 and 1 both update table_id 0"],
+        ),
     }
 
 
@@ -379,8 +416,19 @@ def test_bad_files_among_good_ones_with_kill9_restarts(exports, tmp_path):
     (spool / "a-directory.delta.arrow").mkdir()
     assert len(set(kinds)) >= 20
 
-    cmd = update_cmd(models, spool, "--batch-files", "8", "--once", "--wait-timeout", "0", "--log-every", "1",
-                     "--max-deltas-per-s", "400")  # ~40 s of applying in all: room for the kills
+    cmd = update_cmd(
+        models,
+        spool,
+        "--batch-files",
+        "8",
+        "--once",
+        "--wait-timeout",
+        "0",
+        "--log-every",
+        "1",
+        "--max-deltas-per-s",
+        "400",
+    )  # ~40 s of applying in all: room for the kills
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     log = open(tmp_path / "update.log", "ab")
     handled = lambda: len(spool_files(spool / "applied")) + len(spool_files(spool / "dead"))  # noqa: E731
@@ -391,13 +439,16 @@ def test_bad_files_among_good_ones_with_kill9_restarts(exports, tmp_path):
             break
         before, opened_before = handled(), opened()
         p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
-        kills += kill_at_a_random_point(p, attempt % 3, rnd, lambda: opened() > opened_before,
-                                        lambda: handled() > before)
+        kills += kill_at_a_random_point(
+            p, attempt % 3, rnd, lambda: opened() > opened_before, lambda: handled() > before
+        )
         if p.returncode != -signal.SIGKILL:
             exits.append(p.returncode)
     assert kills >= KILLS, f"the updater finished before it could be killed {KILLS} times ({kills})"
-    print(f"{kills} kills in {attempt + 1} runs; {handled()} of {len(good_names) + len(expect)} files handled before "
-          "the last run")
+    print(
+        f"{kills} kills in {attempt + 1} runs; {handled()} of {len(good_names) + len(expect)} files handled before "
+        "the last run"
+    )
     assert all(rc == 0 for rc in exits), f"runs that ended by themselves failed: {exits}"
     final = subprocess.run(cmd[:-2], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, final.stderr[-3000:]
@@ -414,7 +465,8 @@ def test_bad_files_among_good_ones_with_kill9_restarts(exports, tmp_path):
         for w in [shown, *words]:
             assert w in got[name], (name, w, got[name])
     assert sorted(p.name for p in spool.iterdir() if p.name not in ("applied", "dead")) == sorted(
-        ignored + ["a-directory.delta.arrow"])
+        ignored + ["a-directory.delta.arrow"]
+    )
     for name in ignored:
         assert (spool / name).read_bytes() == b"left alone"
 

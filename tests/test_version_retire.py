@@ -1,6 +1,7 @@
 """What happens around a swap besides the load itself: the next version warms its row cache on the
 loader's own thread (not the store's read pool), a retired version's memory is freed a piece at a
 time, and the server measures how late its event loop runs (a blocked loop delays every request)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from offgraph.features import FeatureGenerator
-from offgraph.server.loop_lag import watch_loop_lag
 from offgraph.scoring.scorer import Scorer
+from offgraph.server.loop_lag import watch_loop_lag
 from offgraph.server.served import ServedVersion
 from tests.test_fg_batch import REQUEST, SPEC
 
@@ -39,8 +40,7 @@ def test_a_generator_releases_its_caches_in_paced_chunks_and_still_generates_the
     assert _crossed_traffic(fg) == want == _crossed_traffic(FeatureGenerator(SPEC, item_cache_size=1000))
 
 
-def test_the_next_version_warms_on_the_loader_thread_and_the_retired_one_frees_its_parts(tiny_model, requests_,
-                                                                                          caplog):
+def test_the_next_version_warms_on_the_loader_thread_and_the_retired_one_frees_its_parts(tiny_model, requests_, caplog):
     models, _ = tiny_model
     vdir = models / "ml" / "1"
     with Scorer(vdir, row_cache_mb=8) as old:

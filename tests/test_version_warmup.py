@@ -1,11 +1,11 @@
 """What a version that replaces another starts from (FG item cache, hot rows) and how its load yields
 to serving (offgraph.server.pacing)."""
+
 from __future__ import annotations
 
 import gc
 import time
 
-import numpy as np
 import pytest
 
 from offgraph.features import FeatureGenerator, parse_spec
@@ -57,8 +57,11 @@ def test_the_item_cache_copy_is_in_the_caches_own_order_after_evictions_and_hits
     assert not gc.is_tracked(state["keys"]) and not gc.is_tracked(state["entries"])
     new = FeatureGenerator(SPEC, item_cache_size=50)
     assert new.adopt_item_cache(state) == 50
-    assert new.transform(REQUEST, cands[150:]).fields[0].ids.tolist() == \
-        fg.transform(REQUEST, cands[150:]).fields[0].ids.tolist() and new.cache_misses == 0
+    assert (
+        new.transform(REQUEST, cands[150:]).fields[0].ids.tolist()
+        == fg.transform(REQUEST, cands[150:]).fields[0].ids.tolist()
+        and new.cache_misses == 0
+    )
 
 
 def test_another_spec_or_no_cache_adopts_nothing():
@@ -68,8 +71,10 @@ def test_another_spec_or_no_cache_adopts_nothing():
     raw["fields"] = [dict(f, rows=f["rows"] + 1) if f["name"] == "cat" else f for f in raw["fields"]]
     other = FeatureGenerator(parse_spec(raw), item_cache_size=100)
     assert other.adopt_item_cache(old.item_cache_state()) == 0
-    assert other.transform(REQUEST, CANDS).fields[SPEC.field_index("cat")].ids.tolist() != \
-        old.transform(REQUEST, CANDS).fields[SPEC.field_index("cat")].ids.tolist()
+    assert (
+        other.transform(REQUEST, CANDS).fields[SPEC.field_index("cat")].ids.tolist()
+        != old.transform(REQUEST, CANDS).fields[SPEC.field_index("cat")].ids.tolist()
+    )
     assert FeatureGenerator(SPEC, item_cache_size=0).adopt_item_cache(old.item_cache_state()) == 0
     assert FeatureGenerator(SPEC, item_cache_size=100).adopt_item_cache(None) == 0
 

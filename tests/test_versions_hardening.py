@@ -3,6 +3,7 @@
 Real servers on 127.0.0.1 (in-process uvicorn, or ``offgraph serve`` subprocesses killed with SIGKILL),
 real stores exported from a real model (conftest's ``tiny_model``), a real HTTP client.
 """
+
 import hashlib
 import json
 import logging
@@ -17,8 +18,17 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from server_helpers import (TOKEN, ThreadServer, copy_models, copy_version, free_port, score, server_config,
-                            wait_for, wait_ready)
+from server_helpers import (
+    TOKEN,
+    ThreadServer,
+    copy_models,
+    copy_version,
+    free_port,
+    score,
+    server_config,
+    wait_for,
+    wait_ready,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -59,12 +69,19 @@ def test_corrupt_store_is_refused_at_load(tiny_model, requests_, tmp_path):
             assert before["version"] == 1
             # 16 KB of random bytes in the middle of an SST (data blocks), in a version whose manifest lacks
             # the store file records (an older export): only reading the rows can tell
-            copy_version(v1, models / "ml" / "2", tamper=lambda d: _overwrite(_sst(d, 0), size // 2 - 8192, 16384),
-                         manifest_edit=lambda m: m["checksums"].pop("store_files", None))
+            copy_version(
+                v1,
+                models / "ml" / "2",
+                tamper=lambda d: _overwrite(_sst(d, 0), size // 2 - 8192, 16384),
+                manifest_edit=lambda m: m["checksums"].pop("store_files", None),
+            )
             # the same over the SST's tail (index, footer): RocksDB's secondary silently drops such a file
             copy_version(v1, models / "ml" / "3", tamper=lambda d: _overwrite(_sst(d, 1), size - 16384, 16384, 1))
-            st = wait_for(lambda: (lambda s: s if {r["version"] for r in s["refused"]} == {2, 3} else None)(
-                _status(c)), 60, "versions 2 and 3 refused")
+            st = wait_for(
+                lambda: (lambda s: s if {r["version"] for r in s["refused"]} == {2, 3} else None)(_status(c)),
+                60,
+                "versions 2 and 3 refused",
+            )
             reasons = {r["version"]: r["reason"] for r in st["refused"]}
             assert "shard 0" in reasons[2] and "Corruption" in reasons[2], reasons
             assert "shard-001" in reasons[3] and "differs from the file exported" in reasons[3], reasons
@@ -101,8 +118,11 @@ def test_store_error_while_serving_is_503_and_falls_back(tiny_model, requests_, 
             logged = "\n".join(rec.getMessage() for rec in caplog.records)
             assert "Corruption" in logged and ".sst" in logged  # the detail goes to the log
             assert 'offgraph_store_errors_total{model="ml"} 1.0' in c.get("/metrics").text
-            st = wait_for(lambda: (lambda s: s if s["loaded"] and s["loaded"]["version"] == 1 else None)(
-                _status(c)), 60, "the fallback to version 1")
+            st = wait_for(
+                lambda: (lambda s: s if s["loaded"] and s["loaded"]["version"] == 1 else None)(_status(c)),
+                60,
+                "the fallback to version 1",
+            )
             assert any(x["version"] == 2 and x["reason"].startswith("unhealthy") for x in st["refused"]), st
             assert "unhealthy" in st["last_error"] and str(tmp_path) not in json.dumps(st["refused"])
             r = score(c, {"request": req, "candidates": cands})
@@ -164,9 +184,27 @@ def test_slow_copy_is_retried_and_temp_names_are_ignored(tiny_model, requests_, 
 # -- item 4: admin pins and unloads survive a kill -9; 503 + Retry-After while loading ----------------------
 def _serve(models: Path, port: int, log: Path, *extra: str) -> subprocess.Popen:
     """``offgraph serve`` in its own process group (so that SIGKILL reaches every worker)."""
-    cmd = [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port", str(port),
-           "--admin-token", TOKEN, "--poll-seconds", "0.2", "--cache-mb", "8", "--intra-threads", "1",
-           "--inter-threads", "1", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "offgraph.cli",
+        "serve",
+        "--models",
+        str(models),
+        "--port",
+        str(port),
+        "--admin-token",
+        TOKEN,
+        "--poll-seconds",
+        "0.2",
+        "--cache-mb",
+        "8",
+        "--intra-threads",
+        "1",
+        "--inter-threads",
+        "1",
+        *extra,
+    ]
     with open(log, "a") as out:
         return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 

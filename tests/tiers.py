@@ -7,6 +7,7 @@ SLOW_FIXTURES or refers to a name of SLOW_NAMES. The names are read from the com
 text, so comments and strings do not count; a new test that trains or starts a process is found
 without being marked. Mark by hand what the scan cannot see (work hidden behind a method call, say).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -18,12 +19,23 @@ import pytest
 SLOW_FIXTURES = frozenset({"small_run", "numeric_run", "tiny_model", "requests_"})
 
 # names whose use means training, exporting or another process: a server, an updater, a writer
-SLOW_NAMES = frozenset({
-    "train_run", "export_run", "synth_version",                       # a model is trained / exported / written
-    "subprocess", "Popen", "executable", "StdinWriter", "StoreWriter", "run_then_kill",  # a child Python
-    "multiprocessing", "get_context", "Process",                       # a multiprocessing child
-    "uvicorn",                                                          # a server
-})
+SLOW_NAMES = frozenset(
+    {
+        "train_run",
+        "export_run",
+        "synth_version",  # a model is trained / exported / written
+        "subprocess",
+        "Popen",
+        "executable",
+        "StdinWriter",
+        "StoreWriter",
+        "run_then_kill",  # a child Python
+        "multiprocessing",
+        "get_context",
+        "Process",  # a multiprocessing child
+        "uvicorn",  # a server
+    }
+)
 
 _CALL_DEPTH = 2
 
@@ -49,8 +61,7 @@ def _uses_slow_names(fn, depth: int, seen: set) -> bool:
     if depth == 0:
         return False
     env = getattr(fn, "__globals__", {})
-    return any(isinstance(env.get(n), types.FunctionType) and _uses_slow_names(env[n], depth - 1, seen)
-               for n in names)
+    return any(isinstance(env.get(n), types.FunctionType) and _uses_slow_names(env[n], depth - 1, seen) for n in names)
 
 
 def is_slow(item: pytest.Item) -> bool:

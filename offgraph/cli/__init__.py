@@ -1,4 +1,5 @@
 """`offgraph` command line: each package registers its own subcommands."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,10 +26,14 @@ COMMANDS = [
 
 
 def add_cpus_argument(p: argparse.ArgumentParser, who: str) -> None:
-    p.add_argument("--cpus", default=None, metavar="LIST",
-                   help=f"pin {who} (every thread it starts) to these CPUs, e.g. '0' or '0-3,6' (Linux; default: "
-                        "all). Keeping a server and an updater on separate CPUs stops the kernel from moving the "
-                        "server's threads around when the updater is busy (its p99 then does not rise)")
+    p.add_argument(
+        "--cpus",
+        default=None,
+        metavar="LIST",
+        help=f"pin {who} (every thread it starts) to these CPUs, e.g. '0' or '0-3,6' (Linux; default: "
+        "all). Keeping a server and an updater on separate CPUs stops the kernel from moving the "
+        "server's threads around when the updater is busy (its p99 then does not rise)",
+    )
 
 
 class LazyChoices:
@@ -60,8 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand. Imports each COMMANDS module, which must not import TensorFlow
     (a subcommand imports what it needs when it runs): `offgraph --help` stays fast."""
     parser = argparse.ArgumentParser(prog="offgraph", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="debug logging, and TensorFlow's C++ start-up messages (hidden by default)")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="debug logging, and TensorFlow's C++ start-up messages (hidden by default)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for mod in COMMANDS:
         importlib.import_module(mod).register_cli(sub)
@@ -77,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["OFFGRAPH_VERBOSE"] = "1"  # offgraph.server.workers.VERBOSE_ENV: spawned workers follow
         else:  # read by TensorFlow when it is imported, and by the server's worker processes
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
         try:
             return int(args.func(args) or 0)
         except (ValueError, OSError) as e:  # SpecError, DataError, FeatureValueError are ValueErrors

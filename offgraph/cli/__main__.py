@@ -1,4 +1,5 @@
 """`python -m offgraph.cli`: the same as the `offgraph` command."""
+
 import sys
 
 from offgraph.cli import main

@@ -1,13 +1,15 @@
 """`offgraph export` and `offgraph check`."""
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
+from offgraph.cli import LazyChoices
+
 # `offgraph --help` imports this module: nothing heavy here (the exporter is imported in run_export)
 from offgraph.cli.train import add_table_args, read_table_args
-from offgraph.cli import LazyChoices
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -15,13 +17,25 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", required=True, help="run directory written by `offgraph train`")
     p.add_argument("--out", required=True, help="version directory MODELS/NAME/VERSION")
     p.add_argument("--shards", type=int, default=8)
-    p.add_argument("--quant", choices=LazyChoices("offgraph.store.quant", "CODECS"), metavar="QUANT", default="int8",
-                   help="row format: %(choices)s (default %(default)s)")
-    p.add_argument("--feature-data", help="build the spec's feature tables (MODELS/NAME/features/, shared by the "
-                   "versions) from this file: the latest value per key of its training rows (see --feature-rows)")
-    p.add_argument("--feature-rows", choices=["training", "all"], default="training",
-                   help="rows of --feature-data the tables are built from: the run's training rows (the values "
-                        "known before the held-out cut; default) or all")
+    p.add_argument(
+        "--quant",
+        choices=LazyChoices("offgraph.store.quant", "CODECS"),
+        metavar="QUANT",
+        default="int8",
+        help="row format: %(choices)s (default %(default)s)",
+    )
+    p.add_argument(
+        "--feature-data",
+        help="build the spec's feature tables (MODELS/NAME/features/, shared by the "
+        "versions) from this file: the latest value per key of its training rows (see --feature-rows)",
+    )
+    p.add_argument(
+        "--feature-rows",
+        choices=["training", "all"],
+        default="training",
+        help="rows of --feature-data the tables are built from: the run's training rows (the values "
+        "known before the held-out cut; default) or all",
+    )
     add_table_args(p)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_export)
@@ -32,14 +46,25 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--data", required=True)
     add_table_args(c)
     c.add_argument("--limit", type=int, default=10000, help="rows to score (0: all)")
-    c.add_argument("--rows", choices=["held-out", "all"], default=None,
-                   help="rows to check (default: held-out when --data is the run's training file, else all)")
-    c.add_argument("--max-diff", type=float, default=None,
-                   help="fail above this max |dp| (default: derived from the model's quantization: 1e-5 plus the "
-                        "largest |dp| the codec alone makes on these rows; 1e-5 for fp32)")
-    c.add_argument("--ids-only", action="store_true",
-                   help="also score every request in its ids-only form (the feature tables fill the rest) and "
-                        "compare with the full-feature form: any difference fails the check")
+    c.add_argument(
+        "--rows",
+        choices=["held-out", "all"],
+        default=None,
+        help="rows to check (default: held-out when --data is the run's training file, else all)",
+    )
+    c.add_argument(
+        "--max-diff",
+        type=float,
+        default=None,
+        help="fail above this max |dp| (default: derived from the model's quantization: 1e-5 plus the "
+        "largest |dp| the codec alone makes on these rows; 1e-5 for fp32)",
+    )
+    c.add_argument(
+        "--ids-only",
+        action="store_true",
+        help="also score every request in its ids-only form (the feature tables fill the rest) and "
+        "compare with the full-feature form: any difference fails the check",
+    )
     c.add_argument("--json", help="also write the figures to this file")
     c.set_defaults(func=run_check_cli)
 
@@ -51,41 +76,68 @@ def run_export(args) -> int:
     if args.feature_data:
         args.data = args.feature_data
         feature_data = read_table_args(args)
-    m = export_run(args.run, args.out, shards=args.shards, quant=args.quant, progress=not args.no_progress,
-                   feature_data=feature_data, feature_source=args.feature_data or "<data>",
-                   feature_rows=args.feature_rows)
+    m = export_run(
+        args.run,
+        args.out,
+        shards=args.shards,
+        quant=args.quant,
+        progress=not args.no_progress,
+        feature_data=feature_data,
+        feature_source=args.feature_data or "<data>",
+        feature_rows=args.feature_rows,
+    )
     rows = sum(m["store"]["row_counts"].values())
     secs = m["export_seconds"]["store"]
-    print(f"exported {args.run} -> {args.out}: {len(m['fields'])} tables, {rows:,} rows, {m['store']['quant']} "
-          f"x {m['store']['shards']} shards, {m['store']['bytes_on_disk'] / 2**20:.1f} MiB on disk, "
-          f"store {secs:.1f}s ({rows / max(secs, 1e-9):,.0f} rows/s)")
+    print(
+        f"exported {args.run} -> {args.out}: {len(m['fields'])} tables, {rows:,} rows, {m['store']['quant']} "
+        f"x {m['store']['shards']} shards, {m['store']['bytes_on_disk'] / 2**20:.1f} MiB on disk, "
+        f"store {secs:.1f}s ({rows / max(secs, 1e-9):,.0f} rows/s)"
+    )
     return 0
 
 
 def run_check_cli(args) -> int:
     from offgraph.export.check import run_check
+
     if args.max_diff is not None and not args.max_diff >= 0:
         print(f"offgraph check: error: --max-diff must be a number >= 0, got {args.max_diff}", file=sys.stderr)
         return 2
-    res = run_check(args.model, args.run, read_table_args(args), args.limit, args.rows, source=args.data,
-                    data_path=args.data, ids_only=args.ids_only)
+    res = run_check(
+        args.model,
+        args.run,
+        read_table_args(args),
+        args.limit,
+        args.rows,
+        source=args.data,
+        data_path=args.data,
+        ids_only=args.ids_only,
+    )
     max_diff = args.max_diff if args.max_diff is not None else res["derived_max_diff"]
-    how = "--max-diff" if args.max_diff is not None else (
-        f"derived from {res['quant']}: 1e-5 + the codec's own max |dp| {res['quant_max_abs_dp']:.3g}")
-    print(f"check {res['version']} ({res['quant']}): {res['rows']} {res['row_set']} rows in {res['requests']} requests: "
-          f"max |dp| {res['max_abs_dp']:.3g}, mean |dp| {res['mean_abs_dp']:.3g}; "
-          f"AUC keras {res['auc_keras']:.5f} served {res['auc_served']:.5f} (delta {res['auc_delta']:+.5f})")
+    how = (
+        "--max-diff"
+        if args.max_diff is not None
+        else (f"derived from {res['quant']}: 1e-5 + the codec's own max |dp| {res['quant_max_abs_dp']:.3g}")
+    )
+    print(
+        f"check {res['version']} ({res['quant']}): {res['rows']} {res['row_set']} rows in {res['requests']} requests: "
+        f"max |dp| {res['max_abs_dp']:.3g}, mean |dp| {res['mean_abs_dp']:.3g}; "
+        f"AUC keras {res['auc_keras']:.5f} served {res['auc_served']:.5f} (delta {res['auc_delta']:+.5f})"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
     if args.ids_only:
-        print(f"ids-only vs full features: max |dp| {res['ids_only_max_abs_dp']:.3g} "
-              f"({res['ids_only_unknown_candidates']} candidates with an unknown item key, "
-              f"{res['ids_only_unknown_requests']} requests with an unknown request key); ids-only vs keras: max |dp| "
-              f"{res['ids_only_vs_keras_max_abs_dp']:.3g}")
+        print(
+            f"ids-only vs full features: max |dp| {res['ids_only_max_abs_dp']:.3g} "
+            f"({res['ids_only_unknown_candidates']} candidates with an unknown item key, "
+            f"{res['ids_only_unknown_requests']} requests with an unknown request key); ids-only vs keras: max |dp| "
+            f"{res['ids_only_vs_keras_max_abs_dp']:.3g}"
+        )
         if res["ids_only_max_abs_dp"] > 0:
-            print("FAIL: ids-only requests score differently from the same requests with every feature sent "
-                  "(a key the tables lack, or a stored value that differs from the data's)")
+            print(
+                "FAIL: ids-only requests score differently from the same requests with every feature sent "
+                "(a key the tables lack, or a stored value that differs from the data's)"
+            )
             return 1
     if res["max_abs_dp"] > max_diff:
         print(f"FAIL: max |dp| {res['max_abs_dp']:.3g} > {max_diff:.3g} ({how})")

@@ -1,4 +1,5 @@
 """`offgraph features load`: bulk-load an entity feature table (the spec's `tables`) from a file."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,13 +12,23 @@ from offgraph.cli.train import add_table_args, read_table_args
 def register_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("features", help="entity feature tables the server joins by key (user, item)")
     fsub = p.add_subparsers(dest="features_cmd", required=True)
-    ld = fsub.add_parser("load", help="bulk-load one table from a Parquet / CSV / TSV / JSON-lines file (SST "
-                                      "ingestion; rows of keys already there are replaced)")
-    ld.add_argument("--model", required=True, help="MODELS/NAME: the table goes to MODELS/NAME/features/TABLE, "
-                                                   "shared by the model's versions")
+    ld = fsub.add_parser(
+        "load",
+        help="bulk-load one table from a Parquet / CSV / TSV / JSON-lines file (SST "
+        "ingestion; rows of keys already there are replaced)",
+    )
+    ld.add_argument(
+        "--model",
+        required=True,
+        help="MODELS/NAME: the table goes to MODELS/NAME/features/TABLE, shared by the model's versions",
+    )
     ld.add_argument("--table", required=True, help="table name, as declared under the spec's `tables`")
-    ld.add_argument("--data", required=True, help="one row per key: the key column and every column of the table (a "
-                                                  "file, or a directory of Parquet files only: one dataset)")
+    ld.add_argument(
+        "--data",
+        required=True,
+        help="one row per key: the key column and every column of the table (a "
+        "file, or a directory of Parquet files only: one dataset)",
+    )
     ld.add_argument("--spec", help="the spec declaring the table (default: the newest complete version's)")
     add_table_args(ld)
     ld.add_argument("--no-progress", action="store_true")
@@ -27,11 +38,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def run_load(args) -> int:
     from pathlib import Path
 
-    from offgraph.store.feature_db import FeatureTableError
-    from offgraph.store.feature_load import load_table
-    from offgraph.modeldir.manifest import ModelDirError, complete_versions, load_manifest
     from offgraph.features.spec import SpecError, load_spec, parse_spec
     from offgraph.features.tables import DataError, parquet_files, row_locator
+    from offgraph.modeldir.manifest import ModelDirError, complete_versions, load_manifest
+    from offgraph.store.feature_db import FeatureTableError
+    from offgraph.store.feature_load import load_table
 
     def fail(msg: str) -> int:
         print(f"offgraph features load: error: {msg}", file=sys.stderr)
@@ -56,8 +67,9 @@ def run_load(args) -> int:
             dataset = f" from the Parquet dataset of {len(parquet_files(args.data))} file(s) in {args.data}"
         names = [c.strip() for c in args.columns.split(",")] if args.columns else None
         where = row_locator(args.data, header=False if names else None, names=names, sep=args.sep)
-        res = load_table(model, tables[args.table], spec, data, source=str(args.data),
-                         progress=not args.no_progress, where=where)
+        res = load_table(
+            model, tables[args.table], spec, data, source=str(args.data), progress=not args.no_progress, where=where
+        )
     except (SpecError, ModelDirError, DataError, FeatureTableError, OSError) as e:
         return fail(str(e))
     ign = res["ignored_columns"]  # a file may have 10^5 columns: name a few

@@ -1,4 +1,5 @@
 """`offgraph update`: the streaming updater process (this module registers only `update`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,38 +24,82 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--models", required=True, help="models directory (MODELS/NAME/VERSION)")
     p.add_argument("--model", required=True, help="model name NAME")
     p.add_argument("--source", required=True, help="delta source: spool:DIR or kafka://HOST:PORT/TOPIC")
-    p.add_argument("--dead-letter", help="where refused deltas go: a folder for spool:DIR (default DIR/dead), a "
-                                         "topic for kafka://... (default TOPIC.dead)")
-    p.add_argument("--on-offset-reset", choices=OFFSET_RESET, default="stop",
-                   help="kafka://...: when a partition's offsets go backwards (the broker lost its log, the topic "
-                        "was re-created): stop (rc 2), or rebase (read its new log from the beginning, as a new "
-                        "stream); default %(default)s. See offgraph/streaming/README.md, 'Offset resets'")
-    p.add_argument("--delete-applied", action="store_true",
-                   help="delete applied spool files instead of moving them to DIR/applied/")
-    p.add_argument("--batch-files", type=int, default=_default("batch_files"),
-                   help="delta files per store write (default %(default)s)")
-    p.add_argument("--max-batch-rows", type=int, default=_default("max_batch_rows"),
-                   help="rows per store write at most (default %(default)s)")
-    p.add_argument("--max-batch-delay", type=float, default=_default("max_batch_delay_s"),
-                   help="seconds spent gathering one batch at most before it is written (default %(default)g); "
-                        "a batch is also written as soon as no more files wait")
-    p.add_argument("--wait-timeout", type=float, default=_default("wait_timeout_s"),
-                   help="seconds a file for a not-yet-complete version may wait before it is dead-lettered "
-                        "(default %(default)g)")
-    p.add_argument("--poll-interval", type=float, default=_default("poll_interval_s"),
-                   help="seconds between polls when idle (default %(default)g); with inotify (Linux) a new "
-                        "file is picked up at once and this only bounds the fallback")
+    p.add_argument(
+        "--dead-letter",
+        help="where refused deltas go: a folder for spool:DIR (default DIR/dead), a "
+        "topic for kafka://... (default TOPIC.dead)",
+    )
+    p.add_argument(
+        "--on-offset-reset",
+        choices=OFFSET_RESET,
+        default="stop",
+        help="kafka://...: when a partition's offsets go backwards (the broker lost its log, the topic "
+        "was re-created): stop (rc 2), or rebase (read its new log from the beginning, as a new "
+        "stream); default %(default)s. See offgraph/streaming/README.md, 'Offset resets'",
+    )
+    p.add_argument(
+        "--delete-applied",
+        action="store_true",
+        help="delete applied spool files instead of moving them to DIR/applied/",
+    )
+    p.add_argument(
+        "--batch-files",
+        type=int,
+        default=_default("batch_files"),
+        help="delta files per store write (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-batch-rows",
+        type=int,
+        default=_default("max_batch_rows"),
+        help="rows per store write at most (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-batch-delay",
+        type=float,
+        default=_default("max_batch_delay_s"),
+        help="seconds spent gathering one batch at most before it is written (default %(default)g); "
+        "a batch is also written as soon as no more files wait",
+    )
+    p.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=_default("wait_timeout_s"),
+        help="seconds a file for a not-yet-complete version may wait before it is dead-lettered (default %(default)g)",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=_default("poll_interval_s"),
+        help="seconds between polls when idle (default %(default)g); with inotify (Linux) a new "
+        "file is picked up at once and this only bounds the fallback",
+    )
     p.add_argument("--sync", action="store_true", help="fsync every write batch (survives power loss; WAL only)")
-    p.add_argument("--durability", choices=DURABILITY, default=_default("durability"),
-                   help="flush: no WAL, memtables flushed to SST after every batch (followers pick up files instead "
-                        "of replaying the WAL while holding their GIL); wal: the write-ahead log (default %(default)s)")
-    p.add_argument("--max-deltas-per-s", type=float, default=_default("max_deltas_per_s"),
-                   help="apply at most this many deltas per second (0: unlimited), to leave CPU to serving")
-    p.add_argument("--nice", type=int, default=0,
-                   help="raise the process's nice value by this much (e.g. 10: serving gets the CPU first)")
-    p.add_argument("--idle-priority", action="store_true",
-                   help="run at SCHED_IDLE (Linux): the updater only gets CPU time that nothing else wants, so "
-                        "on a machine shared with a server it never preempts serving")
+    p.add_argument(
+        "--durability",
+        choices=DURABILITY,
+        default=_default("durability"),
+        help="flush: no WAL, memtables flushed to SST after every batch (followers pick up files instead "
+        "of replaying the WAL while holding their GIL); wal: the write-ahead log (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-deltas-per-s",
+        type=float,
+        default=_default("max_deltas_per_s"),
+        help="apply at most this many deltas per second (0: unlimited), to leave CPU to serving",
+    )
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="raise the process's nice value by this much (e.g. 10: serving gets the CPU first)",
+    )
+    p.add_argument(
+        "--idle-priority",
+        action="store_true",
+        help="run at SCHED_IDLE (Linux): the updater only gets CPU time that nothing else wants, so "
+        "on a machine shared with a server it never preempts serving",
+    )
     add_cpus_argument(p, "the updater")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--log-every", type=float, default=5.0, help="seconds between progress log lines")
@@ -69,10 +114,16 @@ def run_update(args) -> int:
     from offgraph.streaming.updater import Updater
 
     watchdog = StopWatchdog()  # first: a SIGTERM from here on ends the process within its grace time
-    config = UpdaterConfig(batch_files=args.batch_files, max_batch_rows=args.max_batch_rows,
-                           max_batch_delay_s=args.max_batch_delay,
-                           wait_timeout_s=args.wait_timeout, poll_interval_s=args.poll_interval, sync=args.sync,
-                           durability=args.durability, max_deltas_per_s=args.max_deltas_per_s)
+    config = UpdaterConfig(
+        batch_files=args.batch_files,
+        max_batch_rows=args.max_batch_rows,
+        max_batch_delay_s=args.max_batch_delay,
+        wait_timeout_s=args.wait_timeout,
+        poll_interval_s=args.poll_interval,
+        sync=args.sync,
+        durability=args.durability,
+        max_deltas_per_s=args.max_deltas_per_s,
+    )
     pin_cpus(args.cpus)  # before the store opens: RocksDB's threads inherit it
     if args.nice:
         if args.nice < 0:

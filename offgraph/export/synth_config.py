@@ -1,4 +1,5 @@
 """SynthConfig: the settings of `offgraph synth` (pydantic only: the CLI imports it)."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,7 @@ class SynthConfig(ConfigModel, frozen=True):
     workers: int | None = option(None, ge=1, flag="--workers")
 
     @model_validator(mode="after")
-    def _enough_rows(self) -> "SynthConfig":
+    def _enough_rows(self) -> SynthConfig:
         from offgraph.export.synth_spec import huge_table_rows
 
         huge_table_rows(self.rows)  # ValueError naming the minimum

@@ -10,6 +10,7 @@ Every raw input is named as its field. The id fields hash their raw value (any i
 ``xxh64(canonical) mod rows``: a bench or a test that wants a row popularity draws raw ids with
 that popularity (hashing scatters distinct raw ids over distinct rows, collisions aside).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,9 +49,11 @@ MLP = (128, 64)
 def huge_table_rows(total_rows: int) -> dict[str, int]:
     """Rows of each huge table for a model of ``total_rows`` rows in all."""
     if total_rows < MIN_TOTAL_ROWS:
-        raise ValueError(f"a synthetic model needs at least {MIN_TOTAL_ROWS:,} rows ({SMALL_ROWS:,} in its "
-                         f"{len(SMALL_TABLES)} small tables, the rest shared by its {len(HUGE_TABLES)} huge ones, "
-                         f"{MIN_HUGE_ROWS} rows at least each), got {total_rows:,}")
+        raise ValueError(
+            f"a synthetic model needs at least {MIN_TOTAL_ROWS:,} rows ({SMALL_ROWS:,} in its "
+            f"{len(SMALL_TABLES)} small tables, the rest shared by its {len(HUGE_TABLES)} huge ones, "
+            f"{MIN_HUGE_ROWS} rows at least each), got {total_rows:,}"
+        )
     left = total_rows - SMALL_ROWS
     out = {name: int(left * share) for name, _, share in HUGE_TABLES[:-1]}
     out[HUGE_TABLES[-1][0]] = left - sum(out.values())

@@ -18,11 +18,12 @@ Hashes (``row = H(canonical) mod rows``); never Python's ``hash()``:
 - ``xxh64``: xxHash64, seed 0 (the default).
 - ``xxh3``: XXH3-64, seed 0.
 """
+
 from __future__ import annotations
 
 import math
 import zlib
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import xxhash

@@ -9,19 +9,21 @@ vectorized store lookup or for padding into a Keras batch.
 Raw feature names are the spec's ``input`` columns; a missing key, None, NaN,
 "" or [] is no value; keys the spec does not read are ignored.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from offgraph.features._hashing import rows_of
 from offgraph.features.numeric import finish, numeric_values, pre_standardize
-from offgraph.features.segment import prepare
 from offgraph.features.ops import DERIVED_OPS, RAW_OPS, FeatureValueError, Values
+from offgraph.features.segment import prepare
 from offgraph.features.spec import LIST_OPS, FeatureSpec, FieldSpec
 from offgraph.features.value_limits import Bound, TooManyValues
 
@@ -35,15 +37,18 @@ class ScopeError(FeatureValueError):
     def __init__(self, key: str, where: str, belongs: str):
         home = "in 'request' (once per request)" if belongs == "request" else "in each of 'candidates'"
         article = "an" if belongs == "item" else "a"
-        super().__init__(f"input '{key}' sent in {where}: the model reads it as {article} {belongs}-scope input, "
-                         f"only {home}; move it there")
+        super().__init__(
+            f"input '{key}' sent in {where}: the model reads it as {article} {belongs}-scope input, "
+            f"only {home}; move it there"
+        )
         self.key, self.where, self.belongs = key, where, belongs
 
 
 @dataclass(frozen=True)
 class RaggedIds:
     """Row ids of one field for n rows: row i owns ``ids[offsets[i]:offsets[i+1]]``."""
-    ids: np.ndarray      # int64 [total]
+
+    ids: np.ndarray  # int64 [total]
     offsets: np.ndarray  # int64 [n + 1]
 
     @property
@@ -55,7 +60,7 @@ class RaggedIds:
         return np.diff(self.offsets)
 
     @staticmethod
-    def concat(parts: Sequence["RaggedIds"]) -> "RaggedIds":
+    def concat(parts: Sequence[RaggedIds]) -> RaggedIds:
         ids = np.concatenate([p.ids for p in parts]) if parts else np.zeros(0, np.int64)
         lengths = np.concatenate([p.lengths for p in parts]) if parts else np.zeros(0, np.int64)
         return RaggedIds(ids, _offsets(lengths))
@@ -81,6 +86,7 @@ class FGBatch:
     numeric fields' values (``offgraph.features.numeric``), in ``spec.numeric`` order.
     ``ignored_keys``: raw keys of the request and candidates that the spec does not read (serving).
     """
+
     n: int
     fields: tuple[RaggedIds, ...]
     broadcast: tuple[bool, ...]
@@ -164,10 +170,16 @@ class FeatureGenerator:
     ``transform_columns`` (training) takes every value.
     """
 
-    def __init__(self, spec: FeatureSpec, item_cache_size: int = 0, cross_memo_size: int = 50_000,
-                 max_request_values: int | None = None):
-        if max_request_values is not None and (isinstance(max_request_values, bool)
-                                               or not isinstance(max_request_values, int) or max_request_values < 1):
+    def __init__(
+        self,
+        spec: FeatureSpec,
+        item_cache_size: int = 0,
+        cross_memo_size: int = 50_000,
+        max_request_values: int | None = None,
+    ):
+        if max_request_values is not None and (
+            isinstance(max_request_values, bool) or not isinstance(max_request_values, int) or max_request_values < 1
+        ):
             raise ValueError(f"max_request_values must be an integer >= 1 or None, got {max_request_values!r}")
         self.max_request_values = max_request_values
         self.spec = spec
@@ -246,10 +258,10 @@ class FeatureGenerator:
         serving)."""
         if not state or state["spec"] != self.spec.fingerprint() or self._cache_size <= 0:
             return 0
-        keys, entries = state["keys"][-self._cache_size:], state["entries"][-self._cache_size:]
+        keys, entries = state["keys"][-self._cache_size :], state["entries"][-self._cache_size :]
         cache: OrderedDict = OrderedDict()
         for s in range(0, len(keys), ADOPT_CHUNK):
-            cache.update(zip(keys[s:s + ADOPT_CHUNK], entries[s:s + ADOPT_CHUNK]))
+            cache.update(zip(keys[s : s + ADOPT_CHUNK], entries[s : s + ADOPT_CHUNK]))
             if pace is not None:
                 pace()
         self._cache = cache
@@ -280,8 +292,14 @@ class FeatureGenerator:
         return n
 
     # -- values ---------------------------------------------------------------------------
-    def _values(self, fields: Sequence[FieldSpec], columns: Mapping[str, Sequence[Any]], n: int,
-                known: dict[str, Values], bound: Bound | None = None) -> dict[str, Values]:
+    def _values(
+        self,
+        fields: Sequence[FieldSpec],
+        columns: Mapping[str, Sequence[Any]],
+        n: int,
+        known: dict[str, Values],
+        bound: Bound | None = None,
+    ) -> dict[str, Values]:
         """Values of ``fields`` (in order) from raw ``columns``; derived ops read ``known``.
         With ``bound`` (serving), each id / tokenize field is checked against its limits before and
         after its op (for an early refusal: ``transform`` counts every field's values exactly)."""
@@ -414,8 +432,15 @@ class FeatureGenerator:
                 ignored += len(extra.intersection(c))
         return ignored
 
-    def _cross_field(self, c: int, f: FieldSpec, req_vals: dict[str, Values], entries: list, vids: np.ndarray,
-                     groups: dict[str, tuple[np.ndarray, list[list[str]]]]) -> RaggedIds:
+    def _cross_field(
+        self,
+        c: int,
+        f: FieldSpec,
+        req_vals: dict[str, Values],
+        entries: list,
+        vids: np.ndarray,
+        groups: dict[str, tuple[np.ndarray, list[list[str]]]],
+    ) -> RaggedIds:
         """Cross field ``f`` for all candidates: one computation per distinct group of
         the value sets it depends on, through the memo; ``groups[f.name]`` gets
         (group of each candidate, values of each group) for crosses built on ``f``."""
@@ -464,7 +489,7 @@ class FeatureGenerator:
                 self._cross_memo_len[c] = 1
             for m, g in enumerate(missing):
                 # flat (the values, then the ids): untracked by the first collection that sees it
-                results[g] = (*vals[m], rag.ids[rag.offsets[m]:rag.offsets[m + 1]])
+                results[g] = (*vals[m], rag.ids[rag.offsets[m] : rag.offsets[m + 1]])
                 memo[gkeys[g]] = results[g]
             self._cross_memo_len[c] += len(missing) if self._memo_size > 0 else 0
         groups[f.name] = (inv, [r[:-1] for r in results])
@@ -536,7 +561,7 @@ class FeatureGenerator:
                         self._vid_next += 1
                     meta[r, Fi + j] = v
                     values[j] = tuple(vals)
-            ids = np.concatenate([rg.ids[rg.offsets[r]:rg.offsets[r + 1]] for rg in rags])
+            ids = np.concatenate([rg.ids[rg.offsets[r] : rg.offsets[r + 1]] for rg in rags])
             # An entry is a tuple of objects the cyclic GC does not track (arrays, bytes, a shared tuple
             # of Nones): the collector untracks it the first time it sees it, and no collection walks
             # the cached items again. A fresh tuple inside it would keep it tracked one collection

@@ -2,9 +2,8 @@
 
 See ``hashing_impl`` for the canonical-string rules and the hash functions.
 """
-from __future__ import annotations
 
-import numpy as np
+from __future__ import annotations
 
 from offgraph.features._hashing import HASHES, canonical, hash_strings, rows_of
 

@@ -18,9 +18,11 @@ Where they go: the Keras DeepFM and the dense SavedModel take them as ``dense`` 
 concatenated to the MLP's input (``offgraph.model.head``). They are not embedding fields: no table,
 no row in the store (spec.numeric, not spec.fields).
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,8 +41,11 @@ def pre_standardize(f, column: Sequence[Any]) -> np.ndarray:
         elif step == "log1p":
             bad = np.flatnonzero(x <= -1)  # NaN compares False: no value stays no value
             if len(bad):
-                raise FeatureValueError.in_row(f.name, int(bad[0]), f"log1p needs a value > -1, got {x[bad[0]]!r} "
-                                               "(clip it first: transform: [clip, log1p])")
+                raise FeatureValueError.in_row(
+                    f.name,
+                    int(bad[0]),
+                    f"log1p needs a value > -1, got {x[bad[0]]!r} (clip it first: transform: [clip, log1p])",
+                )
             x = np.log1p(x)
     return x
 
@@ -50,8 +55,10 @@ def finish(f, x: np.ndarray) -> np.ndarray:
     if "standardize" in f.params.get("transform", []):
         stats = f.params.get("stats")
         if stats is None:
-            raise ValueError(f"field '{f.name}': standardize has no statistics (stats: {{mean, std}}); "
-                             "training computes them, a spec for serving must carry them")
+            raise ValueError(
+                f"field '{f.name}': standardize has no statistics (stats: {{mean, std}}); "
+                "training computes them, a spec for serving must carry them"
+            )
         x = (x - stats["mean"]) / stats["std"]
     return np.where(np.isnan(x), f.params.get("missing", 0.0), x).astype(np.float32)
 

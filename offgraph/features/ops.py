@@ -5,11 +5,13 @@ of the field's values as canonical strings (``hashing_impl.canonical``). An
 empty list is *no value*: the field then contributes a zero vector and a zero
 first-order weight. None, NaN, "" and [] are no value everywhere.
 """
+
 from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,21 +29,21 @@ class FeatureValueError(ValueError):
     error with the request's own terms (``request``, ``candidates[17]``) through ``at``.
     """
 
-    def __init__(self, message: str, *, field: str | None = None, row: int | None = None,
-                 problem: str | None = None):
+    def __init__(self, message: str, *, field: str | None = None, row: int | None = None, problem: str | None = None):
         super().__init__(message)
         self.field, self.row, self.problem = field, row, problem
 
     @classmethod
-    def in_row(cls, field: str, row: int, problem: str) -> "FeatureValueError":
+    def in_row(cls, field: str, row: int, problem: str) -> FeatureValueError:
         return cls(f"field '{field}', row {row}: {problem}", field=field, row=row, problem=problem)
 
-    def at(self, where: str) -> "FeatureValueError":
+    def at(self, where: str) -> FeatureValueError:
         """The same error located at ``where`` instead of the op's row number."""
         if self.field is None or self.problem is None:
             return self
-        return FeatureValueError(f"field '{self.field}', {where}: {self.problem}", field=self.field, row=self.row,
-                                 problem=self.problem)
+        return FeatureValueError(
+            f"field '{self.field}', {where}: {self.problem}", field=self.field, row=self.row, problem=self.problem
+        )
 
 
 def _is_multi(v) -> bool:
@@ -186,8 +188,9 @@ def op_cross(field: str, parts: Sequence[Values], params: dict) -> Values:
 
 def op_match_count(field: str, parts: Sequence[Values], params: dict) -> Values:
     a, b = parts
-    counts = np.fromiter((len(set(x).intersection(y)) if x and y else 0 for x, y in zip(a, b)),
-                         dtype=np.float64, count=len(a))
+    counts = np.fromiter(
+        (len(set(x).intersection(y)) if x and y else 0 for x, y in zip(a, b)), dtype=np.float64, count=len(a)
+    )
     if "boundaries" in params:
         counts = bucket_index(counts, params["boundaries"]).astype(np.float64)
     return [[str(int(c))] for c in counts.tolist()]

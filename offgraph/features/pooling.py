@@ -3,6 +3,7 @@
 mean: sum of the rows' vectors / number of values; sum: the plain sum; a row
 with no value pools to zeros (vector and first-order weight).
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -12,11 +12,12 @@
   model was trained with is recorded (``segmenter_record``) in the run and the manifest, and a
   scorer with another version refuses the model (``check_segmenters``).
 """
+
 from __future__ import annotations
 
 import re
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 SEGMENTERS = ("whitespace", "cjk", "jieba")
 
@@ -74,8 +75,7 @@ def _whitespace(text: str, sep: str | None) -> list[str]:
     return [x for x in text.split(sep) if x]
 
 
-_IMPL: dict[str, Callable[[str, str | None], list[str]]] = {
-    "whitespace": _whitespace, "cjk": _cjk, "jieba": _jieba}
+_IMPL: dict[str, Callable[[str, str | None], list[str]]] = {"whitespace": _whitespace, "cjk": _cjk, "jieba": _jieba}
 
 
 def segment_fn(name: str) -> Callable[[str, str | None], list[str]]:
@@ -97,8 +97,9 @@ def segmenter_record(name: str) -> dict:
 
 def segmenters_of(spec) -> dict[str, dict]:
     """``{field: segmenter_record}`` for every tokenize field of a spec (the running library's versions)."""
-    return {f.name: segmenter_record(f.params.get("segmenter", "whitespace"))
-            for f in spec.fields if f.op == "tokenize"}
+    return {
+        f.name: segmenter_record(f.params.get("segmenter", "whitespace")) for f in spec.fields if f.op == "tokenize"
+    }
 
 
 def check_segmenters(spec, recorded: dict | None, where: str) -> None:
@@ -115,6 +116,8 @@ def check_segmenters(spec, recorded: dict | None, where: str) -> None:
         except ValueError as e:
             raise ValueError(f"{where}: field '{f.name}': {e}; the model was trained with {want}") from None
         if want != have:
-            raise ValueError(f"{where}: field '{f.name}' was segmented by {want} at training, this process has "
-                             f"{have}: its terms (and so its rows) could differ; install the recorded version "
-                             "or retrain")
+            raise ValueError(
+                f"{where}: field '{f.name}' was segmented by {want} at training, this process has "
+                f"{have}: its terms (and so its rows) could differ; install the recorded version "
+                "or retrain"
+            )

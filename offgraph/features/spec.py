@@ -5,6 +5,7 @@ request-group / time / split-key / item-key columns, and the fields. Every
 problem is reported as a ``SpecError`` (a ``ValueError``) naming the field and
 what is wrong with it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -46,8 +47,17 @@ _OP_PARAMS: dict[str, set[str]] = {
 _COMMON = {"name", "scope", "op", "input", "inputs", "rows", "pooling"}
 _TOP = {"model", "label", "group", "time", "split_key", "item_key", "fields", "tables"}
 _MODEL_KEYS = {
-    "embedding_dim", "hash", "mlp", "pooling", "dropout", "l2_embedding", "l2_dense",
-    "cross_separator", "cross_max_values", "max_values", "calibration",
+    "embedding_dim",
+    "hash",
+    "mlp",
+    "pooling",
+    "dropout",
+    "l2_embedding",
+    "l2_dense",
+    "cross_separator",
+    "cross_max_values",
+    "max_values",
+    "calibration",
 }
 LIST_OPS = ("id", "tokenize")
 """Raw ops whose row may hold many values (a list, a split string, text): they take ``max_values``,
@@ -62,8 +72,9 @@ class SpecError(ValueError):
 @dataclass(frozen=True)
 class Calibration:
     """The steps after the model's sigmoid, in order (``offgraph.scoring.calibration.calibrate``)."""
+
     negative_rate: float = 1.0  # kept negative rate r of down-sampling: p' = p / (p + (1-p)/r)
-    scale: float = 1.0          # then p'' = min(1, scale * p'^power)
+    scale: float = 1.0  # then p'' = min(1, scale * p'^power)
     power: float = 1.0
     # first of all, Platt scaling: p = sigmoid(logit_scale * logit(p) + logit_shift); fitted on the validation
     # rows by training with a listwise loss (offgraph.model.platt), whose raw scores are not probabilities
@@ -110,7 +121,7 @@ class FieldSpec:
 class FeatureSpec:
     model: ModelConfig
     label: str
-    fields: tuple[FieldSpec, ...]      # embedding fields: one table each, table id = index here
+    fields: tuple[FieldSpec, ...]  # embedding fields: one table each, table id = index here
     group: str | None = None
     time: str | None = None
     split_key: str | None = None
@@ -120,14 +131,14 @@ class FeatureSpec:
     numeric: tuple[FieldSpec, ...] = ()  # numeric fields, in spec order: column j of the dense [N, k] input
     tables: tuple[TableSpec, ...] = ()  # entity tables the server fills raw inputs from (offgraph.features.table_spec)
 
-    def with_calibration(self, **values: float) -> "FeatureSpec":
+    def with_calibration(self, **values: float) -> FeatureSpec:
         """The spec with these ``model.calibration`` keys set (training's fitted Platt scaling)."""
         raw = copy.deepcopy(self.raw)
         model = raw.setdefault("model", {})
         model["calibration"] = {**(model.get("calibration") or {}), **{k: float(v) for k, v in values.items()}}
         return parse_spec(raw)
 
-    def with_stats(self, stats: dict[str, dict]) -> "FeatureSpec":
+    def with_stats(self, stats: dict[str, dict]) -> FeatureSpec:
         """The spec with ``stats: {mean, std}`` set on the named numeric fields (training's statistics)."""
         raw = copy.deepcopy(self.raw)
         for fr in raw["fields"]:
@@ -208,8 +219,9 @@ def parse_spec(raw: Any, source: str = "<spec>") -> FeatureSpec:
         fail("'fields' needs at least one embedding field (numeric fields alone have no tables)")
     tables = parse_tables(raw.get("tables"), fields + numeric, fail)
     normalized = copy.deepcopy(raw)  # a spec without 'tables' keeps its raw dict, hence its fingerprint
-    return FeatureSpec(model=model, label=label, fields=tuple(fields), raw=normalized, numeric=tuple(numeric),
-                       tables=tables, **opt)
+    return FeatureSpec(
+        model=model, label=label, fields=tuple(fields), raw=normalized, numeric=tuple(numeric), tables=tables, **opt
+    )
 
 
 def _num(v) -> bool:
@@ -267,10 +279,24 @@ def _parse_model(m: Any, fail) -> ModelConfig:
             fail(f"model.calibration.{k} must be a finite number > 0")
     if not _num(c.get("logit_shift", 0.0)) or not math.isfinite(c.get("logit_shift", 0.0)):
         fail("model.calibration.logit_shift must be a finite number")
-    calib = Calibration(float(r), float(c.get("scale", 1.0)), float(c.get("power", 1.0)),
-                        float(c.get("logit_scale", 1.0)), float(c.get("logit_shift", 0.0)))
-    return ModelConfig(dim, h, tuple(mlp), pooling, cross_separator=sep, cross_max_values=cap,
-                       max_values=max_values, calibration=calib, **floats)
+    calib = Calibration(
+        float(r),
+        float(c.get("scale", 1.0)),
+        float(c.get("power", 1.0)),
+        float(c.get("logit_scale", 1.0)),
+        float(c.get("logit_shift", 0.0)),
+    )
+    return ModelConfig(
+        dim,
+        h,
+        tuple(mlp),
+        pooling,
+        cross_separator=sep,
+        cross_max_values=cap,
+        max_values=max_values,
+        calibration=calib,
+        **floats,
+    )
 
 
 def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec], fail) -> FieldSpec:
@@ -309,8 +335,10 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
         if not isinstance(inp, str) or not inp:
             fail(f"{where}: missing 'input' (the raw column op '{op}' reads)")
         if scope == "cross":
-            fail(f"{where}: a raw-column op reads either the request or the candidate: scope must be "
-                 "'request' or 'item' ('cross' is for cross/match_count fields)")
+            fail(
+                f"{where}: a raw-column op reads either the request or the candidate: scope must be "
+                "'request' or 'item' ('cross' is for cross/match_count fields)"
+            )
         inputs_t: tuple[str, ...] = ()
     else:
         if inp is not None:
@@ -323,11 +351,15 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
             if x == name:
                 fail(f"{where}: cannot use itself as an input")
             if x not in known:
-                fail(f"{where}: input '{x}' is not a field defined above it (a cross or match_count "
-                     "combines fields declared earlier in 'fields')")
+                fail(
+                    f"{where}: input '{x}' is not a field defined above it (a cross or match_count "
+                    "combines fields declared earlier in 'fields')"
+                )
             if known[x].op in NUMERIC_OPS:
-                fail(f"{where}: input '{x}' is a numeric field (a float, no values to combine): cross a "
-                     "bucketize or log_bucket field of the same column instead")
+                fail(
+                    f"{where}: input '{x}' is a numeric field (a float, no values to combine): cross a "
+                    "bucketize or log_bucket field of the same column instead"
+                )
         parts = {known[x].scope for x in inputs}
         derived = "cross" if ("cross" in parts or parts == {"request", "item"}) else parts.pop()
         if scope != derived:
@@ -367,8 +399,9 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
             fail(f"{where}: segmenter must be one of {list(SEGMENTERS)}, got {seg!r}")
         if seg != "whitespace" and "separator" in params:
             fail(f"{where}: 'separator' is for the whitespace segmenter; segmenter '{seg}' finds its own terms")
-    return FieldSpec(name=name, scope=scope, op=op, rows=rows, pooling=pooling,
-                     input=inp, inputs=inputs_t, params=params)
+    return FieldSpec(
+        name=name, scope=scope, op=op, rows=rows, pooling=pooling, input=inp, inputs=inputs_t, params=params
+    )
 
 
 def _parse_numeric(fr: dict, name: str, scope: str, fail) -> FieldSpec:
@@ -387,7 +420,9 @@ def _parse_numeric(fr: dict, name: str, scope: str, fail) -> FieldSpec:
     if isinstance(steps, str):
         steps = [steps]
     if not isinstance(steps, list) or any(t not in TRANSFORMS for t in steps) or len(set(steps)) != len(steps):
-        fail(f"{where}: transform must be a list of distinct steps among {list(TRANSFORMS)}, got {fr.get('transform')!r}")
+        fail(
+            f"{where}: transform must be a list of distinct steps among {list(TRANSFORMS)}, got {fr.get('transform')!r}"
+        )
     if "standardize" in steps and steps[-1] != "standardize":
         fail(f"{where}: standardize must be the last step (its statistics are of the values before it)")
     params["transform"] = list(steps)
@@ -402,8 +437,13 @@ def _parse_numeric(fr: dict, name: str, scope: str, fail) -> FieldSpec:
         st = fr["stats"]
         if "standardize" not in steps:
             fail(f"{where}: 'stats' are for the standardize step")
-        if (not isinstance(st, dict) or set(st) != {"mean", "std"} or not all(_num(v) for v in st.values())
-                or not st["std"] > 0 or st["mean"] != st["mean"]):
+        if (
+            not isinstance(st, dict)
+            or set(st) != {"mean", "std"}
+            or not all(_num(v) for v in st.values())
+            or not st["std"] > 0
+            or st["mean"] != st["mean"]
+        ):
             fail(f"{where}: stats must be {{mean: number, std: number > 0}}, got {st!r}")
         params["stats"] = {"mean": float(st["mean"]), "std": float(st["std"])}
     missing = fr.get("missing", 0.0)

@@ -22,11 +22,13 @@ optional keys of a table (``item: {key: movie_id, columns: [...], max_value_byte
 value's size is the UTF-8 bytes of its text, summed over a list's entries, and 8 bytes per
 number or boolean; a row's is the sum over its columns (``offgraph/store/feature_load.py``).
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 """A table's name is also its directory name under MODELS/NAME/features/."""
@@ -41,9 +43,9 @@ _KEYS = {"key", "columns", "max_value_bytes", "max_row_bytes"}
 @dataclass(frozen=True)
 class TableSpec:
     name: str
-    key: str                   # the raw input the rows are keyed by
-    scope: str                 # "request" or "item": the scope of the key and of every column
-    columns: tuple[str, ...]   # raw inputs the table fills
+    key: str  # the raw input the rows are keyed by
+    scope: str  # "request" or "item": the scope of the key and of every column
+    columns: tuple[str, ...]  # raw inputs the table fills
     max_value_bytes: int = MAX_VALUE_BYTES  # write-time bounds (module docstring): not part of the stored layout
     max_row_bytes: int = MAX_ROW_BYTES
 
@@ -69,8 +71,10 @@ def parse_tables(raw: Any, fields: Sequence, fail: Callable[[str], None]) -> tup
             fail(f"table {name!r}: a table name is lowercase letters, digits and '_' (it names a directory)")
         where = f"table '{name}'"
         if not isinstance(t, dict) or set(t) - _KEYS:
-            fail(f"{where}: must be a mapping with 'key', 'columns' and optionally 'max_value_bytes', "
-                 f"'max_row_bytes', got {t!r}")
+            fail(
+                f"{where}: must be a mapping with 'key', 'columns' and optionally 'max_value_bytes', "
+                f"'max_row_bytes', got {t!r}"
+            )
         bounds = {}
         for b in ("max_value_bytes", "max_row_bytes"):
             if b in t:
@@ -83,8 +87,10 @@ def parse_tables(raw: Any, fields: Sequence, fail: Callable[[str], None]) -> tup
             fail(f"{where}: 'key' must name the raw input the rows are keyed by")
         scopes = scope_of.get(key)
         if not scopes:
-            fail(f"{where}: key '{key}' is not a raw input of any field (a key is sent by the caller and must "
-                 "be an 'input' the model reads, e.g. the item id field's)")
+            fail(
+                f"{where}: key '{key}' is not a raw input of any field (a key is sent by the caller and must "
+                "be an 'input' the model reads, e.g. the item id field's)"
+            )
         scope = sorted(scopes)[0]
         if not isinstance(cols, list) or not cols or not all(isinstance(c, str) and c for c in cols):
             fail(f"{where}: 'columns' must be a non-empty list of raw input names")
@@ -97,14 +103,18 @@ def parse_tables(raw: Any, fields: Sequence, fail: Callable[[str], None]) -> tup
             if not cs:
                 fail(f"{where}: column '{c}' is not a raw input of any field (the model would never read it)")
             if scope not in cs:
-                fail(f"{where}: column '{c}' is a {sorted(cs)[0]}-scope input but the key '{key}' is "
-                     f"{scope}-scope: a table fills inputs of its key's scope only")
+                fail(
+                    f"{where}: column '{c}' is a {sorted(cs)[0]}-scope input but the key '{key}' is "
+                    f"{scope}-scope: a table fills inputs of its key's scope only"
+                )
             if c in owner:
                 fail(f"{where}: column '{c}' is already filled by table '{owner[c]}'")
             owner[c] = name
         tables.append(TableSpec(name=name, key=key, scope=scope, columns=tuple(cols), **bounds))
     for t in tables:
         if t.key in owner:
-            fail(f"table '{t.name}': its key '{t.key}' is a column of table '{owner[t.key]}' (no chained "
-                 "lookups: the caller sends every key)")
+            fail(
+                f"table '{t.name}': its key '{t.key}' is a column of table '{owner[t.key]}' (no chained "
+                "lookups: the caller sends every key)"
+            )
     return tuple(tables)

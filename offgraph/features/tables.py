@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import csv
 import io
-from collections import Counter
 import json
 import os
 import re
-from typing import Mapping, Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,10 +42,15 @@ FORMATS = ("parquet", "csv", "tsv", "json")
 
 _COMPRESSION_SUFFIXES = {".gz", ".gzip", ".bz2", ".brotli", ".br", ".zst", ".zstd", ".lz4", ".snappy"}
 _EXT_FORMAT = {
-    ".parquet": "parquet", ".pq": "parquet", ".parq": "parquet",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".parq": "parquet",
     ".csv": "csv",
-    ".tsv": "tsv", ".tab": "tsv",
-    ".json": "json", ".jsonl": "json", ".ndjson": "json",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
 }
 
 # Lossless conversions of text fields (see the module docstring).
@@ -102,8 +107,10 @@ def read_table(
     """
     p = os.fspath(path)
     if not os.path.exists(p):
-        raise DataError(f"{p}: no such file" + ("" if os.path.isdir(os.path.dirname(p) or ".")
-                                                  else f" (nor directory {os.path.dirname(p)})"))
+        raise DataError(
+            f"{p}: no such file"
+            + ("" if os.path.isdir(os.path.dirname(p) or ".") else f" (nor directory {os.path.dirname(p)})")
+        )
     fmt = (fmt or detect_format(p)).lower()
     if fmt in ("jsonl", "ndjson"):
         fmt = "json"
@@ -150,8 +157,10 @@ def parquet_files(p: str) -> list[str]:
                 pass
             (found if fmt == "parquet" else other).append(path)
     if other:
-        raise DataError(f"{p}: a directory is read as one Parquet dataset, but it holds {other[0]!r}, which is not "
-                        "a Parquet file (.parquet, .pq, .parq); pass one file, or a directory of Parquet files only")
+        raise DataError(
+            f"{p}: a directory is read as one Parquet dataset, but it holds {other[0]!r}, which is not "
+            "a Parquet file (.parquet, .pq, .parq); pass one file, or a directory of Parquet files only"
+        )
     if not found:
         raise DataError(f"{p}: a directory is read as one Parquet dataset, but it holds no Parquet file; pass a file")
     return found
@@ -185,8 +194,9 @@ def _read_csv(p, columns, header, names, sep) -> pa.Table:
 
     def read_options(use_threads=True):
         if names is not None:
-            return pcsv.ReadOptions(column_names=names, skip_rows=1 if header else 0, use_threads=use_threads,
-                                    block_size=block)
+            return pcsv.ReadOptions(
+                column_names=names, skip_rows=1 if header else 0, use_threads=use_threads, block_size=block
+            )
         if header:
             return pcsv.ReadOptions(use_threads=use_threads, block_size=block)
         return pcsv.ReadOptions(autogenerate_column_names=True, use_threads=use_threads, block_size=block)
@@ -208,8 +218,10 @@ def _read_csv(p, columns, header, names, sep) -> pa.Table:
                     block = CSV_BLOCK_SIZES[CSV_BLOCK_SIZES.index(block) + 1]
                     continue
                 if long_lines(e):
-                    raise DataError(f"{p}: {line} is longer than {MAX_CSV_LINE >> 20} MiB, more than a CSV line may "
-                                    "be (is it a CSV file, with line breaks?)") from e
+                    raise DataError(
+                        f"{p}: {line} is longer than {MAX_CSV_LINE >> 20} MiB, more than a CSV line may "
+                        "be (is it a CSV file, with line breaks?)"
+                    ) from e
                 if os.path.getsize(p) == 0:
                     raise DataError(f"{p}: the file is empty (no header line, no rows)") from e
                 raise _csv_error(p, e, read_options, parse, file_names) from e
@@ -225,8 +237,10 @@ def _read_csv(p, columns, header, names, sep) -> pa.Table:
     file_names = with_blocks(header_names, "line 1")
     dup = sorted(c for c, k in Counter(file_names).items() if k > 1)  # one pass: a header may have 10^5 names
     if dup:
-        raise DataError(f"{p}: column name(s) {dup} appear more than once in the header line; a file without "
-                        "a header line needs its column names given (names=..., `--columns` on the command line)")
+        raise DataError(
+            f"{p}: column name(s) {dup} appear more than once in the header line; a file without "
+            "a header line needs its column names given (names=..., `--columns` on the command line)"
+        )
     if columns is not None:
         _check_columns(p, file_names, columns)
 
@@ -237,8 +251,11 @@ def _read_csv(p, columns, header, names, sep) -> pa.Table:
         quoted_strings_can_be_null=True,
         include_columns=list(columns) if columns is not None else None,
     )
-    table = with_blocks(lambda: pcsv.read_csv(p, read_options=read_options(), parse_options=parse,
-                                              convert_options=convert), "a line", file_names)
+    table = with_blocks(
+        lambda: pcsv.read_csv(p, read_options=read_options(), parse_options=parse, convert_options=convert),
+        "a line",
+        file_names,
+    )
     return pa.table({n: _infer_column(table.column(n)) for n in table.column_names})
 
 
@@ -295,8 +312,13 @@ def _record_line(p, sep, record: int) -> int:
     return record  # fall back to the record number
 
 
-def row_locator(path: str | os.PathLike, fmt: str | None = None, header: bool | None = None,
-                names: Sequence[str] | None = None, sep: str | None = None):
+def row_locator(
+    path: str | os.PathLike,
+    fmt: str | None = None,
+    header: bool | None = None,
+    names: Sequence[str] | None = None,
+    sep: str | None = None,
+):
     """``where(i) -> str``: data row i (0-based) of a file that ``read_table`` read with these arguments, as
     its reader finds it: ``line L`` of a CSV / TSV / JSON-lines file (blank lines and line breaks inside
     quoted fields counted, as in the file), ``row i+1`` of a Parquet file or dataset. The lines are

@@ -20,10 +20,12 @@ than stopping at the first: a feature table's writers refuse such rows before th
 (``offgraph/store/feature_load.py``), and the server's join scores a stored row that slipped past
 them as unknown (``offgraph/scoring/feature_join.py``).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,9 +39,11 @@ class TooManyValues(FeatureValueError):
     """A request with more feature values than the generator's ``max_request_values``."""
 
     def __init__(self, limit: int, counted: int):
-        super().__init__(f"the request holds more than {limit} feature values (counted {counted} so far; request "
-                         f"fields count once, item and cross fields once per candidate): max_request_values is "
-                         f"{limit}; send fewer candidates or shorter lists")
+        super().__init__(
+            f"the request holds more than {limit} feature values (counted {counted} so far; request "
+            f"fields count once, item and cross fields once per candidate): max_request_values is "
+            f"{limit}; send fewer candidates or shorter lists"
+        )
         self.limit, self.counted = limit, counted
 
 
@@ -89,8 +93,9 @@ class Bound:
         if top > cap:
             r = lens.index(top)
             problem = too_many_values(f, top)
-            raise FeatureValueError(f"field '{f.name}', {self.where(r)}: {problem}", field=f.name, row=r,
-                                    problem=problem)
+            raise FeatureValueError(
+                f"field '{f.name}', {self.where(r)}: {problem}", field=f.name, row=r, problem=problem
+            )
         total = sum(lens)
         if spend:
             self.spend(total)
@@ -120,12 +125,12 @@ class BadValue:
 def fields_reading(spec: FeatureSpec, columns) -> list[FieldSpec]:
     """The fields whose raw input is one of ``columns`` (table fields of raw ops, and numeric fields)."""
     cols = set(columns)
-    return [f for f in (*spec.fields, *spec.numeric)
-            if f.input in cols and (f.op in RAW_OPS or f in spec.numeric)]
+    return [f for f in (*spec.fields, *spec.numeric) if f.input in cols and (f.op in RAW_OPS or f in spec.numeric)]
 
 
-def value_errors(spec: FeatureSpec, columns: Mapping[str, Sequence[Any]], n: int,
-                 limit: int | None = None) -> list[BadValue]:
+def value_errors(
+    spec: FeatureSpec, columns: Mapping[str, Sequence[Any]], n: int, limit: int | None = None
+) -> list[BadValue]:
     """Every row of the raw ``columns`` (n rows each; a column not given is not checked) that the
     serving FG (``FeatureGenerator.transform``) would refuse, with FG's own rules: each field reading
     a column runs its op on the column (types, numbers that are finite, log1p's domain) and ``id`` /

@@ -5,6 +5,7 @@ For one candidate with pooled embeddings v_f in R^D and first-order weights w_f:
   fm    = 0.5 * sum_d [ (sum_f v_fd)^2 - sum_f v_fd^2 ]   (= sum of pairwise dot products)
   logit = b + first + fm + MLP(concat_f v_f)
 """
+
 from __future__ import annotations
 
 from keras import ops

@@ -1,4 +1,5 @@
 """Training losses: pointwise sigmoid cross-entropy and listwise softmax cross-entropy per request."""
+
 from __future__ import annotations
 
 import tensorflow as tf

@@ -1,4 +1,5 @@
 """Held-out metrics in NumPy: AUC (ties averaged), logloss, NDCG@k per request group."""
+
 from __future__ import annotations
 
 import numpy as np

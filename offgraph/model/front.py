@@ -6,13 +6,14 @@ Inputs per field ``f``: ``ids_f`` [N, L_f] int and ``mask_f`` [N, L_f] float
 [N, F] -- the dense head's inputs. The exporter reads the tables by name:
 ``emb_<field>`` and ``w_<field>``.
 """
+
 from __future__ import annotations
 
 import keras
 from keras import layers, ops
 
-from offgraph.model import _head as head_impl
 from offgraph.features.spec import FeatureSpec
+from offgraph.model import _head as head_impl
 
 
 def table_names(field_name: str) -> tuple[str, str]:
@@ -25,10 +26,13 @@ class EmbeddingFront(keras.Model):
         self.spec = spec
         d = spec.model.embedding_dim
         init = keras.initializers.RandomNormal(stddev=init_scale)
-        self.emb_tables = [layers.Embedding(f.rows, d, embeddings_initializer=init,
-                                            name=table_names(f.name)[0]) for f in spec.fields]
-        self.w_tables = [layers.Embedding(f.rows, 1, embeddings_initializer="zeros",
-                                          name=table_names(f.name)[1]) for f in spec.fields]
+        self.emb_tables = [
+            layers.Embedding(f.rows, d, embeddings_initializer=init, name=table_names(f.name)[0]) for f in spec.fields
+        ]
+        self.w_tables = [
+            layers.Embedding(f.rows, 1, embeddings_initializer="zeros", name=table_names(f.name)[1])
+            for f in spec.fields
+        ]
         self.poolings = [f.pooling for f in spec.fields]
 
     def build(self, input_shape=None):
@@ -41,8 +45,8 @@ class EmbeddingFront(keras.Model):
         embs, firsts, sq = [], [], 0.0
         for i, (et, wt, mode) in enumerate(zip(self.emb_tables, self.w_tables, self.poolings)):
             ids, mask = inputs[f"ids_{i}"], inputs[f"mask_{i}"]
-            v = et(ids)                                   # [N, L, D]
-            w = wt(ids)                                   # [N, L, 1]
+            v = et(ids)  # [N, L, D]
+            w = wt(ids)  # [N, L, 1]
             embs.append(head_impl.masked_pool(v, mask, mode))
             firsts.append(ops.squeeze(head_impl.masked_pool(w, mask, mode), -1))
             sq = sq + ops.sum(ops.sum(v * v, axis=-1) * mask) + ops.sum(ops.squeeze(w * w, -1) * mask)

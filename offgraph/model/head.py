@@ -12,6 +12,7 @@ value (and flips its sign for the half of a standardized column below the mean),
 need a 1-row "table" in the store per field; the dense input needs no store change and is
 the [N, k] signature input of the reference design.
 """
+
 from __future__ import annotations
 
 import keras
@@ -21,20 +22,28 @@ from offgraph.model import _head as head_impl
 
 
 class DeepFMHead(keras.Model):
-    def __init__(self, num_fields: int, dim: int, mlp: tuple[int, ...], dropout: float = 0.0,
-                 l2_dense: float = 0.0, num_dense: int = 0, **kwargs):
+    def __init__(
+        self,
+        num_fields: int,
+        dim: int,
+        mlp: tuple[int, ...],
+        dropout: float = 0.0,
+        l2_dense: float = 0.0,
+        num_dense: int = 0,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.num_fields, self.dim, self.num_dense = num_fields, dim, num_dense
         reg = keras.regularizers.L2(l2_dense) if l2_dense > 0 else None
         self.flatten = layers.Reshape((num_fields * dim,))
-        self.hidden = [layers.Dense(u, activation="relu", kernel_regularizer=reg, name=f"mlp_{i}")
-                       for i, u in enumerate(mlp)]
+        self.hidden = [
+            layers.Dense(u, activation="relu", kernel_regularizer=reg, name=f"mlp_{i}") for i, u in enumerate(mlp)
+        ]
         self.drop = [layers.Dropout(dropout) for _ in mlp] if dropout > 0 else []
         self.out_unit = layers.Dense(1, kernel_regularizer=reg, name="mlp_out")
         self.bias = self.add_weight(name="bias", shape=(), initializer="zeros")
         # only with numeric fields: a model without them keeps its weights file's layout
-        self.dense_w = (self.add_weight(name="dense_w", shape=(num_dense,), initializer="zeros")
-                        if num_dense else None)
+        self.dense_w = self.add_weight(name="dense_w", shape=(num_dense,), initializer="zeros") if num_dense else None
 
     def build(self, input_shape=None):
         # Build sublayers eagerly so weights exist before the first call.

@@ -3,6 +3,7 @@
 Hashing and FG happen here through ``features`` (never in TF ops), so the ids
 a model trains on are exactly the ids the server computes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ class Encoded:
     """Model inputs for n rows: ``x`` maps ids_<i>/mask_<i> (and ``dense`` [n, k] with numeric fields) to
     arrays; labels etc. aligned. ``numeric_pre`` [n, k]: the numeric values before standardize (NaN: no
     value), kept until training has fitted the statistics (``finish_dense``)."""
+
     x: dict[str, np.ndarray]
     labels: np.ndarray
     groups: np.ndarray | None
@@ -33,16 +35,23 @@ class Encoded:
     def n(self) -> int:
         return len(self.labels)
 
-    def take(self, idx: np.ndarray) -> "Encoded":
+    def take(self, idx: np.ndarray) -> Encoded:
         pick = lambda a: None if a is None else a[idx]  # noqa: E731
-        return Encoded({k: v[idx] for k, v in self.x.items()}, self.labels[idx],
-                       pick(self.groups), pick(self.time), pick(self.key), pick(self.numeric_pre))
+        return Encoded(
+            {k: v[idx] for k, v in self.x.items()},
+            self.labels[idx],
+            pick(self.groups),
+            pick(self.time),
+            pick(self.key),
+            pick(self.numeric_pre),
+        )
 
 
 def _column(table: pa.Table, name: str, what: str, source: str) -> list:
     if name not in table.column_names:
-        raise ValueError(f"data {source}: the spec's {what} column '{name}' is not in the table "
-                         f"(columns: {table.column_names})")
+        raise ValueError(
+            f"data {source}: the spec's {what} column '{name}' is not in the table (columns: {table.column_names})"
+        )
     return table.column(name).to_pylist()
 
 
@@ -54,8 +63,10 @@ def encode_table(spec: FeatureSpec, table: pa.Table, source: str = "<table>") ->
     cols = {c: table.column(c).to_pylist() for c in table.column_names if c in wanted}
     missing = sorted(wanted - set(cols))
     if missing:
-        raise ValueError(f"data {source}: input column(s) {missing} used by the spec are not in the table "
-                         f"(columns: {table.column_names})")
+        raise ValueError(
+            f"data {source}: input column(s) {missing} used by the spec are not in the table "
+            f"(columns: {table.column_names})"
+        )
     try:
         batch = fg.transform_columns(cols, n, dense=False)
         pre = fg.numeric_columns(cols, n, finished=False) if spec.numeric else None
@@ -71,8 +82,10 @@ def encode_table(spec: FeatureSpec, table: pa.Table, source: str = "<table>") ->
     labels = np.asarray([np.nan if v is None else v for v in raw_labels], dtype=np.float64)
     bad = np.flatnonzero(~np.isin(labels, (0.0, 1.0)))
     if len(bad):
-        raise ValueError(f"data {source}: row {bad[0]}: label '{spec.label}' must be 0 or 1, "
-                         f"got {raw_labels[bad[0]]!r} ({len(bad)} bad rows)")
+        raise ValueError(
+            f"data {source}: row {bad[0]}: label '{spec.label}' must be 0 or 1, "
+            f"got {raw_labels[bad[0]]!r} ({len(bad)} bad rows)"
+        )
     groups = np.asarray(_column(table, spec.group, "group", source)) if spec.group else None
     time = np.asarray(_column(table, spec.time, "time", source), dtype=np.float64) if spec.time else None
     key = np.asarray(_column(table, spec.split_key, "split_key", source)) if spec.split_key else None
@@ -89,8 +102,11 @@ def needs_stats(spec: FeatureSpec) -> bool:
 
 def fit_numeric_stats(spec: FeatureSpec, fit_rows: Encoded) -> FeatureSpec:
     """The spec with the standardize statistics of ``fit_rows`` (training rows only) filled in."""
-    stats = {f.name: fit_stats(fit_rows.numeric_pre[:, j], f.name) for j, f in enumerate(spec.numeric)
-             if "standardize" in f.params["transform"] and "stats" not in f.params}
+    stats = {
+        f.name: fit_stats(fit_rows.numeric_pre[:, j], f.name)
+        for j, f in enumerate(spec.numeric)
+        if "standardize" in f.params["transform"] and "stats" not in f.params
+    }
     return spec.with_stats(stats) if stats else spec
 
 

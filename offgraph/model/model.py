@@ -3,17 +3,19 @@
 The full model shares the head's layers, so the exporter saves ``model.head``
 unchanged and reads the tables out of ``model.front``.
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import keras
+import numpy as np
 from keras import ops
 
+from offgraph.features.spec import FeatureSpec, load_spec
 from offgraph.model.front import EmbeddingFront
 from offgraph.model.head import DeepFMHead
-from offgraph.features.spec import FeatureSpec, load_spec
 
 WEIGHTS_FILE = "model.weights.h5"
 SPEC_FILE = "spec.yaml"
@@ -27,8 +29,9 @@ class DeepFM(keras.Model):
         m = spec.model
         self.spec = spec
         self.front = EmbeddingFront(spec, name="front")
-        self.head = DeepFMHead(len(spec.fields), m.embedding_dim, m.mlp, m.dropout, m.l2_dense,
-                               num_dense=len(spec.numeric), name="head")
+        self.head = DeepFMHead(
+            len(spec.fields), m.embedding_dim, m.mlp, m.dropout, m.l2_dense, num_dense=len(spec.numeric), name="head"
+        )
         self.front.build()
         self.head.build()
         self.built = True
@@ -44,7 +47,7 @@ class DeepFM(keras.Model):
         return self.head(head_in, training=training), sq
 
 
-def predict_proba(model: DeepFM, x: dict, batch_size: int = 8192) -> "np.ndarray":
+def predict_proba(model: DeepFM, x: dict, batch_size: int = 8192) -> np.ndarray:
     """Sigmoid outputs of the full Keras model on padded inputs ``x`` (ids_<i>/mask_<i>, and ``dense``
     with numeric fields)."""
     import numpy as np
@@ -56,7 +59,7 @@ def predict_proba(model: DeepFM, x: dict, batch_size: int = 8192) -> "np.ndarray
         fn = tf.function(lambda xb: ops.sigmoid(model.logit_and_l2(xb, training=False)[0]), input_signature=[sig])
         model._offgraph_predict = fn
     n = len(next(iter(x.values())))
-    out = [fn({k: v[s:s + batch_size] for k, v in x.items()}).numpy() for s in range(0, n, batch_size)]
+    out = [fn({k: v[s : s + batch_size] for k, v in x.items()}).numpy() for s in range(0, n, batch_size)]
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 

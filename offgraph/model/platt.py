@@ -8,6 +8,7 @@ was not fitted to (``model.calibration.logit_scale`` / ``logit_shift``, applied 
 Platt's smoothed targets (Lin, Lin & Weng 2007, "A note on Platt's probabilistic outputs"): finite
 even on rows the scores separate.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ def fit_platt(p: np.ndarray, labels: np.ndarray) -> PlattFit | None:
     a, b = 0.0, float(np.log((n_pos + 1.0) / (n_neg + 1.0)))  # start: the prior, flat in z
     loss = _nll(z, t, a, b)
     it = 0
-    for it in range(1, MAX_ITERATIONS + 1):
+    for it in range(1, MAX_ITERATIONS + 1):  # noqa: B007 (read after the loop)
         q = 0.5 * (1.0 + np.tanh(0.5 * (a * z + b)))  # sigmoid
         d1 = q - t
         w = q * (1.0 - q) + 1e-12  # the Hessian's weights, kept positive definite

@@ -1,7 +1,8 @@
 """Train/held-out splits by string key: random, global chronological, per-key chronological."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -16,7 +17,7 @@ def split_time(n: int, frac: float, time: np.ndarray | None, **_) -> np.ndarray:
         raise ValueError("split 'time' needs the spec's 'time' column")
     order = np.argsort(time, kind="stable")
     test = np.zeros(n, dtype=bool)
-    test[order[int(np.floor(n * (1 - frac))):]] = True
+    test[order[int(np.floor(n * (1 - frac))) :]] = True
     return test
 
 

@@ -1,4 +1,5 @@
 """Training loop for DeepFM on a raw table: split, FG, tf.data, Adam/Adagrad, held-out metrics."""
+
 from __future__ import annotations
 
 import json
@@ -11,16 +12,15 @@ import tensorflow as tf
 import yaml
 from tqdm import tqdm
 
+from offgraph.features.segment import segmenters_of
+from offgraph.features.spec import FeatureSpec
 from offgraph.model import _losses as losses_impl
 from offgraph.model import _metrics as metrics_impl
 from offgraph.model.inputs import Encoded, encode_table, finish_dense, fit_numeric_stats, needs_stats
-from offgraph.model.model import (CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_FILE, DeepFM, build_deepfm,
-                               predict_proba)
+from offgraph.model.model import CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_FILE, DeepFM, build_deepfm, predict_proba
 from offgraph.model.platt import fit_platt
 from offgraph.model.splits import held_out_mask
 from offgraph.model.train_config import LOSSES, OPTIMIZERS, SCHEDULES, TrainConfig  # noqa: F401 (re-exported)
-from offgraph.features.segment import segmenters_of
-from offgraph.features.spec import FeatureSpec
 from offgraph.scoring.calibration import platt, score_kind
 
 # the Keras object behind each name of train_config.OPTIMIZERS / SCHEDULES
@@ -41,7 +41,7 @@ def _batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator, listwise
     if not listwise:
         order = rng.permutation(n)
         for s in range(0, n, cfg.batch_size):
-            idx = order[s:s + cfg.batch_size]
+            idx = order[s : s + cfg.batch_size]
             yield {k: v[idx] for k, v in data.x.items()}, data.labels[idx], np.zeros(len(idx), np.int32)
         return
     _, gid = np.unique(data.groups, return_inverse=True)
@@ -52,7 +52,7 @@ def _batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator, listwise
     chunk: list[np.ndarray] = []
     size = 0
     for g in perm:
-        chunk.append(by_group[starts[g]:ends[g]])
+        chunk.append(by_group[starts[g] : ends[g]])
         size += ends[g] - starts[g]
         if size >= cfg.batch_size:
             yield _group_batch(data, chunk)
@@ -109,8 +109,12 @@ class Trainer:
 
     def evaluate(self, data: Encoded) -> dict:
         p = self.predict(data)
-        res = {"auc": metrics_impl.auc(data.labels, p), "logloss": metrics_impl.logloss(data.labels, p),
-               "rows": int(data.n), "positive_rate": float(data.labels.mean())}
+        res = {
+            "auc": metrics_impl.auc(data.labels, p),
+            "logloss": metrics_impl.logloss(data.labels, p),
+            "rows": int(data.n),
+            "positive_rate": float(data.labels.mean()),
+        }
         if data.groups is not None:
             res["ndcg@10"] = metrics_impl.ndcg_at_k(data.labels, p, data.groups, 10)
         return res
@@ -130,12 +134,14 @@ class Trainer:
         best_auc, best_epoch, best_weights, stopped = -np.inf, 0, None, None
         t0 = time.perf_counter()
         for epoch in range(1, cfg.epochs + 1):
-            ds = tf.data.Dataset.from_generator(lambda: _batches(train, cfg, rng, listwise),
-                                                output_signature=sig).prefetch(4)
+            ds = tf.data.Dataset.from_generator(
+                lambda: _batches(train, cfg, rng, listwise), output_signature=sig
+            ).prefetch(4)
             steps = int(np.ceil(train.n / cfg.batch_size))
             # leave=False: the bar goes when the epoch ends, so each epoch stays on screen as one line (the print)
-            bar = tqdm(ds, total=steps, desc=f"{label} {epoch}/{cfg.epochs}", disable=not progress, unit="step",
-                       leave=False)
+            bar = tqdm(
+                ds, total=steps, desc=f"{label} {epoch}/{cfg.epochs}", disable=not progress, unit="step", leave=False
+            )
             losses = []
             for xb, yb, seg in bar:
                 losses.append(float(self._step(xb, yb, seg)))
@@ -147,9 +153,12 @@ class Trainer:
             ev["seconds"] = time.perf_counter() - t0
             history.append(ev)
             v = ev.get("validation")
-            print(f"{label} {epoch}: train loss {ev['train_loss']:.4f}"
-                  + (f"  validation AUC {v['auc']:.4f}  logloss {v['logloss']:.4f}" if v else "")
-                  + f"  ({ev['seconds']:.1f}s)", flush=True)
+            print(
+                f"{label} {epoch}: train loss {ev['train_loss']:.4f}"
+                + (f"  validation AUC {v['auc']:.4f}  logloss {v['logloss']:.4f}" if v else "")
+                + f"  ({ev['seconds']:.1f}s)",
+                flush=True,
+            )
             if v is None:
                 continue
             score = v["auc"] if np.isfinite(v["auc"]) else -np.inf  # undefined with one class: never better
@@ -164,12 +173,21 @@ class Trainer:
             self.model.set_weights(best_weights)
         early = None
         if validation is not None:
-            early = {"best_epoch": best_epoch, "best_validation_auc": float(best_auc) if np.isfinite(best_auc) else None, "epochs_run": len(history),
-                     "stopped_early_at": stopped, "restored_best_weights": restored, "patience": cfg.patience,
-                     "validation_rows": int(validation.n)}
+            early = {
+                "best_epoch": best_epoch,
+                "best_validation_auc": float(best_auc) if np.isfinite(best_auc) else None,
+                "epochs_run": len(history),
+                "stopped_early_at": stopped,
+                "restored_best_weights": restored,
+                "patience": cfg.patience,
+                "validation_rows": int(validation.n),
+            }
             # worded without "epoch N": each epoch is one line of the output
-            print(f"best validation AUC {best_auc:.4f} after {best_epoch} of {len(history)} epochs"
-                  + ("; those weights restored" if restored else ""), flush=True)
+            print(
+                f"best validation AUC {best_auc:.4f} after {best_epoch} of {len(history)} epochs"
+                + ("; those weights restored" if restored else ""),
+                flush=True,
+            )
         return {"history": history, "train_seconds": time.perf_counter() - t0, "early_stopping": early}
 
 
@@ -187,8 +205,14 @@ def carve_validation(train: Encoded, cfg: TrainConfig) -> tuple[Encoded, Encoded
     return train.take(np.flatnonzero(~val)), train.take(np.flatnonzero(val))
 
 
-def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | None,
-              source: str = "<table>", progress: bool = True) -> tuple[DeepFM, dict]:
+def train_run(
+    spec: FeatureSpec,
+    table,
+    cfg: TrainConfig,
+    out_dir: str | Path | None,
+    source: str = "<table>",
+    progress: bool = True,
+) -> tuple[DeepFM, dict]:
     """Encode, split, train, evaluate; write RUN (weights, spec, config, metrics) when out_dir is given."""
     t0 = time.perf_counter()
     cfg.validate(spec)
@@ -201,9 +225,12 @@ def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | 
             if part is not None:
                 finish_dense(spec, part)
     fg_seconds = time.perf_counter() - t0
-    print(f"data {source}: {data.n} rows -> {fit_rows.n} train / "
-          + (f"{validation.n} validation / " if validation is not None else "")
-          + f"{held.n} held-out ({cfg.split} split); FG {fg_seconds:.1f}s", flush=True)
+    print(
+        f"data {source}: {data.n} rows -> {fit_rows.n} train / "
+        + (f"{validation.n} validation / " if validation is not None else "")
+        + f"{held.n} held-out ({cfg.split} split); FG {fg_seconds:.1f}s",
+        flush=True,
+    )
     trainer = Trainer(spec, cfg)
     fit = trainer.fit(fit_rows, validation, progress)
     early = fit["early_stopping"]
@@ -218,10 +245,14 @@ def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | 
         fit["train_seconds"] += refit["train_seconds"]
         fit_rows = train
     final = trainer.evaluate(held)  # once, with the weights kept
-    print(f"held-out AUC {final['auc']:.4f}  logloss {final['logloss']:.4f}"
-          + (f"  NDCG@10 {final['ndcg@10']:.4f}" if "ndcg@10" in final else ""), flush=True)
-    spec, calibration = fit_calibration(spec, cfg, trainer, validation, held,
-                                        trained_on_validation=early is not None and cfg.refit)
+    print(
+        f"held-out AUC {final['auc']:.4f}  logloss {final['logloss']:.4f}"
+        + (f"  NDCG@10 {final['ndcg@10']:.4f}" if "ndcg@10" in final else ""),
+        flush=True,
+    )
+    spec, calibration = fit_calibration(
+        spec, cfg, trainer, validation, held, trained_on_validation=early is not None and cfg.refit
+    )
     metrics = {
         "held_out": {k: final[k] for k in ("auc", "logloss", "ndcg@10", "rows", "positive_rate") if k in final},
         "history": fit["history"],
@@ -245,8 +276,14 @@ def train_run(spec: FeatureSpec, table, cfg: TrainConfig, out_dir: str | Path | 
     return trainer.model, metrics
 
 
-def fit_calibration(spec: FeatureSpec, cfg: TrainConfig, trainer: Trainer, validation: Encoded | None,
-                    held: Encoded, trained_on_validation: bool) -> tuple[FeatureSpec, dict | None]:
+def fit_calibration(
+    spec: FeatureSpec,
+    cfg: TrainConfig,
+    trainer: Trainer,
+    validation: Encoded | None,
+    held: Encoded,
+    trained_on_validation: bool,
+) -> tuple[FeatureSpec, dict | None]:
     """A listwise model's Platt scaling (``offgraph.model.platt``), fitted on the validation rows with the weights
     kept: (the spec with ``model.calibration.logit_scale`` / ``logit_shift`` set, the run's record of the fit:
     a, b, and the mean score and logloss before and after it on the validation and held-out rows; the held-out
@@ -256,37 +293,53 @@ def fit_calibration(spec: FeatureSpec, cfg: TrainConfig, trainer: Trainer, valid
         return spec, None
     fit = fit_platt(trainer.predict(validation), validation.labels) if validation is not None else None
     if fit is None:
-        why = ("no validation rows (--validation 0)" if validation is None
-               else "the validation rows hold one class, or the scores rank them backwards")
-        print(f"loss {cfg.loss}: no calibration fitted ({why}): the scores are ranking scores, not CTRs",
-              flush=True)
+        why = (
+            "no validation rows (--validation 0)"
+            if validation is None
+            else "the validation rows hold one class, or the scores rank them backwards"
+        )
+        print(f"loss {cfg.loss}: no calibration fitted ({why}): the scores are ranking scores, not CTRs", flush=True)
         return spec, {"method": None, "reason": why}
-    rec: dict = {"method": "platt", "logit_scale": fit.logit_scale, "logit_shift": fit.logit_shift,
-                 "fitted_on": "validation", "rows": int(validation.n), "iterations": fit.iterations,
-                 # with the refit, the kept weights were trained on the validation rows too
-                 "trained_on_fit_rows": bool(trained_on_validation)}
+    rec: dict = {
+        "method": "platt",
+        "logit_scale": fit.logit_scale,
+        "logit_shift": fit.logit_shift,
+        "fitted_on": "validation",
+        "rows": int(validation.n),
+        "iterations": fit.iterations,
+        # with the refit, the kept weights were trained on the validation rows too
+        "trained_on_fit_rows": bool(trained_on_validation),
+    }
     for name, part in (("validation", validation), ("held_out", held)):
         p = trainer.predict(part)
         q = platt(p, fit.logit_scale, fit.logit_shift)
-        rec[name] = {"rows": int(part.n), "positive_rate": float(part.labels.mean()) if part.n else None,
-                     "mean_score": float(p.mean()) if part.n else None,
-                     "mean_score_calibrated": float(q.mean()) if part.n else None,
-                     "logloss": metrics_impl.logloss(part.labels, p),
-                     "logloss_calibrated": metrics_impl.logloss(part.labels, q)}
+        rec[name] = {
+            "rows": int(part.n),
+            "positive_rate": float(part.labels.mean()) if part.n else None,
+            "mean_score": float(p.mean()) if part.n else None,
+            "mean_score_calibrated": float(q.mean()) if part.n else None,
+            "logloss": metrics_impl.logloss(part.labels, p),
+            "logloss_calibrated": metrics_impl.logloss(part.labels, q),
+        }
     h = rec["held_out"]
-    print(f"calibration (Platt, {validation.n} validation rows): logit' = {fit.logit_scale:.4f} logit "
-          f"{fit.logit_shift:+.4f}; held-out mean score {h['mean_score']:.4f} -> {h['mean_score_calibrated']:.4f} "
-          f"(positive rate {h['positive_rate']:.4f}), logloss {h['logloss']:.4f} -> {h['logloss_calibrated']:.4f}",
-          flush=True)
+    print(
+        f"calibration (Platt, {validation.n} validation rows): logit' = {fit.logit_scale:.4f} logit "
+        f"{fit.logit_shift:+.4f}; held-out mean score {h['mean_score']:.4f} -> {h['mean_score_calibrated']:.4f} "
+        f"(positive rate {h['positive_rate']:.4f}), logloss {h['logloss']:.4f} -> {h['logloss_calibrated']:.4f}",
+        flush=True,
+    )
     return spec.with_calibration(logit_scale=fit.logit_scale, logit_shift=fit.logit_shift), rec
 
 
 def spec_record(spec: FeatureSpec) -> dict:
     """What a run records that its spec implies, and the exporter checks: the FG version, the segmenter (and
     library version) of each tokenize field, the fitted numeric stats and each field's table rows."""
-    return {"fg_version": spec.fg_version, "segmenters": segmenters_of(spec),
-            "numeric_stats": {f.name: f.params["stats"] for f in spec.numeric if "stats" in f.params},
-            "table_rows": {f.name: f.rows for f in spec.fields}}
+    return {
+        "fg_version": spec.fg_version,
+        "segmenters": segmenters_of(spec),
+        "numeric_stats": {f.name: f.params["stats"] for f in spec.numeric if "stats" in f.params},
+        "table_rows": {f.name: f.rows for f in spec.fields},
+    }
 
 
 def write_run(out_dir: str | Path, model: DeepFM, spec: FeatureSpec, cfg: TrainConfig, metrics: dict) -> Path:

@@ -1,6 +1,7 @@
 """Training settings (`TrainConfig`) and the names they may take. Imports nothing heavy (pydantic), so
 that the command line can offer them, and take its defaults from them, without loading TensorFlow
 (`offgraph.model.train` maps the names to Keras objects)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal

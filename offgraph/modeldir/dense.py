@@ -1,4 +1,5 @@
 """Load the dense head's SavedModel (written by ``offgraph.export.dense_saved_model``) for the request path."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -3,6 +3,7 @@
 A version directory is complete only when its manifest is in place; the
 exporter writes everything else first and the manifest last by atomic rename.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,8 +25,10 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9](\.?[A-Za-z0-9_-])*\.?$"
 """THE model name rule, also published as the OpenAPI pattern (``offgraph.server.deps``): letters, digits, '.', '_' and
 '-', starting with a letter or digit, no '..'; so no whitespace, control character or path separator."""
 MODEL_NAME_MAX = 128
-MODEL_NAME_RULE = (f"1 to {MODEL_NAME_MAX} letters, digits, '.', '_' and '-', starting with a letter or digit, "
-                   "without '..' (no whitespace or control characters)")
+MODEL_NAME_RULE = (
+    f"1 to {MODEL_NAME_MAX} letters, digits, '.', '_' and '-', starting with a letter or digit, "
+    "without '..' (no whitespace or control characters)"
+)
 _NAME_RE = re.compile(MODEL_NAME_PATTERN)
 
 
@@ -166,18 +169,24 @@ def verify_store_files(version_dir: Path, manifest: dict[str, Any]) -> int:
         if kind == "append-only":
             hashed = int(rec.get("hashed_bytes", want))
             if size < hashed:
-                raise ModelDirError(f"{version_dir}: {STORE_DIR}/{rel} is {size} bytes, shorter than the {hashed} "
-                                    "bytes it had at export: truncated")
+                raise ModelDirError(
+                    f"{version_dir}: {STORE_DIR}/{rel} is {size} bytes, shorter than the {hashed} "
+                    "bytes it had at export: truncated"
+                )
             got = _fingerprint(p, kind, size, hashed)
         else:
             if size != want:
-                raise ModelDirError(f"{version_dir}: {STORE_DIR}/{rel} is {size} bytes, {want} at export: "
-                                    "truncated, overwritten or incompletely copied")
+                raise ModelDirError(
+                    f"{version_dir}: {STORE_DIR}/{rel} is {size} bytes, {want} at export: "
+                    "truncated, overwritten or incompletely copied"
+                )
             got = _fingerprint(p, "immutable", size)
         if got != rec.get("sha256"):
-            raise ModelDirError(f"{version_dir}: {STORE_DIR}/{rel} differs from the file exported (sha256 of "
-                                f"{'its first bytes' if kind == 'append-only' else 'its head and tail'}): "
-                                "corrupt or replaced")
+            raise ModelDirError(
+                f"{version_dir}: {STORE_DIR}/{rel} differs from the file exported (sha256 of "
+                f"{'its first bytes' if kind == 'append-only' else 'its head and tail'}): "
+                "corrupt or replaced"
+            )
         compared += 1
     return compared
 
@@ -201,16 +210,19 @@ def write_manifest(version_dir: Path, manifest: dict[str, Any]) -> Path:
     return version_dir / MANIFEST
 
 
-def load_manifest(version_dir: str | Path, verify_dense: bool = True,
-                  verify_store: bool | None = None) -> dict[str, Any]:
+def load_manifest(
+    version_dir: str | Path, verify_dense: bool = True, verify_store: bool | None = None
+) -> dict[str, Any]:
     """Read and check a version's manifest; ModelDirError says what is wrong. ``verify_dense``: compare
     dense/ with its checksums; ``verify_store`` (default: as ``verify_dense``): compare the store's
     files with their export-time records (``verify_store_files``)."""
     version_dir = Path(version_dir)
     path = version_dir / MANIFEST
     if not path.is_file():
-        raise ModelDirError(f"{version_dir}: no {MANIFEST}: the version is incomplete (an export in progress "
-                            "or interrupted), not loadable")
+        raise ModelDirError(
+            f"{version_dir}: no {MANIFEST}: the version is incomplete (an export in progress "
+            "or interrupted), not loadable"
+        )
     try:
         m = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -220,8 +232,10 @@ def load_manifest(version_dir: str | Path, verify_dense: bool = True,
     if m.get("format_version") != FORMAT_VERSION:
         raise ModelDirError(f"{path}: format_version {m.get('format_version')!r}, this offgraph reads {FORMAT_VERSION}")
     if m.get("fg_version") != FG_VERSION:
-        raise ModelDirError(f"{path}: FG version {m.get('fg_version')!r} differs from this offgraph's {FG_VERSION!r}: "
-                            "its rows would be looked up with different hashing")
+        raise ModelDirError(
+            f"{path}: FG version {m.get('fg_version')!r} differs from this offgraph's {FG_VERSION!r}: "
+            "its rows would be looked up with different hashing"
+        )
     for key in ("spec", "fields", "embedding_dim", "store", "checksums"):
         if key not in m:
             raise ModelDirError(f"{path}: manifest lacks '{key}'")
@@ -233,8 +247,9 @@ def load_manifest(version_dir: str | Path, verify_dense: bool = True,
         want = m["checksums"].get("dense", {})
         if got != want:
             changed = sorted(set(got.items()) ^ set(want.items()))
-            raise ModelDirError(f"{version_dir}: dense model checksum mismatch ({changed[0][0]} and "
-                                f"{len(changed) - 1} more differ)")
+            raise ModelDirError(
+                f"{version_dir}: dense model checksum mismatch ({changed[0][0]} and {len(changed) - 1} more differ)"
+            )
     store = version_dir / STORE_DIR
     for s in range(int(m["store"]["shards"])):
         if not (store / f"shard-{s:03d}").is_dir():
@@ -244,9 +259,15 @@ def load_manifest(version_dir: str | Path, verify_dense: bool = True,
     return m
 
 
-def open_version_store(version_dir: str | Path, manifest: dict[str, Any], mode: str, *,
-                       block_cache_mb: int | None = None, statistics: bool = False,
-                       direct_reads: bool | None = None):
+def open_version_store(
+    version_dir: str | Path,
+    manifest: dict[str, Any],
+    mode: str,
+    *,
+    block_cache_mb: int | None = None,
+    statistics: bool = False,
+    direct_reads: bool | None = None,
+):
     """The store of a model version, opened with the store settings its manifest records
     (``mode``: ``"r"``, ``"w"`` or ``"follow"``; ``block_cache_mb`` overrides the recorded
     block cache). The manifest's record also holds figures (row counts, bytes on disk) that

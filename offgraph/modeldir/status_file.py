@@ -1,6 +1,7 @@
 """The updater's status beside its model: ``MODELS/NAME/updater-status.json``, rewritten (atomically)
 whenever its backlog figures are refreshed, so that the server's ``GET /v1/models/{name}``
 shows the backlog and, for Kafka, the consumer lag per partition. Plain JSON, no heavy imports."""
+
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@
 No per-value Python loop: keys of all fields are concatenated, de-duplicated
 once, looked up once, scattered back and pooled per field with NumPy.
 """
+
 from __future__ import annotations
 
 import time
@@ -10,18 +11,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from offgraph.store.keys import combine_keys, split_keys
 from offgraph.features.fg import FGBatch
+from offgraph.store.keys import combine_keys, split_keys
 
 
 @dataclass(frozen=True)
 class Keys:
     """All (table, row) lookups of a batch: ``unique_*`` to read, ``inverse`` to scatter back."""
+
     unique_tables: np.ndarray  # uint32 [U]
-    unique_rows: np.ndarray    # int64 [U]
-    inverse: np.ndarray        # int64 [K]: position in unique of each looked-up value
-    unique_keys: np.ndarray    # uint64 [U]: combined keys (offgraph.store.keys.combine_keys), ascending
-    field_bounds: np.ndarray   # int64 [F + 1]: field f owns lookups field_bounds[f]:field_bounds[f+1]
+    unique_rows: np.ndarray  # int64 [U]
+    inverse: np.ndarray  # int64 [K]: position in unique of each looked-up value
+    unique_keys: np.ndarray  # uint64 [U]: combined keys (offgraph.store.keys.combine_keys), ascending
+    field_bounds: np.ndarray  # int64 [F + 1]: field f owns lookups field_bounds[f]:field_bounds[f+1]
 
 
 def batch_keys(batch: FGBatch) -> Keys:
@@ -35,8 +37,9 @@ def batch_keys(batch: FGBatch) -> Keys:
     return Keys(ut, ur, inverse.astype(np.int64), uniq, bounds)
 
 
-def pool_batch(batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.ndarray, poolings: list[str],
-               dim: int) -> tuple[np.ndarray, np.ndarray]:
+def pool_batch(
+    batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.ndarray, poolings: list[str], dim: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Unique rows' vectors [U, D] / weights [U] -> emb [N, F, D], first_order [N, F].
 
     All fields at once, vectors and weights together as [U, D+1]. The lookups are in
@@ -77,7 +80,7 @@ def pool_batch(batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.
         longer = np.searchsorted(-sl, -np.arange(int(sl[0]) if len(sl) else 0), side="left")  # #segments > j
         sums = np.zeros((len(lengths), dim + 1), dtype=np.float32)
         if len(longer):
-            sums[:longer[0]] = x[st[:longer[0]]]
+            sums[: longer[0]] = x[st[: longer[0]]]
         for j in range(1, len(longer)):
             c = longer[j]
             sums[:c] += x[st[:c] + j]
@@ -91,8 +94,16 @@ def pool_batch(batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.
     return np.ascontiguousarray(pooled[..., :dim]), np.ascontiguousarray(pooled[..., dim])
 
 
-def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray, feed=None, keys=None,
-                       parallel: bool = True, timing: dict | None = None):
+def read_through_cache(
+    cache,
+    store,
+    tables: np.ndarray,
+    rows: np.ndarray,
+    feed=None,
+    keys=None,
+    parallel: bool = True,
+    timing: dict | None = None,
+):
     """Rows ``(tables, rows)`` (unique): the write feed's fresh rows first (``feed``: the follower, if
     any; ``keys``: their combined keys, computed when not given), then the row
     cache, then a store read of the misses, inserted into the cache with the epoch
@@ -121,8 +132,9 @@ def read_through_cache(cache, store, tables: np.ndarray, rows: np.ndarray, feed=
     return vec, w, hits, read, n_found
 
 
-def _timed_read(store, tables: np.ndarray, rows: np.ndarray, parallel: bool, timing: dict | None,
-                records: bool = False):
+def _timed_read(
+    store, tables: np.ndarray, rows: np.ndarray, parallel: bool, timing: dict | None, records: bool = False
+):
     t0 = time.perf_counter()
     out = (store.read_unique_records if records else store.read_unique)(tables, rows, parallel)
     if timing is not None:
@@ -130,8 +142,9 @@ def _timed_read(store, tables: np.ndarray, rows: np.ndarray, parallel: bool, tim
     return out
 
 
-def _cache_then_store(cache, store, tables: np.ndarray, rows: np.ndarray, epoch: int, parallel: bool = True,
-                      timing: dict | None = None):
+def _cache_then_store(
+    cache, store, tables: np.ndarray, rows: np.ndarray, epoch: int, parallel: bool = True, timing: dict | None = None
+):
     if cache is None:
         vec, w, found = _timed_read(store, tables, rows, parallel, timing)
         return vec, w, 0, len(rows), int(found.sum())

@@ -7,6 +7,7 @@ p'' = min(1, scale * p'^power)
 The Platt step reads the logit back from the float32 sigmoid (``logit_of``), on every path alike (the
 server, ``offgraph check``'s Keras side, the fit itself), so they agree to float rounding.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -35,21 +35,23 @@ Follow mode: the tables are RocksDB secondaries, caught up by one daemon thread 
 ``catch_up_s`` (0.2 s: a catch-up of such a small DB costs well under a millisecond), so a streamed
 feature row is served within that bound (plus the updater's own latency).
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import msgspec
 
-from offgraph.store.feature_db import TABLE_FILE, FeatureDB, FeatureTableError, decode_row, row_key, table_dir
 from offgraph.features.fg import FeatureValueError
 from offgraph.features.spec import FeatureSpec
 from offgraph.features.value_limits import value_errors
+from offgraph.store.feature_db import TABLE_FILE, FeatureDB, FeatureTableError, decode_row, row_key, table_dir
 
 log = logging.getLogger("offgraph.server")
 
@@ -92,8 +94,7 @@ def ids_only_checks(spec: FeatureSpec) -> tuple[tuple[str, str, tuple[str, ...]]
     return tuple(out)
 
 
-def check_not_ids_only(checks, name: str, request: Mapping[str, Any],
-                       candidates: Sequence[Mapping[str, Any]]) -> None:
+def check_not_ids_only(checks, name: str, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> None:
     """``IdsOnlyError`` when the body sends only a key, in a scope that no table fills
     (``checks``: :func:`ids_only_checks` of the spec)."""
     for scope, key, others in checks:
@@ -103,7 +104,8 @@ def check_not_ids_only(checks, name: str, request: Mapping[str, Any],
             raise IdsOnlyError(
                 f"model '{name}' has no feature table keyed by '{key}', but {where} only '{key}': it would be "
                 f"scored with none of its {scope} features {list(others)}. Send them (GET /v1/models/{name} lists "
-                f"`inputs`), or serve a version whose spec declares `tables` (ids-only requests)")
+                f"`inputs`), or serve a version whose spec declares `tables` (ids-only requests)"
+            )
 
 
 def ids_only(spec: FeatureSpec, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]):
@@ -111,16 +113,19 @@ def ids_only(spec: FeatureSpec, request: Mapping[str, Any], candidates: Sequence
     (the keys, and inputs no table holds, stay)."""
     req_cols = {c for t in spec.tables if t.scope == "request" for c in t.columns}
     item_cols = {c for t in spec.tables if t.scope == "item" for c in t.columns}
-    return ({k: v for k, v in request.items() if k not in req_cols},
-            [{k: v for k, v in c.items() if k not in item_cols} for c in candidates])
+    return (
+        {k: v for k, v in request.items() if k not in req_cols},
+        [{k: v for k, v in c.items() if k not in item_cols} for c in candidates],
+    )
 
 
 class FeatureJoin:
     """The feature tables of one version, opened "r" (a snapshot) or "follow" (caught up in the
     background)."""
 
-    def __init__(self, version_dir: str | Path, spec: FeatureSpec, mode: str = "r",
-                 catch_up_s: float = FOLLOW_CATCH_UP_S):
+    def __init__(
+        self, version_dir: str | Path, spec: FeatureSpec, mode: str = "r", catch_up_s: float = FOLLOW_CATCH_UP_S
+    ):
         self.spec = spec
         self._stop = threading.Event()
         self._thread = None
@@ -153,8 +158,13 @@ class FeatureJoin:
         path = self._dirs[t.name]
         if not (path / TABLE_FILE).exists():
             if t.name not in self.dbs:
-                log.warning("feature table %s is missing (%s): every %s key is unknown until it is created "
-                            "(offgraph features load, or offgraph export)", t.name, path, t.key)
+                log.warning(
+                    "feature table %s is missing (%s): every %s key is unknown until it is created "
+                    "(offgraph features load, or offgraph export)",
+                    t.name,
+                    path,
+                    t.key,
+                )
             self.dbs[t.name] = None
             return
         db = FeatureDB(path, self._db_mode)
@@ -231,8 +241,9 @@ class FeatureJoin:
             self._log_unusable(found)
         return Joined(request, candidates, unknown, unknown_request, len(found))
 
-    def screen(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
-               joined: Joined) -> Joined | None:
+    def screen(
+        self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]], joined: Joined
+    ) -> Joined | None:
         """After FG refused ``joined`` (the :meth:`fill` of the body ``request`` / ``candidates``): the join
         again with every stored row whose filled-in values FG refuses left out (unknown); None when no
         stored value is at fault (the body's own values are: the caller's 422). Only values the tables
@@ -240,12 +251,14 @@ class FeatureJoin:
         remembered by its hash (``BAD_ROWS_KEPT`` per table), so that later requests naming it leave it out
         at the join without failing FG first; a rewritten row has another hash and is read again."""
         suspects: dict[str, list[bytes]] = {}
-        for t, mine, theirs in ([(t, [request], [joined.request]) for t in self.request_tables]
-                                + [(t, candidates, joined.candidates) for t in self.item_tables]):
+        for t, mine, theirs in [(t, [request], [joined.request]) for t in self.request_tables] + [
+            (t, candidates, joined.candidates) for t in self.item_tables
+        ]:
             idx = [i for i, c in enumerate(mine) if t.key in c]
             filled = {c: [None if c in mine[i] else theirs[i].get(c) for i in idx] for c in t.columns}
-            for b in value_errors(self.spec, {c: v for c, v in filled.items() if any(x is not None for x in v)},
-                                  len(idx)):
+            for b in value_errors(
+                self.spec, {c: v for c, v in filled.items() if any(x is not None for x in v)}, len(idx)
+            ):
                 suspects.setdefault(t.name, []).append(row_key(mine[idx[b.row]][t.key]))
         if not suspects:
             return None
@@ -276,9 +289,15 @@ class FeatureJoin:
                 self._logged[name] = (now, 0)
                 key, why = next((k, w) for t, k, w in found if t == name)
                 t = next(x for x in self.spec.tables if x.name == name)
-                log.warning("feature table %s: a stored row the server cannot use, scored as unknown (%s=%r: %s)%s; "
-                            "replace it with `offgraph features load` or a feature delta", name, t.key, key, why,
-                            f" [{since + n} such rows in the last {now - last:.0f} s]" if since else "")
+                log.warning(
+                    "feature table %s: a stored row the server cannot use, scored as unknown (%s=%r: %s)%s; "
+                    "replace it with `offgraph features load` or a feature delta",
+                    name,
+                    t.key,
+                    key,
+                    why,
+                    f" [{since + n} such rows in the last {now - last:.0f} s]" if since else "",
+                )
 
     def _follow(self) -> None:
         tables = {t.name: t for t in self.spec.tables}

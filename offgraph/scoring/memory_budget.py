@@ -19,11 +19,13 @@
 
 Pure (no FastAPI, no TensorFlow): the planner (``offgraph plan``) imports it too.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 MiB = 1 << 20
 
@@ -51,6 +53,7 @@ PARTS = ("row_cache", "block_cache", "item_cache", "feed")
 @dataclass(frozen=True)
 class MemorySplit:
     """The budget of ONE model in one worker process (MiB; items for the FG item cache)."""
+
     memory_mb: float  # the worker's whole budget (all models)
     models: int
     row_cache_mb: float
@@ -66,16 +69,22 @@ class MemorySplit:
 
     def budget_bytes(self) -> dict[str, int]:
         """Bytes each part may hold: ``row_cache``, ``block_cache``, ``item_cache``, ``feed``."""
-        return {"row_cache": int(self.row_cache_mb * MiB), "block_cache": self.block_cache_mb * MiB,
-                "item_cache": self.item_cache_items * ITEM_BYTES, "feed": int(self.feed_mb * MiB)}
+        return {
+            "row_cache": int(self.row_cache_mb * MiB),
+            "block_cache": self.block_cache_mb * MiB,
+            "item_cache": self.item_cache_items * ITEM_BYTES,
+            "feed": int(self.feed_mb * MiB),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "model_mb": self.model_mb}
 
     def describe(self) -> str:
-        return (f"row cache {self.row_cache_mb:.1f} MiB, block cache {self.block_cache_mb} MiB (index "
-                f"{self.index_mb:.1f} MiB), FG item cache {self.item_cache_items} items "
-                f"(~{self.item_cache_items * ITEM_BYTES / MiB:.1f} MiB), feed {self.feed_mb:.1f} MiB")
+        return (
+            f"row cache {self.row_cache_mb:.1f} MiB, block cache {self.block_cache_mb} MiB (index "
+            f"{self.index_mb:.1f} MiB), FG item cache {self.item_cache_items} items "
+            f"(~{self.item_cache_items * ITEM_BYTES / MiB:.1f} MiB), feed {self.feed_mb:.1f} MiB"
+        )
 
 
 def index_mb(rows: int, record_bytes: int, block_size_kb: int = 16) -> float:
@@ -95,24 +104,37 @@ def manifest_index_mb(manifest: Mapping[str, Any]) -> float:
     return index_mb(rows, rb, int(store.get("block_size_kb", 16)))
 
 
-def split_memory(memory_mb: float = DEFAULT_MEMORY_MB, models: int = 1, *, index_mb: float = 0.0,
-                 row_cache_mb: float | None = None) -> MemorySplit:
+def split_memory(
+    memory_mb: float = DEFAULT_MEMORY_MB, models: int = 1, *, index_mb: float = 0.0, row_cache_mb: float | None = None
+) -> MemorySplit:
     """One model's share of ``memory_mb`` (a worker's budget, MiB) over ``models`` models; ``index_mb``:
     what its version's index needs (``manifest_index_mb``). ``row_cache_mb``: the row cache's size
     instead of the rest of the share (``--cache-mb``); the other parts are as without it."""
-    if isinstance(memory_mb, bool) or not isinstance(memory_mb, (int, float)) or not math.isfinite(memory_mb) \
-            or memory_mb <= 0:
+    if (
+        isinstance(memory_mb, bool)
+        or not isinstance(memory_mb, (int, float))
+        or not math.isfinite(memory_mb)
+        or memory_mb <= 0
+    ):
         raise ValueError(f"memory_mb must be a finite number > 0, got {memory_mb!r}")
     if isinstance(models, bool) or not isinstance(models, int) or models < 1:
         raise ValueError(f"models must be an int >= 1, got {models!r}")
     share = memory_mb / models
-    block = min(max(BLOCK_MIN_MB, math.ceil(index_mb * INDEX_HEADROOM + BLOCK_DATA_MB)),
-                max(1, math.floor(share * BLOCK_MAX_SHARE)))
+    block = min(
+        max(BLOCK_MIN_MB, math.ceil(index_mb * INDEX_HEADROOM + BLOCK_DATA_MB)),
+        max(1, math.floor(share * BLOCK_MAX_SHARE)),
+    )
     feed = min(FEED_MAX_MB, share * FEED_SHARE)
     items = int(min(ITEM_MAX, share * ITEM_SHARE * MiB // ITEM_BYTES))
     rest = share - block - feed - items * ITEM_BYTES / MiB
     if row_cache_mb is None:
         row_cache_mb = max(0.0, rest)
-    return MemorySplit(memory_mb=float(memory_mb), models=models, row_cache_mb=float(row_cache_mb),
-                       block_cache_mb=int(block), item_cache_items=items, feed_mb=float(feed),
-                       index_mb=float(index_mb))
+    return MemorySplit(
+        memory_mb=float(memory_mb),
+        models=models,
+        row_cache_mb=float(row_cache_mb),
+        block_cache_mb=int(block),
+        item_cache_items=items,
+        feed_mb=float(feed),
+        index_mb=float(index_mb),
+    )

@@ -16,43 +16,66 @@ before the row cache), and catches the RocksDB secondary up every ``catch_up_s``
 catch-up holds the GIL for milliseconds), then drops the epochs it covers (invalidating
 their keys in the row cache).
 """
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from offgraph.store import RowCache
-from offgraph.store.keys import MAX_TABLE_ID, ROW_BITS, ROW_LIMIT
-from offgraph.scoring import batch as scorer_impl
-from offgraph.scoring.calibration import calibrate, score_kind
-from offgraph.scoring.read_metrics import STORE_READ_SECONDS
-from offgraph.modeldir.dense import load_dense
-from offgraph.store.follower import NOT_FOLLOWING, Activity, Follower
-from offgraph.store._feed import file_bytes as feed_file_bytes
-from offgraph.scoring.memory_budget import ITEM_BYTES
-from offgraph.modeldir.manifest import (DENSE_DIR, ModelDirError, complete_versions, load_manifest, open_version_store,
-                               training_loss)
 from offgraph.features.fg import FeatureGenerator, FeatureValueError
-from offgraph.scoring.feature_join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
 from offgraph.features.segment import check_segmenters
 from offgraph.features.spec import parse_spec
+from offgraph.modeldir.dense import load_dense
+from offgraph.modeldir.manifest import (
+    DENSE_DIR,
+    ModelDirError,
+    complete_versions,
+    load_manifest,
+    open_version_store,
+    training_loss,
+)
+from offgraph.scoring import batch as scorer_impl
+from offgraph.scoring.calibration import calibrate, score_kind
+from offgraph.scoring.feature_join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
+from offgraph.scoring.memory_budget import ITEM_BYTES
+from offgraph.scoring.read_metrics import STORE_READ_SECONDS
+from offgraph.store import RowCache
+from offgraph.store._feed import file_bytes as feed_file_bytes
+from offgraph.store.follower import NOT_FOLLOWING, Activity, Follower
+from offgraph.store.keys import MAX_TABLE_ID, ROW_BITS, ROW_LIMIT
+
 
 class Scorer:
     """One loaded model version. Thread-safe for concurrent ``score`` calls."""
 
-    def __init__(self, version_dir: str | Path, *, store_mode: str = "r", item_cache_size: int = 100_000,
-                 block_cache_mb: int | None = None, row_cache_mb: float = 0.0, follow_interval_s: float = 0.05,
-                 catch_up_s: float = 30.0, verify: bool = True, max_request_values: int | None = None,
-                 store_statistics: bool = False, pace: Callable[[], None] | None = None,
-                 direct_reads: bool | None = None):
+    def __init__(
+        self,
+        version_dir: str | Path,
+        *,
+        store_mode: str = "r",
+        item_cache_size: int = 100_000,
+        block_cache_mb: int | None = None,
+        row_cache_mb: float = 0.0,
+        follow_interval_s: float = 0.05,
+        catch_up_s: float = 30.0,
+        verify: bool = True,
+        max_request_values: int | None = None,
+        store_statistics: bool = False,
+        pace: Callable[[], None] | None = None,
+        direct_reads: bool | None = None,
+    ):
         if isinstance(row_cache_mb, bool) or not isinstance(row_cache_mb, (int, float)) or row_cache_mb < 0:
             raise ValueError(f"row_cache_mb must be a number >= 0, got {row_cache_mb!r}")
-        if (isinstance(follow_interval_s, bool) or not isinstance(follow_interval_s, (int, float))
-                or not follow_interval_s > 0):
+        if (
+            isinstance(follow_interval_s, bool)
+            or not isinstance(follow_interval_s, (int, float))
+            or not follow_interval_s > 0
+        ):
             raise ValueError(f"follow_interval_s must be a number > 0, got {follow_interval_s!r}")
         self.version_dir = Path(version_dir)
         pace = pace or _no_pause  # called between the load's steps (offgraph.server.pacing: a load yields to serving)
@@ -83,14 +106,26 @@ class Scorer:
         self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size, max_request_values=max_request_values)
         self._fg_lock = threading.Lock()
         try:
-            self.store = open_version_store(self.version_dir, m, store_mode, block_cache_mb=block_cache_mb,
-                                            statistics=store_statistics, direct_reads=direct_reads)
+            self.store = open_version_store(
+                self.version_dir,
+                m,
+                store_mode,
+                block_cache_mb=block_cache_mb,
+                statistics=store_statistics,
+                direct_reads=direct_reads,
+            )
         except ValueError as e:
             raise ModelDirError(f"{self.version_dir}: store does not open: {e}") from None
         pace()
         self.row_cache = RowCache(row_cache_mb, self.store.codec) if row_cache_mb > 0 else None
-        self._counts = {"store_rows_read": 0, "cache_hits": 0, "cache_misses": 0, "ignored_keys": 0,
-                        "unknown_candidates": 0, "unusable_feature_rows": 0}
+        self._counts = {
+            "store_rows_read": 0,
+            "cache_hits": 0,
+            "cache_misses": 0,
+            "ignored_keys": 0,
+            "unknown_candidates": 0,
+            "unusable_feature_rows": 0,
+        }
         self._counts_lock = threading.Lock()
         self._follower: Follower | None = None
         self.join: FeatureJoin | None = None  # the spec's feature tables (offgraph/scoring/feature_join.py)
@@ -102,8 +137,9 @@ class Scorer:
             self._loaded, self._serve = load_dense(self.version_dir / DENSE_DIR)
             pace()
             if store_mode == "follow":
-                self._follower = Follower(self.store, self.row_cache, float(follow_interval_s),
-                                          catch_up_s=catch_up_s, idle=self.activity)
+                self._follower = Follower(
+                    self.store, self.row_cache, float(follow_interval_s), catch_up_s=catch_up_s, idle=self.activity
+                )
         except BaseException:
             if self.join is not None:
                 self.join.close()
@@ -125,9 +161,9 @@ class Scorer:
         keys = scorer_impl.batch_keys(batch)
         feed = self._follower  # fresh rows from the writer's feed, looked up first
         timing: dict = {}
-        vec, w, hits, read, found = scorer_impl.read_through_cache(self.row_cache, self.store, keys.unique_tables,
-                                                                   keys.unique_rows, feed, keys.unique_keys,
-                                                                   timing=timing)
+        vec, w, hits, read, found = scorer_impl.read_through_cache(
+            self.row_cache, self.store, keys.unique_tables, keys.unique_rows, feed, keys.unique_keys, timing=timing
+        )
         read_s = timing.get("store_read_seconds")
         if read_s is not None:
             STORE_READ_SECONDS.labels(self.version_dir.parent.name).observe(read_s)
@@ -139,9 +175,16 @@ class Scorer:
                 c["cache_hits"] += hits
                 c["cache_misses"] += read
         emb, fo = scorer_impl.pool_batch(batch, keys, vec, w, self.poolings, self.dim)
-        stats = {"lookups": int(len(keys.inverse)), "unique_rows": int(len(keys.unique_rows)),
-                 "cache_hits": hits, "store_rows_read": read, "found_rows": found, "dense": batch.dense,
-                 "ignored_keys": batch.ignored_keys, "store_read_seconds": read_s or 0.0}
+        stats = {
+            "lookups": int(len(keys.inverse)),
+            "unique_rows": int(len(keys.unique_rows)),
+            "cache_hits": hits,
+            "store_rows_read": read,
+            "found_rows": found,
+            "dense": batch.dense,
+            "ignored_keys": batch.ignored_keys,
+            "store_read_seconds": read_s or 0.0,
+        }
         return emb, fo, stats
 
     def dense(self, emb: np.ndarray, first_order: np.ndarray, dense: np.ndarray | None = None) -> np.ndarray:
@@ -154,8 +197,9 @@ class Scorer:
     def score(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> np.ndarray:
         return self.score_joined(request, candidates)[0]
 
-    def score_joined(self, request: Mapping[str, Any],
-                     candidates: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, Joined]:
+    def score_joined(
+        self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]
+    ) -> tuple[np.ndarray, Joined]:
         """Scores, and the join's result (the filled request and candidates, unknown counts): the
         feature tables fill what the body did not send (offgraph/scoring/feature_join.py)."""
         # a scope no table fills must not be sent ids-only (a model may have an item table and no user table)
@@ -195,8 +239,11 @@ class Scorer:
             out: dict[str, Any] = {"fg": self.fg.item_cache_state(limit)}
         if self.row_cache is not None:
             t, r = self.row_cache.hot_keys(limit)
-            out.update(tables=t, rows=r,
-                       fields={int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]})
+            out.update(
+                tables=t,
+                rows=r,
+                fields={int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]},
+            )
         return out
 
     def warm_features(self, hot: dict[str, Any] | None, pace: Callable[[], None] | None = None) -> int:
@@ -223,8 +270,9 @@ class Scorer:
         keep = np.isin(hot["tables"], same)
         tables, rows = hot["tables"][keep], hot["rows"][keep]
         for s in range(0, len(rows), batch):
-            scorer_impl.read_through_cache(self.row_cache, self.store, tables[s:s + batch], rows[s:s + batch],
-                                           self._follower, parallel=False)
+            scorer_impl.read_through_cache(
+                self.row_cache, self.store, tables[s : s + batch], rows[s : s + batch], self._follower, parallel=False
+            )
             pace()  # small batches: the serving version's requests wait milliseconds at most for the GIL
         return int(len(rows))
 
@@ -261,10 +309,12 @@ class Scorer:
         arena), ``block_cache`` (RocksDB's usage), ``item_cache`` (FG items held, at ``ITEM_BYTES`` each:
         an estimate) and ``feed`` (the write feed's epochs mapped)."""
         feed = self._follower.feed.epochs if self._follower is not None else []
-        return {"row_cache": int(self.row_cache.stats()["bytes"]) if self.row_cache is not None else 0,
-                "block_cache": int(self.store.cache_usage()),
-                "item_cache": len(self.fg._cache) * ITEM_BYTES,  # noqa: SLF001 - the FG's own bounded cache
-                "feed": sum(feed_file_bytes(ep.slots, ep.rb) for ep in feed)}
+        return {
+            "row_cache": int(self.row_cache.stats()["bytes"]) if self.row_cache is not None else 0,
+            "block_cache": int(self.store.cache_usage()),
+            "item_cache": len(self.fg._cache) * ITEM_BYTES,  # noqa: SLF001 - the FG's own bounded cache
+            "feed": sum(feed_file_bytes(ep.slots, ep.rb) for ep in feed),
+        }
 
     def close(self) -> None:
         if self._follower is not None:

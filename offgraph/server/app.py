@@ -1,14 +1,12 @@
 """``create_app(config)``: the FastAPI app of one server process."""
+
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from offgraph.server import routes_admin
-from offgraph.server import routes_health
-from offgraph.server import routes_models
-from offgraph.server import routes_score
+from offgraph.server import routes_admin, routes_health, routes_models, routes_score
 from offgraph.server.body_limit import BodySizeLimitMiddleware
 from offgraph.server.config import ServerConfig
 from offgraph.server.errors import InternalErrorMiddleware, install_error_handlers

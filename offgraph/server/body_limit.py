@@ -1,4 +1,5 @@
 """Request body size limit (pure ASGI): Content-Length is checked up front, the streamed size as it arrives."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 class BodyTooLarge(HTTPException):
     def __init__(self, limit: int, size: str):
-        super().__init__(413, f"request body {size} is larger than the limit of {limit} bytes "
-                              f"({limit / 2**20:g} MiB); send fewer candidates per request")
+        super().__init__(
+            413,
+            f"request body {size} is larger than the limit of {limit} bytes "
+            f"({limit / 2**20:g} MiB); send fewer candidates per request",
+        )
 
 
 class BodySizeLimitMiddleware:
@@ -33,8 +37,9 @@ class BodySizeLimitMiddleware:
         if length is not None and length > self.limit:
             # up to a few times the limit, let uvicorn read and drop the rest of the body so that the
             # client (which usually sends it all before reading) gets the 413; beyond, close the connection
-            await _send_413(send, BodyTooLarge(self.limit, f"of {length} bytes (Content-Length)"),
-                            close=length > 4 * self.limit)
+            await _send_413(
+                send, BodyTooLarge(self.limit, f"of {length} bytes (Content-Length)"), close=length > 4 * self.limit
+            )
             return
         limit, received = self.limit, 0
 

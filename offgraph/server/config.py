@@ -1,4 +1,5 @@
 """ServerConfig: everything ``create_app`` needs, validated once (pydantic, ``offgraph.config``)."""
+
 from __future__ import annotations
 
 import os
@@ -138,7 +139,7 @@ class ServerConfig(ConfigModel, frozen=True):
         return v if v is not None and v.strip() else None
 
     @model_validator(mode="after")
-    def _workers(self) -> "ServerConfig":
+    def _workers(self) -> ServerConfig:
         if self.worker_id >= self.workers:
             raise ValueError(f"worker_id must be < workers, got workers={self.workers}, worker_id={self.worker_id}")
         if self.workers > 1 and self.control_dir is None:

@@ -20,6 +20,7 @@ The control directory lives as long as the server. What must survive a restart, 
 policy itself, is also kept in ``MODELS/<model>/admin-policy.json`` (``save_admin_policy``,
 written and fsynced before the admin call answers; read when the model is discovered).
 """
+
 from __future__ import annotations
 
 import json
@@ -146,8 +147,9 @@ class Control:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         p = Policy(model, policy, version, time.time_ns())
-        _write_json(self.root / "policy" / f"{model}.json",
-                    {"policy": policy, "version": version, "generation": p.generation})
+        _write_json(
+            self.root / "policy" / f"{model}.json", {"policy": policy, "version": version, "generation": p.generation}
+        )
         return p
 
     def policies(self) -> dict[str, Policy]:
@@ -160,8 +162,10 @@ class Control:
         return out
 
     def ack(self, p: Policy, ok: bool, detail: str = "") -> None:
-        _write_json(self.root / "acks" / str(self.worker) / f"{p.model}.json",
-                    {"generation": p.generation, "ok": ok, "detail": detail})
+        _write_json(
+            self.root / "acks" / str(self.worker) / f"{p.model}.json",
+            {"generation": p.generation, "ok": ok, "detail": detail},
+        )
 
     def acks(self, p: Policy) -> dict[int, Ack]:
         """Acknowledgements of ``p`` (or of a later decision) by worker."""

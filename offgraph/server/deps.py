@@ -3,6 +3,7 @@
 They are ``async def`` on purpose: FastAPI runs plain ``def`` dependencies in its thread
 pool, which would cost a thread hop each on the request path; these never block.
 """
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -10,7 +11,13 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from offgraph.modeldir.manifest import MODEL_NAME_MAX, MODEL_NAME_PATTERN, MODEL_NAME_RULE, ModelDirError, check_model_name
+from offgraph.modeldir.manifest import (
+    MODEL_NAME_MAX,
+    MODEL_NAME_PATTERN,
+    MODEL_NAME_RULE,
+    ModelDirError,
+    check_model_name,
+)
 from offgraph.server.config import ADMIN_TOKEN_ENV
 from offgraph.server.errors import ApiError
 from offgraph.server.redact import token_matches
@@ -29,9 +36,16 @@ State = Annotated[ServerState, Depends(get_state)]
 MODEL_NAME_SCHEMA = {"pattern": MODEL_NAME_PATTERN, "minLength": 1, "maxLength": MODEL_NAME_MAX}
 
 
-async def model_name(name: Annotated[str, Path(description=f"Model name: the directory MODELS/<name>/ "
-                                               f"({MODEL_NAME_RULE}). Any other name is a 400 naming the rule.",
-                                               json_schema_extra=MODEL_NAME_SCHEMA)]) -> str:
+async def model_name(
+    name: Annotated[
+        str,
+        Path(
+            description=f"Model name: the directory MODELS/<name>/ "
+            f"({MODEL_NAME_RULE}). Any other name is a 400 naming the rule.",
+            json_schema_extra=MODEL_NAME_SCHEMA,
+        ),
+    ],
+) -> str:
     """A valid model name (``check_model_name``: no path separators, whitespace, control characters or '..');
     400 otherwise. Every route taking a name depends on it."""
     try:
@@ -55,14 +69,15 @@ Holder = Annotated[ModelHolder, Depends(get_holder)]
 _bearer = HTTPBearer(auto_error=False, description="Admin token (--admin-token or " + ADMIN_TOKEN_ENV + ")")
 
 
-async def require_admin(state: State,
-                  credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+async def require_admin(
+    state: State, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
     token = state.config.admin_token
     if token is None:
-        raise ApiError(403, f"admin actions are disabled: start the server with --admin-token or "
-                            f"{ADMIN_TOKEN_ENV}")
+        raise ApiError(403, f"admin actions are disabled: start the server with --admin-token or {ADMIN_TOKEN_ENV}")
     if credentials is None:
-        raise ApiError(401, "admin action needs 'Authorization: Bearer <token>'",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise ApiError(
+            401, "admin action needs 'Authorization: Bearer <token>'", headers={"WWW-Authenticate": "Bearer"}
+        )
     if not token_matches(token, credentials.credentials):
         raise ApiError(401, "wrong admin token", headers={"WWW-Authenticate": "Bearer"})

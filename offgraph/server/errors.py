@@ -10,11 +10,13 @@ middleware rather than an ``Exception`` handler on purpose: Starlette runs that 
 outermost ``ServerErrorMiddleware``, which re-raises after the response, and uvicorn then drops
 the keep-alive connection without ``Connection: close``: the client's next request on it fails.
 """
+
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -75,8 +77,7 @@ def _describe(err: dict[str, Any], what: str, keys: Sequence[str]) -> tuple[str,
         msg = "NaN and Infinity are not valid feature values (" + msg.lower() + ")"
     elif kind == "too_long" and where == "candidates":
         ctx = err.get("ctx") or {}
-        msg = (f"{ctx.get('actual_length')} candidates, at most {ctx.get('max_length')} per request "
-               "(--max-candidates)")
+        msg = f"{ctx.get('actual_length')} candidates, at most {ctx.get('max_length')} per request (--max-candidates)"
     elif kind == "extra_forbidden":
         loc = [p for p in err.get("loc", ()) if p != "body"]
         name = str(loc[-1]) if loc else where
@@ -113,8 +114,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": f"bad feature value: {exc}"}, status_code=422)
 
 
-INTERNAL_ERROR = json.dumps({"detail": "internal error: the server failed to answer this request; the "
-                                       "details are in its log"}).encode()
+INTERNAL_ERROR = json.dumps(
+    {"detail": "internal error: the server failed to answer this request; the details are in its log"}
+).encode()
 
 
 class InternalErrorMiddleware:
@@ -143,7 +145,14 @@ class InternalErrorMiddleware:
             log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
             if started:
                 raise
-            await send({"type": "http.response.start", "status": 500,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(INTERNAL_ERROR)).encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(INTERNAL_ERROR)).encode()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": INTERNAL_ERROR})

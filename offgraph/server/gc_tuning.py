@@ -13,6 +13,7 @@
   1000-candidate request ran ~8 young collections (~1 ms). A threshold of 10,000 net
   allocations makes them rare; the request's garbage is freed by reference counting anyway.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,8 +42,12 @@ def tune_gc() -> int:
     _, g1, g2 = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, g1, g2)
     n = gc.get_freeze_count()
-    log.info("gc: froze %d start-up objects (%.0f ms), generation-0 threshold %d", n,
-             (time.perf_counter() - t0) * 1e3, GEN0_THRESHOLD)
+    log.info(
+        "gc: froze %d start-up objects (%.0f ms), generation-0 threshold %d",
+        n,
+        (time.perf_counter() - t0) * 1e3,
+        GEN0_THRESHOLD,
+    )
     return n
 
 
@@ -94,9 +99,14 @@ class GcPauses:
                 return
             self.histogram.labels(str(generation)).observe(seconds)
             if seconds >= SLOW_GC_S:
-                log.info("gc: generation-%d collection held the GIL for %.0f ms at %s.%03d (%d objects collected)",
-                         generation, seconds * 1e3, time.strftime("%H:%M:%S", time.localtime(at)),
-                         int(at % 1 * 1000), collected)
+                log.info(
+                    "gc: generation-%d collection held the GIL for %.0f ms at %s.%03d (%d objects collected)",
+                    generation,
+                    seconds * 1e3,
+                    time.strftime("%H:%M:%S", time.localtime(at)),
+                    int(at % 1 * 1000),
+                    collected,
+                )
 
     def start(self) -> None:
         if self._callback not in gc.callbacks:

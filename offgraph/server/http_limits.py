@@ -22,6 +22,7 @@ for as long as it likes, and an HTTP/0.9 line (``GET /``) waits for headers that
 The keep-alive timeout is uvicorn's (``timeout_keep_alive``). ``uvicorn_config`` builds the one
 uvicorn configuration the single-process server and every ``--workers`` worker use.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,8 +36,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from offgraph.server.config import HttpLimits
 
 MAX_HEAD_BYTES = 64 * 1024  # request line + headers; the app's heads are a few hundred bytes
-BODY_GRACE_S = 1.0          # after the body timeout, time left to the app's 408 before the close
-WARN_EVERY_S = 10.0         # evictions are logged at most this often (a flood of idle connections)
+BODY_GRACE_S = 1.0  # after the body timeout, time left to the app's 408 before the close
+WARN_EVERY_S = 10.0  # evictions are logged at most this often (a flood of idle connections)
 _IDLE, _HEAD, _BODY, _APP = "idle", "head", "body", "app"
 _evictions = {"count": 0, "logged": float("-inf")}
 
@@ -51,10 +52,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
-        self._phase = _HEAD      # of the request the parser is in (or idle between requests)
+        self._phase = _HEAD  # of the request the parser is in (or idle between requests)
         self._since = time.monotonic()  # when the phase began (oldest idle connection goes first)
-        self._head_bytes = 0     # bytes received in the current head phase
-        self._between = True     # no request begun since the last one ended: the next byte starts one
+        self._head_bytes = 0  # bytes received in the current head phase
+        self._between = True  # no request begun since the last one ended: the next byte starts one
         self._line: bytearray | None = None  # start of a request line not yet complete, for the 0.9 check
         self._refusal: str | None = None
 
@@ -70,16 +71,26 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def _close_oldest_idle(self) -> bool:
-        idle = [c for c in self.connections if c is not self and isinstance(c, LimitedHttpToolsProtocol)
-                and c._phase in (_IDLE, _HEAD) and not c.transport.is_closing()
-                and (c.cycle is None or c.cycle.response_complete)]  # not one with a response still due
+        idle = [
+            c
+            for c in self.connections
+            if c is not self
+            and isinstance(c, LimitedHttpToolsProtocol)
+            and c._phase in (_IDLE, _HEAD)
+            and not c.transport.is_closing()
+            and (c.cycle is None or c.cycle.response_complete)
+        ]  # not one with a response still due
         if not idle:
             return False
         oldest = min(idle, key=lambda c: c._since)
         now = time.monotonic()
         if now - _evictions["logged"] >= WARN_EVERY_S:
-            self.logger.warning("%d connections open (--max-connections %d): closing the ones idle the longest "
-                                "(%d so far)", len(self.connections), self.max_connections, _evictions["count"] + 1)
+            self.logger.warning(
+                "%d connections open (--max-connections %d): closing the ones idle the longest (%d so far)",
+                len(self.connections),
+                self.max_connections,
+                _evictions["count"] + 1,
+            )
             _evictions["logged"] = now
         _evictions["count"] += 1
         oldest._cancel()
@@ -178,8 +189,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """Answer ``status`` with ``msg`` (outside any request cycle) and close the connection."""
         self._cancel()
         body = msg.encode()
-        head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
+        head = (
+            f"HTTP/1.1 {status} {_REASONS[status]}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        ).encode()
         self.transport.write(head + body)
         self.transport.close()
 
@@ -189,24 +202,41 @@ _REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fie
 
 def protocol_class(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
     """The protocol with ``limits`` (uvicorn builds one instance per connection)."""
-    return type("OffgraphHttpProtocol", (LimitedHttpToolsProtocol,), {
-        "header_timeout_s": limits.header_timeout_s, "body_timeout_s": limits.body_timeout_s,
-        "max_connections": limits.max_connections})
+    return type(
+        "OffgraphHttpProtocol",
+        (LimitedHttpToolsProtocol,),
+        {
+            "header_timeout_s": limits.header_timeout_s,
+            "body_timeout_s": limits.body_timeout_s,
+            "max_connections": limits.max_connections,
+        },
+    )
 
 
 def uvicorn_config(app: ASGIApp, limits: HttpLimits, log_level: str, **bind: Any):
     """The uvicorn configuration of every server process (``bind``: host/port, or none with sockets)."""
     import uvicorn
 
-    return uvicorn.Config(app, loop="uvloop", http=protocol_class(limits), ws="none", access_log=False,
-                          log_level=log_level, timeout_graceful_shutdown=10,
-                          timeout_keep_alive=limits.keep_alive_timeout_s, **bind)
+    return uvicorn.Config(
+        app,
+        loop="uvloop",
+        http=protocol_class(limits),
+        ws="none",
+        access_log=False,
+        log_level=log_level,
+        timeout_graceful_shutdown=10,
+        timeout_keep_alive=limits.keep_alive_timeout_s,
+        **bind,
+    )
 
 
 class BodyTimeout(HTTPException):
     def __init__(self, seconds: float):
-        super().__init__(408, f"request body not received within {seconds:g} s of the request head "
-                              "(--body-timeout)", headers={"connection": "close"})
+        super().__init__(
+            408,
+            f"request body not received within {seconds:g} s of the request head (--body-timeout)",
+            headers={"connection": "close"},
+        )
 
 
 class BodyAbandoned(HTTPException):

@@ -7,6 +7,7 @@ last 64 KiB); RocksDB's own checks when the shards open; then, always, real rows
 table in every shard (``EmbeddingStore.verify_sample``: every data block of a small store, a
 sample of at most ``VERIFY_MAX_READS`` seeks of a big one; RocksDB checksums each block read).
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from offgraph.store.prefetch import SERVING_DISK_SHARE, Prefetcher, decide, store_files, store_reads_direct
 from offgraph.modeldir.manifest import STORE_DIR, load_manifest
+from offgraph.scoring.memory_budget import MemorySplit, manifest_index_mb
 from offgraph.scoring.scorer import Scorer
 from offgraph.server.config import ServerConfig
-from offgraph.scoring.memory_budget import MemorySplit, manifest_index_mb
 from offgraph.server.pacing import Pacer
 from offgraph.server.served import ServedVersion
+from offgraph.store.prefetch import SERVING_DISK_SHARE, Prefetcher, decide, store_files, store_reads_direct
 
 log = logging.getLogger("offgraph.server")
 
@@ -47,8 +48,7 @@ def warm_up(scorer, n: int, pace=None) -> None:
         if scores.shape != (size,):
             raise ValueError(f"warm-up: {size} candidates gave scores of shape {scores.shape}")
         if not np.all(np.isfinite(scores)) or scores.min() < 0 or scores.max() > 1:
-            raise ValueError(f"warm-up: scores are not finite CTRs in [0, 1] (min {scores.min()}, "
-                             f"max {scores.max()})")
+            raise ValueError(f"warm-up: scores are not finite CTRs in [0, 1] (min {scores.min()}, max {scores.max()})")
         if pace is not None:
             pace()
 
@@ -58,8 +58,13 @@ def verify_store(scorer, pace=None) -> None:
     tables = {int(f["table_id"]): int(f["rows"]) for f in scorer.manifest["fields"]}
     t0 = time.perf_counter()
     got = scorer.store.verify_sample(tables, VERIFY_MAX_READS, between=pace)
-    log.info("%s: store verified: %d rows read by %d seeks in %.2fs", scorer.version_dir, got["rows_read"],
-             got["seeks"], time.perf_counter() - t0)
+    log.info(
+        "%s: store verified: %d rows read by %d seeks in %.2fs",
+        scorer.version_dir,
+        got["rows_read"],
+        got["seeks"],
+        time.perf_counter() - t0,
+    )
 
 
 def start_prefetch(version_dir: Path, config: ServerConfig, serving: bool) -> Prefetcher | None:
@@ -73,14 +78,30 @@ def start_prefetch(version_dir: Path, config: ServerConfig, serving: bool) -> Pr
         if pf.error:
             log.warning("%s: prefetch stopped after %.0f MiB: %s", version_dir, pf.done_bytes / 2**20, pf.error)
         else:
-            log.info("%s: prefetched %.0f of %.0f MiB of store files into the page cache in %.1fs, %.1fs of it "
-                     "reading (%s; I/O class %s)", version_dir, pf.done_bytes / 2**20, pf.total_bytes / 2**20,
-                     pf.seconds, pf.busy_seconds, why, pf.io_class or "unchanged")
+            log.info(
+                "%s: prefetched %.0f of %.0f MiB of store files into the page cache in %.1fs, %.1fs of it "
+                "reading (%s; I/O class %s)",
+                version_dir,
+                pf.done_bytes / 2**20,
+                pf.total_bytes / 2**20,
+                pf.seconds,
+                pf.busy_seconds,
+                why,
+                pf.io_class or "unchanged",
+            )
 
-    pf = Prefetcher(store_files(version_dir / STORE_DIR), config.prefetch_mb_s if serving else 0.0,
-                    name=f"prefetch-{version_dir.name}", on_done=report,
-                    disk_share=SERVING_DISK_SHARE if serving else 1.0)
-    go, why = decide(config.prefetch_store, pf.total_bytes, direct=config.store_io == "direct" and store_reads_direct(version_dir / STORE_DIR))
+    pf = Prefetcher(
+        store_files(version_dir / STORE_DIR),
+        config.prefetch_mb_s if serving else 0.0,
+        name=f"prefetch-{version_dir.name}",
+        on_done=report,
+        disk_share=SERVING_DISK_SHARE if serving else 1.0,
+    )
+    go, why = decide(
+        config.prefetch_store,
+        pf.total_bytes,
+        direct=config.store_io == "direct" and store_reads_direct(version_dir / STORE_DIR),
+    )
     if not go:
         log.info("%s: store not prefetched: %s", version_dir, why)
         return None
@@ -97,8 +118,14 @@ def memory_split(version_dir: Path, config: ServerConfig, models: int) -> Memory
     return config.memory_split(models, index)
 
 
-def open_version(version_dir: Path, config: ServerConfig, models: int = 1,
-                 hot: dict | None = None, pacer: Pacer | None = None, serving: bool = False) -> ServedVersion:
+def open_version(
+    version_dir: Path,
+    config: ServerConfig,
+    models: int = 1,
+    hot: dict | None = None,
+    pacer: Pacer | None = None,
+    serving: bool = False,
+) -> ServedVersion:
     """Load, warm up and return one version, given its share of the memory budget with ``models``
     models served (``memory_split``); raises whatever made it unservable. First its store
     files are read into the page cache when ``config.prefetch_store`` says so (``start_prefetch``,
@@ -111,8 +138,9 @@ def open_version(version_dir: Path, config: ServerConfig, models: int = 1,
     t0 = time.perf_counter()
     pace = pacer.tick if pacer is not None else None
     split = memory_split(version_dir, config, models)
-    log.info("%s: memory budget %.0f MiB over %d model(s): %s", version_dir, split.memory_mb, split.models,
-             split.describe())
+    log.info(
+        "%s: memory budget %.0f MiB over %d model(s): %s", version_dir, split.memory_mb, split.models, split.describe()
+    )
     # The files are read in before the store opens: opening, verification seeks and warm-up reads
     # hold the GIL, and a cold read of a virtual disk can take 100s of ms, which every request of
     # a serving version would wait out; and a version serving from a cold store answers its first
@@ -121,27 +149,46 @@ def open_version(version_dir: Path, config: ServerConfig, models: int = 1,
     scorer = None
     try:
         if prefetcher is not None and not prefetcher.wait(PREFETCH_WAIT_S):
-            log.warning("%s: opening before its prefetch ended (%.0f of %.0f MiB read in %.0fs)", version_dir,
-                        prefetcher.done_bytes / 2**20, prefetcher.total_bytes / 2**20, PREFETCH_WAIT_S)
+            log.warning(
+                "%s: opening before its prefetch ended (%.0f of %.0f MiB read in %.0fs)",
+                version_dir,
+                prefetcher.done_bytes / 2**20,
+                prefetcher.total_bytes / 2**20,
+                PREFETCH_WAIT_S,
+            )
         if pacer is not None:
             pacer.skip()  # waiting for the disk took no CPU: the load's first step owes no pause for it
         item_cache = split.item_cache_items if config.item_cache_size is None else config.item_cache_size
-        scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=split.row_cache_mb,
-                        block_cache_mb=split.block_cache_mb, item_cache_size=item_cache,
-                        follow_interval_s=config.follow_interval_s, catch_up_s=config.catch_up_s,
-                        max_request_values=config.max_request_values,
-                        verify=config.verify, store_statistics=True, pace=pace,
-                        direct_reads=config.store_io == "direct")
+        scorer = Scorer(
+            version_dir,
+            store_mode="follow",
+            row_cache_mb=split.row_cache_mb,
+            block_cache_mb=split.block_cache_mb,
+            item_cache_size=item_cache,
+            follow_interval_s=config.follow_interval_s,
+            catch_up_s=config.catch_up_s,
+            max_request_values=config.max_request_values,
+            verify=config.verify,
+            store_statistics=True,
+            pace=pace,
+            direct_reads=config.store_io == "direct",
+        )
         verify_store(scorer, pace)
         items = scorer.warm_features(hot, pace)  # before warm-up: adopting replaces the FG's item state
         warm_up(scorer, config.warmup_candidates, pace)
         if hot is not None:
             t = time.perf_counter()
             n = scorer.warm_rows(hot, pace=pace)
-            log.info("%s: warmed with %d hot rows and %d FG items of the serving version in %.2fs%s", version_dir,
-                     n, items, time.perf_counter() - t,
-                     f" (paced to {pacer.share:.0%} of the time: {pacer.slept_s:.2f}s of pauses)"
-                     if pacer is not None and pacer.share < 1 else "")
+            log.info(
+                "%s: warmed with %d hot rows and %d FG items of the serving version in %.2fs%s",
+                version_dir,
+                n,
+                items,
+                time.perf_counter() - t,
+                f" (paced to {pacer.share:.0%} of the time: {pacer.slept_s:.2f}s of pauses)"
+                if pacer is not None and pacer.share < 1
+                else "",
+            )
     except BaseException:
         if prefetcher is not None:
             prefetcher.stop()

@@ -6,6 +6,7 @@ do. The loop is blocked by code that should run in a thread, by a system call th
 the GIL held elsewhere (a collection, a load step). The lag tells such a tail apart from slow
 scoring; lags of ``SLOW_LAG_S`` or more are also logged.
 """
+
 from __future__ import annotations
 
 import asyncio

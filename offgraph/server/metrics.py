@@ -11,46 +11,86 @@ The model figures are then published by each worker a few times a second
 (``publish``) instead of being read at scrape time: counters summed over the
 workers, the loaded version as the highest, freshness as the stalest worker's.
 """
+
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from offgraph.scoring.read_metrics import STORE_READ_SECONDS
 
-from typing import TYPE_CHECKING
-
 if TYPE_CHECKING:  # the registry imports the scorer; the library scorer loads no HTTP code
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
     from offgraph.server.registry import ModelRegistry
 
 START_KEY = "offgraph.t0"
 """ASGI scope key: perf_counter() when the request reached the app (set by HttpMetricsMiddleware)."""
 
-LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.010, 0.012, 0.015, 0.020, 0.030,
-                   0.050, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.004,
+    0.005,
+    0.006,
+    0.008,
+    0.010,
+    0.012,
+    0.015,
+    0.020,
+    0.030,
+    0.050,
+    0.075,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.5,
+)
 GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 CANDIDATE_BUCKETS = (1, 5, 10, 25, 50, 100, 200, 300, 500, 1000, 2000, 5000)
+
+
 class ServerMetrics:
     def __init__(self, models: ModelRegistry, multiprocess: bool = False):
         self.registry = CollectorRegistry(auto_describe=True)
         self.multiprocess = multiprocess
-        self.latency = Histogram("offgraph_request_latency_seconds",
-                                 "Score request latency per model, from the request reaching the app to the "
-                                 "scores being ready (body read, validation, queueing, scoring)",
-                                 ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.candidates = Histogram("offgraph_candidates_per_request", "Candidates per score request",
-                                    ["model"], buckets=CANDIDATE_BUCKETS, registry=self.registry)
-        self.gc_pause = Histogram("offgraph_gc_pause_seconds", "Pauses of Python's cyclic garbage collector "
-                                  "(each holds the GIL: every request of the process waits)", ["generation"],
-                                  buckets=GC_BUCKETS, registry=self.registry)
-        self.loop_lag = Histogram("offgraph_event_loop_lag_seconds", "How late the event loop ran a 50-ms timer "
-                                  "(a blocked loop delays every in-flight request)", buckets=GC_BUCKETS,
-                                  registry=self.registry)
-        self.errors = Counter("offgraph_http_errors", "HTTP responses with a 4xx or 5xx status, by code",
-                              ["code"], registry=self.registry)
+        self.latency = Histogram(
+            "offgraph_request_latency_seconds",
+            "Score request latency per model, from the request reaching the app to the "
+            "scores being ready (body read, validation, queueing, scoring)",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.candidates = Histogram(
+            "offgraph_candidates_per_request",
+            "Candidates per score request",
+            ["model"],
+            buckets=CANDIDATE_BUCKETS,
+            registry=self.registry,
+        )
+        self.gc_pause = Histogram(
+            "offgraph_gc_pause_seconds",
+            "Pauses of Python's cyclic garbage collector (each holds the GIL: every request of the process waits)",
+            ["generation"],
+            buckets=GC_BUCKETS,
+            registry=self.registry,
+        )
+        self.loop_lag = Histogram(
+            "offgraph_event_loop_lag_seconds",
+            "How late the event loop ran a 50-ms timer (a blocked loop delays every in-flight request)",
+            buckets=GC_BUCKETS,
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "offgraph_http_errors", "HTTP responses with a 4xx or 5xx status, by code", ["code"], registry=self.registry
+        )
         self.registry.register(STORE_READ_SECONDS)
         if multiprocess:
             self.publisher: _ModelPublisher | None = _ModelPublisher(models, self.registry)
@@ -80,30 +120,45 @@ class ServerMetrics:
 
 FRESHNESS_HELP = "Seconds since the served rows last included everything the live writer had written"
 MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) -> (metric name, help)
-    "store_rows_read": ("offgraph_store_rows_read",
-                        "Rows read from the embedding store (row-cache misses that went to RocksDB)"),
+    "store_rows_read": (
+        "offgraph_store_rows_read",
+        "Rows read from the embedding store (row-cache misses that went to RocksDB)",
+    ),
     "cache_hits": ("offgraph_row_cache_hits", "Row-cache hits"),
     "cache_misses": ("offgraph_row_cache_misses", "Row-cache misses"),
     "catch_ups": ("offgraph_store_catch_ups", "Catch-ups of the store's RocksDB view with the live writer"),
-    "changes_applied": ("offgraph_store_changes_applied",
-                        "Row-cache keys invalidated when a feed epoch the store view covers was released"),
-    "feed_hits": ("offgraph_feed_rows_served", "Rows served from the live writer's feed (fresher than the "
-                     "store view)"),
-    "rows_written_through": ("offgraph_row_cache_rows_written_through",
-                             "Streamed rows put into the row cache at their newest value when their feed epoch "
-                             "was released (not read from disk again)"),
-    "block_cache_hits": ("offgraph_block_cache_hits", "RocksDB block-cache hits (data, index and filter blocks) "
-                         "of the store reads"),
-    "block_cache_misses": ("offgraph_block_cache_misses", "RocksDB block-cache misses (blocks read from the "
-                           "files)"),
+    "changes_applied": (
+        "offgraph_store_changes_applied",
+        "Row-cache keys invalidated when a feed epoch the store view covers was released",
+    ),
+    "feed_hits": ("offgraph_feed_rows_served", "Rows served from the live writer's feed (fresher than the store view)"),
+    "rows_written_through": (
+        "offgraph_row_cache_rows_written_through",
+        "Streamed rows put into the row cache at their newest value when their feed epoch "
+        "was released (not read from disk again)",
+    ),
+    "block_cache_hits": (
+        "offgraph_block_cache_hits",
+        "RocksDB block-cache hits (data, index and filter blocks) of the store reads",
+    ),
+    "block_cache_misses": ("offgraph_block_cache_misses", "RocksDB block-cache misses (blocks read from the files)"),
     "load_failures": ("offgraph_model_load_failures", "Versions refused at load"),
-    "ignored_keys": ("offgraph_ignored_keys", "Raw keys of scored requests and candidates that the model does not "
-                     "read (ignored by design; a rise shows a misspelt or renamed input)"),
-    "unknown_candidates": ("offgraph_unknown_candidates", "Candidates whose key has no row in the model's item "
-                           "feature table (scored with no stored features; a rise shows a catalog not loaded)"),
-    "unusable_feature_rows": ("offgraph_unusable_feature_rows", "Stored feature-table rows (one per request or "
-                              "candidate) that FG refuses, scored as unknown keys (offgraph/scoring/feature_join.py; the log "
-                              "names them)"),
+    "ignored_keys": (
+        "offgraph_ignored_keys",
+        "Raw keys of scored requests and candidates that the model does not "
+        "read (ignored by design; a rise shows a misspelt or renamed input)",
+    ),
+    "unknown_candidates": (
+        "offgraph_unknown_candidates",
+        "Candidates whose key has no row in the model's item "
+        "feature table (scored with no stored features; a rise shows a catalog not loaded)",
+    ),
+    "unusable_feature_rows": (
+        "offgraph_unusable_feature_rows",
+        "Stored feature-table rows (one per request or "
+        "candidate) that FG refuses, scored as unknown keys (offgraph/scoring/feature_join.py; the log "
+        "names them)",
+    ),
 }
 
 
@@ -120,10 +175,16 @@ def _model_figures(models: ModelRegistry):
         yield h.name, v or 0, counts, ratio, fresh
 
 
-MEMORY_BUDGET = ("offgraph_memory_budget_bytes", "Bytes each part of a model's memory budget may hold in a worker "
-                 "(--memory-mb split: row_cache, block_cache, item_cache estimated, feed)")
-MEMORY_USED = ("offgraph_memory_used_bytes", "Bytes each part of a model's memory budget holds now (the row cache's "
-               "arena, RocksDB's block-cache usage, FG items held at an estimated size, the feed's mapped epochs)")
+MEMORY_BUDGET = (
+    "offgraph_memory_budget_bytes",
+    "Bytes each part of a model's memory budget may hold in a worker "
+    "(--memory-mb split: row_cache, block_cache, item_cache estimated, feed)",
+)
+MEMORY_USED = (
+    "offgraph_memory_used_bytes",
+    "Bytes each part of a model's memory budget holds now (the row cache's "
+    "arena, RocksDB's block-cache usage, FG items held at an estimated size, the feed's mapped epochs)",
+)
 
 
 def _memory_figures(models: ModelRegistry):
@@ -145,11 +206,13 @@ class _ModelCollector:
         return []
 
     def collect(self):
-        version = GaugeMetricFamily("offgraph_model_loaded_version", "Model version being served (0: none)",
-                                    labels=["model"])
+        version = GaugeMetricFamily(
+            "offgraph_model_loaded_version", "Model version being served (0: none)", labels=["model"]
+        )
         counters = {k: CounterMetricFamily(name, doc, labels=["model"]) for k, (name, doc) in MODEL_COUNTERS.items()}
-        ratio = GaugeMetricFamily("offgraph_row_cache_hit_ratio", "Row-cache hits / lookups since start",
-                                  labels=["model"])
+        ratio = GaugeMetricFamily(
+            "offgraph_row_cache_hit_ratio", "Row-cache hits / lookups since start", labels=["model"]
+        )
         fresh = GaugeMetricFamily("offgraph_store_freshness_seconds", FRESHNESS_HELP, labels=["model"])
         budget, used = (GaugeMetricFamily(*m, labels=["model", "part"]) for m in (MEMORY_BUDGET, MEMORY_USED))
         for name, part, b, u in _memory_figures(self.models):
@@ -170,17 +233,35 @@ class _ModelPublisher:
 
     def __init__(self, models: ModelRegistry, registry: CollectorRegistry):
         self.models = models
-        self.counters = {k: Counter(name, doc, ["model"], registry=registry)
-                         for k, (name, doc) in MODEL_COUNTERS.items()}
-        self.version = Gauge("offgraph_model_loaded_version", "Model version being served (0: none; the highest "
-                             "over the workers)", ["model"], multiprocess_mode="livemax", registry=registry)
-        self.fresh = Gauge("offgraph_store_freshness_seconds", FRESHNESS_HELP + " (the stalest worker)", ["model"],
-                           multiprocess_mode="livemax", registry=registry)
-        self.ratio = Gauge("offgraph_row_cache_hit_ratio", "Row-cache hits / lookups since start, per worker "
-                           "(pid label)", ["model"], multiprocess_mode="liveall", registry=registry)
+        self.counters = {
+            k: Counter(name, doc, ["model"], registry=registry) for k, (name, doc) in MODEL_COUNTERS.items()
+        }
+        self.version = Gauge(
+            "offgraph_model_loaded_version",
+            "Model version being served (0: none; the highest over the workers)",
+            ["model"],
+            multiprocess_mode="livemax",
+            registry=registry,
+        )
+        self.fresh = Gauge(
+            "offgraph_store_freshness_seconds",
+            FRESHNESS_HELP + " (the stalest worker)",
+            ["model"],
+            multiprocess_mode="livemax",
+            registry=registry,
+        )
+        self.ratio = Gauge(
+            "offgraph_row_cache_hit_ratio",
+            "Row-cache hits / lookups since start, per worker (pid label)",
+            ["model"],
+            multiprocess_mode="liveall",
+            registry=registry,
+        )
         # summed over the workers: each holds its own budget
-        self.budget, self.used = (Gauge(*m, ["model", "part"], multiprocess_mode="livesum", registry=registry)
-                                  for m in (MEMORY_BUDGET, MEMORY_USED))
+        self.budget, self.used = (
+            Gauge(*m, ["model", "part"], multiprocess_mode="livesum", registry=registry)
+            for m in (MEMORY_BUDGET, MEMORY_USED)
+        )
         self._done: dict[tuple[str, str], float] = {}  # counts already added, per (model, counter)
 
     def publish(self) -> None:

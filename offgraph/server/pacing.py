@@ -7,6 +7,7 @@ its work; each tick sleeps long enough that, since the previous tick, work took 
 ``share`` of the wall clock. Time spent waiting for the GIL counts as work, so a contended load
 backs off further.
 """
+
 from __future__ import annotations
 
 import time

@@ -6,14 +6,16 @@ relative to MODELS (``ml/3: dense model checksum mismatch``), MODELS itself ``MO
 other absolute path ``.../<its last component>``. A request with the admin bearer token sees
 the full text. Only rendering changes: logs and the registry keep the full paths.
 """
+
 from __future__ import annotations
 
 import functools
 import hmac
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import Request
 
@@ -37,8 +39,9 @@ class PathRedactor:
     def __init__(self, models_dir: Path):
         roots = sorted({os.path.abspath(models_dir), os.path.realpath(models_dir)}, key=len, reverse=True)
         # a root followed by '/' (a path under MODELS) or by no path character (MODELS itself)
-        self._models = re.compile("(?:" + "|".join(re.escape(r.rstrip("/")) for r in roots) + ")(?:/|(?!"
-                                  + _PATH_CHARS + "))")
+        self._models = re.compile(
+            "(?:" + "|".join(re.escape(r.rstrip("/")) for r in roots) + ")(?:/|(?!" + _PATH_CHARS + "))"
+        )
 
     def text(self, s: str) -> str:
         s = self._models.sub(lambda m: "" if m.group().endswith("/") else "MODELS", s)

@@ -6,6 +6,7 @@ be reloaded every poll. The signature is the names, sizes and mtimes of every fi
 version directory (a directory walk, no file is read), except the files that opening a store
 rewrites by itself (``UNSIGNED``); an unchanged signature is never retried.
 """
+
 from __future__ import annotations
 
 import os

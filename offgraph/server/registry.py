@@ -12,6 +12,7 @@ With several workers, admin decisions taken by another worker are read from the
 shared control directory (``offgraph.server.control``) and applied by ``sync_control``, in the
 same loader thread.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,13 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from offgraph.modeldir.manifest import ModelDirError, check_model_name, complete_versions
+from offgraph.modeldir.status_file import read_status
 from offgraph.server.config import ServerConfig
 from offgraph.server.control import Control, Policy, load_admin_policy, save_admin_policy
 from offgraph.server.loader import open_version
 from offgraph.server.pacing import Pacer
 from offgraph.server.refusals import may_retry, refuse, version_signature
 from offgraph.server.served import ModelHolder, ServedVersion, memory_status, scorer_stats
-from offgraph.modeldir.status_file import read_status
 
 log = logging.getLogger("offgraph.server")
 
@@ -59,8 +60,9 @@ class ModelRegistry:
         self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offgraph-loader")
         self.initial_scan_done = False
         self.load_failures: dict[str, int] = {}
-        self.control = (Control(config.control_dir, config.worker_id, config.workers)
-                        if config.control_dir is not None else None)
+        self.control = (
+            Control(config.control_dir, config.worker_id, config.workers) if config.control_dir is not None else None
+        )
         self._applied: dict[str, int] = {}  # newest control generation applied, per model
         self._closed = False
 
@@ -92,8 +94,12 @@ class ModelRegistry:
                     h.last_error = f"admin policy ignored (following the newest version): {e}"
                     log.error("model %s: %s", h.name, h.last_error)
                 self.holders[entry.name] = h
-                log.info("found model %s (policy %s%s)", entry.name, h.policy,
-                         f" {h.pinned_version}" if h.policy == "pinned" else "")
+                log.info(
+                    "found model %s (policy %s%s)",
+                    entry.name,
+                    h.policy,
+                    f" {h.pinned_version}" if h.policy == "pinned" else "",
+                )
 
     def _wanted(self, holder: ModelHolder, versions: list[int]) -> list[int]:
         """Versions to try to load now, in order of preference (the first that loads is served)."""
@@ -127,7 +133,6 @@ class ModelRegistry:
             holder.scans += 1
         self.initial_scan_done = True
 
-
     def _hot_rows(self, holder: ModelHolder) -> dict | None:
         """The serving version's most recently used rows (``--warmup-rows`` at most), to warm the next."""
         sv = holder.current
@@ -157,20 +162,23 @@ class ModelRegistry:
             sv = open_version(vdir, self.config, len(self.holders), hot, pacer, serving=serving)
         except Exception as e:  # noqa: BLE001 - whatever it is, this version must not serve
             reason = f"{type(e).__name__}: {e}"
-            holder.refused[version] = refuse(holder.refused.get(version), reason, signature,
-                                             self.config.poll_seconds)
+            holder.refused[version] = refuse(holder.refused.get(version), reason, signature, self.config.poll_seconds)
             holder.last_error = f"version {version} refused: {reason}"
             self.load_failures[holder.name] = self.load_failures.get(holder.name, 0) + 1
-            log.error("model %s: version %d refused, %s keeps serving: %s", holder.name, version,
-                      f"version {holder.current.version}" if holder.current else "nothing", reason)
+            log.error(
+                "model %s: version %d refused, %s keeps serving: %s",
+                holder.name,
+                version,
+                f"version {holder.current.version}" if holder.current else "nothing",
+                reason,
+            )
             return False
         finally:
             holder.loading_version = None
         holder.refused.pop(version, None)
         holder.last_error = note
         holder.swap(sv)
-        log.info("model %s: serving version %d (loaded and warmed up in %.2fs)", holder.name, version,
-                 sv.load_seconds)
+        log.info("model %s: serving version %d (loaded and warmed up in %.2fs)", holder.name, version, sv.load_seconds)
         return True
 
     # -- admin actions (loader thread) ---------------------------------------------------------
@@ -190,8 +198,7 @@ class ModelRegistry:
             return
         versions = h.versions_on_disk = complete_versions(h.dir)
         if version not in versions:
-            raise AdminError(404, f"model '{name}' has no complete version {version} (complete versions: "
-                                  f"{versions})")
+            raise AdminError(404, f"model '{name}' has no complete version {version} (complete versions: {versions})")
         if h.current is None or h.current.version != version:
             if not self._load(h, version):
                 raise AdminError(409, f"model '{name}': {h.last_error}")
@@ -223,8 +230,9 @@ class ModelRegistry:
             return
         v = sv.version
         vdir = holder.dir / str(v)
-        holder.refused[v] = refuse(None, f"unhealthy: {sv.unhealthy}", version_signature(vdir),
-                                   self.config.poll_seconds)
+        holder.refused[v] = refuse(
+            None, f"unhealthy: {sv.unhealthy}", version_signature(vdir), self.config.poll_seconds
+        )
         self.load_failures[holder.name] = self.load_failures.get(holder.name, 0) + 1
         on_disk = complete_versions(holder.dir)
         candidates = [holder.previous_version] if holder.previous_version in on_disk else []
@@ -252,8 +260,11 @@ class ModelRegistry:
         try:
             save_admin_policy(h.dir, h.policy, version)
         except OSError as e:
-            raise AdminError(503, f"model '{name}': done, but the decision could not be saved under MODELS and "
-                                  f"would not survive a restart: {e}") from None
+            raise AdminError(
+                503,
+                f"model '{name}': done, but the decision could not be saved under MODELS and "
+                f"would not survive a restart: {e}",
+            ) from None
         if self.control is None:
             return None
         p = self.control.record(name, h.policy, version)
@@ -279,12 +290,23 @@ class ModelRegistry:
                 else:
                     self.load(name, p.version)
             except AdminError as e:
-                log.error("worker %d: model %s: cannot follow the admin decision %s %s: %s", self.config.worker_id,
-                          name, p.policy, p.version if p.version is not None else "", e.detail)
+                log.error(
+                    "worker %d: model %s: cannot follow the admin decision %s %s: %s",
+                    self.config.worker_id,
+                    name,
+                    p.policy,
+                    p.version if p.version is not None else "",
+                    e.detail,
+                )
                 self.control.ack(p, False, e.detail)
                 continue
-            log.info("worker %d: model %s follows the admin decision: %s %s", self.config.worker_id, name, p.policy,
-                     p.version if p.version is not None else "")
+            log.info(
+                "worker %d: model %s follows the admin decision: %s %s",
+                self.config.worker_id,
+                name,
+                p.policy,
+                p.version if p.version is not None else "",
+            )
             self.control.ack(p, True)
 
     async def wait_for_workers(self, p: Policy, timeout_s: float) -> None:
@@ -299,8 +321,11 @@ class ModelRegistry:
                 return
             if time.monotonic() > deadline:
                 missing = sorted(set(range(self.config.workers)) - set(acks))
-                raise AdminError(504, f"model '{p.model}': done by {len(acks)} of {self.config.workers} workers; "
-                                      f"workers {missing} did not follow within {timeout_s:g}s (they still may)")
+                raise AdminError(
+                    504,
+                    f"model '{p.model}': done by {len(acks)} of {self.config.workers} workers; "
+                    f"workers {missing} did not follow within {timeout_s:g}s (they still may)",
+                )
             await asyncio.sleep(0.05)
 
     # -- async wrappers ----------------------------------------------------------------------------
@@ -336,8 +361,7 @@ class ModelRegistry:
     # -- status ---------------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return self.initial_scan_done and all(h.current is not None or h.policy == "unloaded"
-                                              for h in self.all())
+        return self.initial_scan_done and all(h.current is not None or h.policy == "unloaded" for h in self.all())
 
     def all(self) -> list[ModelHolder]:
         """The holders, by name (a copy: the loader thread may add models meanwhile)."""
@@ -358,26 +382,46 @@ class ModelRegistry:
             last = stats.get("last_feed_poll_unix")
             stats["freshness_seconds"] = time.time() - last if isinstance(last, (int, float)) and last else None
             training = m.get("training") or None
-            loaded = {"version": sv.version, "loaded_at_unix": sv.loaded_at, "load_seconds": sv.load_seconds,
-                      "in_flight": sv.in_flight, "quantization": store.get("quant"), "shards": store.get("shards"),
-                      "embedding_dim": m.get("embedding_dim"), "row_counts": row_counts,
-                      "total_rows": sum(row_counts.values()), "row_cache_mb": sv.row_cache_mb,
-                      "memory": memory_status(sv),
-                      "created_at": m.get("created_at"), "training": training, "store": stats,
-                      "training_loss": sv.scorer.training_loss, "score_kind": sv.scorer.score_kind}
+            loaded = {
+                "version": sv.version,
+                "loaded_at_unix": sv.loaded_at,
+                "load_seconds": sv.load_seconds,
+                "in_flight": sv.in_flight,
+                "quantization": store.get("quant"),
+                "shards": store.get("shards"),
+                "embedding_dim": m.get("embedding_dim"),
+                "row_counts": row_counts,
+                "total_rows": sum(row_counts.values()),
+                "row_cache_mb": sv.row_cache_mb,
+                "memory": memory_status(sv),
+                "created_at": m.get("created_at"),
+                "training": training,
+                "store": stats,
+                "training_loss": sv.scorer.training_loss,
+                "score_kind": sv.scorer.score_kind,
+            }
         spec = sv.scorer.spec if sv is not None else None
         return {
-            "name": h.name, "state": h.state, "policy": h.policy, "versions_on_disk": list(h.versions_on_disk),
-            "loaded": loaded, "loading_version": h.loading_version, "previous_version": h.previous_version,
-            "refused": [{"version": v, "reason": r.reason, "at_unix": r.at}
-                        for v, r in sorted(list(h.refused.items()))],
+            "name": h.name,
+            "state": h.state,
+            "policy": h.policy,
+            "versions_on_disk": list(h.versions_on_disk),
+            "loaded": loaded,
+            "loading_version": h.loading_version,
+            "previous_version": h.previous_version,
+            "refused": [
+                {"version": v, "reason": r.reason, "at_unix": r.at} for v, r in sorted(list(h.refused.items()))
+            ],
             "inputs": {s: spec.raw_inputs(s) for s in ("request", "item")} if spec is not None else {},
             "feature_tables": _feature_tables(sv.scorer) if sv is not None else [],
-            "last_error": h.last_error, "scans": h.scans, "updater": h.updater,
+            "last_error": h.last_error,
+            "scans": h.scans,
+            "updater": h.updater,
         }
 
 
 def _feature_tables(scorer) -> list[dict[str, Any]]:
     join = scorer.join
-    return [{**t.to_dict(), "present": join is not None and join.dbs.get(t.name) is not None}
-            for t in scorer.spec.tables]
+    return [
+        {**t.to_dict(), "present": join is not None and join.dbs.get(t.name) is not None} for t in scorer.spec.tables
+    ]

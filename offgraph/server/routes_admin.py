@@ -1,5 +1,6 @@
 """Admin actions (bearer token): :load, :unload, :rollback. They wait for the loader thread, and with
 several workers, until every worker has followed the decision (``offgraph.server.control``)."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -12,13 +13,18 @@ from offgraph.server.registry import AdminError
 from offgraph.server.schemas import LoadRequest, ModelStatus, error_responses
 from offgraph.server.score_body import JsonBody
 
-router = APIRouter(tags=["admin"], dependencies=[Depends(require_admin)], responses=error_responses(
-    e400="Invalid model name.",
-    e401="Missing or wrong bearer token.",
-    e403="No admin token configured: admin actions are disabled.",
-    e404="Unknown model or version.",
-    e409="The version was refused (the reason is given) or there is nothing to roll back to.",
-    e504="Several workers: not every worker followed in time."))
+router = APIRouter(
+    tags=["admin"],
+    dependencies=[Depends(require_admin)],
+    responses=error_responses(
+        e400="Invalid model name.",
+        e401="Missing or wrong bearer token.",
+        e403="No admin token configured: admin actions are disabled.",
+        e404="Unknown model or version.",
+        e409="The version was refused (the reason is given) or there is nothing to roll back to.",
+        e504="Several workers: not every worker followed in time.",
+    ),
+)
 
 _load_body = JsonBody(LoadRequest, "load body")
 
@@ -44,10 +50,16 @@ async def _run(state, name: str, fn, *args) -> ModelStatus:
     return ModelStatus(**state.models.status(state.models.holders[name]))
 
 
-@router.post("/v1/models/{name}:load", summary="Load and pin a version", openapi_extra=_load_body.openapi_extra(),
-             responses=error_responses(e413="Body larger than the server's limit.",
-                                       e415="The body's Content-Type is not JSON.",
-                                       e422="Invalid body: the message names each problem."))
+@router.post(
+    "/v1/models/{name}:load",
+    summary="Load and pin a version",
+    openapi_extra=_load_body.openapi_extra(),
+    responses=error_responses(
+        e413="Body larger than the server's limit.",
+        e415="The body's Content-Type is not JSON.",
+        e422="Invalid body: the message names each problem.",
+    ),
+)
 async def load(name: ModelName, body: Annotated[LoadRequest, Depends(load_request)], state: State) -> ModelStatus:
     """Load `version` in the background, warm it up and swap it in; the model then stays on it (pinned).
     Without `version`, the model follows the newest complete version again."""

@@ -1,4 +1,5 @@
 """GET /healthz, /readyz, /metrics."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,14 +31,19 @@ async def readyz(state: State, request: Request) -> Readiness:
         waiting = await asyncio.to_thread(control.workers_not_ready) if control is not None else []
         if not waiting:
             return Readiness(ready=True, models=models, detail="every model is serving")
-        detail = (f"worker {control.worker} is serving every model; worker(s) {', '.join(map(str, waiting))} "
-                  f"of {control.workers} not yet")
+        detail = (
+            f"worker {control.worker} is serving every model; worker(s) {', '.join(map(str, waiting))} "
+            f"of {control.workers} not yet"
+        )
         return JSONResponse(Readiness(ready=False, models=models, detail=detail).model_dump(), status_code=503)
     if not state.models.initial_scan_done:
         detail = "the first load of the models is in progress"
     else:
-        waiting = [f"{h.name} ({h.state}: {h.last_error or 'loading'})" for h in state.models.all()
-                   if h.current is None and h.policy != "unloaded"]
+        waiting = [
+            f"{h.name} ({h.state}: {h.last_error or 'loading'})"
+            for h in state.models.all()
+            if h.current is None and h.policy != "unloaded"
+        ]
         detail = view_for(request)("not serving: " + "; ".join(waiting))  # reasons may name directories
     return JSONResponse(Readiness(ready=False, models=models, detail=detail).model_dump(), status_code=503)
 

@@ -2,9 +2,11 @@
 
 Without the admin token, absolute paths are shown relative to MODELS (``offgraph.server.redact``).
 """
+
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from starlette.convertors import StringConvertor, register_url_convertor
@@ -18,6 +20,7 @@ router = APIRouter(tags=["models"])
 
 class _NoColon(StringConvertor):
     """A path segment without ':': GET /v1/models/ml:score is the :score route's (405), not model 'ml:score's."""
+
     regex = "[^/:]+"
 
 
@@ -33,8 +36,11 @@ async def list_models(state: State, view: PathView) -> ModelList:
     return ModelList(models=[ModelStatus(**view(state.models.status(h))) for h in state.models.all()])
 
 
-@router.get("/v1/models/{name:no_colon}", summary="One model's status",
-            responses=error_responses(e400="Invalid model name.", e404="Unknown model."))
+@router.get(
+    "/v1/models/{name:no_colon}",
+    summary="One model's status",
+    responses=error_responses(e400="Invalid model name.", e404="Unknown model."),
+)
 async def get_model(holder: Holder, state: State, view: PathView) -> ModelStatus:
     """Versions on disk, the loaded version (quantization, row counts, training metrics, store counters and
     freshness), the version being loaded, refused versions with their reasons. Paths are relative to MODELS

@@ -5,6 +5,7 @@ list's max_length, so an oversized candidate list is refused before its items ar
 The body is parsed by ``offgraph.server.score_body`` (msgspec for valid bodies, the pydantic model,
 which OpenAPI publishes, for the 422s).
 """
+
 import time
 from typing import Annotated, Any
 
@@ -25,25 +26,30 @@ _ERRORS = error_responses(
     e413="Body larger than the server's limit.",
     e415="The body's Content-Type is not JSON.",
     e422="Invalid body: the message names each problem (invalid JSON, NaN/Infinity, a number beyond the float64 "
-         "range, nested objects, no candidates, too many candidates, a value the feature generation cannot use, an "
-         "input sent in the other scope's place).")
+    "range, nested objects, no candidates, too many candidates, a value the feature generation cannot use, an "
+    "input sent in the other scope's place).",
+)
 
 
 def build_router(config: ServerConfig) -> APIRouter:
     router = APIRouter(tags=["scoring"])
     Body = create_model(  # noqa: N806 - a class
-        "ScoreRequest", __base__=ScoreRequest, __doc__=ScoreRequest.__doc__,
-        candidates=(list[Features], Field(min_length=1, max_length=config.max_candidates,
-                                          description=CANDIDATES_DOC)))
+        "ScoreRequest",
+        __base__=ScoreRequest,
+        __doc__=ScoreRequest.__doc__,
+        candidates=(list[Features], Field(min_length=1, max_length=config.max_candidates, description=CANDIDATES_DOC)),
+    )
     parser = ScoreBodyParser(Body, config.max_candidates)
 
     async def score_body(request: Request) -> Any:
         return await parser.parse(request)
 
-    @router.post("/v1/models/{name}:score", responses=_ERRORS, summary="Score candidates",
-                 openapi_extra=parser.openapi_extra())
-    async def score(body: Annotated[Any, Depends(score_body)], holder: Holder, state: State,
-                    request: Request) -> ScoreResponse:
+    @router.post(
+        "/v1/models/{name}:score", responses=_ERRORS, summary="Score candidates", openapi_extra=parser.openapi_extra()
+    )
+    async def score(
+        body: Annotated[Any, Depends(score_body)], holder: Holder, state: State, request: Request
+    ) -> ScoreResponse:
         """Scores of the candidates for one request, in candidate order, and the model version that made them.
         `score_kind` says what they are: `ctr`, calibrated CTRs (probabilities of a positive); `ranking`, scores
         that order the candidates but are not probabilities (a listwise model exported without a fitted
@@ -62,13 +68,20 @@ def build_router(config: ServerConfig) -> APIRouter:
         model fills (a model without tables) is a 422.
         """
         try:
-            version, scores, joined, kind = await state.run_scoring(holder.score, body.request, body.candidates,
-                                                                    body.version)
+            version, scores, joined, kind = await state.run_scoring(
+                holder.score, body.request, body.candidates, body.version
+            )
         except NotServing as e:
             raise ApiError(404, str(e)) from None
         n = len(body.candidates)
         state.metrics.observe_score(holder.name, n, time.perf_counter() - request.scope.get(START_KEY, 0.0))
-        return ScoreResponse(model=holder.name, version=version, scores=scores.tolist(), score_kind=kind,
-                             unknown_candidates=joined.unknown_candidates, unknown_request=joined.unknown_request)
+        return ScoreResponse(
+            model=holder.name,
+            version=version,
+            scores=scores.tolist(),
+            score_kind=kind,
+            unknown_candidates=joined.unknown_candidates,
+            unknown_request=joined.unknown_request,
+        )
 
     return router

@@ -1,11 +1,23 @@
 """Request and response models of the HTTP API (pydantic v2)."""
+
 from __future__ import annotations
 
 import sys
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PlainValidator, StrictBool,
-                      StrictInt, StrictStr, Tag, WithJsonSchema)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PlainValidator,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    Tag,
+    WithJsonSchema,
+)
 from pydantic_core import PydanticCustomError
 
 from offgraph.model.train_config import LOSSES
@@ -17,17 +29,22 @@ MAX_NUMBER = sys.float_info.max
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 ScoreKind = Literal[SCORE_KINDS]
-SCORE_KIND_DOC = ("What the version's scores are: `ctr`, calibrated CTRs (probabilities of a positive: a pointwise "
-                  "model, or a listwise one with the calibration its training fitted); `ranking`, scores that "
-                  "order one request's candidates but are not probabilities (a listwise model without a fitted "
-                  "calibration, e.g. trained with --validation 0).")
+SCORE_KIND_DOC = (
+    "What the version's scores are: `ctr`, calibrated CTRs (probabilities of a positive: a pointwise "
+    "model, or a listwise one with the calibration its training fitted); `ranking`, scores that "
+    "order one request's candidates but are not probabilities (a listwise model without a fitted "
+    "calibration, e.g. trained with --validation 0)."
+)
 
 
 def _fits_float64(v: int) -> int:
     if -MAX_NUMBER <= v <= MAX_NUMBER:  # int-float comparison is exact in Python
         return v
-    raise PydanticCustomError("number_too_large", "integer of {bits} bits is beyond the float64 range "
-                              "(numbers must be within +-1.7976931348623157e308)", {"bits": v.bit_length()})
+    raise PydanticCustomError(
+        "number_too_large",
+        "integer of {bits} bits is beyond the float64 range (numbers must be within +-1.7976931348623157e308)",
+        {"bits": v.bit_length()},
+    )
 
 
 FeatureInt = Annotated[StrictInt, AfterValidator(_fits_float64)]
@@ -51,28 +68,51 @@ def _kind(v: Any) -> str | None:
     return None
 
 
-_SCALARS = (Annotated[StrictStr, Tag("str")], Annotated[StrictBool, Tag("bool")],
-            Annotated[FeatureInt, Tag("int")], Annotated[FiniteFloat, Tag("float")], Annotated[None, Tag("null")])
+_SCALARS = (
+    Annotated[StrictStr, Tag("str")],
+    Annotated[StrictBool, Tag("bool")],
+    Annotated[FeatureInt, Tag("int")],
+    Annotated[FiniteFloat, Tag("float")],
+    Annotated[None, Tag("null")],
+)
 
 # The published schema: JSON types, not the validator's tagged union (whose oneOf of integer and number
 # would make every integer match two branches, i.e. none). An integer literal is a number like any other.
 # The bounds are float64's max written as the integer it is: the float's shortest repr (1.7976931348623157e308)
 # read as a decimal is smaller, and a validator doing exact arithmetic would refuse integers the server takes.
-_SCALAR_SCHEMA = [{"type": "string"}, {"type": "number", "minimum": -int(MAX_NUMBER), "maximum": int(MAX_NUMBER)},
-                  {"type": "boolean"}, {"type": "null"}]
+_SCALAR_SCHEMA = [
+    {"type": "string"},
+    {"type": "number", "minimum": -int(MAX_NUMBER), "maximum": int(MAX_NUMBER)},
+    {"type": "boolean"},
+    {"type": "null"},
+]
 
-Scalar = Annotated[Union[_SCALARS], Discriminator(
-    _kind, custom_error_type="feature_value",
-    custom_error_message="a list item must be a string, a finite number, a boolean or null (no nested lists "
-                         "or objects)")]
+Scalar = Annotated[
+    _SCALARS,
+    Discriminator(
+        _kind,
+        custom_error_type="feature_value",
+        custom_error_message="a list item must be a string, a finite number, a boolean or null (no nested lists "
+        "or objects)",
+    ),
+]
 
-FeatureValue = Annotated[Union[(*_SCALARS, Annotated[list[Scalar], Tag("list")])], Discriminator(
-    _kind, custom_error_type="feature_value",
-    custom_error_message="a feature value must be a string, a finite number, a boolean, null or a list of "
-                         "those (no nested objects)"), WithJsonSchema({
-        "anyOf": [*_SCALAR_SCHEMA, {"type": "array", "items": {"anyOf": _SCALAR_SCHEMA}}],
-        "description": "A string, a number within the float64 range (no NaN or Infinity), a boolean, null, or a "
-                       "list of those."})]
+FeatureValue = Annotated[
+    Union[(*_SCALARS, Annotated[list[Scalar], Tag("list")])],
+    Discriminator(
+        _kind,
+        custom_error_type="feature_value",
+        custom_error_message="a feature value must be a string, a finite number, a boolean, null or a list of "
+        "those (no nested objects)",
+    ),
+    WithJsonSchema(
+        {
+            "anyOf": [*_SCALAR_SCHEMA, {"type": "array", "items": {"anyOf": _SCALAR_SCHEMA}}],
+            "description": "A string, a number within the float64 range (no NaN or Infinity), a boolean, null, or a "
+            "list of those.",
+        }
+    ),
+]
 """One raw feature value: a scalar or a list of scalars. NaN, Infinity and integers beyond float64 are refused."""
 
 
@@ -92,42 +132,67 @@ Version = Annotated[Any, PlainValidator(_version), WithJsonSchema({"type": "inte
 
 Features = dict[str, FeatureValue]
 
-_FEATURES_DOC = ("Raw features by input name (the feature spec's `input` columns, listed by "
-                 "`GET /v1/models/{name}` under `inputs`). A missing key, null, \"\" or [] is *no value* (a zero "
-                 "embedding); keys the model does not read are ignored (counted in `offgraph_ignored_keys_total`); "
-                 "an input sent in the other place (a request-scope input in a candidate, an item-scope input in "
-                 "the request) is a 422 naming it.")
+_FEATURES_DOC = (
+    "Raw features by input name (the feature spec's `input` columns, listed by "
+    '`GET /v1/models/{name}` under `inputs`). A missing key, null, "" or [] is *no value* (a zero '
+    "embedding); keys the model does not read are ignored (counted in `offgraph_ignored_keys_total`); "
+    "an input sent in the other place (a request-scope input in a candidate, an item-scope input in "
+    "the request) is a 422 naming it."
+)
 
 
-CANDIDATES_DOC = ("Candidates (item-scope raw features), scored in this order; at least one, at most the "
-                  "server's --max-candidates. " + _FEATURES_DOC)
+CANDIDATES_DOC = (
+    "Candidates (item-scope raw features), scored in this order; at least one, at most the "
+    "server's --max-candidates. " + _FEATURES_DOC
+)
 
 
 class ScoreRequest(BaseModel):
     """One request: its request-level features and the candidates to score."""
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
-        "request": {"user_id": 259, "age": 21, "gender": "M", "occupation": "student", "zip_prefix": "488"},
-        "candidates": [{"movie_id": 255, "genres": ["Comedy", "Romance"],
-                        "title_words": ["my", "best", "friend", "s", "wedding"], "release_year": 1997}],
-    }]})
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "request": {"user_id": 259, "age": 21, "gender": "M", "occupation": "student", "zip_prefix": "488"},
+                    "candidates": [
+                        {
+                            "movie_id": 255,
+                            "genres": ["Comedy", "Romance"],
+                            "title_words": ["my", "best", "friend", "s", "wedding"],
+                            "release_year": 1997,
+                        }
+                    ],
+                }
+            ]
+        },
+    )
 
     request: Features = Field(default_factory=dict, description="Request-scope raw features. " + _FEATURES_DOC)
     candidates: list[Features] = Field(min_length=1, description=CANDIDATES_DOC)
     version: Version | None = Field(
-        default=None, description="Model version that must score the request (404 unless it is the one "
-                                  "served); omitted: the served version.")
+        default=None,
+        description="Model version that must score the request (404 unless it is the one "
+        "served); omitted: the served version.",
+    )
 
 
 class ScoreResponse(BaseModel):
     model: str = Field(description="Model name.")
     version: int = Field(description="Model version that computed the scores.")
-    scores: list[float] = Field(description="One per candidate, in candidate order: calibrated CTRs, or ranking "
-                                "scores (see `score_kind`).")
+    scores: list[float] = Field(
+        description="One per candidate, in candidate order: calibrated CTRs, or ranking scores (see `score_kind`)."
+    )
     score_kind: ScoreKind = Field("ctr", description=SCORE_KIND_DOC)
-    unknown_candidates: int = Field(0, description="Candidates whose key has no row in the model's item feature "
-                                    "table (scored with no stored features); 0 for a model without tables.")
-    unknown_request: bool = Field(False, description="The request's key (e.g. user_id) has no row in its feature "
-                                  "table.")
+    unknown_candidates: int = Field(
+        0,
+        description="Candidates whose key has no row in the model's item feature "
+        "table (scored with no stored features); 0 for a model without tables.",
+    )
+    unknown_request: bool = Field(
+        False, description="The request's key (e.g. user_id) has no row in its feature table."
+    )
 
 
 class ErrorItem(BaseModel):
@@ -138,14 +203,16 @@ class ErrorItem(BaseModel):
 
 class ErrorResponse(BaseModel):
     detail: str = Field(description="What is wrong, in words.")
-    errors: list[ErrorItem] | None = Field(default=None, description="Validation errors (422): location and "
-                                           "message of each problem.")
+    errors: list[ErrorItem] | None = Field(
+        default=None, description="Validation errors (422): location and message of each problem."
+    )
 
 
 class LoadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: Version | None = Field(
-        default=None, description="Version to load and pin; omitted: follow the newest complete version again.")
+        default=None, description="Version to load and pin; omitted: follow the newest complete version again."
+    )
 
 
 class RefusedVersion(BaseModel):
@@ -156,6 +223,7 @@ class RefusedVersion(BaseModel):
 
 class StoreStatus(BaseModel):
     """Cumulative counters of the loaded version's scorer (``Scorer.stats()``) and its freshness."""
+
     model_config = ConfigDict(extra="allow")
     store_rows_read: int | None = None
     cache_hits: int | None = None
@@ -163,12 +231,17 @@ class StoreStatus(BaseModel):
     cache_hit_ratio: float | None = None
     cache_entries: int | None = None
     catch_ups: int | None = None
-    last_feed_poll_unix: float | None = Field(default=None, description="When the follower last read the live "
-                                              "writer's feed: rows fed before it are served.")
-    last_catch_up_unix: float | None = Field(default=None, description="When the last catch-up of the RocksDB view "
-                                             "with the live writer began (every --catch-up-seconds).")
-    freshness_seconds: float | None = Field(default=None, description="Seconds since the follower last saw "
-                                            "everything the live writer had written (feed epochs mapped).")
+    last_feed_poll_unix: float | None = Field(
+        default=None, description="When the follower last read the live writer's feed: rows fed before it are served."
+    )
+    last_catch_up_unix: float | None = Field(
+        default=None,
+        description="When the last catch-up of the RocksDB view with the live writer began (every --catch-up-seconds).",
+    )
+    freshness_seconds: float | None = Field(
+        default=None,
+        description="Seconds since the follower last saw everything the live writer had written (feed epochs mapped).",
+    )
     changes_applied: int | None = None
 
 
@@ -186,19 +259,24 @@ class MemorySplitStatus(BaseModel):
     block_cache_mb: int
     item_cache_items: int
     feed_mb: float
-    index_mb: float = Field(description="What the version's index needs (estimated from its manifest), held "
-                                        "by the block cache.")
+    index_mb: float = Field(
+        description="What the version's index needs (estimated from its manifest), held by the block cache."
+    )
     model_mb: float = Field(description="This model's parts together.")
 
 
 class MemoryStatus(BaseModel):
     """The version's share of its worker's memory budget (``offgraph.scoring.memory_budget``) and what each part holds."""
+
     split: MemorySplitStatus
-    budget_bytes: MemoryParts = Field(description="Bytes each part may hold (the FG item cache: its items at "
-                                                  "an estimated size).")
-    used_bytes: MemoryParts = Field(description="Bytes each part holds now, in this worker: the row cache's "
-                                                "arena, the block cache's usage, the FG items held (estimated), "
-                                                "the write feed's mapped epochs.")
+    budget_bytes: MemoryParts = Field(
+        description="Bytes each part may hold (the FG item cache: its items at an estimated size)."
+    )
+    used_bytes: MemoryParts = Field(
+        description="Bytes each part holds now, in this worker: the row cache's "
+        "arena, the block cache's usage, the FG items held (estimated), "
+        "the write feed's mapped epochs."
+    )
 
 
 class LoadedVersion(BaseModel):
@@ -218,8 +296,10 @@ class LoadedVersion(BaseModel):
     training: dict[str, Any] | None = Field(description="Held-out metrics and config of the training run.")
     store: StoreStatus
     training_loss: Literal[LOSSES] = Field(
-        "pointwise", description="The loss the version was trained with (a version exported before it was "
-                                 "recorded: its training config's, else pointwise).")
+        "pointwise",
+        description="The loss the version was trained with (a version exported before it was "
+        "recorded: its training config's, else pointwise).",
+    )
     score_kind: ScoreKind = Field("ctr", description=SCORE_KIND_DOC)
 
 
@@ -236,26 +316,36 @@ class ModelStatus(BaseModel):
     state: Literal["new", "loading", "serving", "unloaded", "failed"]
     policy: Literal["latest", "pinned", "unloaded"] = Field(
         description="latest: new versions are swapped in when they appear; pinned: an admin chose the version; "
-                    "unloaded: an admin unloaded the model.")
+        "unloaded: an admin unloaded the model."
+    )
     versions_on_disk: list[int] = Field(description="Complete versions (with a manifest).")
     loaded: LoadedVersion | None
     loading_version: int | None
     previous_version: int | None = Field(description="Version served before the current one (:rollback target).")
     refused: list[RefusedVersion]
-    scans: int = Field(0, description="Scans of MODELS that have looked at this model since the server started "
-                                      "(every --poll-seconds): wait for it to grow to see what the next scan did.")
-    inputs: dict[str, list[str]] = Field(default_factory=dict,
-                                         description="Raw feature names read per scope: `request` (sent once, in "
-                                                     "`request`), `item` (sent in each candidate).")
+    scans: int = Field(
+        0,
+        description="Scans of MODELS that have looked at this model since the server started "
+        "(every --poll-seconds): wait for it to grow to see what the next scan did.",
+    )
+    inputs: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Raw feature names read per scope: `request` (sent once, in "
+        "`request`), `item` (sent in each candidate).",
+    )
     feature_tables: list[FeatureTableStatus] = Field(
-        default_factory=list, description="The loaded version's feature tables (MODELS/NAME/features/): what an "
-                                          "ids-only request may leave out.")
+        default_factory=list,
+        description="The loaded version's feature tables (MODELS/NAME/features/): what an "
+        "ids-only request may leave out.",
+    )
     last_error: str | None
     updater: dict[str, Any] | None = Field(
-        None, description="The streaming updater's status (MODELS/NAME/updater-status.json, as of the last scan): "
-                          "version, rows applied per second, backlog (items, rows, oldest_unapplied_s), for Kafka "
-                          "the lag per partition (messages, rows, seconds); age_seconds: how old it is (a stale "
-                          "status means no updater runs). None: no updater has run for this model.")
+        None,
+        description="The streaming updater's status (MODELS/NAME/updater-status.json, as of the last scan): "
+        "version, rows applied per second, backlog (items, rows, oldest_unapplied_s), for Kafka "
+        "the lag per partition (messages, rows, seconds); age_seconds: how old it is (a stale "
+        "status means no updater runs). None: no updater has run for this model.",
+    )
 
 
 class ModelList(BaseModel):

@@ -15,6 +15,7 @@ body. The msgspec twin is stricter only where that is cheap to leave to the mode
 beyond 64 bits (the model takes any integer that fits a float64) and integral floats as versions.
 ``tests/test_score_body.py`` checks that both accept and refuse the same bodies.
 """
+
 from __future__ import annotations
 
 from email.message import Message
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from offgraph.server.errors import ApiError, BodyValidationError
 
-Int64 = Annotated[int, msgspec.Meta(ge=-(2 ** 63), le=2 ** 63 - 1)]
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 Scalar = Union[str, Int64, float, bool, None]
 Value = Union[Scalar, list[Scalar]]
 
@@ -35,10 +36,13 @@ def fast_model(max_candidates: int) -> type[msgspec.Struct]:
     """The msgspec twin of ``ScoreRequest`` with at most ``max_candidates`` candidates."""
     return msgspec.defstruct(
         "ScoreRequestFast",
-        [("candidates", Annotated[list[dict[str, Value]], msgspec.Meta(min_length=1, max_length=max_candidates)]),
-         ("request", dict[str, Value], msgspec.field(default_factory=dict)),
-         ("version", Union[Annotated[int, msgspec.Meta(ge=0)], None], None)],
-        forbid_unknown_fields=True)
+        [
+            ("candidates", Annotated[list[dict[str, Value]], msgspec.Meta(min_length=1, max_length=max_candidates)]),
+            ("request", dict[str, Value], msgspec.field(default_factory=dict)),
+            ("version", Union[Annotated[int, msgspec.Meta(ge=0)], None], None),
+        ],
+        forbid_unknown_fields=True,
+    )
 
 
 def check_json_content_type(request: Request) -> None:
@@ -51,8 +55,7 @@ def check_json_content_type(request: Request) -> None:
     subtype = msg.get_content_subtype()
     if msg.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json")):
         return
-    raise ApiError(415, f"Content-Type {msg.get_content_type()!r} is not supported: send the body as "
-                        "application/json")
+    raise ApiError(415, f"Content-Type {msg.get_content_type()!r} is not supported: send the body as application/json")
 
 
 class JsonBody:
@@ -73,14 +76,25 @@ class JsonBody:
         try:  # an empty body is a missing one (as FastAPI words it): every required key is missing
             return self.model.model_validate_json(raw if raw.strip() else b"{}")
         except ValidationError as e:
-            raise BodyValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()], self.what,
-                                      [f.alias or k for k, f in self.model.model_fields.items()]) from None
+            raise BodyValidationError(
+                [{**err, "loc": ("body", *err["loc"])} for err in e.errors()],
+                self.what,
+                [f.alias or k for k, f in self.model.model_fields.items()],
+            ) from None
 
     def openapi_extra(self) -> dict:
         """The path operation's ``requestBody``: the pydantic model's JSON schema."""
         required = any(f.is_required() for f in self.model.model_fields.values())
-        return {"requestBody": {"required": required, "content": {"application/json": {
-            "schema": self.model.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
+        return {
+            "requestBody": {
+                "required": required,
+                "content": {
+                    "application/json": {
+                        "schema": self.model.model_json_schema(ref_template="#/components/schemas/{model}")
+                    }
+                },
+            }
+        }
 
 
 class ScoreBodyParser(JsonBody):

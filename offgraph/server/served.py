@@ -4,28 +4,41 @@ A request takes a reference on the holder's ``current`` version, scores on it an
 drops the reference; a swap replaces ``current`` and retires the old version, which
 is closed once its last in-flight request has finished.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from offgraph.store import StoreReadError
 from offgraph.scoring.memory_budget import MemorySplit
 from offgraph.server.pacing import Pacer
+from offgraph.store import StoreReadError
 
 log = logging.getLogger("offgraph.server")
 
 # cumulative Scorer.stats() counters, summed over a model's retired versions for /metrics
-COUNTERS = ("store_rows_read", "cache_hits", "cache_misses", "catch_ups", "changes_applied", "feed_hits",
-            "rows_written_through", "block_cache_hits", "block_cache_misses", "ignored_keys", "unknown_candidates",
-            "unusable_feature_rows")
+COUNTERS = (
+    "store_rows_read",
+    "cache_hits",
+    "cache_misses",
+    "catch_ups",
+    "changes_applied",
+    "feed_hits",
+    "rows_written_through",
+    "block_cache_hits",
+    "block_cache_misses",
+    "ignored_keys",
+    "unknown_candidates",
+    "unusable_feature_rows",
+)
 
 
 class NotServing(LookupError):
@@ -49,11 +62,14 @@ def scorer_stats(scorer) -> dict[str, Any]:
     return dict(scorer.stats())
 
 
-def memory_status(sv: "ServedVersion") -> dict[str, Any]:
+def memory_status(sv: ServedVersion) -> dict[str, Any]:
     """A served version's memory budget and what its parts hold now: ``{"split": MemorySplit.to_dict(),
     "budget_bytes": {part: bytes}, "used_bytes": {part: bytes}}`` (parts: ``offgraph.scoring.memory_budget.PARTS``)."""
-    return {"split": sv.memory.to_dict(), "budget_bytes": sv.memory.budget_bytes(),
-            "used_bytes": sv.scorer.memory_in_use()}
+    return {
+        "split": sv.memory.to_dict(),
+        "budget_bytes": sv.memory.budget_bytes(),
+        "used_bytes": sv.scorer.memory_in_use(),
+    }
 
 
 class ServedVersion:
@@ -67,8 +83,15 @@ class ServedVersion:
         self.loaded_at = time.time()
         self.load_seconds = load_seconds
         if not isinstance(memory, MemorySplit):
-            memory = MemorySplit(memory_mb=float(memory), models=1, row_cache_mb=float(memory), block_cache_mb=0,
-                                 item_cache_items=0, feed_mb=0.0, index_mb=0.0)
+            memory = MemorySplit(
+                memory_mb=float(memory),
+                models=1,
+                row_cache_mb=float(memory),
+                block_cache_mb=0,
+                item_cache_items=0,
+                feed_mb=0.0,
+                index_mb=0.0,
+            )
         self.memory = memory
         self.row_cache_mb = memory.row_cache_mb
         self.in_flight = 0
@@ -93,8 +116,13 @@ class ServedVersion:
         except Exception:  # noqa: BLE001 - closing must not take the server down
             log.exception("closing version %s failed", self.version)
         wall = time.perf_counter() - t
-        log.info("closed version %d of %s (memory freed in %.2fs, %.0f ms of it work)", self.version,
-                 self.scorer.version_dir.parent.name, wall, (wall - pacer.slept_s) * 1e3)
+        log.info(
+            "closed version %d of %s (memory freed in %.2fs, %.0f ms of it work)",
+            self.version,
+            self.scorer.version_dir.parent.name,
+            wall,
+            (wall - pacer.slept_s) * 1e3,
+        )
         return stats
 
 
@@ -102,6 +130,7 @@ class ServedVersion:
 class Refusal:
     """A version that did not load (or failed while serving). It is tried again only once its files
     changed (``signature``) and ``retry_at`` (monotonic) has passed; each failure doubles the wait."""
+
     reason: str
     signature: tuple
     attempts: int = 1
@@ -121,8 +150,10 @@ class ModelHolder:
         self.loading_version: int | None = None
         self.policy = "latest"  # latest | pinned | unloaded
         self.pinned_version: int | None = None  # with policy "pinned"
-        self.on_store_error: Callable[["ModelHolder", ServedVersion], None] | None = None  # must not block
-        self.release_share = 1.0  # a retired version's memory is freed in this share of the time (offgraph.server.pacing)
+        self.on_store_error: Callable[[ModelHolder, ServedVersion], None] | None = None  # must not block
+        self.release_share = (
+            1.0  # a retired version's memory is freed in this share of the time (offgraph.server.pacing)
+        )
         self.refused: dict[int, Refusal] = {}
         self.versions_on_disk: list[int] = []  # complete versions, as of the last poll
         self.last_error: str | None = None
@@ -139,11 +170,14 @@ class ModelHolder:
             if sv is None:
                 if self.policy != "unloaded" and (self.loading_version is not None or not self.attempted):
                     raise ModelLoading(f"model '{self.name}' is loading: no version serves yet")
-                raise NotServing(f"model '{self.name}' has no loaded version"
-                                 + (" (unloaded by an admin)" if self.policy == "unloaded" else ""))
+                raise NotServing(
+                    f"model '{self.name}' has no loaded version"
+                    + (" (unloaded by an admin)" if self.policy == "unloaded" else "")
+                )
             if version is not None and version != sv.version:
-                raise NotServing(f"version {version} of model '{self.name}' is not loaded (it serves version "
-                                 f"{sv.version})")
+                raise NotServing(
+                    f"version {version} of model '{self.name}' is not loaded (it serves version {sv.version})"
+                )
             sv.in_flight += 1
             return sv
 
@@ -154,8 +188,7 @@ class ModelHolder:
         if drained:  # not on this request's thread: closing a store and dropping a model takes milliseconds
             threading.Thread(target=self._close, args=(sv,), name=f"offgraph-close-{self.name}", daemon=True).start()
 
-    def score(self, request: dict, candidates: list[dict],
-              version: int | None) -> tuple[int, np.ndarray, Any, str]:
+    def score(self, request: dict, candidates: list[dict], version: int | None) -> tuple[int, np.ndarray, Any, str]:
         """Score on the current version (or the one asked for); runs in a scoring thread. Returns
         (version, scores, the feature join's result: ``offgraph.scoring.feature_join.Joined``, what the scores are:
         the version's ``score_kind``)."""
@@ -164,7 +197,10 @@ class ModelHolder:
             return (sv.version, *sv.scorer.score_joined(request, candidates), sv.scorer.score_kind)
         except StoreReadError as e:
             with self._lock:
-                first, sv.unhealthy = sv.unhealthy is None, sv.unhealthy or f"store read failed while serving ({e.kind})"
+                first, sv.unhealthy = (
+                    sv.unhealthy is None,
+                    sv.unhealthy or f"store read failed while serving ({e.kind})",
+                )
             if first and self.on_store_error is not None:
                 self.on_store_error(self, sv)
             raise StoreFailure(self.name, sv.version, e) from e
@@ -187,8 +223,13 @@ class ModelHolder:
             self._close(new)
             return None
         if old is not None:
-            log.info("model %s: version %s -> %s (old version drains %d in-flight requests)", self.name,
-                     old.version, new.version if new else "unloaded", old.in_flight)
+            log.info(
+                "model %s: version %s -> %s (old version drains %d in-flight requests)",
+                self.name,
+                old.version,
+                new.version if new else "unloaded",
+                old.in_flight,
+            )
         if drained:
             self._close(old)
         return old

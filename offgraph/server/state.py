@@ -1,11 +1,13 @@
 """ServerState: the shared objects of one app (config, models, metrics, scoring pool)."""
+
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from offgraph.server.config import ServerConfig
 from offgraph.server.gc_tuning import GcPauses, collect_young_forever
@@ -28,7 +30,7 @@ class ServerState:
     _young_task: asyncio.Task | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, config: ServerConfig) -> "ServerState":
+    def build(cls, config: ServerConfig) -> ServerState:
         models = ModelRegistry(config)
         return cls(config, models, ServerMetrics(models, multiprocess=config.workers > 1))
 
@@ -43,8 +45,7 @@ class ServerState:
         self._gc = GcPauses(self.metrics.gc_pause)
         self._gc.start()
         self.pool = ThreadPoolExecutor(max_workers=self.config.score_threads, thread_name_prefix="offgraph-score")
-        self._poll_task = asyncio.create_task(self.models.poll_forever(on_tick=self.on_tick),
-                                             name="offgraph-poll")
+        self._poll_task = asyncio.create_task(self.models.poll_forever(on_tick=self.on_tick), name="offgraph-poll")
         self._lag_task = asyncio.create_task(watch_loop_lag(self.metrics.loop_lag), name="offgraph-loop-lag")
         if self.config.tune_gc:
             self._young_task = asyncio.create_task(collect_young_forever(), name="offgraph-gc-young")

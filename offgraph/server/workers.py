@@ -14,6 +14,7 @@ The supervisor restarts a worker that dies (logged; a worker that keeps dying wi
 seconds of its start stops the server) and on SIGTERM / SIGINT stops every worker
 gracefully (in-flight requests finish).
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,7 +34,7 @@ VERBOSE_ENV = "OFFGRAPH_VERBOSE"  # set by `offgraph -v`; read by the spawned wo
 log = logging.getLogger("offgraph.server")
 
 RESTART_WINDOW_S = 30.0  # a worker that dies this soon after starting ...
-MAX_QUICK_DEATHS = 3     # ... this many times in a row stops the server
+MAX_QUICK_DEATHS = 3  # ... this many times in a row stops the server
 
 
 def _family(host: str) -> socket.AddressFamily:
@@ -77,8 +78,10 @@ def _worker_main(config: ServerConfig, host: str, port: int, log_level: str) -> 
         from offgraph.runtime import install_quiet_tensorflow_import
 
         install_quiet_tensorflow_import()
-    logging.basicConfig(level=getattr(logging, log_level.upper()),
-                        format=f"%(asctime)s %(levelname)s %(name)s[w{config.worker_id}]: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper()),
+        format=f"%(asctime)s %(levelname)s %(name)s[w{config.worker_id}]: %(message)s",
+    )
     from offgraph.server.tf_threads import configure_tf_threads
 
     configure_tf_threads(config.intra_threads, config.inter_threads)
@@ -97,8 +100,11 @@ class Supervisor:
         self.host, self.port, self.workers, self.log_level = host, port, workers, log_level
         self.tmp = Path(tempfile.mkdtemp(prefix="offgraph-serve-"))
         (self.tmp / "prometheus").mkdir()
-        self.config = config.replace(workers=workers, control_dir=self.tmp / "control",
-                                     cache_mb=None if config.cache_mb is None else config.cache_mb / workers)
+        self.config = config.replace(
+            workers=workers,
+            control_dir=self.tmp / "control",
+            cache_mb=None if config.cache_mb is None else config.cache_mb / workers,
+        )
         self.ctx = multiprocessing.get_context("spawn")
         self.procs: dict[int, multiprocessing.process.BaseProcess] = {}
         self.started: dict[int, float] = {}
@@ -107,8 +113,12 @@ class Supervisor:
 
     def _start(self, i: int) -> None:
         cfg = self.config.replace(worker_id=i)
-        p = self.ctx.Process(target=_worker_main, args=(cfg, self.host, self.port, self.log_level),
-                             name=f"offgraph-worker-{i}", daemon=False)
+        p = self.ctx.Process(
+            target=_worker_main,
+            args=(cfg, self.host, self.port, self.log_level),
+            name=f"offgraph-worker-{i}",
+            daemon=False,
+        )
         p.start()
         self.procs[i], self.started[i] = p, time.monotonic()
         log.info("worker %d started (pid %d)", i, p.pid)
@@ -122,8 +132,13 @@ class Supervisor:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.tmp / "prometheus")
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
-        log.info("serving on http://%s:%d with %d workers (memory budget %.0f MiB each)", self.host, self.port,
-                 self.workers, self.config.memory_mb)
+        log.info(
+            "serving on http://%s:%d with %d workers (memory budget %.0f MiB each)",
+            self.host,
+            self.port,
+            self.workers,
+            self.config.memory_mb,
+        )
         rc = 0
         try:
             for i in range(self.workers):
@@ -149,8 +164,13 @@ class Supervisor:
         quick = time.monotonic() - self.started[i] < RESTART_WINDOW_S
         self.quick_deaths[i] = self.quick_deaths.get(i, 0) + 1 if quick else 0
         if self.quick_deaths[i] >= MAX_QUICK_DEATHS:
-            log.error("worker %d died %d times within %gs of starting (exit code %s): stopping the server", i,
-                      self.quick_deaths[i], RESTART_WINDOW_S, p.exitcode)
+            log.error(
+                "worker %d died %d times within %gs of starting (exit code %s): stopping the server",
+                i,
+                self.quick_deaths[i],
+                RESTART_WINDOW_S,
+                p.exitcode,
+            )
             return 1
         log.error("worker %d (pid %d) died with exit code %s: restarting it", i, p.pid, p.exitcode)
         self._start(i)

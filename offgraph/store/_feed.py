@@ -31,12 +31,13 @@ records into the unread copies BEFORE it writes the batch to RocksDB and publish
 their versions only AFTER that write: a writer killed in between leaves staged
 records that no reader ever sees.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-from offgraph.store.keys import splitmix64
 from offgraph.store._row_cache import EMPTY
+from offgraph.store.keys import splitmix64
 
 MAGIC = 0x3130_4C56_4F46_474F  # b"OGFOVL01" little-endian
 HEADER_WORDS = 512
@@ -153,8 +154,9 @@ def write_rows(vers: np.ndarray, values: np.ndarray, slot: np.ndarray, records: 
     publish(vers, slot, stage_rows(vers, values, slot, records))
 
 
-def read_rows(keys: np.ndarray, vers: np.ndarray, values: np.ndarray, slots: int, k: np.ndarray,
-              retries: int = TORN_RETRIES):
+def read_rows(
+    keys: np.ndarray, vers: np.ndarray, values: np.ndarray, slots: int, k: np.ndarray, retries: int = TORN_RETRIES
+):
     """``(positions int64 [H] of the keys found, records uint8 [H, rb])``; rows being
     rewritten while read are read again, up to ``retries`` times (then ``FeedTornRead``)."""
     slot = find(keys, slots, k)

@@ -57,9 +57,7 @@ def check_inputs(vectors, first_order, dim: int) -> tuple[np.ndarray, np.ndarray
 def check_records(records, record_bytes: int) -> np.ndarray:
     r = np.asarray(records)
     if r.dtype != np.uint8 or r.ndim != 2 or r.shape[1] != record_bytes:
-        raise ValueError(
-            f"records must be uint8 [K, {record_bytes}], got {r.dtype} {r.shape}"
-        )
+        raise ValueError(f"records must be uint8 [K, {record_bytes}], got {r.dtype} {r.shape}")
     return r
 
 

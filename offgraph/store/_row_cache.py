@@ -23,6 +23,7 @@ skips every key whose set was invalidated after that epoch, so a row read before
 be cached after the update's invalidation. A skip may also hit an innocent key of the same set: it only
 costs a later miss.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,8 +51,9 @@ def bytes_per_row(ways: int, record_bytes: int, policy: str, sketch_bytes: float
     return 8 + record_bytes + state_bytes(policy) + 8 / ways + sk
 
 
-def layout(budget: float, ways: int, record_bytes: int, policy: str,
-           sketch_bytes: float = SKETCH_BYTES_PER_ROW) -> tuple[int, int]:
+def layout(
+    budget: float, ways: int, record_bytes: int, policy: str, sketch_bytes: float = SKETCH_BYTES_PER_ROW
+) -> tuple[int, int]:
     """``(sets, sketch counters)`` of the largest cache whose arrays fit in ``budget`` bytes: the sketch
     about ``sketch_bytes`` per row in whole blocks (one at least; none for LRU), the
     slots (key, record, state, and a set epoch per set) the rest."""
@@ -142,9 +144,9 @@ class CacheArrays:
             step = min(todo, total - p)
             a, b = p, p + step
             if a < flat_sketch.size:
-                flat_sketch[a:min(b, flat_sketch.size)] >>= 1
+                flat_sketch[a : min(b, flat_sketch.size)] >>= 1
             if b > flat_sketch.size:
-                self.state[max(a - flat_sketch.size, 0):b - flat_sketch.size] >>= 1
+                self.state[max(a - flat_sketch.size, 0) : b - flat_sketch.size] >>= 1
             self._age_pos = b % total
             todo -= step
 

@@ -6,6 +6,7 @@ highest seq wins, and of equal seqs the FIRST (as a later call with an equal seq
 skipped: so how updates are grouped into calls never changes the result); a row whose
 stored seq is >= its new seq is not written. Without seqs, the later duplicate wins.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -90,7 +90,7 @@ class EmbeddingStore(StoreReads, StoreWrites, BulkLoad):
             self._pool = None
         self._close()
 
-    def __enter__(self) -> "EmbeddingStore":
+    def __enter__(self) -> EmbeddingStore:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -119,9 +119,7 @@ class EmbeddingStore(StoreReads, StoreWrites, BulkLoad):
         order = np.argsort(shard, kind="stable")
         counts = np.bincount(shard, minlength=self.config.shards)
         bounds = np.concatenate([[0], np.cumsum(counts)])
-        return [
-            (s, order[bounds[s] : bounds[s + 1]]) for s in range(self.config.shards) if counts[s]
-        ]
+        return [(s, order[bounds[s] : bounds[s + 1]]) for s in range(self.config.shards) if counts[s]]
 
     def _check_shard(self, shard: Any) -> int:
         if isinstance(shard, bool) or not isinstance(shard, (int, np.integer)):
@@ -138,6 +136,5 @@ class EmbeddingStore(StoreReads, StoreWrites, BulkLoad):
         self._check_open()
         if self.mode != "w":
             raise ValueError(
-                f"store {self.path!r} is open with mode={self.mode!r} (read-only); "
-                "open it with mode='w' to write"
+                f"store {self.path!r} is open with mode={self.mode!r} (read-only); open it with mode='w' to write"
             )

@@ -4,6 +4,7 @@ shard (``sst_run``), ingested by move.
 A mixin of ``base.EmbeddingStore``: it uses the store's primitives (``_sst_writer_factory``,
 ``_ingest``) and helpers (``_check_writable``).
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,9 @@ class BulkLoad:
         least 2**21, else 1 = in this process). ``tmp_dir`` must be on the store's
         filesystem for the move (default: inside the store). Returns rows loaded.
         """
-        return self.bulk_load_tables([(table_id, chunks)], total_rows=total_rows, progress=progress,
-                                     tmp_dir=tmp_dir, workers=workers)[0]
+        return self.bulk_load_tables(
+            [(table_id, chunks)], total_rows=total_rows, progress=progress, tmp_dir=tmp_dir, workers=workers
+        )[0]
 
     def bulk_load_tables(
         self,

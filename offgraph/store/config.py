@@ -109,14 +109,14 @@ class StoreConfig(ConfigModel, frozen=True):
         return self.model_dump()
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "StoreConfig":
+    def from_dict(cls, d: dict[str, Any]) -> StoreConfig:
         """The settings of ``store.json``: every key must be a setting."""
         if not isinstance(d, dict):
             raise ValueError(f"StoreConfig.from_dict needs a dict, got {type(d).__name__}")
         return cls(**d)
 
     @classmethod
-    def from_record(cls, d: dict[str, Any]) -> "StoreConfig":
+    def from_record(cls, d: dict[str, Any]) -> StoreConfig:
         """The settings of a manifest's ``store`` record, which also holds figures (row counts, bytes)."""
         if not isinstance(d, dict):
             raise ValueError(f"StoreConfig.from_record needs a dict, got {type(d).__name__}")
@@ -126,7 +126,7 @@ class StoreConfig(ConfigModel, frozen=True):
         """The settings that decide what the bytes on disk mean."""
         return {k: getattr(self, k) for k in LAYOUT_FIELDS}
 
-    def check_same_layout(self, other: "StoreConfig") -> None:
+    def check_same_layout(self, other: StoreConfig) -> None:
         """Raise ValueError naming every layout setting where ``other`` differs."""
         bad = [
             f"{k}: store has {getattr(self, k)!r}, asked for {getattr(other, k)!r}"
@@ -135,4 +135,3 @@ class StoreConfig(ConfigModel, frozen=True):
         ]
         if bad:
             raise ValueError("StoreConfig conflicts with the existing store: " + "; ".join(bad))
-

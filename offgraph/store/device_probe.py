@@ -10,6 +10,7 @@ Files the probe cannot read direct from a device raise ``DirectIOUnsupported`` w
 a filesystem that refuses ``O_DIRECT``, and one held in memory (tmpfs, ramfs: since Linux 6.6 tmpfs
 accepts ``O_DIRECT`` and serves it from memory, which would be passed off as the disk's latency).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -74,8 +75,9 @@ def _open_direct(files: list[Path], block_bytes: int) -> list[tuple[int, int]]:
     return fds
 
 
-def direct_reads(files, depth: int, seconds: float, block_bytes: int = DEFAULT_BLOCK_BYTES,
-                 seed: int = 0) -> tuple[list[float], float]:
+def direct_reads(
+    files, depth: int, seconds: float, block_bytes: int = DEFAULT_BLOCK_BYTES, seed: int = 0
+) -> tuple[list[float], float]:
     """Random aligned ``block_bytes`` ``O_DIRECT`` reads over ``files`` by ``depth`` threads for
     ``seconds``: each read's latency in seconds, and the wall time they took together."""
     if depth < 1:
@@ -134,21 +136,30 @@ def summarize(lat_s: list[float], wall_s: float, depth: int, block_bytes: int) -
     if not len(ms):
         raise DirectIOUnsupported("no read completed in the probe's time")
     p50, p99, p999 = np.percentile(ms, [50, 99, 99.9])
-    return {"reads": int(len(ms)), "reads_per_s": float(len(ms) / wall_s), "mean_ms": float(ms.mean()),
-            "p50_ms": float(p50), "p99_ms": float(p99), "p999_ms": float(p999), "max_ms": float(ms.max()),
-            "depth": int(depth), "block_bytes": int(block_bytes), "seconds": float(wall_s)}
+    return {
+        "reads": int(len(ms)),
+        "reads_per_s": float(len(ms) / wall_s),
+        "mean_ms": float(ms.mean()),
+        "p50_ms": float(p50),
+        "p99_ms": float(p99),
+        "p999_ms": float(p999),
+        "max_ms": float(ms.max()),
+        "depth": int(depth),
+        "block_bytes": int(block_bytes),
+        "seconds": float(wall_s),
+    }
 
 
-def direct_read_latency(files, depth: int, seconds: float, block_bytes: int = DEFAULT_BLOCK_BYTES,
-                        seed: int = 0) -> dict:
+def direct_read_latency(
+    files, depth: int, seconds: float, block_bytes: int = DEFAULT_BLOCK_BYTES, seed: int = 0
+) -> dict:
     """The device's random ``O_DIRECT`` read latency at queue depth ``depth`` (``summarize``'s figures).
     Raises ``DirectIOUnsupported`` (an OSError, with the reason) where the files cannot be read direct."""
     lat, wall = direct_reads(files, depth, seconds, block_bytes, seed)
     return summarize(lat, wall, depth, block_bytes)
 
 
-def device_profile(files, seconds: float, depths=(1, 8), block_bytes: int = DEFAULT_BLOCK_BYTES,
-                   seed: int = 0) -> dict:
+def device_profile(files, seconds: float, depths=(1, 8), block_bytes: int = DEFAULT_BLOCK_BYTES, seed: int = 0) -> dict:
     """``{"qd1": ..., "qd8": ...}``: ``direct_read_latency`` at each depth, ``seconds`` each."""
     files = list(files)
     return {f"qd{d}": direct_read_latency(files, d, seconds, block_bytes, seed) for d in depths}
@@ -156,5 +167,8 @@ def device_profile(files, seconds: float, depths=(1, 8), block_bytes: int = DEFA
 
 def describe_profile(profile: dict) -> str:
     """One line per depth, for logs and bench output."""
-    return "; ".join(f"{k}: {p['block_bytes'] >> 10}-KiB direct reads mean {p['mean_ms']:.3f} p50 {p['p50_ms']:.3f} "
-                     f"p99 {p['p99_ms']:.2f} ms, {p['reads_per_s']:,.0f} reads/s" for k, p in profile.items())
+    return "; ".join(
+        f"{k}: {p['block_bytes'] >> 10}-KiB direct reads mean {p['mean_ms']:.3f} p50 {p['p50_ms']:.3f} "
+        f"p99 {p['p99_ms']:.2f} ms, {p['reads_per_s']:,.0f} reads/s"
+        for k, p in profile.items()
+    )

@@ -1,4 +1,5 @@
 """Errors of the embedding store's backend."""
+
 from __future__ import annotations
 
 

@@ -19,6 +19,7 @@ every 0.2 s (``offgraph/scoring/feature_join.py``): a catch-up of a DB this size
 on a 2-vCPU machine, offgraph/streaming/README.md "Feature deltas"), where the embedding store's shards
 are caught up every 30 s.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,12 +27,12 @@ import os
 import shutil
 import tempfile
 from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import msgspec
-from rocksdict import (AccessType, IngestExternalFileOptions, Options, Rdict, SstFileWriter, WriteBatch,
-                       WriteOptions)
+from rocksdict import AccessType, IngestExternalFileOptions, Options, Rdict, SstFileWriter, WriteBatch, WriteOptions
 
 from offgraph.features._hashing import canonical
 from offgraph.features.table_spec import TableSpec
@@ -72,8 +73,13 @@ def encode_row(seq: int, row: Mapping[str, Any]) -> bytes:
 
 
 def table_record(table: TableSpec) -> dict[str, Any]:
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, **table.to_dict(),
-            "key_encoding": KEY_ENCODING, "value_encoding": VALUE_ENCODING}
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        **table.to_dict(),
+        "key_encoding": KEY_ENCODING,
+        "value_encoding": VALUE_ENCODING,
+    }
 
 
 def _options() -> Options:
@@ -93,11 +99,15 @@ class FeatureDB:
         try:
             self.info = json.loads((self.path / TABLE_FILE).read_text())
         except (OSError, ValueError) as e:
-            raise FeatureTableError(f"feature table {self.path}: no readable {TABLE_FILE} ({e}); create it with "
-                                    "`offgraph features load` or `offgraph export`") from None
+            raise FeatureTableError(
+                f"feature table {self.path}: no readable {TABLE_FILE} ({e}); create it with "
+                "`offgraph features load` or `offgraph export`"
+            ) from None
         if self.info.get("format") != FORMAT or self.info.get("format_version") != FORMAT_VERSION:
-            raise FeatureTableError(f"feature table {self.path}: format {self.info.get('format')!r} v"
-                                    f"{self.info.get('format_version')!r}, expected {FORMAT!r} v{FORMAT_VERSION}")
+            raise FeatureTableError(
+                f"feature table {self.path}: format {self.info.get('format')!r} v"
+                f"{self.info.get('format_version')!r}, expected {FORMAT!r} v{FORMAT_VERSION}"
+            )
         self._secondary: str | None = None
         self._opts = _options()
         db = str(self.path / "db")
@@ -119,7 +129,7 @@ class FeatureDB:
             ) from None
 
     @classmethod
-    def create(cls, path: str | Path, table: TableSpec) -> "FeatureDB":
+    def create(cls, path: str | Path, table: TableSpec) -> FeatureDB:
         """Open the table at ``path`` for writing, creating it if needed (:func:`ensure_table`)."""
         ensure_table(path, table)
         return cls(path, "w")
@@ -151,8 +161,15 @@ class FeatureDB:
             yield k, _decode(v)
 
     # ------------------------------------------------------------------ writes
-    def write(self, keys: Sequence[bytes], rows: Sequence[Mapping[str, Any]], seqs: Sequence[int], *,
-              meta: Mapping[bytes, bytes] | None = None, sync: bool = False) -> tuple[int, int]:
+    def write(
+        self,
+        keys: Sequence[bytes],
+        rows: Sequence[Mapping[str, Any]],
+        seqs: Sequence[int],
+        *,
+        meta: Mapping[bytes, bytes] | None = None,
+        sync: bool = False,
+    ) -> tuple[int, int]:
         """Last write wins by seq: a row whose stored seq is >= its new seq is skipped (of
         duplicates in one call the highest seq wins). The rows and ``meta`` (positions) go in ONE
         atomic WriteBatch (logged: a follower catches up from the WAL). Returns (applied, stale)."""
@@ -246,7 +263,8 @@ def ensure_table(path: str | Path, table: TableSpec) -> None:
             raise FeatureTableError(
                 f"feature table {path}: keyed by {info.get('key')!r} ({info.get('scope')}) on disk, but the "
                 f"spec keys '{table.name}' by {table.key!r} ({table.scope}): a table's key cannot change; "
-                "declare a new table name")
+                "declare a new table name"
+            )
         cols = list(info["columns"]) + [c for c in table.columns if c not in info["columns"]]
         if cols != info["columns"]:
             _write_json(f, {**info, "columns": cols})

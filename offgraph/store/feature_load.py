@@ -12,20 +12,22 @@ ingested as one external SST file, with a tqdm bar.
 Errors name a row with ``where(i)`` (i: 0-based position in the data): ``row i+1`` by default,
 the file's line for a text file (``offgraph.features.tables.row_locator``), ``delta i`` for a delta.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from offgraph.store.feature_db import LOADED_SEQ, FeatureDB, FeatureTableError, encode_row, row_key, table_dir
 from offgraph.features.spec import LIST_OPS, FeatureSpec
 from offgraph.features.table_spec import TableSpec
 from offgraph.features.value_limits import BadValue, value_errors
+from offgraph.store.feature_db import LOADED_SEQ, FeatureDB, FeatureTableError, encode_row, row_key, table_dir
 
 CHUNK = 65536
 SHOWN = 3
@@ -50,8 +52,10 @@ def check_schema(table: pa.Table, t: TableSpec, spec: FeatureSpec, source: str, 
     names = table.column_names
     missing = [c for c in (t.key, *t.columns) if c not in names]
     if missing:
-        raise FeatureTableError(f"{source}: table '{t.name}' needs column(s) {missing} (key {t.key!r}, columns "
-                                f"{list(t.columns)}); the file has {names}")
+        raise FeatureTableError(
+            f"{source}: table '{t.name}' needs column(s) {missing} (key {t.key!r}, columns "
+            f"{list(t.columns)}); the file has {names}"
+        )
     lists = list_inputs(spec)
     for c in (t.key, *t.columns):
         typ = table.schema.field(c).type
@@ -59,13 +63,23 @@ def check_schema(table: pa.Table, t: TableSpec, spec: FeatureSpec, source: str, 
             if c == t.key:
                 raise FeatureTableError(f"{source}: key column {c!r} is a list ({typ}); a key is one value")
             if c not in lists:
-                raise FeatureTableError(f"{source}: column {c!r} is a list ({typ}) but the model reads it as one "
-                                        "value (only id / tokenize inputs take lists)")
+                raise FeatureTableError(
+                    f"{source}: column {c!r} is a list ({typ}) but the model reads it as one "
+                    "value (only id / tokenize inputs take lists)"
+                )
             typ = typ.value_type
-        if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_string(typ)
-                or pa.types.is_large_string(typ) or pa.types.is_boolean(typ) or pa.types.is_null(typ)):
-            raise FeatureTableError(f"{source}: column {c!r} has type {table.schema.field(c).type}; FG reads "
-                                    "strings, numbers, booleans and lists of those")
+        if not (
+            pa.types.is_integer(typ)
+            or pa.types.is_floating(typ)
+            or pa.types.is_string(typ)
+            or pa.types.is_large_string(typ)
+            or pa.types.is_boolean(typ)
+            or pa.types.is_null(typ)
+        ):
+            raise FeatureTableError(
+                f"{source}: column {c!r} has type {table.schema.field(c).type}; FG reads "
+                "strings, numbers, booleans and lists of those"
+            )
     key = table.column(t.key)
     if key.null_count:
         first = int(np.flatnonzero(key.is_null().to_numpy(zero_copy_only=False))[0])
@@ -92,8 +106,9 @@ def _scalar_bytes(arr: pa.Array) -> np.ndarray:
     return np.where(arr.is_valid().to_numpy(zero_copy_only=False), 8, 0).astype(np.int64)
 
 
-def row_problems(table: pa.Table, t: TableSpec, spec: FeatureSpec,
-                 cols: Mapping[str, Sequence[Any]] | None = None) -> list[BadValue]:
+def row_problems(
+    table: pa.Table, t: TableSpec, spec: FeatureSpec, cols: Mapping[str, Sequence[Any]] | None = None
+) -> list[BadValue]:
     """The rows of ``table`` (its columns of ``t``) that must not be stored, sorted by row, at most about
     ``CHECKED``: a value or row over the table's size bounds, or a value the serving FG refuses (FG's own
     rules, ``offgraph.features.value_limits.value_errors``; ``cols``: the columns as Python lists, if at hand)."""
@@ -102,12 +117,27 @@ def row_problems(table: pa.Table, t: TableSpec, spec: FeatureSpec,
     bad: dict[int, BadValue] = {}
     for c, size in sizes.items():
         for r in np.flatnonzero(size > t.max_value_bytes)[:CHECKED].tolist():
-            bad.setdefault(r, BadValue(r, c, "-", f"a value of {int(size[r]):,} bytes, more than the table's "
-                                                  f"max_value_bytes of {t.max_value_bytes:,}"))
+            bad.setdefault(
+                r,
+                BadValue(
+                    r,
+                    c,
+                    "-",
+                    f"a value of {int(size[r]):,} bytes, more than the table's "
+                    f"max_value_bytes of {t.max_value_bytes:,}",
+                ),
+            )
     total = sum(sizes.values()) if sizes else np.zeros(n, np.int64)
     for r in np.flatnonzero(total > t.max_row_bytes)[:CHECKED].tolist():
-        bad.setdefault(r, BadValue(r, "*", "-", f"a row of {int(total[r]):,} bytes, more than the table's "
-                                               f"max_row_bytes of {t.max_row_bytes:,}"))
+        bad.setdefault(
+            r,
+            BadValue(
+                r,
+                "*",
+                "-",
+                f"a row of {int(total[r]):,} bytes, more than the table's max_row_bytes of {t.max_row_bytes:,}",
+            ),
+        )
     if bad:  # the sizes first: FG's checks would run over the oversized values
         return [bad[r] for r in sorted(bad)]
     cols = cols if cols is not None else {c: table.column(c).to_pylist() for c in t.columns}
@@ -122,9 +152,12 @@ def refusal(problems: Sequence[BadValue], table: pa.Table, t: TableSpec, where: 
     shown = "; ".join(f"{where(b.row)} ({t.key}={keys[b.row].as_py()!r}): " + _what(b) for b in problems[:SHOWN])
     more = len(problems) - SHOWN
     count = f"{len(problems)}{'+' if len(problems) >= CHECKED else ''}"
-    return (f"{count} row(s) the server could not use: {shown}" + (f"; and {more} more" if more > 0 else "")
-            + " (values must be ones the model's FG takes, within the table's size bounds: offgraph/features/README.md "
-              "\"Feature tables\")")
+    return (
+        f"{count} row(s) the server could not use: {shown}"
+        + (f"; and {more} more" if more > 0 else "")
+        + " (values must be ones the model's FG takes, within the table's size bounds: offgraph/features/README.md "
+        '"Feature tables")'
+    )
 
 
 def _what(b: BadValue) -> str:
@@ -135,16 +168,23 @@ def _what(b: BadValue) -> str:
     return str(b)
 
 
-def check_rows(table: pa.Table, t: TableSpec, spec: FeatureSpec, source: str, where: Where = data_row,
-               cols: Mapping[str, Sequence[Any]] | None = None) -> None:
+def check_rows(
+    table: pa.Table,
+    t: TableSpec,
+    spec: FeatureSpec,
+    source: str,
+    where: Where = data_row,
+    cols: Mapping[str, Sequence[Any]] | None = None,
+) -> None:
     """FeatureTableError naming the first bad rows of ``table`` (:func:`row_problems`)."""
     msg = refusal(row_problems(table, t, spec, cols), table, t, where)
     if msg is not None:
         raise FeatureTableError(f"{source}: {msg}")
 
 
-def encoded_rows(table: pa.Table, t: TableSpec, source: str, where: Where = data_row,
-                 cols: Mapping[str, Sequence[Any]] | None = None) -> list[tuple[bytes, bytes]]:
+def encoded_rows(
+    table: pa.Table, t: TableSpec, source: str, where: Where = data_row, cols: Mapping[str, Sequence[Any]] | None = None
+) -> list[tuple[bytes, bytes]]:
     """``(record key, value)`` sorted by key; FeatureTableError naming the first duplicate key
     (two spellings of one key, 242 and "242", are one key)."""
     keys = [row_key(v) for v in table.column(t.key).to_pylist()]
@@ -155,14 +195,25 @@ def encoded_rows(table: pa.Table, t: TableSpec, source: str, where: Where = data
     for a, b in zip(order, order[1:]):
         if keys[a] == keys[b]:
             i, j = sorted((a, b))
-            raise FeatureTableError(f"{source}: duplicate key {t.key}={keys[a][1:].decode()!r} at {where(i)} and "
-                                    f"{where(j)}; a feature file holds one row per key")
+            raise FeatureTableError(
+                f"{source}: duplicate key {t.key}={keys[a][1:].decode()!r} at {where(i)} and "
+                f"{where(j)}; a feature file holds one row per key"
+            )
     cols = cols if cols is not None else {c: table.column(c).to_pylist() for c in t.columns}
     return [(keys[i], encode_row(LOADED_SEQ, {c: cols[c][i] for c in t.columns})) for i in order]
 
 
-def load_table(model_dir: str | Path, t: TableSpec, spec: FeatureSpec, table: pa.Table, *, source: str = "<data>",
-               progress: bool = True, keep_streamed: bool = False, where: Where = data_row) -> dict[str, Any]:
+def load_table(
+    model_dir: str | Path,
+    t: TableSpec,
+    spec: FeatureSpec,
+    table: pa.Table,
+    *,
+    source: str = "<data>",
+    progress: bool = True,
+    keep_streamed: bool = False,
+    where: Where = data_row,
+) -> dict[str, Any]:
     """Check ``table`` against ``t`` and ingest its rows into MODELS/NAME/features/TABLE (created if
     needed; rows of keys already there are replaced, except, with ``keep_streamed``, rows a stream
     wrote (seq >= 0): the exporter's values are as of a training cut, older than those).
@@ -211,5 +262,14 @@ def latest_per_key(table: pa.Table, key: str, time: str | None, mask: np.ndarray
     return table.take(pa.array(np.sort(keep)))
 
 
-__all__ = ["load_table", "check_schema", "check_rows", "encoded_rows", "row_problems", "refusal", "value_bytes",
-           "latest_per_key", "list_inputs"]
+__all__ = [
+    "load_table",
+    "check_schema",
+    "check_rows",
+    "encoded_rows",
+    "row_problems",
+    "refusal",
+    "value_bytes",
+    "latest_per_key",
+    "list_inputs",
+]

@@ -29,6 +29,7 @@ new epoch when it opens the store, after ``epoch_seconds``, and when the table w
 be over half full. It deletes epochs superseded more than ``keep_seconds`` ago (a
 follower that mapped one keeps its mapping). Rows must be < 2**48.
 """
+
 from __future__ import annotations
 
 import errno
@@ -42,9 +43,10 @@ from pathlib import Path
 import numpy as np
 
 from offgraph.store import _feed as fi
+from offgraph.store._feed import FeedTornRead  # noqa: F401 - the server answers it with a 503
+
 # re-exported (tests, the server): where epochs live, and the errors of the feed
 from offgraph.store.feed_dirs import POINTER, SHM_ENV, FeedUnsupported, feed_dir, open_feed_dir, shm_root  # noqa: F401
-from offgraph.store._feed import FeedTornRead  # noqa: F401 - the server answers it with a 503
 from offgraph.store.keys import KEY_DTYPE, combine_keys
 
 log = logging.getLogger("offgraph.feed")
@@ -59,11 +61,14 @@ def check_machine(machine: str | None = None) -> None:
     """Refuse a CPU other than x86-64 (``machine``: ``platform.machine()`` by default)."""
     m = platform.machine() if machine is None else machine
     if m.lower() not in X86_64:
-        raise FeedUnsupported(errno.ENOTSUP, f"the write feed needs an x86-64 CPU, this machine is {m!r}: its "
-                              "lock-free shared-memory reads rely on x86-64 keeping loads and stores in order, "
-                              "and could return torn rows here. Run the streaming updater and the servers that "
-                              "follow it on x86-64 hosts (a store read without following, e.g. a Scorer with "
-                              "store_mode='r', does not use the feed)")
+        raise FeedUnsupported(
+            errno.ENOTSUP,
+            f"the write feed needs an x86-64 CPU, this machine is {m!r}: its "
+            "lock-free shared-memory reads rely on x86-64 keeping loads and stores in order, "
+            "and could return torn rows here. Run the streaming updater and the servers that "
+            "follow it on x86-64 hosts (a store read without following, e.g. a Scorer with "
+            "store_mode='r', does not use the feed)",
+        )
 
 
 def epoch_name(epoch: int) -> str:
@@ -100,9 +105,12 @@ def allocate(f, path: Path, size: int) -> None:
     except OSError as e:
         f.close()
         path.unlink(missing_ok=True)
-        raise OSError(e.errno, f"write feed: cannot allocate {size} bytes for {path} ({os.strerror(e.errno)}); "
-                      f"free space in {path.parent.parent} (memory-backed), then restart (the batch "
-                      "that needed it was not written)") from None
+        raise OSError(
+            e.errno,
+            f"write feed: cannot allocate {size} bytes for {path} ({os.strerror(e.errno)}); "
+            f"free space in {path.parent.parent} (memory-backed), then restart (the batch "
+            "that needed it was not written)",
+        ) from None
 
 
 class Epoch:
@@ -126,8 +134,9 @@ class Epoch:
         self.copy_of = int(self.header[fi.H_COPY_OF])  # 0: none
 
     @classmethod
-    def create(cls, path: Path, epoch: int, slots: int, rb: int, first_batch: int,
-               copy_of: "Epoch | None" = None) -> "Epoch":
+    def create(
+        cls, path: Path, epoch: int, slots: int, rb: int, first_batch: int, copy_of: Epoch | None = None
+    ) -> Epoch:
         """A new epoch file, published whole by a rename. ``copy_of``: start with all of
         that epoch's rows (the epoch outgrew its table): followers then let go of it at
         once, without waiting for their store to cover it."""
@@ -192,8 +201,15 @@ class FeedWriter:
     serializes :meth:`stage` and the publishing of what it staged). Opening starts a
     new epoch."""
 
-    def __init__(self, store_path: str | Path, record_bytes: int, *, epoch_seconds: float = 30.0,
-                 keep_seconds: float = 120.0, min_slots: int = MIN_SLOTS) -> None:
+    def __init__(
+        self,
+        store_path: str | Path,
+        record_bytes: int,
+        *,
+        epoch_seconds: float = 30.0,
+        keep_seconds: float = 120.0,
+        min_slots: int = MIN_SLOTS,
+    ) -> None:
         check_machine()
         self.dir = open_feed_dir(store_path)
         self.rb = int(record_bytes)
@@ -219,8 +235,7 @@ class FeedWriter:
         """Start the next epoch; ``copy``: with all rows of the current one (growth)."""
         ep = self._next_epoch
         old = self.cur
-        new = Epoch.create(self.dir / epoch_name(ep), ep, slots, self.rb, self.batch + 1,
-                           copy_of=old if copy else None)
+        new = Epoch.create(self.dir / epoch_name(ep), ep, slots, self.rb, self.batch + 1, copy_of=old if copy else None)
         if old is not None:
             self._superseded.append((time.monotonic(), old.epoch))
             old.close()
@@ -355,8 +370,9 @@ class FeedReader:
         epochs = self.epochs
         if not epochs or len(k) == 0:
             return np.zeros(0, np.int64), np.zeros((0, self.rb), np.uint8)
-        pos, recs = fi.read_rows(epochs[0].keys, epochs[0].vers, epochs[0].values, epochs[0].slots, k,
-                                 self.torn_retries)
+        pos, recs = fi.read_rows(
+            epochs[0].keys, epochs[0].vers, epochs[0].values, epochs[0].slots, k, self.torn_retries
+        )
         for ep in epochs[1:]:
             rest = np.ones(len(k), dtype=bool)
             rest[pos] = False

@@ -7,6 +7,7 @@ inode) does not share its original's feed. Each feed directory records its store
 ``owner.json``; a writer removes feed directories whose store is gone or no longer points to
 them (nothing else frees that memory before a reboot).
 """
+
 from __future__ import annotations
 
 import errno
@@ -35,9 +36,12 @@ def shm_root() -> Path:
     """The memory-backed directory that holds feed directories."""
     root = Path(os.environ.get(SHM_ENV) or "/dev/shm")
     if not root.is_dir():
-        raise FeedUnsupported(errno.ENOENT, f"write feed: {root} is not a directory; the feed keeps its epochs in "
-                              f"memory-backed files there: mount a tmpfs at /dev/shm or set {SHM_ENV} to a "
-                              "tmpfs directory")
+        raise FeedUnsupported(
+            errno.ENOENT,
+            f"write feed: {root} is not a directory; the feed keeps its epochs in "
+            f"memory-backed files there: mount a tmpfs at /dev/shm or set {SHM_ENV} to a "
+            "tmpfs directory",
+        )
     return root
 
 

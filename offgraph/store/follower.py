@@ -20,6 +20,7 @@ A key is therefore never served older than it was before. If epoch ids jump (an
 epoch was created and deleted unseen) or go back (a new feed), the catch-up comes
 at once and the whole row cache is cleared.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,8 +40,8 @@ log = logging.getLogger("offgraph.scorer")
 class Activity:
     """Counts the scores in progress, so that the follower can do its work between them.
 
-        with activity: ...                  # around a score
-        activity.wait_idle(0.005)           # follower: until none runs, or 5 ms
+    with activity: ...                  # around a score
+    activity.wait_idle(0.005)           # follower: until none runs, or 5 ms
     """
 
     def __init__(self) -> None:
@@ -63,18 +64,43 @@ class Activity:
             return self._cond.wait_for(lambda: self._n == 0, timeout_s)
 
 
-COUNTERS = ("catch_ups", "changes_applied", "cache_clears", "follow_errors", "epochs_mapped", "epochs_released",
-            "feed_hits", "rows_written_through")
+COUNTERS = (
+    "catch_ups",
+    "changes_applied",
+    "cache_clears",
+    "follow_errors",
+    "epochs_mapped",
+    "epochs_released",
+    "feed_hits",
+    "rows_written_through",
+)
 # what Follower.stats() says of a scorer that does not follow
-NOT_FOLLOWING = {**dict.fromkeys(COUNTERS, 0), "last_feed_poll_unix": 0.0, "last_catch_up_unix": 0.0,
-                 "last_catch_up_seconds": 0.0,
-                 "follow_cpu_seconds": 0.0, "feed_rows": 0, "epochs": 0}
+NOT_FOLLOWING = {
+    **dict.fromkeys(COUNTERS, 0),
+    "last_feed_poll_unix": 0.0,
+    "last_catch_up_unix": 0.0,
+    "last_catch_up_seconds": 0.0,
+    "follow_cpu_seconds": 0.0,
+    "feed_rows": 0,
+    "epochs": 0,
+}
 
 
 class Follower:
-    def __init__(self, store, cache: RowCache | None, poll_s: float, *, catch_up_s: float = 30.0,
-                 chunk_rows: int = 1024, pause_s: float = 0.001, max_defer_s: float = 0.005,
-                 spread_s: float = 5.0, shard_pause_s: float = 0.05, idle: Activity | None = None):
+    def __init__(
+        self,
+        store,
+        cache: RowCache | None,
+        poll_s: float,
+        *,
+        catch_up_s: float = 30.0,
+        chunk_rows: int = 1024,
+        pause_s: float = 0.001,
+        max_defer_s: float = 0.005,
+        spread_s: float = 5.0,
+        shard_pause_s: float = 0.05,
+        idle: Activity | None = None,
+    ):
         for name, val in (("poll_s", poll_s), ("catch_up_s", catch_up_s)):
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not val > 0:
                 raise ValueError(f"{name} must be a number > 0, got {val!r}")
@@ -142,8 +168,9 @@ class Follower:
         mostly search one epoch."""
         added, gap = self.feed.refresh()
         if gap:
-            log.warning("%s: feed epochs jumped or went back: catching up now and clearing the row cache",
-                        self.store.path)
+            log.warning(
+                "%s: feed epochs jumped or went back: catching up now and clearing the row cache", self.store.path
+            )
             self._clear_cache = True
         if gap or any(ep.copy_of == 0 for ep in added) and len(self.feed.epochs) > 1:
             self._catch_up_now = True
@@ -222,10 +249,15 @@ class Follower:
     # ------------------------------------------------------------------ outside
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            return {**self._n, "last_feed_poll_unix": self.last_feed_poll_unix,
-                    "last_catch_up_unix": self.last_catch_up_unix,
-                    "last_catch_up_seconds": self.last_catch_up_seconds, "follow_cpu_seconds": self.cpu_seconds,
-                    "feed_rows": self.feed.rows(), "epochs": len(self.feed.epochs)}
+            return {
+                **self._n,
+                "last_feed_poll_unix": self.last_feed_poll_unix,
+                "last_catch_up_unix": self.last_catch_up_unix,
+                "last_catch_up_seconds": self.last_catch_up_seconds,
+                "follow_cpu_seconds": self.cpu_seconds,
+                "feed_rows": self.feed.rows(),
+                "epochs": len(self.feed.epochs),
+            }
 
     def stop(self) -> None:
         self._stop.set()

@@ -14,11 +14,12 @@ never reads a stored seq back (see ``store_writes``). (Stores written
 before the change log was removed may still hold records under 0xFF 0x00 'c' / 'C':
 they are meta records nothing reads.)
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-from offgraph.store.keys import KEY_BYTES, KEY_DTYPE, META_PREFIX
+from offgraph.store.keys import KEY_BYTES, META_PREFIX
 
 RESERVED_META = b"\x00"  # first byte of user meta keys reserved for these records
 INTERNAL_PREFIX = META_PREFIX + RESERVED_META

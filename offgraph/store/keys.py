@@ -79,8 +79,9 @@ def as_key_arrays(table_ids, rows, allow_nd: bool = False) -> tuple[np.ndarray, 
         if a.size and np.issubdtype(a.dtype, np.signedinteger) and a.min() < 0:
             raise ValueError(f"{name} must be >= 0, got {int(a.min())}")
     if t.size and int(t.max()) > MAX_TABLE_ID:
-        raise ValueError(f"table id {int(t.max())} > {MAX_TABLE_ID} (table ids have {TABLE_BITS} bits, "
-                         "the last value is reserved)")
+        raise ValueError(
+            f"table id {int(t.max())} > {MAX_TABLE_ID} (table ids have {TABLE_BITS} bits, the last value is reserved)"
+        )
     return t.astype(np.uint32, copy=False), r.astype(np.uint64, copy=False)
 
 
@@ -90,8 +91,10 @@ def combine_keys(table_ids, rows) -> np.ndarray:
     for a table id over ``MAX_TABLE_ID`` or a row at or over ``ROW_LIMIT``."""
     t, r = as_key_arrays(table_ids, rows)
     if r.size and int(r.max()) >= ROW_LIMIT:
-        raise ValueError(f"row {int(r.max())} >= 2**{ROW_BITS}: combined keys (write feed, row cache, "
-                         f"request path) hold rows below 2**{ROW_BITS}")
+        raise ValueError(
+            f"row {int(r.max())} >= 2**{ROW_BITS}: combined keys (write feed, row cache, "
+            f"request path) hold rows below 2**{ROW_BITS}"
+        )
     return (t.astype(np.uint64) << _ROW_SHIFT) | r
 
 

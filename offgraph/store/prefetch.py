@@ -18,14 +18,16 @@ The prefetch thread's reads are in the idle I/O class (``ioprio_set``): the bloc
 (mq-deadline, bfq) dispatches them only when no other read waits, so a request's cold read never
 queues behind the prefetch's sequential ones, while on an idle disk the prefetch runs at full speed.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Literal, get_args
+from typing import Literal, get_args
 
 import psutil
 
@@ -88,8 +90,10 @@ def decide(mode: str, total_bytes: int, available: int | None = None, direct: bo
     limit = int(available * AUTO_SHARE_OF_AVAILABLE)
     if total_bytes <= limit:
         return True, f"{total_bytes / 2**30:.2f} GiB fit in {AUTO_SHARE_OF_AVAILABLE:.0%} of the available memory"
-    return False, (f"{total_bytes / 2**30:.2f} GiB are more than {AUTO_SHARE_OF_AVAILABLE:.0%} of the available "
-                   f"memory ({available / 2**30:.2f} GiB): blocks are read from disk as requests need them")
+    return False, (
+        f"{total_bytes / 2**30:.2f} GiB are more than {AUTO_SHARE_OF_AVAILABLE:.0%} of the available "
+        f"memory ({available / 2**30:.2f} GiB): blocks are read from disk as requests need them"
+    )
 
 
 class Prefetcher:
@@ -98,8 +102,14 @@ class Prefetcher:
     time spent reading (1: all), so that requests that still read the disk keep most of it.
     ``on_done(self)`` is called on its thread when it ends (e.g. to log)."""
 
-    def __init__(self, files: list[Path], max_mb_s: float = 0.0, name: str = "prefetch",
-                 on_done: Callable[["Prefetcher"], None] | None = None, disk_share: float = 1.0) -> None:
+    def __init__(
+        self,
+        files: list[Path],
+        max_mb_s: float = 0.0,
+        name: str = "prefetch",
+        on_done: Callable[[Prefetcher], None] | None = None,
+        disk_share: float = 1.0,
+    ) -> None:
         if isinstance(max_mb_s, bool) or not isinstance(max_mb_s, (int, float)) or max_mb_s < 0:
             raise ValueError(f"max_mb_s must be a number >= 0, got {max_mb_s!r}")
         if isinstance(disk_share, bool) or not isinstance(disk_share, (int, float)) or not 0 < disk_share <= 1:
@@ -118,7 +128,7 @@ class Prefetcher:
         self._finished = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def start(self) -> "Prefetcher":
+    def start(self) -> Prefetcher:
         self._thread.start()
         return self
 

@@ -18,7 +18,8 @@ import tempfile
 import threading
 import time
 from collections import deque
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from rocksdict import (
     AccessType,
@@ -32,11 +33,11 @@ from rocksdict import (
 )
 
 from offgraph.store.base import EmbeddingStore
-from offgraph.store.errors import StoreReadError
-from offgraph.store.sst_run import SstWriter
 from offgraph.store.config import StoreConfig
+from offgraph.store.errors import StoreReadError
 from offgraph.store.keys import META_PREFIX
 from offgraph.store.rocksdb_options import direct_io_refused, make_cache, make_options
+from offgraph.store.sst_run import SstWriter
 
 log = logging.getLogger("offgraph.store")
 
@@ -45,8 +46,12 @@ def shard_dir(path: str, shard: int) -> str:
     return os.path.join(path, f"shard-{shard:03d}")
 
 
-_ERRNO_WORDS = (("No space left", errno.ENOSPC), ("Read-only file system", errno.EROFS),
-                ("Permission denied", errno.EACCES), ("Disk quota exceeded", errno.EDQUOT))
+_ERRNO_WORDS = (
+    ("No space left", errno.ENOSPC),
+    ("Read-only file system", errno.EROFS),
+    ("Permission denied", errno.EACCES),
+    ("Disk quota exceeded", errno.EDQUOT),
+)
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
@@ -100,17 +105,19 @@ class _RocksSstWriter(SstWriter):
 class RocksDBStore(EmbeddingStore):
     backend = "rocksdb"
 
-    def __init__(
-        self, path: str, config: StoreConfig, mode: str, *, secondary_dir: str | None = None
-    ) -> None:
+    def __init__(self, path: str, config: StoreConfig, mode: str, *, secondary_dir: str | None = None) -> None:
         super().__init__(path, config, mode)
         self._cache = make_cache(config)
         direct = True
         if config.direct_reads or config.direct_flush_and_compaction:
             refused = direct_io_refused(self.path)
             if refused is not None:
-                log.warning("store %s: its filesystem refuses O_DIRECT (%s): read and written through "
-                            "the page cache (buffered)", self.path, refused)
+                log.warning(
+                    "store %s: its filesystem refuses O_DIRECT (%s): read and written through "
+                    "the page cache (buffered)",
+                    self.path,
+                    refused,
+                )
                 direct = False
         self.io_mode = "direct" if direct and config.direct_reads else "buffered"
         """How table files are read: ``"direct"`` (O_DIRECT, past the page cache) or ``"buffered"``."""
@@ -151,8 +158,7 @@ class RocksDBStore(EmbeddingStore):
             if self.mode == "r":
                 access = AccessType.read_only(False)
             else:
-                access = AccessType.secondary(
-                    os.path.join(self._secondary_dir, f"shard-{s:03d}-{self._generation[s]}"))
+                access = AccessType.secondary(os.path.join(self._secondary_dir, f"shard-{s:03d}-{self._generation[s]}"))
         try:
             return Rdict(d, self._opts, column_families={"default": self._opts}, access_type=access)
         except Exception as e:  # rocksdict raises plain Exception
@@ -187,8 +193,7 @@ class RocksDBStore(EmbeddingStore):
             it = None
         return out
 
-    def _write_batch(self, shard: int, keys: list[bytes], values: list[bytes], sync: bool,
-                     wal: bool = True) -> None:
+    def _write_batch(self, shard: int, keys: list[bytes], values: list[bytes], sync: bool, wal: bool = True) -> None:
         self._check_healthy(shard, "write")
         wb = WriteBatch(raw_mode=True)
         deque(map(wb.put, keys, values), maxlen=0)  # rocksdict has no batched put: map runs the loop in C

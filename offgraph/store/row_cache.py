@@ -16,22 +16,37 @@ was chosen on the bench's traces (``bench/cache_policy.py``). One lock around ea
 take microseconds). See ``row_cache_impl`` for how the epoch keeps a row read before an update
 from being cached after it. Table ids must be < 0xFFFF and rows < 2**48.
 """
+
 from __future__ import annotations
 
 import threading
 
 import numpy as np
 
-from offgraph.store.keys import MAX_TABLE_ID, ROW_LIMIT, combine_keys, split_keys
 from offgraph.store._quant import Codec, check_records
-from offgraph.store._row_cache import POLICIES, SKETCH_BYTES_PER_ROW, CacheArrays, bytes_per_row, hot_keys, layout, scores
+from offgraph.store._row_cache import (
+    POLICIES,
+    SKETCH_BYTES_PER_ROW,
+    CacheArrays,
+    bytes_per_row,
+    hot_keys,
+    layout,
+    scores,
+)
+from offgraph.store.keys import MAX_TABLE_ID, ROW_LIMIT, combine_keys, split_keys
 
 DEFAULT_WAYS = 8
 
 
 class RowCache:
-    def __init__(self, capacity_mb: float, codec: Codec, ways: int = DEFAULT_WAYS, policy: str = "tinylfu",
-                 sketch_bytes: float = SKETCH_BYTES_PER_ROW) -> None:
+    def __init__(
+        self,
+        capacity_mb: float,
+        codec: Codec,
+        ways: int = DEFAULT_WAYS,
+        policy: str = "tinylfu",
+        sketch_bytes: float = SKETCH_BYTES_PER_ROW,
+    ) -> None:
         if not isinstance(codec, Codec):
             raise ValueError(f"codec must be a store codec (offgraph.store.quant), got {codec!r}")
         if isinstance(ways, bool) or not isinstance(ways, int) or ways < 1:
@@ -86,8 +101,9 @@ class RowCache:
         k = combine_keys(table_ids, rows)
         recs = check_records(records, self.codec.record_bytes)
         if len(recs) != len(k):
-            raise ValueError(f"insert of {len(k)} rows needs records [{len(k)}, {self.codec.record_bytes}], "
-                             f"got {recs.shape}")
+            raise ValueError(
+                f"insert of {len(k)} rows needs records [{len(k)}, {self.codec.record_bytes}], got {recs.shape}"
+            )
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
             raise ValueError(f"epoch must be the int returned by lookup, got {epoch!r}")
         with self._lock:
@@ -127,9 +143,16 @@ class RowCache:
 
     def stats(self) -> dict:
         with self._lock:
-            return {"hits": self.hits, "misses": self.misses, "entries": self._a.entries,
-                    "capacity_rows": self.capacity_rows, "bytes": self._a.nbytes}
+            return {
+                "hits": self.hits,
+                "misses": self.misses,
+                "entries": self._a.entries,
+                "capacity_rows": self.capacity_rows,
+                "bytes": self._a.nbytes,
+            }
 
     def __repr__(self) -> str:
-        return (f"RowCache(capacity_mb={self.capacity_mb}, codec={self.codec.name}, ways={self.ways}, "
-                f"policy={self.policy}, rows={self.capacity_rows})")
+        return (
+            f"RowCache(capacity_mb={self.capacity_mb}, codec={self.codec.name}, ways={self.ways}, "
+            f"policy={self.policy}, rows={self.capacity_rows})"
+        )

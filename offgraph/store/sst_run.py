@@ -91,12 +91,10 @@ class _ProcessWriters:
             while len(self.conns) < workers:
                 try:
                     sock, _ = srv.accept()
-                except socket.timeout:
+                except TimeoutError:
                     dead = [p.returncode for p in self.procs if p.poll() is not None]
                     if dead or time.monotonic() > deadline:
-                        raise RuntimeError(
-                            f"bulk-load workers did not start (exit codes {dead})"
-                        ) from None
+                        raise RuntimeError(f"bulk-load workers did not start (exit codes {dead})") from None
                     continue
                 sock.setblocking(True)
                 conn = Connection(sock.detach())

@@ -28,9 +28,7 @@ def read_store_file(path: str) -> StoreConfig | None:
     if doc.get("format") != FORMAT:
         raise ValueError(f"{f!r} is not an {FORMAT} file (format={doc.get('format')!r})")
     if doc.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
-            f"{f!r} has format_version {doc.get('format_version')!r}; this code reads {FORMAT_VERSION}"
-        )
+        raise ValueError(f"{f!r} has format_version {doc.get('format_version')!r}; this code reads {FORMAT_VERSION}")
     return StoreConfig.from_dict(doc["config"])
 
 

@@ -4,11 +4,12 @@ A mixin of ``base.EmbeddingStore``: it uses the store's primitives (``_multi_get
 ``_seek_first``, ``_iter_row_keys``, ``_shard_info``) and helpers (``_check_open``,
 ``_group_by_shard``, ``_executor``).
 """
+
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,7 +120,8 @@ class StoreReads:
                 raise StoreReadError(
                     f"store {self.path!r} holds records whose size is not {rb} bytes "
                     f"({self.config.quant}, dim {self.config.dim}): wrong config or corrupt store",
-                    "bad record size")
+                    "bad record size",
+                )
             records[pos] = np.frombuffer(buf, dtype=np.uint8).reshape(-1, rb)
             found[pos] = True
 
@@ -143,8 +145,9 @@ class StoreReads:
             chunks.extend((s, piece) for piece in np.array_split(idx, max(1, round(len(idx) / size))))
         return chunks
 
-    def verify_sample(self, table_rows: dict[int, int], max_reads: int = 4096,
-                      between: Callable[[], None] | None = None) -> dict[str, int]:
+    def verify_sample(
+        self, table_rows: dict[int, int], max_reads: int = 4096, between: Callable[[], None] | None = None
+    ) -> dict[str, int]:
         """Read real rows of every table from every shard, spread so that a small store has every
         data block read and a big one a sample of at most ~``max_reads`` seeks (``offgraph.store.verify``);
         the block cache is left as it was. ``table_rows``: table id -> rows (all of ``0..rows-1``
@@ -165,18 +168,23 @@ class StoreReads:
                 values = [v for kv in found if kv is not None and kv[0] < upper for v in kv[1:]]
                 if not values:
                     if expect_rows_in_every_shard(int(table_rows[t]), shards):
-                        raise StoreReadError(f"store {self.path!r}: shard {s} holds no row of table {t} "
-                                             f"({table_rows[t]} rows over {shards} shards): missing data",
-                                             f"shard {s} misses table {t}")
+                        raise StoreReadError(
+                            f"store {self.path!r}: shard {s} holds no row of table {t} "
+                            f"({table_rows[t]} rows over {shards} shards): missing data",
+                            f"shard {s} misses table {t}",
+                        )
                     continue
                 if any(len(v) != rb for v in values):
-                    raise StoreReadError(f"store {self.path!r}: shard {s}, table {t}: a record is not "
-                                         f"{rb} bytes ({self.config.quant}, dim {self.config.dim})",
-                                         "bad record size")
+                    raise StoreReadError(
+                        f"store {self.path!r}: shard {s}, table {t}: a record is not "
+                        f"{rb} bytes ({self.config.quant}, dim {self.config.dim})",
+                        "bad record size",
+                    )
                 vec, w = self.codec.decode(np.frombuffer(b"".join(values), np.uint8).reshape(-1, rb))
                 if not (np.isfinite(vec).all() and np.isfinite(w).all()):
-                    raise StoreReadError(f"store {self.path!r}: shard {s}, table {t}: non-finite values",
-                                         "non-finite values")
+                    raise StoreReadError(
+                        f"store {self.path!r}: shard {s}, table {t}: non-finite values", "non-finite values"
+                    )
                 rows_read += len(values)
                 if between is not None:
                     between()

@@ -5,19 +5,28 @@ A mixin of ``base.EmbeddingStore``: it uses the store's primitives (``_multi_get
 ``_write_batch``, ``_flush``) and helpers (``_check_writable``, ``_group_by_shard``,
 ``_check_shard``). Which input rows win is ``write_plan_impl`` (NumPy).
 """
+
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
-from offgraph.store.feed import FeedReader, FeedWriter
-import logging
-
-from offgraph.store.internal_keys import (RESERVED_META, SEQ_END, SEQ_PREFIX, SEQ_WATERMARK_KEY, decode_seq, decode_seqs,
-                            encode_seq, seq_key_list, seq_value_list)
-from offgraph.store.keys import META_PREFIX, as_key_arrays, key_array, key_list, shard_of
 from offgraph.store._write_plan import check_seqs, winners
+from offgraph.store.feed import FeedReader, FeedWriter
+from offgraph.store.internal_keys import (
+    RESERVED_META,
+    SEQ_END,
+    SEQ_PREFIX,
+    SEQ_WATERMARK_KEY,
+    decode_seq,
+    decode_seqs,
+    encode_seq,
+    seq_key_list,
+    seq_value_list,
+)
+from offgraph.store.keys import META_PREFIX, as_key_arrays, key_array, key_list, shard_of
 
 DURABILITY = ("wal", "flush")
 
@@ -204,8 +213,14 @@ class StoreWrites:
                 seqs = decode_seqs(list(self._iter_values(s, SEQ_PREFIX, SEQ_END)))
                 wm = int(seqs.max()) if len(seqs) else -1
                 if len(seqs):
-                    log.info("%s shard %d: seq watermark %d from %d seq records (a store written before "
-                             "watermarks were kept)", self.path, s, wm, len(seqs))
+                    log.info(
+                        "%s shard %d: seq watermark %d from %d seq records (a store written before "
+                        "watermarks were kept)",
+                        self.path,
+                        s,
+                        wm,
+                        len(seqs),
+                    )
             self._seq_watermarks[s] = wm
         return wm
 

@@ -8,6 +8,7 @@ writer's later flushes alike). Seeks at evenly spaced rows, two per estimated bl
 data block of a table in a shard; beyond ``max_reads`` seeks for the whole store the spacing
 grows and the verification becomes a sample.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,9 @@ MISSING_ROWS_LOG_P = 21.0
 """A shard that holds no row of a table is an error when chance alone gives less than e**-21 (~1e-9)."""
 
 
-def seek_rows(table_rows: Mapping[int, int], shards: int, record_bytes: int, block_bytes: int,
-              max_reads: int) -> dict[int, np.ndarray]:
+def seek_rows(
+    table_rows: Mapping[int, int], shards: int, record_bytes: int, block_bytes: int, max_reads: int
+) -> dict[int, np.ndarray]:
     """Per table id: the rows (int64, ascending, unique) to seek in EVERY shard."""
     if max_reads < 1:
         raise ValueError(f"max_reads must be >= 1, got {max_reads}")

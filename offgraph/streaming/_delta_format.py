@@ -1,10 +1,11 @@
 """Delta file format v1: Arrow schema, validation, (de)serialisation. Public API: delta_format.py."""
+
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -26,14 +27,17 @@ class DeltaFormatError(ValueError):
 
 
 def schema(dim: int, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
-    return pa.schema([
-        ("table_id", pa.uint32()),
-        ("row", pa.int64()),
-        ("vector", pa.list_(pa.float32(), dim)),
-        ("first_order", pa.float32()),
-        ("seq", pa.int64()),
-        ("event_time_ms", pa.int64()),
-    ], metadata=metadata)
+    return pa.schema(
+        [
+            ("table_id", pa.uint32()),
+            ("row", pa.int64()),
+            ("vector", pa.list_(pa.float32(), dim)),
+            ("first_order", pa.float32()),
+            ("seq", pa.int64()),
+            ("event_time_ms", pa.int64()),
+        ],
+        metadata=metadata,
+    )
 
 
 # ---------------------------------------------------------------------------- write side
@@ -73,15 +77,29 @@ def build_table(*, model, model_version, table_ids, rows, vectors, first_order, 
     w = np.asarray(first_order)
     if w.shape != (k,):
         raise DeltaFormatError(f"first_order must have shape ({k},), got {w.shape}")
-    cols = {"table_id": t.astype(np.uint32), "row": r.astype(np.int64),
-            "vector": np.ascontiguousarray(v, dtype=np.float32), "first_order": w.astype(np.float32),
-            "seq": s.astype(np.int64), "event_time_ms": e.astype(np.int64)}
+    cols = {
+        "table_id": t.astype(np.uint32),
+        "row": r.astype(np.int64),
+        "vector": np.ascontiguousarray(v, dtype=np.float32),
+        "first_order": w.astype(np.float32),
+        "seq": s.astype(np.int64),
+        "event_time_ms": e.astype(np.int64),
+    }
     check_values(cols)
-    meta = {META_VERSION: str(FORMAT_VERSION).encode(), META_MODEL: model.encode(),
-            META_MODEL_VERSION: str(int(model_version)).encode(), META_DIM: str(dim).encode()}
-    arrays = [pa.array(cols["table_id"]), pa.array(cols["row"]),
-              pa.FixedSizeListArray.from_arrays(pa.array(cols["vector"].reshape(-1)), dim),
-              pa.array(cols["first_order"]), pa.array(cols["seq"]), pa.array(cols["event_time_ms"])]
+    meta = {
+        META_VERSION: str(FORMAT_VERSION).encode(),
+        META_MODEL: model.encode(),
+        META_MODEL_VERSION: str(int(model_version)).encode(),
+        META_DIM: str(dim).encode(),
+    }
+    arrays = [
+        pa.array(cols["table_id"]),
+        pa.array(cols["row"]),
+        pa.FixedSizeListArray.from_arrays(pa.array(cols["vector"].reshape(-1)), dim),
+        pa.array(cols["first_order"]),
+        pa.array(cols["seq"]),
+        pa.array(cols["event_time_ms"]),
+    ]
     return pa.Table.from_arrays(arrays, schema=schema(dim, meta))
 
 
@@ -142,8 +160,9 @@ def _check_schema(sch: pa.Schema) -> tuple[str, int, int]:
     if META_VERSION not in meta:
         raise DeltaFormatError(f"not an offgraph delta file: schema metadata lacks {META_VERSION!r}")
     if meta[META_VERSION] != str(FORMAT_VERSION).encode():
-        raise DeltaFormatError(f"delta format version {meta[META_VERSION]!r}; this offgraph reads "
-                               f"version {FORMAT_VERSION}")
+        raise DeltaFormatError(
+            f"delta format version {meta[META_VERSION]!r}; this offgraph reads version {FORMAT_VERSION}"
+        )
     try:
         model = meta.get(META_MODEL, b"").decode("utf-8")
     except UnicodeDecodeError:
@@ -160,8 +179,9 @@ def _check_schema(sch: pa.Schema) -> tuple[str, int, int]:
         got, exp = sch.field(idx).type, want.field(name).type
         if got != exp:
             if name == "vector" and pa.types.is_fixed_size_list(got) and got.value_type == pa.float32():
-                raise DeltaFormatError(f"dim mismatch: column 'vector' holds {got.list_size} floats per row, "
-                                       f"metadata says dim={dim}")
+                raise DeltaFormatError(
+                    f"dim mismatch: column 'vector' holds {got.list_size} floats per row, metadata says dim={dim}"
+                )
             raise DeltaFormatError(f"column {name!r} has type {got}, expected {exp}")
     return model, version, dim
 
@@ -189,8 +209,12 @@ def check_values(cols: dict[str, np.ndarray]) -> None:
         if a.size and a.min() < 0:
             at = int(np.argmax(a < 0))
             raise DeltaFormatError(f"column {name!r} holds negative values (first at delta {at}: {int(a[at])})")
-    refuse_equal_seqs(cols["table_id"], cols["row"], cols["seq"],
-                      lambda a: f"table_id {int(cols['table_id'][a])} row {int(cols['row'][a])}")
+    refuse_equal_seqs(
+        cols["table_id"],
+        cols["row"],
+        cols["seq"],
+        lambda a: f"table_id {int(cols['table_id'][a])} row {int(cols['row'][a])}",
+    )
 
 
 def refuse_equal_seqs(t: np.ndarray, r: np.ndarray, s: np.ndarray, row: Callable[[int], str]) -> None:
@@ -200,8 +224,10 @@ def refuse_equal_seqs(t: np.ndarray, r: np.ndarray, s: np.ndarray, row: Callable
     dup = equal_seq_duplicate(t, r, s)
     if dup is not None:
         a, b, n = dup
-        raise DeltaFormatError(f"deltas {a} and {b} both update {row(a)} at seq {int(s[a])} ({n} such duplicates): "
-                               "one seq of a row must have one value (give each update its own seq; the highest wins)")
+        raise DeltaFormatError(
+            f"deltas {a} and {b} both update {row(a)} at seq {int(s[a])} ({n} such duplicates): "
+            "one seq of a row must have one value (give each update its own seq; the highest wins)"
+        )
 
 
 def equal_seq_duplicate(t: np.ndarray, r: np.ndarray, s: np.ndarray) -> tuple[int, int, int] | None:
@@ -251,6 +277,7 @@ def _from_source(source) -> dict:
         raise DeltaFormatError(f"not an Arrow IPC file (or a damaged one): {e}") from None
     try:
         from offgraph.streaming import feature_delta  # a feature-row delta (offgraph/streaming/feature_delta.py)
+
         if feature_delta.is_feature_table(table):
             return feature_delta.from_table(table)
         return _columns(table)
@@ -265,9 +292,17 @@ def _columns(table: pa.Table) -> dict:
     model, version, dim = _check_schema(table.schema)
     cols = {name: _np(table.column(name), name) for name in COLUMNS}
     check_values(cols)
-    return {"model": model, "model_version": version, "dim": dim, "table_ids": cols["table_id"],
-            "rows": cols["row"], "vectors": cols["vector"], "first_order": cols["first_order"],
-            "seqs": cols["seq"], "event_time_ms": cols["event_time_ms"]}
+    return {
+        "model": model,
+        "model_version": version,
+        "dim": dim,
+        "table_ids": cols["table_id"],
+        "rows": cols["row"],
+        "vectors": cols["vector"],
+        "first_order": cols["first_order"],
+        "seqs": cols["seq"],
+        "event_time_ms": cols["event_time_ms"],
+    }
 
 
 def parse_lead(name: str, suffix: str) -> int | None:

@@ -31,32 +31,33 @@ Optimizers (row-wise state kept locally for touched rows only):
 ``lr_w`` (the first-order weights' learning rate) defaults to ``lr``: the weights
 enter the logit linearly and tolerate larger steps than the embeddings.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
-from offgraph.store.keys import ROW_LIMIT, combine_keys, split_keys  # noqa: F401 (ROW_LIMIT: stream_train)
-from offgraph.scoring.batch import batch_keys
 from offgraph.features.fg import FGBatch
+from offgraph.scoring.batch import batch_keys
+from offgraph.store.keys import ROW_LIMIT, combine_keys, split_keys  # noqa: F401 (ROW_LIMIT: stream_train)
 from offgraph.streaming.stream_train_config import TIME_UNITS
-
 
 
 # -- batch layout -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BatchIndex:
     """The lookups of n events: U unique rows, K lookups, pooled into n * F segments."""
+
     n: int
     num_fields: int
-    tables: np.ndarray   # uint32 [U]
-    rows: np.ndarray     # int64 [U]
-    lookup: np.ndarray   # int64 [K]: which unique row each lookup reads
+    tables: np.ndarray  # uint32 [U]
+    rows: np.ndarray  # int64 [U]
+    lookup: np.ndarray  # int64 [K]: which unique row each lookup reads
     segment: np.ndarray  # int32 [K]: event * F + field
-    scale: np.ndarray    # float32 [K]: pooling weight of the lookup
+    scale: np.ndarray  # float32 [K]: pooling weight of the lookup
 
     @property
     def keys(self) -> np.ndarray:
@@ -66,8 +67,9 @@ class BatchIndex:
 def batch_index(batch: FGBatch, poolings: list[str]) -> BatchIndex:
     """Unique rows and pooling segments of an FG batch (``transform_columns``: no broadcast)."""
     if any(batch.broadcast):
-        raise ValueError("stream training needs one FG row per event (transform_columns), not a broadcast "
-                         "request batch")
+        raise ValueError(
+            "stream training needs one FG row per event (transform_columns), not a broadcast request batch"
+        )
     if len(poolings) != len(batch.fields):
         raise ValueError(f"{len(poolings)} poolings for {len(batch.fields)} fields")
     keys = batch_keys(batch)  # lookups in field order, then value order: matches the loop below
@@ -107,10 +109,17 @@ def make_grad_fn(logit_fn: LogitFn, num_fields: int, dim: int):
     """A compiled ``(vectors, first_order, lookup, segment, scale, labels, l2) ->
     (bce_sum, logits, grad_vectors [U, D], grad_first_order [U])``; the head is frozen."""
 
-    @tf.function(input_signature=[
-        tf.TensorSpec([None, dim], tf.float32), tf.TensorSpec([None], tf.float32),
-        tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.float32),
-        tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.float32)])
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None, dim], tf.float32),
+            tf.TensorSpec([None], tf.float32),
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([None], tf.int32),
+            tf.TensorSpec([None], tf.float32),
+            tf.TensorSpec([None], tf.float32),
+            tf.TensorSpec([], tf.float32),
+        ]
+    )
     def grad_fn(vectors, first_order, lookup, segment, scale, labels, l2):
         n = tf.shape(labels)[0]
         with tf.GradientTape() as tape:
@@ -120,8 +129,7 @@ def make_grad_fn(logit_fn: LogitFn, num_fields: int, dim: int):
             bce = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
             reg = 0.5 * l2 * (tf.reduce_sum(tf.square(vectors)) + tf.reduce_sum(tf.square(first_order)))
             loss = bce + reg
-        gv, gw = tape.gradient(loss, [vectors, first_order],
-                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        gv, gw = tape.gradient(loss, [vectors, first_order], unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return bce, logits, tf.convert_to_tensor(gv), tf.convert_to_tensor(gw)
 
     return grad_fn
@@ -130,10 +138,16 @@ def make_grad_fn(logit_fn: LogitFn, num_fields: int, dim: int):
 def make_predict_fn(logit_fn: LogitFn, num_fields: int, dim: int):
     """A compiled ``(vectors, first_order, lookup, segment, scale, n) -> logits [n]`` (no gradient)."""
 
-    @tf.function(input_signature=[
-        tf.TensorSpec([None, dim], tf.float32), tf.TensorSpec([None], tf.float32),
-        tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.float32),
-        tf.TensorSpec([], tf.int32)])
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None, dim], tf.float32),
+            tf.TensorSpec([None], tf.float32),
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([None], tf.int32),
+            tf.TensorSpec([None], tf.float32),
+            tf.TensorSpec([], tf.int32),
+        ]
+    )
     def predict_fn(vectors, first_order, lookup, segment, scale, n):
         emb, fo = pool_tf(vectors, first_order, lookup, segment, scale, n, num_fields)
         return tf.reshape(logit_fn(emb, fo), [-1])
@@ -177,8 +191,7 @@ class LocalRows:
         self.event_ms = np.zeros(capacity, np.int64)
         self.dirty = np.zeros(capacity, bool)
         self.trained = np.zeros(capacity, bool)  # ever changed (rows only read stay False)
-        self._runs = [(np.zeros(0, np.uint64), np.zeros(0, np.int64)),
-                      (np.zeros(0, np.uint64), np.zeros(0, np.int64))]
+        self._runs = [(np.zeros(0, np.uint64), np.zeros(0, np.int64)), (np.zeros(0, np.uint64), np.zeros(0, np.int64))]
 
     def __len__(self) -> int:
         return self.size
@@ -242,7 +255,7 @@ class LocalRows:
     def take_dirty(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(tables, rows, vectors, first_order, event_ms) of the rows changed since the last
         call, ascending by (table, row); clears the dirty marks."""
-        slots = np.flatnonzero(self.dirty[:self.size])
+        slots = np.flatnonzero(self.dirty[: self.size])
         slots = slots[np.argsort(self.keys[slots], kind="stable")]
         self.dirty[slots] = False
         t, r = split_keys(self.keys[slots])
@@ -251,15 +264,16 @@ class LocalRows:
     @property
     def n_trained(self) -> int:
         """Rows changed at least once."""
-        return int(self.trained[:self.size].sum())
+        return int(self.trained[: self.size].sum())
 
     @property
     def pending(self) -> int:
-        return int(self.dirty[:self.size].sum())
+        return int(self.dirty[: self.size].sum())
 
 
-def newest_per_row(lookup: np.ndarray, segment: np.ndarray, num_fields: int, num_rows: int,
-                   event_ms: np.ndarray) -> np.ndarray:
+def newest_per_row(
+    lookup: np.ndarray, segment: np.ndarray, num_fields: int, num_rows: int, event_ms: np.ndarray
+) -> np.ndarray:
     """[U]: the newest event time among the events that looked each unique row up."""
     out = np.zeros(num_rows, np.int64)
     np.maximum.at(out, lookup, np.asarray(event_ms, np.int64)[segment // num_fields])

@@ -1,4 +1,5 @@
 """NumPy side of the updater: checks against the manifest, batching, per-shard catch-up."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +9,7 @@ import numpy as np
 from offgraph.store import shard_of
 from offgraph.store.quant import Codec
 from offgraph.streaming.delta_format import DeltaBatch
+
 
 @dataclass(frozen=True)
 class ModelLimits:
@@ -20,14 +22,16 @@ class ModelLimits:
     codec: Codec  # the store's record format: which values it can hold
 
     @classmethod
-    def from_manifest(cls, model: str, version: int, manifest: dict, codec: Codec) -> "ModelLimits":
+    def from_manifest(cls, model: str, version: int, manifest: dict, codec: Codec) -> ModelLimits:
         fields = manifest["fields"]
         rows = np.zeros(len(fields), dtype=np.int64)
         for i, f in enumerate(fields):
             tid = int(f.get("table_id", i))
             if not 0 <= tid < len(fields):
-                raise ValueError(f"manifest of {model}/{version}: field {f.get('name')!r} has table_id {tid} "
-                                 f"outside [0, {len(fields)})")
+                raise ValueError(
+                    f"manifest of {model}/{version}: field {f.get('name')!r} has table_id {tid} "
+                    f"outside [0, {len(fields)})"
+                )
             rows[tid] = int(f["rows"])
         return cls(model, int(version), int(manifest["embedding_dim"]), rows, codec)
 
@@ -45,14 +49,18 @@ def check_batch(b: DeltaBatch, lim: ModelLimits) -> str | None:
     bad_t = b.table_ids >= n_tables
     if bad_t.any():
         i = int(np.argmax(bad_t))
-        return (f"{int(bad_t.sum())} deltas name table ids >= {n_tables} (the number of fields); "
-                f"first: delta {i}, table_id {int(b.table_ids[i])}")
+        return (
+            f"{int(bad_t.sum())} deltas name table ids >= {n_tables} (the number of fields); "
+            f"first: delta {i}, table_id {int(b.table_ids[i])}"
+        )
     bad_r = b.rows >= lim.table_rows[b.table_ids.astype(np.int64)]
     if bad_r.any():
         i = int(np.argmax(bad_r))
         t = int(b.table_ids[i])
-        return (f"{int(bad_r.sum())} deltas name rows beyond their table; first: delta {i}, table {t} row "
-                f"{int(b.rows[i])} >= {int(lim.table_rows[t])} rows")
+        return (
+            f"{int(bad_r.sum())} deltas name rows beyond their table; first: delta {i}, table {t} row "
+            f"{int(b.rows[i])} >= {int(lim.table_rows[t])} rows"
+        )
     why = lim.codec.check_storable(b.vectors, b.first_order)
     if why is not None:
         return f"a value the store cannot hold ({why})"
@@ -65,10 +73,15 @@ def concat(batches: list[DeltaBatch]) -> DeltaBatch:
         return batches[0]
     b0 = batches[0]
     return DeltaBatch(
-        b0.model, b0.model_version, b0.dim,
-        np.concatenate([b.table_ids for b in batches]), np.concatenate([b.rows for b in batches]),
-        np.concatenate([b.vectors for b in batches]), np.concatenate([b.first_order for b in batches]),
-        np.concatenate([b.seqs for b in batches]), np.concatenate([b.event_time_ms for b in batches]),
+        b0.model,
+        b0.model_version,
+        b0.dim,
+        np.concatenate([b.table_ids for b in batches]),
+        np.concatenate([b.rows for b in batches]),
+        np.concatenate([b.vectors for b in batches]),
+        np.concatenate([b.first_order for b in batches]),
+        np.concatenate([b.seqs for b in batches]),
+        np.concatenate([b.event_time_ms for b in batches]),
     )
 
 

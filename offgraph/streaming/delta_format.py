@@ -23,6 +23,7 @@ and renames it onto ``path`` (atomic); readers never see a partial file.
                      rows=r, vectors=v, first_order=w, seqs=s, event_time_ms=now_ms)
     batch = read_delta_file(path)      # DeltaBatch of NumPy arrays (zero-copy from a memory map)
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,16 @@ from pathlib import Path
 import numpy as np
 
 from offgraph.streaming import _delta_format as _impl
-from offgraph.streaming._delta_format import (COLUMNS, FORMAT_VERSION, META_DIM, META_MODEL, META_MODEL_VERSION,
-                                        META_VERSION, SUFFIX, DeltaFormatError)
+from offgraph.streaming._delta_format import (
+    COLUMNS,
+    FORMAT_VERSION,
+    META_DIM,
+    META_MODEL,
+    META_MODEL_VERSION,
+    META_VERSION,
+    SUFFIX,
+    DeltaFormatError,
+)
 
 
 @dataclass(frozen=True)
@@ -56,8 +65,20 @@ class DeltaBatch:
         return int(self.rows.shape[0])
 
 
-def write_delta_file(path, *, model: str, model_version: int, table_ids, rows, vectors, first_order, seqs,
-                     event_time_ms, compression: str | None = None, fsync: bool = True) -> Path:
+def write_delta_file(
+    path,
+    *,
+    model: str,
+    model_version: int,
+    table_ids,
+    rows,
+    vectors,
+    first_order,
+    seqs,
+    event_time_ms,
+    compression: str | None = None,
+    fsync: bool = True,
+) -> Path:
     """Write K deltas to ``path`` atomically (``path + ".tmp"``, then ``os.replace``).
 
     ``vectors`` float [K, D]; ``table_ids``, ``rows``, ``first_order``, ``seqs`` [K];
@@ -67,9 +88,16 @@ def write_delta_file(path, *, model: str, model_version: int, table_ids, rows, v
     Raises DeltaFormatError (a ValueError) on invalid values.
     """
     path = Path(path)
-    table = _impl.build_table(model=model, model_version=model_version, table_ids=table_ids, rows=rows,
-                              vectors=vectors, first_order=first_order, seqs=seqs,
-                              event_time_ms=event_time_ms)
+    table = _impl.build_table(
+        model=model,
+        model_version=model_version,
+        table_ids=table_ids,
+        rows=rows,
+        vectors=vectors,
+        first_order=first_order,
+        seqs=seqs,
+        event_time_ms=event_time_ms,
+    )
     tmp = path.with_name(path.name + ".tmp")
     _impl.write_table(tmp, table, compression=compression, fsync=fsync)
     os.replace(tmp, path)
@@ -151,6 +179,20 @@ def parse_spool_name(name: str) -> int | None:
     return _impl.parse_lead(name, SUFFIX)
 
 
-__all__ = ["DeltaBatch", "DeltaFormatError", "write_delta_file", "read_delta_file", "read_delta_bytes",
-           "spool_file_name", "publish_delta", "parse_spool_name", "FORMAT_VERSION", "SUFFIX", "COLUMNS", "META_VERSION",
-           "META_MODEL", "META_MODEL_VERSION", "META_DIM"]
+__all__ = [
+    "DeltaBatch",
+    "DeltaFormatError",
+    "write_delta_file",
+    "read_delta_file",
+    "read_delta_bytes",
+    "spool_file_name",
+    "publish_delta",
+    "parse_spool_name",
+    "FORMAT_VERSION",
+    "SUFFIX",
+    "COLUMNS",
+    "META_VERSION",
+    "META_MODEL",
+    "META_MODEL_VERSION",
+    "META_DIM",
+]

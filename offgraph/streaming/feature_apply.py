@@ -6,13 +6,14 @@ the delta's position goes into the SAME atomic WriteBatch as its rows (``Feature
 ``meta``); an item whose position the table already holds was applied before a crash and is
 only acknowledged. Per-key seqs make a replay harmless as well (last write wins).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
+from offgraph.features.spec import FeatureSpec
 from offgraph.store.feature_db import FeatureDB, FeatureTableError, table_dir
 from offgraph.store.feature_load import check_rows, check_schema
-from offgraph.features.spec import FeatureSpec
 from offgraph.streaming.feature_delta import FeatureDeltaBatch
 
 
@@ -29,16 +30,21 @@ class FeatureTables:
         tables = {t.name: t for t in spec.tables}
         t = tables.get(b.table)
         if t is None:
-            return (f"feature delta for table {b.table!r}, which the live version {version}'s spec does not declare "
-                    f"(its tables: {sorted(tables) or 'none'})")
+            return (
+                f"feature delta for table {b.table!r}, which the live version {version}'s spec does not declare "
+                f"(its tables: {sorted(tables) or 'none'})"
+            )
         if b.key != t.key:
             return f"feature delta for table {t.name!r} keyed by {b.key!r}; the table's key is {t.key!r}"
         missing = [c for c in t.columns if c not in b.columns]
         extra = [c for c in b.columns if c not in t.columns]
         if missing or extra:
-            return (f"feature delta for table {t.name!r}: a row is the whole row, columns {list(t.columns)}; "
-                    + (f"missing {missing}" if missing else "") + ("; " if missing and extra else "")
-                    + (f"unknown {extra}" if extra else ""))
+            return (
+                f"feature delta for table {t.name!r}: a row is the whole row, columns {list(t.columns)}; "
+                + (f"missing {missing}" if missing else "")
+                + ("; " if missing and extra else "")
+                + (f"unknown {extra}" if extra else "")
+            )
         try:
             check_schema(b.schema.empty_table(), t, spec, f"feature delta for table {t.name!r}")
             # the values: FG's own rules and the table's size bounds, as `offgraph features load` checks them
@@ -47,8 +53,9 @@ class FeatureTables:
             return str(e)
         return None
 
-    def apply(self, b: FeatureDeltaBatch, spec: FeatureSpec, key: bytes, position: str, *, late: bool,
-              sync: bool) -> tuple[int, int] | None:
+    def apply(
+        self, b: FeatureDeltaBatch, spec: FeatureSpec, key: bytes, position: str, *, late: bool, sync: bool
+    ) -> tuple[int, int] | None:
         """Write ``b`` with its position; None when the table already holds the position (done)."""
         db = self._db(spec, b.table)
         if not late:

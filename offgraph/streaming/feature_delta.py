@@ -20,20 +20,22 @@ shared by the model's versions, so a feature delta names no version:
                           rows=[{"movie_id": 242, "genres": [...], "title_words": [...], "release_year": 1997}],
                           seqs=[7], event_time_ms=now_ms)
 """
+
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from offgraph.store.feature_db import row_key
-from offgraph.streaming._delta_format import (FORMAT_VERSION as _FORMAT, META_MODEL, META_VERSION, DeltaFormatError,
-                                        refuse_equal_seqs)
+from offgraph.streaming._delta_format import FORMAT_VERSION as _FORMAT
+from offgraph.streaming._delta_format import META_MODEL, META_VERSION, DeltaFormatError, refuse_equal_seqs
 
 FORMAT_VERSION = str(_FORMAT).encode()
 
@@ -50,14 +52,14 @@ class FeatureDeltaBatch:
 
     model: str
     table: str
-    key: str                    # the key column's name
-    columns: tuple[str, ...]    # the other columns, as in the file
-    schema: pa.Schema           # for the type checks against the spec
-    keys: list[bytes]           # record keys (offgraph.store.feature_db.row_key)
+    key: str  # the key column's name
+    columns: tuple[str, ...]  # the other columns, as in the file
+    schema: pa.Schema  # for the type checks against the spec
+    keys: list[bytes]  # record keys (offgraph.store.feature_db.row_key)
     rows: list[dict[str, Any]]  # {column: value} per row, without the key
-    seqs: np.ndarray            # int64 [K]
-    event_time_ms: np.ndarray   # int64 [K]
-    data: pa.Table              # the file's columns (the value checks of offgraph.store.feature_load.check_rows)
+    seqs: np.ndarray  # int64 [K]
+    event_time_ms: np.ndarray  # int64 [K]
+    data: pa.Table  # the file's columns (the value checks of offgraph.store.feature_load.check_rows)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -71,8 +73,9 @@ def from_table(table: pa.Table) -> FeatureDeltaBatch:
     """A feature delta read by ``delta_format_impl`` (any problem: DeltaFormatError)."""
     meta = table.schema.metadata or {}
     if meta.get(META_VERSION) != FORMAT_VERSION:
-        raise DeltaFormatError(f"feature delta of format version {meta.get(META_VERSION)!r}; this offgraph reads "
-                               f"{FORMAT_VERSION.decode()}")
+        raise DeltaFormatError(
+            f"feature delta of format version {meta.get(META_VERSION)!r}; this offgraph reads {FORMAT_VERSION.decode()}"
+        )
     try:
         model, name, key = meta[META_MODEL].decode(), meta[META_TABLE].decode(), meta[META_KEY].decode()
     except (KeyError, UnicodeDecodeError):
@@ -95,8 +98,12 @@ def from_table(table: pa.Table) -> FeatureDeltaBatch:
         raise DeltaFormatError(f"feature delta: key column {key!r} has no value at row {bad[0]}")
     if len(keys) > 1:  # two rows of one key at one seq: refused as embedding deltas are (one rule)
         _, kid = np.unique(np.array(keys, dtype=object), return_inverse=True)
-        refuse_equal_seqs(np.zeros(len(keys), np.uint32), kid.reshape(-1).astype(np.int64), seqs,
-                          lambda a: f"{key}={keys[a][1:].decode()!r}")
+        refuse_equal_seqs(
+            np.zeros(len(keys), np.uint32),
+            kid.reshape(-1).astype(np.int64),
+            seqs,
+            lambda a: f"{key}={keys[a][1:].decode()!r}",
+        )
     cols = [c for c in table.column_names if c not in RESERVED and c != key]
     values = {c: table.column(c).to_pylist() for c in cols}
     rows = [{c: values[c][i] for c in cols} for i in range(table.num_rows)]
@@ -106,15 +113,28 @@ def from_table(table: pa.Table) -> FeatureDeltaBatch:
 def build_table(*, model: str, table: str, key: str, rows: Sequence[dict], seqs, event_time_ms) -> pa.Table:
     """``rows``: dicts holding the key and the table's columns (Arrow infers the types)."""
     k = len(rows)
-    et = np.full(k, int(event_time_ms), np.int64) if np.ndim(event_time_ms) == 0 else np.asarray(event_time_ms,
-                                                                                                   np.int64)
+    et = (
+        np.full(k, int(event_time_ms), np.int64) if np.ndim(event_time_ms) == 0 else np.asarray(event_time_ms, np.int64)
+    )
     if any(key not in r for r in rows):
         raise ValueError(f"every row needs its key {key!r}")
     cols = [key] + [c for c in (rows[0] if rows else {}) if c != key]
-    t = pa.table({**{c: [r.get(c) for r in rows] for c in cols}, "seq": pa.array(np.asarray(seqs, np.int64)),
-                  "event_time_ms": pa.array(et)})
-    return t.replace_schema_metadata({META_VERSION: FORMAT_VERSION, META_KIND: KIND_FEATURES,
-                                      META_MODEL: model.encode(), META_TABLE: table.encode(), META_KEY: key.encode()})
+    t = pa.table(
+        {
+            **{c: [r.get(c) for r in rows] for c in cols},
+            "seq": pa.array(np.asarray(seqs, np.int64)),
+            "event_time_ms": pa.array(et),
+        }
+    )
+    return t.replace_schema_metadata(
+        {
+            META_VERSION: FORMAT_VERSION,
+            META_KIND: KIND_FEATURES,
+            META_MODEL: model.encode(),
+            META_TABLE: table.encode(),
+            META_KEY: key.encode(),
+        }
+    )
 
 
 def encode_feature_delta(**kwargs) -> bytes:

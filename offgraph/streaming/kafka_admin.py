@@ -1,4 +1,5 @@
 """Topics for the Kafka transport: created when missing, their partition count read back."""
+
 from __future__ import annotations
 
 import logging
@@ -16,8 +17,13 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float =
 
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions}")
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 10000,
-                         **BrokerHealth(bootstrap, log).client_config()})  # a line per change, not per retry
+    admin = AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "socket.connection.setup.timeout.ms": 10000,
+            **BrokerHealth(bootstrap, log).client_config(),
+        }
+    )  # a line per change, not per retry
     t_end = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < t_end:

@@ -14,12 +14,13 @@ resets detected by the source) are what the updater's /metrics shows.
     health = BrokerHealth("127.0.0.1:9092", log)
     Consumer({..., **health.client_config()})      # logger, error_cb, stats_cb
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 SUMMARY_S = 30.0  # while down: a summary line this often
 REPEAT_S = 60.0  # other librdkafka messages: the same text at most once this often
@@ -30,8 +31,9 @@ _CONN_CODES = {-195, -187, -193, -185}  # _TRANSPORT, _ALL_BROKERS_DOWN, _RESOLV
 
 
 class BrokerHealth:
-    def __init__(self, bootstrap: str, log: logging.Logger, *, on_down: Callable[[], None] | None = None,
-                 clock=time.monotonic) -> None:
+    def __init__(
+        self, bootstrap: str, log: logging.Logger, *, on_down: Callable[[], None] | None = None, clock=time.monotonic
+    ) -> None:
         self.bootstrap = bootstrap
         self._log = log
         self.on_down = on_down  # called once per change to down (the source re-verifies its positions)
@@ -53,8 +55,9 @@ class BrokerHealth:
         """librdkafka's log callback (``logger.log(level, "%s [%s] %s", fac, name, text)``)."""
         fac = str(args[0]) if args else ""
         text = str(args[-1]) if args else fmt
-        if level >= logging.WARNING and (fac in _CONN_FACS or "Connect to" in text or "Disconnected" in text
-                                         or "brokers are down" in text):
+        if level >= logging.WARNING and (
+            fac in _CONN_FACS or "Connect to" in text or "Disconnected" in text or "brokers are down" in text
+        ):
             self.failed(text)
             return
         self._say(level, text)
@@ -81,8 +84,12 @@ class BrokerHealth:
         self.errors += 1
         if self.up is not False:
             self._change(False)
-            self._log.error("kafka %s: broker unreachable (%s); retrying, logged again once it is back and "
-                           "every %.0fs meanwhile", self.bootstrap, why, SUMMARY_S)
+            self._log.error(
+                "kafka %s: broker unreachable (%s); retrying, logged again once it is back and every %.0fs meanwhile",
+                self.bootstrap,
+                why,
+                SUMMARY_S,
+            )
             if self.on_down is not None:
                 self.on_down()
         self.tick()
@@ -93,15 +100,20 @@ class BrokerHealth:
             took, n = self.clock() - self._since, self.errors - self._errors_at_change
             self._change(True)
             if was_down:
-                self._log.warning("kafka %s: broker reachable again after %.0fs (%d connection errors)",
-                                 self.bootstrap, took, n)
+                self._log.warning(
+                    "kafka %s: broker reachable again after %.0fs (%d connection errors)", self.bootstrap, took, n
+                )
 
     def tick(self) -> None:
         now = self.clock()
         if self.up is False and now - self._last_summary >= SUMMARY_S:
             self._last_summary = now
-            self._log.error("kafka %s: broker still unreachable after %.0fs (%d connection errors)",
-                           self.bootstrap, now - self._since, self.errors - self._errors_at_change)
+            self._log.error(
+                "kafka %s: broker still unreachable after %.0fs (%d connection errors)",
+                self.bootstrap,
+                now - self._since,
+                self.errors - self._errors_at_change,
+            )
 
     def _change(self, up: bool) -> None:
         self.up = up

@@ -18,6 +18,7 @@ deltas of one row go to one partition, so they stay in order:
     for partition, value, headers in encode_messages(delta, partitions=4):
         producer.produce(topic, value=value, partition=partition, headers=headers)
 """
+
 from __future__ import annotations
 
 import io
@@ -88,15 +89,21 @@ def encode_messages(delta: dict, partitions: int, max_bytes: int = MAX_MESSAGE_B
     k = len(r)
     et = delta["event_time_ms"]
     times = np.full(k, int(et), np.int64) if np.ndim(et) == 0 else np.asarray(et)
-    cols = {"table_ids": t, "rows": r, "vectors": v, "first_order": np.asarray(delta["first_order"]),
-            "seqs": np.asarray(delta["seqs"]), "event_time_ms": times}
+    cols = {
+        "table_ids": t,
+        "rows": r,
+        "vectors": v,
+        "first_order": np.asarray(delta["first_order"]),
+        "seqs": np.asarray(delta["seqs"]),
+        "event_time_ms": times,
+    }
     per = rows_per_message(v.shape[1] if v.ndim == 2 else 1, max_bytes)
     hdr = headers(model, version)
     part = shard_of(t.astype(np.uint32), r.astype(np.int64), partitions) if k else np.zeros(0, np.int64)
     for p in range(partitions):
         idx = np.flatnonzero(part == p)
         for c0 in range(0, len(idx), per):
-            sel = idx[c0:c0 + per]
+            sel = idx[c0 : c0 + per]
             yield p, encode_one(model, version, **{n: a[sel] for n, a in cols.items()}), hdr
 
 
@@ -107,9 +114,14 @@ def version_start_path(version_dir: str | Path) -> Path:
 def dead_letter_reference(reason: str, topic: str, partition: int, offset: int, size: int, why: str) -> list:
     """The headers of a dead letter whose payload is not copied (its value is empty): where to read it."""
     text = f"{reason} (the {size}-byte payload is not copied here: {why}; read it at its origin)"
-    return [(H_REASON, text.encode("utf-8", "backslashreplace")), (H_ORIGIN, f"{topic}/{partition}/{offset}".encode()),
-            *((H_DEAD_PREFIX + k, str(v).encode()) for k, v in
-              (("topic", topic), ("partition", partition), ("offset", offset), ("size", size)))]
+    return [
+        (H_REASON, text.encode("utf-8", "backslashreplace")),
+        (H_ORIGIN, f"{topic}/{partition}/{offset}".encode()),
+        *(
+            (H_DEAD_PREFIX + k, str(v).encode())
+            for k, v in (("topic", topic), ("partition", partition), ("offset", offset), ("size", size))
+        ),
+    ]
 
 
 Offset = Annotated[int, Field(strict=True, ge=0, lt=2**63)]
@@ -141,7 +153,12 @@ def read_version_start(version_dir: str | Path, log: logging.Logger) -> tuple[Ve
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(x) for x in err["loc"]) or "(the whole file)"
-        log.warning("%s: field %s: %s (got %.80r): ignored, reading the topic from its beginning", path, field,
-                    err["msg"], err.get("input"))
+        log.warning(
+            "%s: field %s: %s (got %.80r): ignored, reading the topic from its beginning",
+            path,
+            field,
+            err["msg"],
+            err.get("input"),
+        )
         return None, path
     return vs.model_copy(update={"partitions": {int(p): o for p, o in vs.partitions.items()}}), path

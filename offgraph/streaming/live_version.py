@@ -1,11 +1,12 @@
 """The live version of a model: the newest complete version under MODELS/NAME."""
+
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from offgraph.modeldir.manifest import check_model_name, complete_versions, load_manifest, open_version_store
 from offgraph.features.spec import parse_spec
+from offgraph.modeldir.manifest import check_model_name, complete_versions, load_manifest, open_version_store
 from offgraph.streaming._updater import ModelLimits
 
 log = logging.getLogger("offgraph.update")
@@ -42,8 +43,7 @@ class LiveModel:
             raise
         self.close()
         self.version, self.store, self.limits, self.spec = int(version), store, limits, spec
-        log.info("live version of %s: %d (%s, %d shards)", self.name, version, store.config.quant,
-                 store.config.shards)
+        log.info("live version of %s: %d (%s, %d shards)", self.name, version, store.config.quant, store.config.shards)
 
     def close(self) -> None:
         if self.store is not None:

@@ -5,6 +5,7 @@ the oldest unapplied file, and the rows applied per second. When the stream outr
 updater the backlog and the oldest age grow, and the log says so (see offgraph/streaming/README.md,
 "When the stream outruns the updater").
 """
+
 from __future__ import annotations
 
 import logging
@@ -57,22 +58,39 @@ class UpdaterMetrics:
             "lag": Gauge("offgraph_update_lag_seconds", "now - newest applied event time", lbl),
             "waiting": Gauge("offgraph_update_files_waiting", "delta files not yet applied (backlog)", lbl),
             "backlog_rows": Gauge("offgraph_update_backlog_rows", "deltas in the files not yet applied", lbl),
-            "oldest": Gauge("offgraph_update_oldest_unapplied_seconds",
-                            "how long the oldest file not yet applied has waited", lbl),
-            "applied_rate": Gauge("offgraph_update_rows_applied_per_second",
-                                  "rows written to the store per second (last second or so)", lbl),
-            "lag_rows": Gauge("offgraph_update_consumer_lag_rows", "Kafka: deltas behind the partition's end "
-                              "(counted in fetched messages, estimated for the rest)", lbl + ["partition"]),
-            "lag_seconds": Gauge("offgraph_update_consumer_lag_seconds",
-                                 "Kafka: age of the partition's oldest unapplied message", lbl + ["partition"]),
+            "oldest": Gauge(
+                "offgraph_update_oldest_unapplied_seconds", "how long the oldest file not yet applied has waited", lbl
+            ),
+            "applied_rate": Gauge(
+                "offgraph_update_rows_applied_per_second",
+                "rows written to the store per second (last second or so)",
+                lbl,
+            ),
+            "lag_rows": Gauge(
+                "offgraph_update_consumer_lag_rows",
+                "Kafka: deltas behind the partition's end (counted in fetched messages, estimated for the rest)",
+                lbl + ["partition"],
+            ),
+            "lag_seconds": Gauge(
+                "offgraph_update_consumer_lag_seconds",
+                "Kafka: age of the partition's oldest unapplied message",
+                lbl + ["partition"],
+            ),
             "rate": Gauge("offgraph_update_deltas_per_second", "deltas consumed per second (last interval)", lbl),
             "version": Gauge("offgraph_update_live_version", "model version being updated", lbl),
-            "broker_up": Gauge("offgraph_update_broker_up", "Kafka: 1 while the broker is reachable, 0 while "
-                               "not (NaN: not known yet)", lbl),
-            "errors": Counter("offgraph_update_broker_connection_errors", "Kafka: failed or dropped broker "
-                              "connections", lbl),
-            "resets": Counter("offgraph_update_offset_resets", "Kafka: partitions whose offsets went backwards "
-                              "(the broker lost its log, the topic was re-created)", lbl),
+            "broker_up": Gauge(
+                "offgraph_update_broker_up",
+                "Kafka: 1 while the broker is reachable, 0 while not (NaN: not known yet)",
+                lbl,
+            ),
+            "errors": Counter(
+                "offgraph_update_broker_connection_errors", "Kafka: failed or dropped broker connections", lbl
+            ),
+            "resets": Counter(
+                "offgraph_update_offset_resets",
+                "Kafka: partitions whose offsets went backwards (the broker lost its log, the topic was re-created)",
+                lbl,
+            ),
         }
         self._prom["lag"].labels(self.model).set_function(self.lag_s)
         start_http_server(port)
@@ -140,14 +158,33 @@ class UpdaterMetrics:
         self._last_deltas, self._last_log = self.deltas, now
         if self._prom:
             self._prom["rate"].labels(self.model).set(self.deltas_per_s)
-        log.info("update %s v%s: %d deltas (%.0f/s over %.1fs) -> %d rows written, %d stale skipped, %d files, "
-                 "%d dead-lettered, lag %.2fs; backlog %d files, %d rows, oldest %.1fs", self.model, version,
-                 self.deltas, self.deltas_per_s, dt, self.rows_applied, self.rows_stale, self.files_applied,
-                 self.files_dead, self.lag_s(), b.items, b.rows, b.oldest_age_s)
+        log.info(
+            "update %s v%s: %d deltas (%.0f/s over %.1fs) -> %d rows written, %d stale skipped, %d files, "
+            "%d dead-lettered, lag %.2fs; backlog %d files, %d rows, oldest %.1fs",
+            self.model,
+            version,
+            self.deltas,
+            self.deltas_per_s,
+            dt,
+            self.rows_applied,
+            self.rows_stale,
+            self.files_applied,
+            self.files_dead,
+            self.lag_s(),
+            b.items,
+            b.rows,
+            b.oldest_age_s,
+        )
         if b.oldest_age_s > max(2 * self.log_every_s, 10.0):
-            log.warning("update %s: the oldest unapplied file has waited %.1fs (%d files, %d rows behind): the "
-                        "stream outruns the updater; see offgraph/streaming/README.md, 'When the stream outruns the "
-                        "updater'", self.model, b.oldest_age_s, b.items, b.rows)
+            log.warning(
+                "update %s: the oldest unapplied file has waited %.1fs (%d files, %d rows behind): the "
+                "stream outruns the updater; see offgraph/streaming/README.md, 'When the stream outruns the "
+                "updater'",
+                self.model,
+                b.oldest_age_s,
+                b.items,
+                b.rows,
+            )
         return True
 
     def _broker(self, source) -> None:
@@ -165,20 +202,37 @@ class UpdaterMetrics:
     def status(self) -> dict:
         """What the updater's status file holds (offgraph.modeldir.status_file)."""
         b = self.backlog
-        return {"model": self.model, "version": self.version, "deltas": self.deltas, "rows_applied": self.rows_applied,
-                "rows_applied_per_s": self.rows_applied_per_s, "lag_s": _finite(self.lag_s()),
-                "backlog": {"items": b.items, "rows": b.rows, "oldest_unapplied_s": b.oldest_age_s},
-                "partitions": {str(p): d for p, d in self.partitions.items()},
-                **({"broker": self.broker} if self.broker is not None else {})}
+        return {
+            "model": self.model,
+            "version": self.version,
+            "deltas": self.deltas,
+            "rows_applied": self.rows_applied,
+            "rows_applied_per_s": self.rows_applied_per_s,
+            "lag_s": _finite(self.lag_s()),
+            "backlog": {"items": b.items, "rows": b.rows, "oldest_unapplied_s": b.oldest_age_s},
+            "partitions": {str(p): d for p, d in self.partitions.items()},
+            **({"broker": self.broker} if self.broker is not None else {}),
+        }
 
     def summary(self) -> dict:
-        return {"deltas": self.deltas, "rows_applied": self.rows_applied, "rows_skipped_stale": self.rows_stale,
-                "files_applied": self.files_applied, "files_dead_lettered": self.files_dead,
-                "batches": self.batches, "lag_s": self.lag_s(), "files_waiting": self.waiting,
-                "backlog_rows": self.backlog.rows, "oldest_unapplied_s": self.backlog.oldest_age_s,
-                "backlog_max": {"files": self.backlog_max.items, "rows": self.backlog_max.rows,
-                                "oldest_unapplied_s": self.backlog_max.oldest_age_s},
-                "version": self.version}
+        return {
+            "deltas": self.deltas,
+            "rows_applied": self.rows_applied,
+            "rows_skipped_stale": self.rows_stale,
+            "files_applied": self.files_applied,
+            "files_dead_lettered": self.files_dead,
+            "batches": self.batches,
+            "lag_s": self.lag_s(),
+            "files_waiting": self.waiting,
+            "backlog_rows": self.backlog.rows,
+            "oldest_unapplied_s": self.backlog.oldest_age_s,
+            "backlog_max": {
+                "files": self.backlog_max.items,
+                "rows": self.backlog_max.rows,
+                "oldest_unapplied_s": self.backlog_max.oldest_age_s,
+            },
+            "version": self.version,
+        }
 
 
 def _finite(x: float) -> float | None:

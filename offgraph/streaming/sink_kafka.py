@@ -9,6 +9,7 @@
   producer recorded them), where a new replica's updater starts reading.
 - A delivery error is never dropped: the next ``emit`` or ``close`` raises it (OSError).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,16 +21,26 @@ import numpy as np
 
 from offgraph.streaming.kafka_admin import ensure_topic
 from offgraph.streaming.kafka_health import BrokerHealth
-from offgraph.streaming.kafka_messages import MAX_MESSAGE_BYTES, encode_messages, encode_one, headers, parse_kafka_url
-from offgraph.streaming.kafka_messages import FORMAT_VERSION, H_MODEL, H_VERSION, version_start_path
+from offgraph.streaming.kafka_messages import (
+    FORMAT_VERSION,
+    H_MODEL,
+    H_VERSION,
+    MAX_MESSAGE_BYTES,
+    encode_messages,
+    encode_one,
+    headers,
+    parse_kafka_url,
+    version_start_path,
+)
 from offgraph.streaming.sinks import DeltaSink
 
 log = logging.getLogger("offgraph.stream_train.kafka")
 
 
 class KafkaSink(DeltaSink):
-    def __init__(self, url: str, *, version_dir: str | Path | None = None, partitions: int = 4,
-                 config: dict | None = None) -> None:
+    def __init__(
+        self, url: str, *, version_dir: str | Path | None = None, partitions: int = 4, config: dict | None = None
+    ) -> None:
         from confluent_kafka import Producer
 
         self.url = url
@@ -37,9 +48,17 @@ class KafkaSink(DeltaSink):
         self.partitions = ensure_topic(self.bootstrap, self.topic, partitions)
         self.version_dir = Path(version_dir) if version_dir is not None else None
         self.health = BrokerHealth(self.bootstrap, log)  # a log line per change of the broker's state
-        self._producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
-                                   "acks": "all", "linger.ms": 5, "message.max.bytes": MAX_MESSAGE_BYTES + 65536,
-                                   **self.health.client_config(), **(config or {})})
+        self._producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.max.bytes": MAX_MESSAGE_BYTES + 65536,
+                **self.health.client_config(),
+                **(config or {}),
+            }
+        )
         self._errors: list = []
         self._started: set[tuple[str, int]] = set()
         self.messages = 0
@@ -60,8 +79,13 @@ class KafkaSink(DeltaSink):
     def _produce(self, partition: int, value: bytes, hdrs, on_delivery=None) -> None:
         while True:
             try:
-                self._producer.produce(self.topic, value=value, partition=partition, headers=hdrs,
-                                       on_delivery=on_delivery or self._delivered)
+                self._producer.produce(
+                    self.topic,
+                    value=value,
+                    partition=partition,
+                    headers=hdrs,
+                    on_delivery=on_delivery or self._delivered,
+                )
                 break
             except BufferError:  # the local queue is full: let it drain
                 self._producer.poll(0.05)
@@ -77,9 +101,16 @@ class KafkaSink(DeltaSink):
             if err is None:
                 offsets[msg.partition()] = msg.offset()
 
-        empty = encode_one(model, version, table_ids=np.zeros(0, np.uint32), rows=np.zeros(0, np.int64),
-                           vectors=np.zeros((0, dim), np.float32), first_order=np.zeros(0, np.float32),
-                           seqs=np.zeros(0, np.int64), event_time_ms=np.zeros(0, np.int64))
+        empty = encode_one(
+            model,
+            version,
+            table_ids=np.zeros(0, np.uint32),
+            rows=np.zeros(0, np.int64),
+            vectors=np.zeros((0, dim), np.float32),
+            first_order=np.zeros(0, np.float32),
+            seqs=np.zeros(0, np.int64),
+            event_time_ms=np.zeros(0, np.int64),
+        )
         for p in range(self.partitions):
             self._produce(p, empty, headers(model, version), on_delivery=done)
         if self._producer.flush(30):
@@ -118,8 +149,10 @@ class KafkaSink(DeltaSink):
         self._raise_errors()
         value = encode_feature_delta(**delta)
         if len(value) > MAX_MESSAGE_BYTES:
-            raise ValueError(f"feature delta of {len(value)} bytes; at most {MAX_MESSAGE_BYTES} per message: "
-                             "send fewer rows per call")
+            raise ValueError(
+                f"feature delta of {len(value)} bytes; at most {MAX_MESSAGE_BYTES} per message: "
+                "send fewer rows per call"
+            )
         self._produce(0, value, [(H_VERSION, FORMAT_VERSION), (H_MODEL, delta["model"].encode())])
         return f"1 message to {self.url}"
 

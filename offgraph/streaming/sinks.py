@@ -8,6 +8,7 @@
 sink records there where the version's deltas begin in the topic (``stream-start.json``),
 so that a new replica of that version starts reading there.
 """
+
 from __future__ import annotations
 
 import abc
@@ -19,7 +20,7 @@ class DeltaSink(abc.ABC):
     def emit(self, delta: dict) -> str:
         """Deliver ``delta``; returns where it went (a path, or a topic and message count)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: most backends hold nothing to release)
         pass
 
     def describe(self) -> str:

@@ -32,6 +32,7 @@
   reports it: informational, Tansu's can be off), rows counted in buffered messages and
   estimated for the rest, and the age of the oldest unapplied message (its timestamp).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,12 +43,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from offgraph.streaming.delta_format import DeltaBatch, DeltaFormatError, read_delta_bytes
 from offgraph.streaming._delta_format import count_rows
+from offgraph.streaming.delta_format import DeltaBatch, DeltaFormatError, read_delta_bytes
 from offgraph.streaming.kafka_admin import ensure_topic
 from offgraph.streaming.kafka_health import BrokerHealth
-from offgraph.streaming.kafka_messages import (FORMAT_VERSION, H_ORIGIN, H_REASON, H_VERSION, MAX_MESSAGE_BYTES,
-                                      dead_letter_reference, parse_kafka_url, read_version_start)
+from offgraph.streaming.kafka_messages import (
+    FORMAT_VERSION,
+    H_ORIGIN,
+    H_REASON,
+    H_VERSION,
+    MAX_MESSAGE_BYTES,
+    dead_letter_reference,
+    parse_kafka_url,
+    read_version_start,
+)
 from offgraph.streaming.sources import Backlog, DeltaSource, SourceItem
 from offgraph.streaming.updater_config import OFFSET_RESET
 
@@ -97,12 +106,15 @@ class KafkaItem(SourceItem):
     def read(self) -> DeltaBatch:
         data = self.payload or b""
         if len(data) > READ_LIMIT:
-            raise DeltaFormatError(f"message of {len(data)} bytes; at most {READ_LIMIT} are read "
-                                   f"(producers split batches into messages of {MAX_MESSAGE_BYTES} bytes)")
+            raise DeltaFormatError(
+                f"message of {len(data)} bytes; at most {READ_LIMIT} are read "
+                f"(producers split batches into messages of {MAX_MESSAGE_BYTES} bytes)"
+            )
         version = dict(self.headers).get(H_VERSION)
         if version is not None and version != FORMAT_VERSION:
-            raise DeltaFormatError(f"header {H_VERSION}={version!r}; this offgraph reads version "
-                                   f"{FORMAT_VERSION.decode()}")
+            raise DeltaFormatError(
+                f"header {H_VERSION}={version!r}; this offgraph reads version {FORMAT_VERSION.decode()}"
+            )
         return read_delta_bytes(data)
 
 
@@ -110,9 +122,18 @@ class KafkaSource(DeltaSource):
     scheme = "kafka"
     wakeup = "kafka"
 
-    def __init__(self, location: str, *, dead_letter_dir: str | None = None, delete_applied: bool = False,
-                 group_id: str | None = None, store_hint: str = "", metadata_timeout_s: float = 30.0,
-                 on_offset_reset: str = "stop", config: dict | None = None) -> None:
+    def __init__(
+        self,
+        location: str,
+        *,
+        dead_letter_dir: str | None = None,
+        delete_applied: bool = False,
+        group_id: str | None = None,
+        store_hint: str = "",
+        metadata_timeout_s: float = 30.0,
+        on_offset_reset: str = "stop",
+        config: dict | None = None,
+    ) -> None:
         from confluent_kafka import Consumer
 
         super().__init__(None)
@@ -126,11 +147,21 @@ class KafkaSource(DeltaSource):
         if "/" in self.dead_topic:
             raise ValueError(f"--dead-letter for a Kafka source names a topic, got {self.dead_topic!r}")
         gid = group_id or "offgraph-update-" + hashlib.sha1(store_hint.encode()).hexdigest()[:12]
-        self._consumer = Consumer({
-            "bootstrap.servers": self.bootstrap, "group.id": gid, "group.protocol": "classic",
-            "enable.auto.commit": True, "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
-            "enable.partition.eof": False, "fetch.message.max.bytes": READ_LIMIT,
-            "socket.connection.setup.timeout.ms": 10000, **self.health.client_config(), **(config or {})})
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": gid,
+                "group.protocol": "classic",
+                "enable.auto.commit": True,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": False,
+                "fetch.message.max.bytes": READ_LIMIT,
+                "socket.connection.setup.timeout.ms": 10000,
+                **self.health.client_config(),
+                **(config or {}),
+            }
+        )
         self._producer = None
         self.partitions = self._wait_for_partitions(metadata_timeout_s)
         ensure_topic(self.bootstrap, self.dead_topic, 1)
@@ -163,8 +194,10 @@ class KafkaSource(DeltaSource):
                 last = str(e)
             if time.monotonic() > t_end:
                 self._consumer.close()
-                raise ValueError(f"{self.url}: topic {self.topic!r} not found on {self.bootstrap} within "
-                                 f"{timeout_s:g}s ({last}); create it (e.g. by starting the producer) first")
+                raise ValueError(
+                    f"{self.url}: topic {self.topic!r} not found on {self.bootstrap} within "
+                    f"{timeout_s:g}s ({last}); create it (e.g. by starting the producer) first"
+                )
             time.sleep(0.5)
 
     def key(self, partition: int) -> bytes:
@@ -191,8 +224,9 @@ class KafkaSource(DeltaSource):
         self._buf.clear()
         self._buf_bytes = 0
         self._consumer.assign(assign)
-        log.info("%s: %d partitions assigned from %s", self.url, len(assign),
-                 {tp.partition: tp.offset for tp in assign})
+        log.info(
+            "%s: %d partitions assigned from %s", self.url, len(assign), {tp.partition: tp.offset for tp in assign}
+        )
 
     def version_start(self, version_dir: Path) -> dict[bytes, str]:
         rec, path = read_version_start(version_dir, log)
@@ -230,9 +264,15 @@ class KafkaSource(DeltaSource):
                 refetch.add(p)
             if not verdict:
                 continue
-            item = KafkaItem(position=position(off, self._epoch.get(p, 0), fp), key=self.key(p), payload=value,
-                             mtime=ts / 1000.0 if ts and ts > 0 else time.time(), partition=p, offset=off,
-                             headers=tuple(m.headers() or ()))
+            item = KafkaItem(
+                position=position(off, self._epoch.get(p, 0), fp),
+                key=self.key(p),
+                payload=value,
+                mtime=ts / 1000.0 if ts and ts > 0 else time.time(),
+                partition=p,
+                offset=off,
+                headers=tuple(m.headers() or ()),
+            )
             self._buf[(p, off)] = item
             self._buf_bytes += len(value)
             got += 1
@@ -248,12 +288,21 @@ class KafkaSource(DeltaSource):
         if seen is not None and off <= seen[0]:
             if (off, fp) == seen:  # the message recorded or fetched last, read again to check it
                 return False
-            self._reset(p, f"offset {off} was fetched after offset {seen[0]}" if off < seen[0] else
-                        f"offset {off} holds another message than the one read there before")
+            self._reset(
+                p,
+                f"offset {off} was fetched after offset {seen[0]}"
+                if off < seen[0]
+                else f"offset {off} holds another message than the one read there before",
+            )
             return None
         if want is not None and off > want[0] + 1:
-            log.warning("%s partition %d: offset %d, recorded last, is gone (retention?); going on at %d",
-                        self.url, p, want[0], off)
+            log.warning(
+                "%s partition %d: offset %d, recorded last, is gone (retention?); going on at %d",
+                self.url,
+                p,
+                want[0],
+                off,
+            )
         self._seen[p] = (off, fp)
         return True
 
@@ -280,15 +329,20 @@ class KafkaSource(DeltaSource):
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         self.health.resets += 1
-        what = (f"{self.url} partition {p}: the broker's offsets went backwards ({why}): it lost its log, or the "
-                "topic was deleted and re-created")
+        what = (
+            f"{self.url} partition {p}: the broker's offsets went backwards ({why}): it lost its log, or the "
+            "topic was deleted and re-created"
+        )
         if self.on_offset_reset == "stop":
             log.error("%s; --on-offset-reset stop: stopping", what)
-            raise OffsetResetError(f"{what}; stopped by --on-offset-reset stop (nothing after the recorded offset "
-                                   "was acknowledged). See offgraph/streaming/README.md, 'Offset resets'")
+            raise OffsetResetError(
+                f"{what}; stopped by --on-offset-reset stop (nothing after the recorded offset "
+                "was acknowledged). See offgraph/streaming/README.md, 'Offset resets'"
+            )
         self._epoch[p] = self._epoch.get(p, 0) + 1
-        log.error("%s; --on-offset-reset rebase: reading its new log from the beginning as epoch %d",
-                  what, self._epoch[p])
+        log.error(
+            "%s; --on-offset-reset rebase: reading its new log from the beginning as epoch %d", what, self._epoch[p]
+        )
         self._seen.pop(p, None)
         self._verify.pop(p, None)
         self._consumer.seek(TopicPartition(self.topic, p, OFFSET_BEGINNING))
@@ -365,10 +419,16 @@ class KafkaSource(DeltaSource):
         hdrs += [(H_REASON, reason.encode("utf-8", "backslashreplace")), (H_ORIGIN, origin.encode())]
         err = self._dead_letter(payload, hdrs) if len(payload) <= READ_LIMIT else "bigger than the read limit"
         if err is not None and (len(payload) > MAX_MESSAGE_BYTES or getattr(err, "code", lambda: 0)() in _SIZE_ERRORS):
-            log.warning("%s: the %d-byte payload of %s cannot be dead-lettered (%s): sending a reference to it",
-                        self.url, len(payload), origin, err)
-            err = self._dead_letter(b"", dead_letter_reference(reason, self.topic, item.partition, item.offset,
-                                                               len(payload), str(err)))
+            log.warning(
+                "%s: the %d-byte payload of %s cannot be dead-lettered (%s): sending a reference to it",
+                self.url,
+                len(payload),
+                origin,
+                err,
+            )
+            err = self._dead_letter(
+                b"", dead_letter_reference(reason, self.topic, item.partition, item.offset, len(payload), str(err))
+            )
         if err is not None:  # never advance past a message that is neither applied nor dead-lettered
             raise OSError(f"{self.url}: could not dead-letter {origin} to topic {self.dead_topic!r}: {err}")
         self._done(item)
@@ -385,13 +445,20 @@ class KafkaSource(DeltaSource):
         err = None
         for attempt in range(2):
             if self._producer is None:
-                self._producer = Producer({"bootstrap.servers": self.bootstrap, "compression.type": "zstd",
-                                           "message.max.bytes": READ_LIMIT + 65536, "message.timeout.ms": 30000,
-                                           **self.health.client_config()})
+                self._producer = Producer(
+                    {
+                        "bootstrap.servers": self.bootstrap,
+                        "compression.type": "zstd",
+                        "message.max.bytes": READ_LIMIT + 65536,
+                        "message.timeout.ms": 30000,
+                        **self.health.client_config(),
+                    }
+                )
             errors: list = []
             try:
-                self._producer.produce(self.dead_topic, value=value, headers=hdrs,
-                                       on_delivery=lambda e, _msg: e and errors.append(e))
+                self._producer.produce(
+                    self.dead_topic, value=value, headers=hdrs, on_delivery=lambda e, _msg: e and errors.append(e)
+                )
             except KafkaException as e:  # refused at once (MSG_SIZE_TOO_LARGE)
                 return e.args[0]
             if self._producer.flush(35):
@@ -405,8 +472,7 @@ class KafkaSource(DeltaSource):
                 if err.code() in _SIZE_ERRORS:
                     return err
             if attempt == 0:
-                log.warning("%s: a dead letter was not delivered (%s): trying again with a new producer",
-                            self.url, err)
+                log.warning("%s: a dead letter was not delivered (%s): trying again with a new producer", self.url, err)
                 self._producer = None
                 ensure_topic(self.bootstrap, self.dead_topic, 1)
         return err
@@ -454,8 +520,12 @@ class KafkaSource(DeltaSource):
             d = per.get(p, {"buffered": 0, "rows": 0, "oldest_s": 0.0})
             behind = max(d["buffered"], ends.get(p, 0) - (self._cursor.get(p, -1) + 1))
             rows = d["rows"] + (behind - d["buffered"]) * self._rows_per_message
-            out[p] = {"messages": behind, "rows": int(round(rows)), "seconds": d["oldest_s"],
-                      "offset": self._cursor.get(p, -1)}  # the last consumed (applied or refused) offset
+            out[p] = {
+                "messages": behind,
+                "rows": int(round(rows)),
+                "seconds": d["oldest_s"],
+                "offset": self._cursor.get(p, -1),
+            }  # the last consumed (applied or refused) offset
         return out
 
     def pending(self) -> int:
@@ -463,8 +533,11 @@ class KafkaSource(DeltaSource):
 
     def backlog(self) -> Backlog:
         lag = self.lag()
-        return Backlog(int(sum(d["messages"] for d in lag.values())), int(sum(d["rows"] for d in lag.values())),
-                       max((d["seconds"] for d in lag.values()), default=0.0))
+        return Backlog(
+            int(sum(d["messages"] for d in lag.values())),
+            int(sum(d["rows"] for d in lag.values())),
+            max((d["seconds"] for d in lag.values()), default=0.0),
+        )
 
     def close(self) -> None:
         try:

@@ -15,6 +15,7 @@
   between its arrival and its apply can skip it (its name is at or before the
   recorded position). ``publish_delta`` names files at rename time to avoid it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,8 +24,8 @@ import os
 import time
 from pathlib import Path
 
-from offgraph.streaming.delta_format import SUFFIX
 from offgraph.streaming._delta_format import count_rows
+from offgraph.streaming.delta_format import SUFFIX
 from offgraph.streaming.sources import SPOOL_POSITION_KEY, Backlog, DeltaSource, SourceItem
 from offgraph.streaming.spool_watch import DirWatch
 
@@ -48,8 +49,9 @@ def reason_file_name(name: str) -> str:
 class SpoolSource(DeltaSource):
     scheme = "spool"
 
-    def __init__(self, directory: str | Path, *, dead_letter_dir: str | Path | None = None,
-                 delete_applied: bool = False) -> None:
+    def __init__(
+        self, directory: str | Path, *, dead_letter_dir: str | Path | None = None, delete_applied: bool = False
+    ) -> None:
         directory = Path(directory)
         if directory.exists() and not directory.is_dir():
             raise ValueError(f"spool {directory} exists and is not a directory")
@@ -79,8 +81,13 @@ class SpoolSource(DeltaSource):
             self._handled.add(name)
             self._retire(self.dir / name)
         if leftovers:
-            log.info("spool %s: %d file(s) at or before the recorded position %s were applied before; "
-                     "tidied into %s/", self.dir, len(leftovers), position, APPLIED_DIR)
+            log.info(
+                "spool %s: %d file(s) at or before the recorded position %s were applied before; tidied into %s/",
+                self.dir,
+                len(leftovers),
+                position,
+                APPLIED_DIR,
+            )
 
     def poll(self, max_items: int) -> list[SourceItem]:
         if max_items < 1:

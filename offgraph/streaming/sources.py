@@ -40,16 +40,16 @@ Semantics (every backend):
 Built in: ``spool:DIR`` (``source_spool``) and ``kafka://HOST:PORT/TOPIC`` (``source_kafka``);
 another backend plugs in with :func:`register_source`.
 """
+
 from __future__ import annotations
 
 import abc
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from offgraph.streaming.delta_format import DeltaBatch, read_delta_bytes, read_delta_file
-
 
 SPOOL_POSITION_KEY = b"spool_position"
 
@@ -152,7 +152,7 @@ class DeltaSource(abc.ABC):
     def positions(self) -> dict[bytes, str]:
         """The cursor: the last position consumed under each key (keys with none: absent)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: most backends hold nothing to release)
         pass
 
     def describe(self) -> str:
@@ -183,7 +183,10 @@ def open_source(url: str, **kwargs) -> DeltaSource:
     return SOURCES[scheme](rest, **kwargs)
 
 
-_BUILTIN = {"spool": "offgraph.streaming.source_spool", "kafka": "offgraph.streaming.source_kafka"}  # scheme -> module defining its DeltaSource (loaded on use)
+_BUILTIN = {
+    "spool": "offgraph.streaming.source_spool",
+    "kafka": "offgraph.streaming.source_kafka",
+}  # scheme -> module defining its DeltaSource (loaded on use)
 
 
 def _load_builtin(scheme: str) -> None:
@@ -191,8 +194,9 @@ def _load_builtin(scheme: str) -> None:
         import importlib
 
         mod = importlib.import_module(_BUILTIN[scheme])
-        cls = next(v for v in vars(mod).values()
-                   if isinstance(v, type) and issubclass(v, DeltaSource) and v.scheme == scheme)
+        cls = next(
+            v for v in vars(mod).values() if isinstance(v, type) and issubclass(v, DeltaSource) and v.scheme == scheme
+        )
         register_source(scheme, cls)
 
 

@@ -11,6 +11,7 @@ as a wake-up (the reader lists the directory anyway). Where inotify cannot be ha
 Linux, the user's watch limit reached, a file system without it) ``open`` returns a
 :class:`SleepWatch` and the reader falls back to polling.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,8 @@ import os
 import select
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 log = logging.getLogger("offgraph.update.spool")
 
@@ -64,7 +65,7 @@ class DirWatch:
         self._closed = False
 
     @classmethod
-    def open(cls, directory: Path, accept: Callable[[str], bool]) -> "DirWatch | SleepWatch":
+    def open(cls, directory: Path, accept: Callable[[str], bool]) -> DirWatch | SleepWatch:
         try:
             return cls(directory, accept)
         except (ImportError, OSError) as e:  # no inotify here, or no watch left (fs.inotify.max_user_watches)

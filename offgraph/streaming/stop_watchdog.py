@@ -10,6 +10,7 @@ within ``grace_s``, it logs one line and ends it with ``os._exit(EXIT_STOP_TIMEO
 without closing the store is as safe as a kill -9, which loses nothing acknowledged (each
 store write is atomic per shard; what was not acknowledged is applied after a restart).
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,7 @@ import signal
 import socket
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger("offgraph.update")
 
@@ -65,9 +66,13 @@ class StopWatchdog:
         for cb in callbacks:
             cb()
         threading.Event().wait(self.grace_s)  # the process normally ends meanwhile (daemon thread)
-        log.error("%s: the orderly stop did not finish within %gs: exiting with status %d without closing "
-                  "the store (as safe as a kill -9: what was not acknowledged is applied after a restart)",
-                  name, self.grace_s, EXIT_STOP_TIMEOUT)
+        log.error(
+            "%s: the orderly stop did not finish within %gs: exiting with status %d without closing "
+            "the store (as safe as a kill -9: what was not acknowledged is applied after a restart)",
+            name,
+            self.grace_s,
+            EXIT_STOP_TIMEOUT,
+        )
         for h in logging.getLogger().handlers:
             h.flush()
         sys.stderr.flush()

@@ -19,24 +19,24 @@ Two model sources:
 The maths (pooling, loss, gradient, optimizers, local row state) is in
 ``stream_train_impl``.
 """
-from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import tensorflow as tf
 from tqdm import tqdm
 
-from offgraph.model._metrics import auc, logloss
 from offgraph.features.fg import FeatureGenerator, FeatureValueError
 from offgraph.features.spec import FeatureSpec
+from offgraph.model._metrics import auc, logloss
 from offgraph.streaming import _stream_train as impl
 from offgraph.streaming.stream_train_config import StreamTrainConfig
 
@@ -50,6 +50,7 @@ log = logging.getLogger("offgraph.stream_train")
 @dataclass
 class ModelSource:
     """What the trainer needs from a model: spec, row reader, frozen logit function."""
+
     spec: FeatureSpec
     dim: int
     read_rows: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]  # (tables, rows) -> (v, w)
@@ -64,10 +65,10 @@ class ModelSource:
 
 def exported_source(model_dir: str | Path) -> ModelSource:
     """A version directory, or a model directory's newest complete version."""
-    from offgraph.modeldir.manifest import DENSE_DIR, load_manifest, open_version_store
-    from offgraph.modeldir.dense import load_dense
-    from offgraph.scoring.scorer import resolve_version
     from offgraph.features.spec import parse_spec
+    from offgraph.modeldir.dense import load_dense
+    from offgraph.modeldir.manifest import DENSE_DIR, load_manifest, open_version_store
+    from offgraph.scoring.scorer import resolve_version
 
     vdir = resolve_version(model_dir)
     m = load_manifest(vdir)
@@ -83,9 +84,18 @@ def exported_source(model_dir: str | Path) -> ModelSource:
         return serve(emb=emb, first_order=fo)["logit"]
 
     version = int(vdir.name) if vdir.name.isdigit() else None
-    return ModelSource(spec, int(m["embedding_dim"]), read_rows, logit_fn, vdir.parent.name, version,
-                       f"exported {vdir} ({m['store']['quant']}, gradient through the dense SavedModel)",
-                       close=store.close, keep=[loaded, serve], version_dir=Path(vdir))
+    return ModelSource(
+        spec,
+        int(m["embedding_dim"]),
+        read_rows,
+        logit_fn,
+        vdir.parent.name,
+        version,
+        f"exported {vdir} ({m['store']['quant']}, gradient through the dense SavedModel)",
+        close=store.close,
+        keep=[loaded, serve],
+        version_dir=Path(vdir),
+    )
 
 
 def run_source(run_dir: str | Path) -> ModelSource:
@@ -109,8 +119,7 @@ def run_source(run_dir: str | Path) -> ModelSource:
     def logit_fn(emb, fo):
         return model.head((emb, fo), training=False)
 
-    return ModelSource(spec, d, read_rows, logit_fn, None, None, f"run {run_dir} (Keras head and tables)",
-                       keep=[model])
+    return ModelSource(spec, d, read_rows, logit_fn, None, None, f"run {run_dir} (Keras head and tables)", keep=[model])
 
 
 # -- the trainer --------------------------------------------------------------------------
@@ -126,16 +135,21 @@ class StreamTrainer:
         if max(f.rows for f in spec.fields) > impl.ROW_LIMIT:
             raise ValueError("tables of more than 2**48 rows are not supported by the stream trainer")
         if spec.numeric:  # the frozen head would need the dense [N, k] input, which this trainer does not feed
-            raise ValueError(f"numeric fields {[f.name for f in spec.numeric]} are not supported by the stream "
-                             "trainer yet (it updates table rows; train and export such a model instead)")
+            raise ValueError(
+                f"numeric fields {[f.name for f in spec.numeric]} are not supported by the stream "
+                "trainer yet (it updates table rows; train and export such a model instead)"
+            )
         self.source, self.cfg, self.spec = source, config, spec
         self.model_name, self.model_version = model_name, int(model_version)
         self.poolings = [f.pooling for f in spec.fields]
         if config.fields is not None:
             unknown = sorted(set(config.fields) - set(spec.field_names))
             if unknown or not config.fields:
-                raise ValueError(f"--fields: unknown field(s) {unknown} (the spec has {spec.field_names})"
-                                 if unknown else "--fields names no field")
+                raise ValueError(
+                    f"--fields: unknown field(s) {unknown} (the spec has {spec.field_names})"
+                    if unknown
+                    else "--fields names no field"
+                )
             self.trainable = np.isin(np.arange(len(spec.fields)), [spec.field_index(f) for f in config.fields])
         else:
             self.trainable = np.ones(len(spec.fields), bool)
@@ -167,8 +181,14 @@ class StreamTrainer:
             return np.zeros(0, np.float32)
         idx = impl.batch_index(self.fg.transform_columns(columns, n), self.poolings)
         _, v, w = self._current(idx)
-        logits = self._predict(tf.constant(v), tf.constant(w), tf.constant(idx.lookup), tf.constant(idx.segment),
-                               tf.constant(idx.scale), tf.constant(n, tf.int32))
+        logits = self._predict(
+            tf.constant(v),
+            tf.constant(w),
+            tf.constant(idx.lookup),
+            tf.constant(idx.segment),
+            tf.constant(idx.scale),
+            tf.constant(n, tf.int32),
+        )
         return tf.sigmoid(logits).numpy()
 
     # one gradient step
@@ -182,8 +202,14 @@ class StreamTrainer:
         idx = impl.batch_index(batch, self.poolings)
         slots, v, w = self._current(idx)
         bce, logits, gv, gw = self._grad(
-            tf.constant(v), tf.constant(w), tf.constant(idx.lookup), tf.constant(idx.segment),
-            tf.constant(idx.scale), tf.constant(np.asarray(labels, np.float32)), tf.constant(self.cfg.l2, tf.float32))
+            tf.constant(v),
+            tf.constant(w),
+            tf.constant(idx.lookup),
+            tf.constant(idx.segment),
+            tf.constant(idx.scale),
+            tf.constant(np.asarray(labels, np.float32)),
+            tf.constant(self.cfg.l2, tf.float32),
+        )
         gv, gw = gv.numpy(), gw.numpy()
         c = self.cfg
         if not self.trainable.all():  # rows of frozen fields: read, used, never changed nor emitted
@@ -199,7 +225,8 @@ class StreamTrainer:
             v, w = impl.sgd_update(v, w, gv, gw, c.lr, lr_w)
         else:
             v, w, self.rows.acc_v[slots], self.rows.acc_w[slots] = impl.rowwise_adagrad_update(
-                v, w, self.rows.acc_v[slots], self.rows.acc_w[slots], gv, gw, c.lr, lr_w, c.adagrad_eps)
+                v, w, self.rows.acc_v[slots], self.rows.acc_w[slots], gv, gw, c.lr, lr_w, c.adagrad_eps
+            )
         self.rows.vectors[slots] = v
         self.rows.first_order[slots] = w
         self.rows.touch(slots, impl.newest_per_row(lookup, seg, idx.num_fields, len(slots), event_ms))
@@ -218,10 +245,18 @@ class StreamTrainer:
         t, r, v, w, times = self.rows.take_dirty()
         seqs = np.arange(self.next_seq, self.next_seq + len(r), dtype=np.int64)
         self.next_seq += len(r)
-        return dict(model=self.model_name, model_version=self.model_version, table_ids=t, rows=r, vectors=v,
-                    first_order=w, seqs=seqs, event_time_ms=times)
+        return dict(
+            model=self.model_name,
+            model_version=self.model_version,
+            table_ids=t,
+            rows=r,
+            vectors=v,
+            first_order=w,
+            seqs=seqs,
+            event_time_ms=times,
+        )
 
-    def emit(self, sink: "DeltaSink | str | Path") -> str | None:
+    def emit(self, sink: DeltaSink | str | Path) -> str | None:
         """Deliver the rows touched since the last emit to ``sink`` (a DeltaSink, or a spool
         directory: ONE delta file); returns where they went (None: nothing to emit)."""
         from offgraph.streaming.sinks import DeltaSink, SpoolSink
@@ -257,9 +292,13 @@ class StreamTrainer:
         self.close()
 
 
-def open_trainer(model_dir: str | Path | None = None, run_dir: str | Path | None = None,
-                 config: StreamTrainConfig | None = None, model_name: str | None = None,
-                 model_version: int | None = None) -> StreamTrainer:
+def open_trainer(
+    model_dir: str | Path | None = None,
+    run_dir: str | Path | None = None,
+    config: StreamTrainConfig | None = None,
+    model_name: str | None = None,
+    model_version: int | None = None,
+) -> StreamTrainer:
     """A trainer on an exported model (``model_dir``) or a run (``run_dir``, needs name and version)."""
     if (model_dir is None) == (run_dir is None):
         raise ValueError("give exactly one of --model MODEL_DIR and --run RUN")
@@ -268,8 +307,10 @@ def open_trainer(model_dir: str | Path | None = None, run_dir: str | Path | None
         source = exported_source(model_dir)
     else:
         if model_name is None or model_version is None:
-            raise ValueError("--run needs --model-name and --model-version: the deltas must name the model "
-                             "version (MODELS/NAME/VERSION) whose store they update")
+            raise ValueError(
+                "--run needs --model-name and --model-version: the deltas must name the model "
+                "version (MODELS/NAME/VERSION) whose store they update"
+            )
         source = run_source(run_dir)
     name = model_name or source.name
     version = model_version if model_version is not None else source.version
@@ -289,11 +330,15 @@ def prepare_events(spec: FeatureSpec, table: pa.Table, time_unit: str = "auto", 
     inputs = sorted({f.input for f in spec.fields if f.input})
     missing = [c for c in inputs if c not in table.column_names]
     if missing:
-        raise ValueError(f"events {source}: input column(s) {missing} used by the spec are not in the table "
-                         f"(columns: {table.column_names})")
+        raise ValueError(
+            f"events {source}: input column(s) {missing} used by the spec are not in the table "
+            f"(columns: {table.column_names})"
+        )
     if spec.label not in table.column_names:
-        raise ValueError(f"events {source}: the spec's label column '{spec.label}' is not in the table "
-                         f"(columns: {table.column_names})")
+        raise ValueError(
+            f"events {source}: the spec's label column '{spec.label}' is not in the table "
+            f"(columns: {table.column_names})"
+        )
     times = None
     if spec.time and spec.time in table.column_names:
         col = table.column(spec.time)
@@ -309,14 +354,23 @@ def prepare_events(spec: FeatureSpec, table: pa.Table, time_unit: str = "auto", 
     labels = np.asarray([np.nan if v is None else v for v in raw_labels], dtype=np.float64)
     bad = np.flatnonzero(~np.isin(labels, (0.0, 1.0)))
     if len(bad):
-        raise ValueError(f"events {source}: row {bad[0]} (in time order): label '{spec.label}' must be 0 or 1, "
-                         f"got {raw_labels[bad[0]]!r} ({len(bad)} bad rows)")
+        raise ValueError(
+            f"events {source}: row {bad[0]} (in time order): label '{spec.label}' must be 0 or 1, "
+            f"got {raw_labels[bad[0]]!r} ({len(bad)} bad rows)"
+        )
     return table, labels.astype(np.float32), times
 
 
-def stream_train_table(trainer: StreamTrainer, table: pa.Table, sink: "DeltaSink | str | Path", *,
-                       progress: bool = True, source: str = "<events>", chunk_rows: int = 65536,
-                       on_emit: Callable[[str], None] | None = None) -> dict:
+def stream_train_table(
+    trainer: StreamTrainer,
+    table: pa.Table,
+    sink: DeltaSink | str | Path,
+    *,
+    progress: bool = True,
+    source: str = "<events>",
+    chunk_rows: int = 65536,
+    on_emit: Callable[[str], None] | None = None,
+) -> dict:
     """Train on every event of ``table`` in time order, emitting to ``sink`` (a DeltaSink, or a
     spool directory) every K events / T seconds and once at the end. Returns a summary."""
     from offgraph.streaming.sinks import DeltaSink, SpoolSink
@@ -355,14 +409,15 @@ def stream_train_table(trainer: StreamTrainer, table: pa.Table, sink: "DeltaSink
                 s, e = c0 + pos, c0 + pos + take
                 ms = times[s:e] if times is not None else np.full(take, time.time_ns() // 1_000_000, np.int64)
                 try:
-                    trainer.train_batch({c: v[pos:pos + take] for c, v in cols.items()}, labels[s:e], ms)
+                    trainer.train_batch({c: v[pos : pos + take] for c, v in cols.items()}, labels[s:e], ms)
                 except FeatureValueError as err:
                     raise ValueError(f"events {source}: {err} (rows {s}..{e - 1} in time order)") from None
                 pos += take
                 since_emit += take
                 bar.update(take)
-                if ((cfg.every_events is not None and since_emit >= cfg.every_events)
-                        or (cfg.every_seconds is not None and time.perf_counter() - last_emit >= cfg.every_seconds)):
+                if (cfg.every_events is not None and since_emit >= cfg.every_events) or (
+                    cfg.every_seconds is not None and time.perf_counter() - last_emit >= cfg.every_seconds
+                ):
                     emit()
                 bar.set_postfix(rows=trainer.rows.n_trained, files=len(trainer.files), refresh=False)
         emit()
@@ -370,13 +425,29 @@ def stream_train_table(trainer: StreamTrainer, table: pa.Table, sink: "DeltaSink
         bar.close()
     seconds = time.perf_counter() - t0
     prog = trainer.progressive()
-    return {"events": trainer.events - events0, "rows_touched": trainer.rows.n_trained - rows0,
-            "files": [str(p) for p in trainer.files[files0:]], "files_emitted": len(trainer.files) - files0,
-            "seconds": seconds, "events_per_second": (trainer.events - events0) / max(seconds, 1e-9),
-            "progressive_auc": prog["auc"], "progressive_logloss": prog["logloss"],
-            "model": trainer.model_name, "model_version": trainer.model_version, "next_seq": trainer.next_seq,
-            "config": cfg.model_dump()}
+    return {
+        "events": trainer.events - events0,
+        "rows_touched": trainer.rows.n_trained - rows0,
+        "files": [str(p) for p in trainer.files[files0:]],
+        "files_emitted": len(trainer.files) - files0,
+        "seconds": seconds,
+        "events_per_second": (trainer.events - events0) / max(seconds, 1e-9),
+        "progressive_auc": prog["auc"],
+        "progressive_logloss": prog["logloss"],
+        "model": trainer.model_name,
+        "model_version": trainer.model_version,
+        "next_seq": trainer.next_seq,
+        "config": cfg.model_dump(),
+    }
 
 
-__all__ = ["StreamTrainConfig", "StreamTrainer", "ModelSource", "open_trainer", "exported_source", "run_source",
-           "prepare_events", "stream_train_table"]
+__all__ = [
+    "StreamTrainConfig",
+    "StreamTrainer",
+    "ModelSource",
+    "open_trainer",
+    "exported_source",
+    "run_source",
+    "prepare_events",
+    "stream_train_table",
+]

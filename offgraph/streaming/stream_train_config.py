@@ -1,6 +1,7 @@
 """Settings of the incremental trainer (`StreamTrainConfig`) and the names they may take. Imports
 nothing heavy (pydantic): `offgraph stream-train` takes its defaults from here without loading
 TensorFlow (`offgraph.streaming.stream_train` does)."""
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -40,7 +41,7 @@ class StreamTrainConfig(ConfigModel, validate_assignment=True):
     fields: Annotated[tuple[str, ...], Field(strict=False)] | None = option(None, flag="--fields")  # a list too
 
     @model_validator(mode="after")
-    def _adagrad_divides(self) -> "StreamTrainConfig":
+    def _adagrad_divides(self) -> StreamTrainConfig:
         if self.optimizer == "adagrad" and self.adagrad_init == 0 and self.adagrad_eps == 0:
             raise ValueError("adagrad needs adagrad_init > 0 or adagrad_eps > 0 (a zero gradient would divide by 0)")
         return self

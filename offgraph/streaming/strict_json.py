@@ -5,6 +5,7 @@ Python's ``json`` writes them as the bare tokens ``NaN`` / ``Infinity`` by defau
 included) and then writes with ``allow_nan=False``, so a non-finite value that slips past the mapping is an
 error here rather than a broken file downstream.
 """
+
 from __future__ import annotations
 
 import json

@@ -10,6 +10,7 @@ per-shard positions are read back: items at or before the lowest are done; an it
 between a shard's position and the highest (a crash between the shard batches of one
 write) is re-applied to the shards that lack it only.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,16 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
+from offgraph.modeldir.status_file import write_status
 from offgraph.store.feature_db import FeatureTableError
+from offgraph.streaming._updater import check_batch, concat, lagging_shards, positions_from_meta, shard_subset
 from offgraph.streaming.delta_format import DeltaBatch, DeltaFormatError
 from offgraph.streaming.feature_apply import FeatureTables
 from offgraph.streaming.feature_delta import FeatureDeltaBatch
 from offgraph.streaming.live_version import LiveModel
 from offgraph.streaming.metrics import UpdaterMetrics
 from offgraph.streaming.sources import DeltaSource, SourceItem
-from offgraph.modeldir.status_file import write_status
 from offgraph.streaming.updater_config import UpdaterConfig
-from offgraph.streaming._updater import check_batch, concat, lagging_shards, positions_from_meta, shard_subset
 
 log = logging.getLogger("offgraph.update")
 
@@ -36,8 +37,16 @@ APPLY, WAIT, SWITCH = "apply", "wait", "switch"
 
 
 class Updater:
-    def __init__(self, models_dir: str | Path, model: str, source: DeltaSource, config: UpdaterConfig | None = None,
-                 *, metrics: UpdaterMetrics | None = None, **options) -> None:
+    def __init__(
+        self,
+        models_dir: str | Path,
+        model: str,
+        source: DeltaSource,
+        config: UpdaterConfig | None = None,
+        *,
+        metrics: UpdaterMetrics | None = None,
+        **options,
+    ) -> None:
         """``config`` (default ``UpdaterConfig()``), with ``options`` (its fields, e.g. ``batch_files=16``)
         on top: ConfigError (a ValueError naming the setting) if any is bad."""
         self.config = (config or UpdaterConfig()).replace(**options)
@@ -58,15 +67,22 @@ class Updater:
     def start(self) -> None:
         v = self.live.newest()
         if v is None:
-            raise ValueError(f"{self.live.model_dir}: no complete version to update (a version is complete "
-                             "once its manifest.json exists)")
+            raise ValueError(
+                f"{self.live.model_dir}: no complete version to update (a version is complete "
+                "once its manifest.json exists)"
+            )
         self.live.open(v)
         self._read_positions()
         lowest = {k: min(p) or None for k, p in self.positions.items()}
         if not any(any(p) for p in self.positions.values()):  # a new store: where its version begins
             lowest = self.source.version_start(self.live.model_dir / str(v)) or lowest
-        log.info("recorded positions of %s v%d in %s: %s", self.live.name, v, self.source.describe(),
-                 _show({k: (lowest.get(k), max(p) or None) for k, p in self.positions.items()}))
+        log.info(
+            "recorded positions of %s v%d in %s: %s",
+            self.live.name,
+            v,
+            self.source.describe(),
+            _show({k: (lowest.get(k), max(p) or None) for k, p in self.positions.items()}),
+        )
         self.source.seek(lowest)
         self._last_version_check = time.monotonic()
         self.metrics.restart_clock()
@@ -85,8 +101,12 @@ class Updater:
                     if once and self.step() == 0:  # nothing came in that wait either: drained
                         break
         except OSError as e:  # disk full, I/O error: stop; what was not acked is applied after a restart
-            log.error("stopping: %s. Files not yet applied stay in %s and are applied after a restart "
-                      "(shards that recorded a batch are not written twice)", e, self.source.describe())
+            log.error(
+                "stopping: %s. Files not yet applied stay in %s and are applied after a restart "
+                "(shards that recorded a batch are not written twice)",
+                e,
+                self.source.describe(),
+            )
             self._close_after_error()
             raise
         except BaseException:
@@ -139,8 +159,10 @@ class Updater:
 
     def _tick(self, force: bool = False) -> None:
         if self.metrics.tick(self.source, self.live.version, force=force):
-            write_status(self.live.model_dir, {**self.metrics.status(), "source": self.source.describe(),
-                                               "wakeup": self.source.wakeup})
+            write_status(
+                self.live.model_dir,
+                {**self.metrics.status(), "source": self.source.describe(), "wakeup": self.source.wakeup},
+            )
 
     def _flush_pending(self) -> None:
         self._flush(self._pending)
@@ -194,8 +216,10 @@ class Updater:
                 continue
             self._pending.append((item, batch))
             self._pending_rows += len(batch)
-            if (self._pending_rows >= self.config.max_batch_rows
-                    or time.monotonic() - self._gather_t0 >= self.config.max_batch_delay_s):
+            if (
+                self._pending_rows >= self.config.max_batch_rows
+                or time.monotonic() - self._gather_t0 >= self.config.max_batch_delay_s
+            ):
                 self._flush_pending()
         return handled
 
@@ -205,9 +229,11 @@ class Updater:
         if b.model != self.live.name:
             return f"addressed to model {b.model!r}; this updater serves {self.live.name!r}"
         if b.model_version < live:
-            return (f"addressed to model version {b.model_version}, but version {live} is live: deltas for an "
-                    "old version are refused, not re-targeted (a retrained version has another embedding "
-                    "space and other rows; the producer must compute deltas against the live version)")
+            return (
+                f"addressed to model version {b.model_version}, but version {live} is live: deltas for an "
+                "old version are refused, not re-targeted (a retrained version has another embedding "
+                "space and other rows; the producer must compute deltas against the live version)"
+            )
         if b.model_version > live:
             newest = self.live.newest()
             if newest is not None and newest > live:
@@ -218,8 +244,10 @@ class Updater:
             age = time.monotonic() - seen
             if age >= self.config.wait_timeout_s:
                 self._first_seen.pop((item.key, item.position), None)
-                return (f"addressed to model version {b.model_version}, which is not complete (no manifest) "
-                        f"after waiting {age:.0f}s > --wait-timeout {self.config.wait_timeout_s:g}s; live is {live}")
+                return (
+                    f"addressed to model version {b.model_version}, which is not complete (no manifest) "
+                    f"after waiting {age:.0f}s > --wait-timeout {self.config.wait_timeout_s:g}s; live is {live}"
+                )
             return WAIT
         self._first_seen.pop((item.key, item.position), None)
         return check_batch(b, self.live.limits) or APPLY
@@ -233,9 +261,18 @@ class Updater:
         for item, _ in pending:
             pos[item.key] = max(pos.get(item.key) or max(self._shard_positions(item.key)), item.position)
         try:
-            res = self.live.store.write(b.table_ids, b.rows, b.vectors, b.first_order, seqs=b.seqs,
-                                        meta={k: p.encode() for k, p in pos.items()}, meta_shards="all",
-                                        feed=True, sync=self.config.sync, durability=self.config.durability)
+            res = self.live.store.write(
+                b.table_ids,
+                b.rows,
+                b.vectors,
+                b.first_order,
+                seqs=b.seqs,
+                meta={k: p.encode() for k, p in pos.items()},
+                meta_shards="all",
+                feed=True,
+                sync=self.config.sync,
+                durability=self.config.durability,
+            )
         except ValueError as e:
             # the store refused a value that no check of _route foresaw (store.write raises
             # ValueError only before it writes anything): find the file alone, apply the rest
@@ -255,15 +292,22 @@ class Updater:
     def _apply_to_shards(self, item: SourceItem, b: DeltaBatch, shards: list[int]) -> None:
         """Catch-up after a crash between shard batches: only ``shards`` lack ``item``."""
         if shards:
-            log.info("%s: re-applying to shards %s only (the others recorded it before a restart)",
-                     item.name, shards)
+            log.info("%s: re-applying to shards %s only (the others recorded it before a restart)", item.name, shards)
         applied = stale = 0
         shard_pos = self._shard_positions(item.key)
         for s, idx in shard_subset(b, len(shard_pos), shards).items():
-            res = self.live.store.write(b.table_ids[idx], b.rows[idx], b.vectors[idx], b.first_order[idx],
-                                        seqs=b.seqs[idx], meta={item.key: item.position.encode()},
-                                        meta_shards=s, feed=True, sync=self.config.sync,
-                                        durability=self.config.durability)
+            res = self.live.store.write(
+                b.table_ids[idx],
+                b.rows[idx],
+                b.vectors[idx],
+                b.first_order[idx],
+                seqs=b.seqs[idx],
+                meta={item.key: item.position.encode()},
+                meta_shards=s,
+                feed=True,
+                sync=self.config.sync,
+                durability=self.config.durability,
+            )
             shard_pos[s] = item.position
             applied, stale = applied + res.applied, stale + res.skipped_stale
         self.metrics.applied(1, len(b), applied, stale, _newest(b))
@@ -276,8 +320,7 @@ class Updater:
             self._reject(item, reason)
             return
         try:
-            res = self.features.apply(b, self.live.spec, item.key, item.position, late=item.late,
-                                      sync=self.config.sync)
+            res = self.features.apply(b, self.live.spec, item.key, item.position, late=item.late, sync=self.config.sync)
         except FeatureTableError as e:  # e.g. a bulk load holds the table: stop; the file stays unapplied
             raise OSError(str(e)) from None
         if res is None:
@@ -310,8 +353,9 @@ class Updater:
 
     # ------------------------------------------------------------------ versions
     def _read_positions(self) -> None:
-        self.positions = {k: positions_from_meta(self.live.store.get_meta_per_shard(k))
-                          for k in self.source.position_keys()}
+        self.positions = {
+            k: positions_from_meta(self.live.store.get_meta_per_shard(k)) for k in self.source.position_keys()
+        }
 
     def _shard_positions(self, key: bytes) -> list[str]:
         """Per-shard positions under ``key`` (a key first seen now, e.g. a new partition: none)."""
@@ -334,13 +378,22 @@ class Updater:
                 if p:
                     self.live.store.put_meta(k, p.encode())
                     self.positions[k] = [p] * self.live.store.config.shards
-        log.info("switched %s from version %d to %d; deltas for version %d are refused from now on",
-                 self.live.name, old, newest, old)
+        log.info(
+            "switched %s from version %d to %d; deltas for version %d are refused from now on",
+            self.live.name,
+            old,
+            newest,
+            old,
+        )
 
 
 def _show(positions: dict[bytes, tuple]) -> str:
-    return ", ".join(f"{k.decode(errors='replace')}: lowest {lo}, highest {hi}" for k, (lo, hi) in
-                     sorted(positions.items())) or "none"
+    return (
+        ", ".join(
+            f"{k.decode(errors='replace')}: lowest {lo}, highest {hi}" for k, (lo, hi) in sorted(positions.items())
+        )
+        or "none"
+    )
 
 
 def _newest(b: DeltaBatch) -> int | None:

@@ -1,5 +1,6 @@
 """Settings of the streaming updater (`UpdaterConfig`). Imports nothing heavy (pydantic): `offgraph
 update` takes its defaults from here while `offgraph --help` stays free of NumPy and TensorFlow."""
+
 from __future__ import annotations
 
 from typing import Literal

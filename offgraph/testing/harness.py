@@ -1,5 +1,6 @@
 """Run-and-wait helpers for a scoring server on loopback, shared by the tests, the benchmarks
 and the demos (which cannot import tests/): a free port, and waiting until a URL answers 200."""
+
 from __future__ import annotations
 
 import socket
@@ -18,8 +19,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None, *, path: str = "/readyz",
-               log: str | None = None) -> None:
+def wait_ready(
+    url: str, timeout: float, proc: subprocess.Popen | None = None, *, path: str = "/readyz", log: str | None = None
+) -> None:
     """Until ``GET url+path`` answers 200 (``/readyz``: every model loaded and warmed up).
     Raises :class:`NotReady` after ``timeout`` seconds with the last answer, or at once when
     ``proc`` has exited (``log``: a file whose tail goes into the message)."""
@@ -29,8 +31,7 @@ def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None, *
     last = "no answer"
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise NotReady(f"server exited with {proc.returncode} before {url}{path} answered 200"
-                           + _log_tail(log))
+            raise NotReady(f"server exited with {proc.returncode} before {url}{path} answered 200" + _log_tail(log))
         try:
             r = httpx.get(url + path, timeout=2)
             if r.status_code == 200:

