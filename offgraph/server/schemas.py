@@ -88,7 +88,7 @@ _SCALAR_SCHEMA = [
 ]
 
 Scalar = Annotated[
-    _SCALARS,
+    Union[_SCALARS],  # noqa: UP007 (a tuple of branches)
     Discriminator(
         _kind,
         custom_error_type="feature_value",
