@@ -8,8 +8,9 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
+
+from polling import wait_for  # noqa: F401 (the tests' name for it)
 
 from offgraph.testing.harness import free_port, wait_ready  # noqa: F401 (the tests' names for them)
 
@@ -31,16 +32,6 @@ def copy_version(src: Path, dst: Path, tamper=None, manifest_edit=None) -> None:
         manifest_edit(manifest)
     (dst / "manifest.json.tmp").write_text(json.dumps(manifest))
     os.replace(dst / "manifest.json.tmp", dst / "manifest.json")
-
-
-def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def score(client, body, name="ml", **kw):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from polling import wait_for
 
 from offgraph.store.feed import FeedReader, FeedTornRead, FeedWriter, combined_from_store_keys, epoch_ids
 from offgraph.store.keys import combine_keys, key_array
@@ -59,7 +60,7 @@ def test_covered_epochs_and_batch_numbers_across_writer_restarts(tmp_path):
     w = FeedWriter(tmp_path, RB, epoch_seconds=0.05)
     t, rows, k = _batch(rng, 100)
     assert w.append(key_array(t, rows).tobytes(), _records(np.ones(len(k)))) == 1
-    time.sleep(0.06)
+    wait_for(lambda: time.monotonic() - w._started >= w.epoch_seconds, 5, "the epoch to be due")
     assert w.append(key_array(t, rows).tobytes(), _records(np.full(len(k), 2))) == 2  # a new epoch
     r = FeedReader(tmp_path, RB)
     added, gap = r.refresh()

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from polling import wait_for
 
 from offgraph.store.prefetch import Prefetcher, decide, store_files
 
@@ -74,7 +75,7 @@ def test_prefetcher_reads_cold_files_into_the_page_cache(tmp_path):
 def test_rate_limit_and_stop(tmp_path):
     path = cold_file(tmp_path / "x.sst", 32)
     pf = Prefetcher([path], max_mb_s=16).start()  # 32 MiB at 16 MiB/s: about 2 s
-    time.sleep(0.5)
+    wait_for(lambda: pf.done_bytes >= 4 << 20, 10, "the prefetch under way")
     pf.stop()
     assert pf.wait(10)
     assert 0 < pf.done_bytes < 32 << 20  # stopped part way

@@ -72,11 +72,21 @@ def test_the_next_version_warms_on_the_loader_thread_and_the_retired_one_frees_i
 def test_the_loop_lag_is_measured_and_a_blocked_loop_is_logged(caplog):
     hist = Histogram("lag", "lag", buckets=(0.01, 0.05, 0.1, 0.5, 1.0), registry=CollectorRegistry())
 
+    def count() -> float:
+        return next(s.value for s in hist.collect()[0].samples if s.name == "lag_count")
+
+    async def until(pred, timeout: float = 10.0) -> None:  # a bounded poll that lets the loop run
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert time.monotonic() < deadline, "timed out waiting for the lag watcher"
+            await asyncio.sleep(0.01)
+
     async def main():
         task = asyncio.create_task(watch_loop_lag(hist, interval_s=0.01))
-        await asyncio.sleep(0.05)
-        time.sleep(0.3)  # a blocking call on the loop
-        await asyncio.sleep(0.05)
+        await until(lambda: count() >= 3)  # the watcher runs
+        time.sleep(0.3)  # the stimulus: a blocking call on the loop
+        blocked = count()
+        await until(lambda: count() >= blocked + 2)  # it measured the late wake-up and went on
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
