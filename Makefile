@@ -5,14 +5,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 DEMO   ?= out/demo
 
-.PHONY: setup demo test test-fast schemathesis bench-scale clean
+.PHONY: setup lint demo test test-fast schemathesis bench-scale clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q -e '.[test,lint]'
 	touch $@
 
 demo: setup
@@ -26,6 +26,13 @@ demo: setup
 	$(VENV)/bin/offgraph check --model $(DEMO)/models/movielens/2 --run $(DEMO)/run --data $(DEMO)/data/movielens.parquet --limit 20000
 	$(PY) examples/demo_request.py --models $(DEMO)/models --data $(DEMO)/data/movielens.parquet
 	$(PY) examples/demo_freshness_auc.py --out $(DEMO)/stream
+
+# lint and format (ruff), the package's layers and no import cycles (import-linter), types (mypy): pyproject.toml
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # every test; pytest-timeout stops any one test after 300 s (pyproject.toml)
 test: setup

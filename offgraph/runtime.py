@@ -70,8 +70,10 @@ class _QuietTensorFlowImport(importlib.abc.MetaPathFinder, importlib.abc.Loader)
         with tempfile.TemporaryFile() as captured:
             os.dup2(captured.fileno(), 2)
             try:
-                module.__spec__.loader = module.__loader__ = self._loader  # invisible once imported
-                self._loader.exec_module(module)
+                loader = self._loader
+                assert loader is not None  # set by find_spec, which made this loader the module's
+                module.__spec__.loader = module.__loader__ = loader  # invisible once imported
+                loader.exec_module(module)
                 ok = True
             finally:
                 sys.stderr.flush()

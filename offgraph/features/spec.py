@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -187,7 +187,7 @@ def load_spec(path: str | Path) -> FeatureSpec:
 
 
 def parse_spec(raw: Any, source: str = "<spec>") -> FeatureSpec:
-    def fail(msg: str):
+    def fail(msg: str) -> NoReturn:
         raise SpecError(f"spec {source}: {msg}")
 
     if not isinstance(raw, dict):

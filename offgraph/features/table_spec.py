@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 """A table's name is also its directory name under MODELS/NAME/features/."""
@@ -53,7 +53,7 @@ class TableSpec:
         return {"name": self.name, "key": self.key, "scope": self.scope, "columns": list(self.columns)}
 
 
-def parse_tables(raw: Any, fields: Sequence, fail: Callable[[str], None]) -> tuple[TableSpec, ...]:
+def parse_tables(raw: Any, fields: Sequence, fail: Callable[[str], NoReturn]) -> tuple[TableSpec, ...]:
     """The ``tables:`` mapping of a spec (None: no tables), against its parsed ``fields``
     (table and numeric fields); ``fail(msg)`` raises the SpecError."""
     if raw is None:

@@ -143,7 +143,8 @@ def parquet_files(p: str) -> list[str]:
     """The files of the Parquet dataset in directory ``p`` (as pyarrow reads it: names starting with
     '_' or '.' are skipped); DataError for a directory without any, or holding another kind of file
     (a CSV beside them would be an unreadable "Parquet" file, or rows silently left out)."""
-    found, other = [], []
+    found: list[str] = []
+    other: list[str] = []
     for root, dirs, files in os.walk(p):
         dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
         for f in sorted(files):

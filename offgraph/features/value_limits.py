@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -141,7 +141,7 @@ def value_errors(
     for f in fields_reading(spec, columns):
         if f.op == "tokenize":
             prepare(f.params.get("segmenter", "whitespace"))
-        _field_errors(f, f in spec.numeric, columns[f.input], n, bad)
+        _field_errors(f, f in spec.numeric, columns[cast(str, f.input)], n, bad)  # fields_reading: an input
         if limit is not None and len(bad) >= limit:
             break
     return [bad[r] for r in sorted(bad)]
@@ -150,10 +150,11 @@ def value_errors(
 def _field_errors(f: FieldSpec, numeric: bool, col: Sequence[Any], n: int, bad: dict[int, BadValue]) -> None:
     rows = np.array([r for r in range(n) if r not in bad], dtype=np.int64)
     capped = not numeric and f.op in LIST_OPS
+    column = cast(str, f.input)  # the caller's fields read a column
 
     def refuse(at: np.ndarray, problem: Callable[[int], str]) -> np.ndarray:
         for r in at.tolist():
-            bad.setdefault(int(rows[r]), BadValue(int(rows[r]), f.input, f.name, problem(r)))
+            bad.setdefault(int(rows[r]), BadValue(int(rows[r]), column, f.name, problem(r)))
         return np.delete(rows, at)
 
     if capped:  # the list entries, null ones included (Bound.raw), all rows at once

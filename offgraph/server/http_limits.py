@@ -225,7 +225,7 @@ def uvicorn_config(app: ASGIApp, limits: HttpLimits, log_level: str, **bind: Any
         access_log=False,
         log_level=log_level,
         timeout_graceful_shutdown=10,
-        timeout_keep_alive=limits.keep_alive_timeout_s,
+        timeout_keep_alive=limits.keep_alive_timeout_s,  # type: ignore[arg-type] # uvicorn takes a float too
         **bind,
     )
 

@@ -22,17 +22,17 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", summary="Readiness", responses={503: {"model": Readiness}})
-async def readyz(state: State, request: Request) -> Readiness:
+async def readyz(state: State, request: Request) -> Readiness | JSONResponse:
     """200 once every model is loaded and warmed up (or unloaded by an admin), in every worker
     process of the server, 503 before."""
     models = {h.name: h.state for h in state.models.all()}
     control = state.models.control
     if state.models.ready:
-        waiting = await asyncio.to_thread(control.workers_not_ready) if control is not None else []
-        if not waiting:
+        workers = await asyncio.to_thread(control.workers_not_ready) if control is not None else []
+        if control is None or not workers:
             return Readiness(ready=True, models=models, detail="every model is serving")
         detail = (
-            f"worker {control.worker} is serving every model; worker(s) {', '.join(map(str, waiting))} "
+            f"worker {control.worker} is serving every model; worker(s) {', '.join(map(str, workers))} "
             f"of {control.workers} not yet"
         )
         return JSONResponse(Readiness(ready=False, models=models, detail=detail).model_dump(), status_code=503)
