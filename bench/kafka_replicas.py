@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.update_freshness import HttpScorer, _counter, _pct, _start, _stop, build_requests, request_keys, user_row
+from bench.update_freshness import HttpScorer, _counter, _pct, _start, _stop, open_bench_model, outside
 from offgraph.testing.harness import free_port, wait_ready
 
 NAME = "ml"
@@ -45,10 +45,10 @@ TOPIC = "deltas"
 
 
 class Producer:
-    """Deltas of uniformly drawn rows (``exclude`` keys never), one seq counter, the expected
+    """Deltas of uniformly drawn rows (``exclude``'s never: table id -> rows), one seq counter, the expected
     final state kept per row (the last produced value: seqs only grow)."""
 
-    def __init__(self, broker: str, table_rows: np.ndarray, dim: int, exclude: np.ndarray, partitions: int):
+    def __init__(self, broker: str, table_rows: np.ndarray, dim: int, exclude: dict, partitions: int):
         from offgraph.streaming.sink_kafka import KafkaSink
 
         self.sink = KafkaSink(f"kafka://{broker}/{TOPIC}", partitions=partitions)
@@ -82,12 +82,10 @@ class Producer:
         }
 
     def random_rows(self, k: int):
-        from offgraph.store.keys import combine_keys
-
         p = self.table_rows / self.table_rows.sum()
         t = self.rng.choice(len(self.table_rows), k, p=p).astype(np.uint32)
         r = (self.rng.random(k) * self.table_rows[t]).astype(np.int64)
-        keep = ~np.isin(combine_keys(t, r), self.exclude)
+        keep = outside(t, r, self.exclude)
         t, r = t[keep], r[keep]
         _, first = np.unique(self.offset[t] + r, return_index=True)  # distinct rows within one delta
         return t[first], r[first]
@@ -235,20 +233,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="kafka_replicas.json")
     args = ap.parse_args(argv)
 
-    from offgraph.features.spec import parse_spec
-    from offgraph.modeldir.manifest import load_manifest
     from offgraph.testing.tansu import tansu_broker
 
     src = Path(args.model_src)
-    manifest = load_manifest(src, verify_dense=False)
-    spec, dim = parse_spec(manifest["spec"]), int(manifest["embedding_dim"])
-    table_rows = np.array([f["rows"] for f in sorted(manifest["fields"], key=lambda f: f["table_id"])])
+    bm = open_bench_model(src, Path(args.data), 50, 200, 20)
+    dim, table_rows = bm.dim, bm.table_rows
     work = Path(args.work or tempfile.mkdtemp(prefix="og-kafka-"))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     py = [sys.executable, "-m", "offgraph.cli"]
-    reqs = build_requests(spec, Path(args.data), 50, 200)
-    f_req, f_cands = reqs[0][0], reqs[0][1][:20]
-    tid, row = user_row(spec, f_req, f_cands[0])
+    f_req, f_cands = bm.probe
+    tid, row = bm.probe_row
     report: dict = {
         "model_src": str(src),
         "partitions": args.partitions,
@@ -289,7 +283,7 @@ def main(argv=None) -> int:
         for n in models:
             shutil.copytree(src, vdirs[n])
         with tansu_broker(work / "tansu.log") as broker:
-            prod = Producer(broker, table_rows, dim, request_keys(spec, f_req, f_cands), args.partitions)
+            prod = Producer(broker, table_rows, dim, bm.probe_rows, args.partitions)
             prod.sink.version_dir = vdirs["a"]
             # 1. one replica alone drains a backlog
             t0 = time.perf_counter()
