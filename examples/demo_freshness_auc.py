@@ -117,7 +117,7 @@ class _StoreWriter:
         self.spool = spool
 
     def apply(self) -> dict:
-        from offgraph.streaming.delta_format import read_delta_file
+        from offgraph.streaming.deltas import read as read_delta_file
 
         rows, files = 0, sorted(self.spool.glob("*.delta.arrow"))
         for p in files:

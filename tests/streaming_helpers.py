@@ -81,7 +81,7 @@ def make_deltas(rng, k, *, seq0, tables=None, hot=None):
 
 
 def publish(spool, version, d, model=NAME):
-    from offgraph.streaming.delta_format import publish_delta
+    from offgraph.streaming.deltas import publish_delta
 
     return publish_delta(spool, model=model, model_version=version, fsync=False, **d)
 

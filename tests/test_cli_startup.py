@@ -193,7 +193,7 @@ def test_update_applies_deltas_without_loading_tensorflow(tiny_model, tmp_path):
     """`offgraph update --once` on a real export and a real spool file, in a fresh process."""
     import shutil
 
-    from offgraph.streaming.delta_format import publish_delta
+    from offgraph.streaming.deltas import publish_delta
 
     models = tmp_path / "models"
     shutil.copytree(tiny_model[0], models)

@@ -176,13 +176,15 @@ def test_cli_load_errors_name_the_problem(tmp_path):
 
 
 def test_feature_delta_round_trip_and_malformed_files(tmp_path):
-    from offgraph.streaming.delta_format import DeltaFormatError, read_delta_bytes, read_delta_file
-    from offgraph.streaming.feature_delta import (
+    from offgraph.streaming.deltas import (
+        DeltaFormatError,
         FeatureDeltaBatch,
-        build_table,
         encode_feature_delta,
         publish_feature_delta,
     )
+    from offgraph.streaming.deltas import build_feature_table as build_table
+    from offgraph.streaming.deltas import read as read_delta_bytes
+    from offgraph.streaming.deltas import read as read_delta_file
 
     rows = [{"movie_id": 242, "genres": ["Comedy"], "title_words": ["kolya"], "release_year": 1996}]
     p = publish_feature_delta(tmp_path, model="ml", table="item", key="movie_id", rows=rows, seqs=[3], event_time_ms=5)

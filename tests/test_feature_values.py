@@ -14,8 +14,8 @@ from conftest import REPO
 from offgraph.features.spec import load_spec, parse_spec
 from offgraph.store.feature_db import FeatureTableError
 from offgraph.store.feature_load import load_table
-from offgraph.streaming.delta_format import DeltaFormatError, read_delta_bytes
-from offgraph.streaming.feature_delta import encode_feature_delta
+from offgraph.streaming.deltas import DeltaFormatError, encode_feature_delta
+from offgraph.streaming.deltas import read as read_delta_bytes
 
 SPEC = REPO / "examples" / "movielens.yaml"
 
@@ -143,7 +143,7 @@ def test_oversized_values_and_rows_are_refused_at_write_time(tmp_path):
 
 
 def test_feature_delta_with_two_rows_of_one_key_at_one_seq_is_refused_like_embedding_deltas():
-    from offgraph.streaming._delta_format import build_table as build_embedding_deltas
+    from offgraph.streaming.deltas import build_row_table as build_embedding_deltas
 
     row = {"movie_id": 7, "genres": ["a"], "title_words": ["b"], "release_year": 1990}
     kw = dict(model="ml", table="item", key="movie_id", event_time_ms=1)

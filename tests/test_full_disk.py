@@ -120,7 +120,7 @@ def partial_write(vdir, spool, shards: list[int]) -> str:
     """What a crash between the shard batches of one write leaves: the first spool file written,
     with its position, to ``shards`` only; returns its name."""
     from offgraph.streaming._updater import shard_subset
-    from offgraph.streaming.delta_format import read_delta_file
+    from offgraph.streaming.deltas import read as read_delta_file
     from offgraph.streaming.sources import SPOOL_POSITION_KEY
 
     name = spool_files(spool)[0]

@@ -20,7 +20,7 @@ from kafka_helpers import consume_all
 from offgraph.export.export import export_run
 from offgraph.scoring.scorer import Scorer
 from offgraph.store import open_store
-from offgraph.streaming.delta_format import read_delta_bytes
+from offgraph.streaming.deltas import read as read_delta_bytes
 from offgraph.testing.harness import free_port, wait_ready
 from offgraph.testing.tansu import tansu_broker
 

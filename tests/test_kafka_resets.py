@@ -33,7 +33,7 @@ from streaming_helpers import (
     open_version_store,
 )
 
-from offgraph.streaming.delta_format import read_delta_bytes
+from offgraph.streaming.deltas import read as read_delta_bytes
 from offgraph.streaming.kafka_messages import encode_messages
 from offgraph.streaming.source_kafka import fingerprint, parse_position
 from offgraph.testing.tansu import TansuBroker

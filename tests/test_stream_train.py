@@ -20,7 +20,7 @@ from offgraph.scoring.scorer import Scorer
 from offgraph.store import open_store
 from offgraph.store.keys import combine_keys, split_keys
 from offgraph.streaming._stream_train import LocalRows
-from offgraph.streaming.delta_format import read_delta_file
+from offgraph.streaming.deltas import read as read_delta_file
 from offgraph.streaming.sinks import open_sink
 from offgraph.streaming.stream_train import StreamTrainConfig, open_trainer, stream_train_table
 

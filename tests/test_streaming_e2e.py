@@ -15,7 +15,7 @@ from offgraph.export.export import export_run
 from offgraph.features.hashing import row_of
 from offgraph.scoring.calibration import calibrate
 from offgraph.scoring.scorer import Scorer
-from offgraph.streaming.delta_format import publish_delta
+from offgraph.streaming.deltas import publish_delta
 from offgraph.testing.harness import free_port, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent

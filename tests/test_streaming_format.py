@@ -7,16 +7,16 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from offgraph.streaming._delta_format import schema
-from offgraph.streaming.delta_format import (
+from offgraph.streaming.deltas import (
     DeltaFormatError,
     parse_spool_name,
     publish_delta,
-    read_delta_bytes,
-    read_delta_file,
     spool_file_name,
     write_delta_file,
 )
+from offgraph.streaming.deltas import read as read_delta_bytes
+from offgraph.streaming.deltas import read as read_delta_file
+from offgraph.streaming.deltas import row_schema as schema
 from offgraph.streaming.sources import open_source
 
 

@@ -107,7 +107,7 @@ def test_kill9_restarts_apply_every_delta_exactly_once(tiny_export, tmp_path):
 
 # --------------------------------------------------------------------------- in-process behaviour
 def test_stale_seqs_lose_and_bad_files_go_to_dead_letters(tiny_export, tmp_path):
-    from offgraph.streaming.delta_format import write_delta_file
+    from offgraph.streaming.deltas import write_delta_file
 
     models, spool = tmp_path / "models", tmp_path / "spool"
     vdir = _version(tiny_export, models, 1)
@@ -201,7 +201,7 @@ def test_old_version_refused_new_version_applied_future_version_waits(tiny_expor
 
 def test_crash_between_shard_batches_reapplies_only_missing_shards(tiny_export, tmp_path):
     from offgraph.store import shard_of
-    from offgraph.streaming.delta_format import read_delta_file
+    from offgraph.streaming.deltas import read as read_delta_file
 
     models, spool = tmp_path / "models", tmp_path / "spool"
     vdir = _version(tiny_export, models, 1)

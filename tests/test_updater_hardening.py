@@ -209,7 +209,8 @@ def test_a_bad_file_with_a_longest_name_is_dead_lettered(exports, tmp_path):
 
 @pytest.mark.parametrize("row0", [7, 1 << 40])  # the combined-key sort and the three-key one
 def test_equal_seq_duplicates_are_refused_distinct_seqs_are_not(tmp_path, row0):
-    from offgraph.streaming.delta_format import DeltaFormatError, read_delta_file, write_delta_file
+    from offgraph.streaming.deltas import DeltaFormatError, write_delta_file
+    from offgraph.streaming.deltas import read as read_delta_file
 
     k = 50
     d = dict(
@@ -297,7 +298,7 @@ BAD_ROW0 = 10000  # bad files name rows >= this in table 0 (good files stay belo
 def bad_files(rng, d0: dict, good_bytes: bytes) -> dict:
     """kind -> (writer(path), words its dead-letter reason must hold). ``d0``: deltas whose
     rows are all >= BAD_ROW0 of table 0 (or made so), so a bad file applied by mistake shows."""
-    from offgraph.streaming.delta_format import write_delta_file
+    from offgraph.streaming.deltas import write_delta_file
 
     k = len(d0["rows"])
 
@@ -373,7 +374,7 @@ def test_bad_files_among_good_ones_with_kill9_restarts(exports, tmp_path):
     equals a last-write-wins state computed here from the good files), every bad file in the
     dead letters with a reason naming it, temporary files left alone, no run failing.
     Bigger: OFFGRAPH_HARDENING_GOOD_FILES=5000 OFFGRAPH_HARDENING_KILLS=55 (README)."""
-    from offgraph.streaming.delta_format import write_delta_file
+    from offgraph.streaming.deltas import write_delta_file
 
     models, spool = tmp_path / "models", tmp_path / "spool"
     vdir = install_version(exports["fp16"], models, 1)

@@ -8,7 +8,7 @@ import numpy as np
 
 from offgraph.store import shard_of
 from offgraph.store.quant import Codec
-from offgraph.streaming.delta_format import DeltaBatch
+from offgraph.streaming.deltas import DeltaBatch
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from offgraph.features.spec import FeatureSpec
 from offgraph.store.feature_db import FeatureDB, FeatureTableError, table_dir
 from offgraph.store.feature_load import check_rows, check_schema
-from offgraph.streaming.feature_delta import FeatureDeltaBatch
+from offgraph.streaming.deltas import FeatureDeltaBatch
 
 
 class FeatureTables:

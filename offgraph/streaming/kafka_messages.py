@@ -1,6 +1,6 @@
 """Row deltas as Kafka messages, format version 1 (see offgraph/streaming/README.md, "Kafka").
 
-A message's value is one delta file's bytes (an Arrow IPC file, ``delta_format`` v1: model,
+A message's value is one delta file's bytes (an Arrow IPC file, ``offgraph.streaming.deltas`` v1: model,
 model version and dim in its schema metadata, K rows), so any language with Arrow can
 produce one. Headers repeat what a consumer may want before decoding:
 
@@ -21,7 +21,6 @@ deltas of one row go to one partition, so they stay in order:
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 from pathlib import Path
@@ -32,7 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from offgraph.store.keys import shard_of
-from offgraph.streaming import _delta_format as _impl
+from offgraph.streaming.deltas import encode_delta
 
 FORMAT_VERSION = b"1"
 H_VERSION, H_MODEL, H_MODEL_VERSION = "offgraph.delta.version", "offgraph.model", "offgraph.model_version"
@@ -70,10 +69,7 @@ def headers(model: str, model_version: int) -> list[tuple[str, bytes]]:
 
 def encode_one(model: str, model_version: int, **columns) -> bytes:
     """One message value: the delta file bytes of ``columns`` (``write_delta_file``'s kwargs)."""
-    table = _impl.build_table(model=model, model_version=model_version, **columns)
-    buf = io.BytesIO()
-    _impl.write_ipc(buf, table)
-    return buf.getvalue()
+    return encode_delta(model=model, model_version=model_version, **columns)
 
 
 def encode_messages(delta: dict, partitions: int, max_bytes: int = MAX_MESSAGE_BYTES):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from offgraph.streaming.deltas import encode_feature_delta
 from offgraph.streaming.kafka_admin import ensure_topic
 from offgraph.streaming.kafka_health import BrokerHealth
 from offgraph.streaming.kafka_messages import (
@@ -142,10 +143,8 @@ class KafkaSink(DeltaSink):
         return f"{n} message(s) to {self.url}"
 
     def emit_features(self, **delta) -> str:
-        """A feature-row delta (``offgraph.streaming.feature_delta.build_table``'s kwargs) as ONE message on
+        """A feature-row delta (``offgraph.streaming.deltas.build_feature_table``'s kwargs) as ONE message on
         partition 0: feature rows are few, and one partition keeps a key's rows in order."""
-        from offgraph.streaming.feature_delta import encode_feature_delta
-
         self._raise_errors()
         value = encode_feature_delta(**delta)
         if len(value) > MAX_MESSAGE_BYTES:

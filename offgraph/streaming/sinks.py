@@ -41,7 +41,7 @@ class SpoolSink(DeltaSink):
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def emit(self, delta: dict) -> str:
-        from offgraph.streaming.delta_format import publish_delta
+        from offgraph.streaming.deltas import publish_delta
 
         return str(publish_delta(self.dir, **delta))
 

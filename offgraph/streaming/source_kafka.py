@@ -43,8 +43,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from offgraph.streaming._delta_format import count_rows
-from offgraph.streaming.delta_format import DeltaBatch, DeltaFormatError, read_delta_bytes
+from offgraph.streaming import deltas
+from offgraph.streaming.deltas import AnyDeltaBatch, DeltaFormatError, count_rows
 from offgraph.streaming.kafka_admin import ensure_topic
 from offgraph.streaming.kafka_health import BrokerHealth
 from offgraph.streaming.kafka_messages import (
@@ -103,7 +103,7 @@ class KafkaItem(SourceItem):
     offset: int = 0
     headers: tuple = ()
 
-    def read(self) -> DeltaBatch:
+    def read(self) -> AnyDeltaBatch:
         data = self.payload or b""
         if len(data) > READ_LIMIT:
             raise DeltaFormatError(
@@ -115,7 +115,7 @@ class KafkaItem(SourceItem):
             raise DeltaFormatError(
                 f"header {H_VERSION}={version!r}; this offgraph reads version {FORMAT_VERSION.decode()}"
             )
-        return read_delta_bytes(data)
+        return deltas.read(data)
 
 
 class KafkaSource(DeltaSource):

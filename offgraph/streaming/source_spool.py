@@ -24,8 +24,7 @@ import os
 import time
 from pathlib import Path
 
-from offgraph.streaming._delta_format import count_rows
-from offgraph.streaming.delta_format import SUFFIX
+from offgraph.streaming.deltas import SUFFIX, count_rows
 from offgraph.streaming.sources import SPOOL_POSITION_KEY, Backlog, DeltaSource, SourceItem
 from offgraph.streaming.spool_watch import DirWatch
 

@@ -3,7 +3,7 @@
     src = open_source("spool:/data/spool")        # scheme -> backend (SOURCES registry)
     src.seek(positions_recorded_in_the_store)     # {key: position}; {} : from the beginning
     for item in src.poll(max_items=64):           # in position order, after the cursor
-        batch = item.read()                       # DeltaBatch (DeltaFormatError if malformed)
+        batch = item.read()                       # DeltaBatch or FeatureDeltaBatch (DeltaFormatError if malformed)
         ... store.write(..., meta={item.key: item.position.encode()})
         src.ack(item)                             # applied and recorded: clean up, advance
 
@@ -49,7 +49,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from offgraph.streaming.delta_format import DeltaBatch, read_delta_bytes, read_delta_file
+from offgraph.streaming import deltas
+from offgraph.streaming.deltas import AnyDeltaBatch
 
 SPOOL_POSITION_KEY = b"spool_position"
 
@@ -70,10 +71,8 @@ class SourceItem:
     def name(self) -> str:
         return self.path.name if self.path is not None else self.position
 
-    def read(self) -> DeltaBatch:
-        if self.path is not None:
-            return read_delta_file(self.path)
-        return read_delta_bytes(self.payload or b"")
+    def read(self) -> AnyDeltaBatch:
+        return deltas.read(self.path if self.path is not None else self.payload or b"")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ touch (current values: the trainer's own latest value for a row it touched
 before, else the model's), one gradient step on those rows only (embeddings and
 first-order weights; the dense head frozen), and, every K events or T seconds,
 ONE delta file with the new fp32 values of the rows touched since the last one
-(``offgraph.streaming.delta_format.publish_delta``). ``offgraph update`` applies it.
+(``offgraph.streaming.deltas.publish_delta``). ``offgraph update`` applies it.
 
 Two model sources:
 

@@ -23,9 +23,8 @@ import numpy as np
 from offgraph.modeldir.status_file import write_status
 from offgraph.store.feature_db import FeatureTableError
 from offgraph.streaming._updater import check_batch, concat, lagging_shards, positions_from_meta, shard_subset
-from offgraph.streaming.delta_format import DeltaBatch, DeltaFormatError
+from offgraph.streaming.deltas import DeltaBatch, DeltaFormatError, FeatureDeltaBatch
 from offgraph.streaming.feature_apply import FeatureTables
-from offgraph.streaming.feature_delta import FeatureDeltaBatch
 from offgraph.streaming.live_version import LiveModel
 from offgraph.streaming.metrics import UpdaterMetrics
 from offgraph.streaming.sources import DeltaSource, SourceItem

@@ -34,13 +34,19 @@ import numpy as np
 import pyarrow as pa
 
 from offgraph.store.feature_db import row_key
-from offgraph.streaming._delta_format import FORMAT_VERSION as _FORMAT
-from offgraph.streaming._delta_format import META_MODEL, META_VERSION, DeltaFormatError, refuse_equal_seqs
+from offgraph.streaming.deltas._format import FORMAT_VERSION as _FORMAT
+from offgraph.streaming.deltas._format import (
+    KIND_FEATURES,
+    META_KIND,
+    META_MODEL,
+    META_VERSION,
+    DeltaFormatError,
+    refuse_equal_seqs,
+)
+from offgraph.streaming.deltas.spool import publish_file
 
 FORMAT_VERSION = str(_FORMAT).encode()
 
-META_KIND = b"offgraph.delta.kind"
-KIND_FEATURES = b"features"
 META_TABLE = b"table"
 META_KEY = b"key"
 RESERVED = ("seq", "event_time_ms")
@@ -65,12 +71,8 @@ class FeatureDeltaBatch:
         return len(self.keys)
 
 
-def is_feature_table(table: pa.Table) -> bool:
-    return (table.schema.metadata or {}).get(META_KIND) == KIND_FEATURES
-
-
 def from_table(table: pa.Table) -> FeatureDeltaBatch:
-    """A feature delta read by ``delta_format_impl`` (any problem: DeltaFormatError)."""
+    """A feature delta file's table (``_format.read_table``), checked (any problem: DeltaFormatError)."""
     meta = table.schema.metadata or {}
     if meta.get(META_VERSION) != FORMAT_VERSION:
         raise DeltaFormatError(
@@ -147,8 +149,6 @@ def encode_feature_delta(**kwargs) -> bytes:
 
 def publish_feature_delta(spool_dir: str | Path, **kwargs) -> Path:
     """Write a feature delta into ``spool_dir`` atomically (hidden name, fsync, rename to a spool name)."""
-    from offgraph.streaming.delta_format import publish_file
-
     data = encode_feature_delta(**kwargs)
 
     def write(hidden: Path) -> None:

@@ -1,4 +1,5 @@
-"""Delta file format v1: Arrow schema, validation, (de)serialisation. Public API: delta_format.py."""
+"""Delta file format v1: the row deltas' Arrow schema, validation and (de)serialisation, and the metadata
+keys every kind of delta file shares. Public API: ``offgraph.streaming.deltas``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ META_VERSION = b"offgraph.delta.version"
 META_MODEL = b"model"
 META_MODEL_VERSION = b"model_version"
 META_DIM = b"dim"
+META_KIND = b"offgraph.delta.kind"  # absent: row deltas
+KIND_FEATURES = b"features"
 MAX_DIM = 2**31 - 1  # Arrow's limit on a fixed-size list
 COLUMNS = ("table_id", "row", "vector", "first_order", "seq", "event_time_ms")
 _LEAD_RE = re.compile(r"^([0-9]{20})-")
@@ -220,7 +223,7 @@ def check_values(cols: dict[str, np.ndarray]) -> None:
 def refuse_equal_seqs(t: np.ndarray, r: np.ndarray, s: np.ndarray, row: Callable[[int], str]) -> None:
     """DeltaFormatError when two deltas of one file update one row (``(t, r)``; ``row(i)`` names delta i's)
     at one seq: which value is the row's at that seq would be left to file order. The one rule of
-    embedding and feature-row deltas (``offgraph/streaming/feature_delta.py``)."""
+    embedding and feature-row deltas (``offgraph/streaming/deltas/features.py``)."""
     dup = equal_seq_duplicate(t, r, s)
     if dup is not None:
         a, b, n = dup
@@ -258,37 +261,29 @@ def equal_seq_duplicate(t: np.ndarray, r: np.ndarray, s: np.ndarray) -> tuple[in
     return a, b, int(d.sum())
 
 
-def read_file(path: Path) -> dict:
-    if path.stat().st_size == 0:
-        raise DeltaFormatError("empty (0-byte) file: not an Arrow IPC file")
-    return _from_source(pa.memory_map(str(path), "r"))
-
-
-def read_buffer(data: bytes) -> dict:
-    if len(data) == 0:
-        raise DeltaFormatError("empty (0-byte) payload: not an Arrow IPC file")
-    return _from_source(pa.BufferReader(pa.py_buffer(data)))
-
-
-def _from_source(source) -> dict:
+def read_table(source: Path | bytes | bytearray | memoryview) -> pa.Table:
+    """The Arrow table of a delta file (a path) or of its bytes (a message payload), of any kind."""
+    if isinstance(source, Path):
+        if source.stat().st_size == 0:
+            raise DeltaFormatError("empty (0-byte) file: not an Arrow IPC file")
+        reader = pa.memory_map(str(source), "r")
+    else:
+        if len(source) == 0:
+            raise DeltaFormatError("empty (0-byte) payload: not an Arrow IPC file")
+        reader = pa.BufferReader(pa.py_buffer(source))
     try:
-        table = ipc.open_file(source).read_all()
+        return ipc.open_file(reader).read_all()
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as e:
         raise DeltaFormatError(f"not an Arrow IPC file (or a damaged one): {e}") from None
-    try:
-        from offgraph.streaming import feature_delta  # a feature-row delta (offgraph/streaming/feature_delta.py)
-
-        if feature_delta.is_feature_table(table):
-            return feature_delta.from_table(table)
-        return _columns(table)
-    except DeltaFormatError:
-        raise
-    except (pa.ArrowException, ValueError, TypeError, OverflowError, IndexError, KeyError) as e:
-        # a file no check above foresaw must still be refused, never stop its reader
-        raise DeltaFormatError(f"unreadable delta file: {type(e).__name__}: {e}") from None
 
 
-def _columns(table: pa.Table) -> dict:
+def is_feature_table(table: pa.Table) -> bool:
+    """The file's kind, as its metadata records it: feature rows, or (no kind) row deltas."""
+    return (table.schema.metadata or {}).get(META_KIND) == KIND_FEATURES
+
+
+def columns(table: pa.Table) -> dict:
+    """The checked columns of a row-delta table, as the fields of ``DeltaBatch``."""
     model, version, dim = _check_schema(table.schema)
     cols = {name: _np(table.column(name), name) for name in COLUMNS}
     check_values(cols)
