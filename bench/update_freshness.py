@@ -3,7 +3,7 @@
     python -m bench.update_freshness --model-src out/demo/models/movielens/1 --data out/demo/data/movielens.parquet
                                      [--trials 200] [--requests 200] [--push-deltas 3000000] [--out FILE.json]
 
-    # issue 13's set-up: a live stream of 230k deltas/s for 60 s; the updater on its own CPU, the
+    # a live stream of 230k deltas/s for 60 s; the updater on its own CPU, the
     # server and this client on the other (the client shares the server's CPU: next to the
     # updater, its own JSON work would be what slows down)
     python -m bench.update_freshness ... --rate 230000 --push-deltas 13800000 --serve-args "--cpus 0" \
@@ -48,6 +48,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -96,18 +97,60 @@ def build_requests(spec, data: Path, n_requests: int, n_candidates: int, seed: i
     return out
 
 
-def user_row(spec, request, candidate) -> tuple[int, int]:
-    """(table id, row) of the request's first request-scope field value (the user_id row)."""
-    from offgraph.features.fg import FeatureGenerator
-    from offgraph.scoring.batch import batch_keys
+@dataclass(frozen=True)
+class BenchModel:
+    """An exported version as these benches drive it, read once through the library scorer (``offgraph.load``)."""
 
-    batch = FeatureGenerator(spec).transform(request, [candidate])
-    keys = batch_keys(batch)
-    tid = [f.scope for f in spec.fields].index("request")
-    rows = keys.unique_rows[keys.unique_tables == tid]
-    if len(rows) != 1:
-        raise ValueError(f"expected one row of field {spec.fields[tid].name}, got {rows}")
-    return tid, int(rows[0])
+    dim: int
+    quant: str
+    shards: int
+    table_rows: np.ndarray  # int64 [tables]: rows of each table, by table id
+    requests: list  # (request, candidates) pairs drawn from the data
+    probe: tuple  # (request, candidates): the request whose scores the freshness probes watch
+    probe_row: tuple[int, int]  # (table id, row): the probe request's user row, which the probe deltas change
+    probe_rows: dict  # table id -> int64 rows: every row scoring the probe request reads (load deltas avoid them)
+
+
+def rows_read(model, request, candidates) -> dict[int, np.ndarray]:
+    """Table id -> the distinct rows that scoring ``(request, candidates)`` reads (``Scorer.features``: the FG the
+    server runs; a field's table id is its index)."""
+    batch = model.features(request, candidates)
+    return {tid: np.unique(f.ids) for tid, f in enumerate(batch.fields) if len(f.ids)}
+
+
+def open_bench_model(src: Path, data: Path, n_requests: int, n_candidates: int, n_probe: int) -> BenchModel:
+    import offgraph
+
+    model = offgraph.load(src, verify=False)
+    try:
+        spec = model.spec
+        reqs = build_requests(spec, data, n_requests, n_candidates)
+        request, cands = reqs[0][0], reqs[0][1][:n_probe]
+        tid = [f.scope for f in spec.fields].index("request")
+        user = rows_read(model, request, cands[:1]).get(tid, np.zeros(0, np.int64))
+        if len(user) != 1:
+            raise ValueError(f"expected one row of field {spec.fields[tid].name}, got {user}")
+        store = json.loads((Path(src) / "manifest.json").read_text())["store"]  # the documented manifest format
+        return BenchModel(
+            dim=model.dim,
+            quant=store["quant"],
+            shards=store["shards"],
+            table_rows=np.array([f.rows for f in spec.fields]),
+            requests=reqs,
+            probe=(request, cands),
+            probe_row=(tid, int(user[0])),
+            probe_rows=rows_read(model, request, cands),
+        )
+    finally:
+        model.close()
+
+
+def outside(t: np.ndarray, r: np.ndarray, rows: dict[int, np.ndarray]) -> np.ndarray:
+    """bool [k]: ``(t[i], r[i])`` is none of ``rows`` (table id -> rows)."""
+    keep = np.ones(len(r), dtype=bool)
+    for tid, table_rows in rows.items():
+        keep &= ~((t == tid) & np.isin(r, table_rows))
+    return keep
 
 
 class HttpScorer:
@@ -137,9 +180,9 @@ class HttpScorer:
 
 class LocalScorer:
     def __init__(self, version_dir: Path):
-        from offgraph.scoring.scorer import Scorer
+        import offgraph
 
-        self.scorer = Scorer(version_dir, store_mode="follow", row_cache_mb=64)
+        self.scorer = offgraph.load(version_dir, store_mode="follow", row_cache_mb=64)
 
     def score(self, request, candidates) -> list[float]:
         return self.scorer.score(request, candidates).tolist()
@@ -190,8 +233,8 @@ def publish_row(spool: Path, version: int, tid: int, row: int, dim: int, seq: in
     )
 
 
-def freshness(scorer, spool: Path, spec, request, cands, trials: int, version: int, dim: int, seq0: int) -> dict:
-    tid, row = user_row(spec, request, cands[0])
+def freshness(scorer, spool: Path, probe_row, request, cands, trials: int, version: int, dim: int, seq0: int) -> dict:
+    tid, row = probe_row
     rng = np.random.default_rng(1)
     prev = scorer.score(request, cands)
     lat, timeouts = [], 0
@@ -209,14 +252,6 @@ def freshness(scorer, spool: Path, spec, request, cands, trials: int, version: i
     return {"table_id": tid, "row": row, "timeouts_10s": int(timeouts), **_pct(lat), "latencies_s": lat}
 
 
-def request_keys(spec, request, cands) -> np.ndarray:
-    """Combined keys (``offgraph.store.keys.combine_keys``) of every row the request reads."""
-    from offgraph.features.fg import FeatureGenerator
-    from offgraph.scoring.batch import batch_keys
-
-    return batch_keys(FeatureGenerator(spec).transform(request, cands)).unique_keys
-
-
 def write_load_files(
     stage: Path,
     total: int,
@@ -225,11 +260,10 @@ def write_load_files(
     version: int,
     dim: int,
     seq0: int,
-    exclude: np.ndarray,
+    exclude: dict[int, np.ndarray],
 ) -> int:
-    """Load delta files of uniformly drawn rows, none of them in ``exclude`` (the probe
-    request's rows: its scores must change only when a probe delta lands)."""
-    from offgraph.store.keys import combine_keys
+    """Load delta files of uniformly drawn rows, none of them in ``exclude`` (table id -> rows: the probe
+    request's rows, so that its scores change only when a probe delta lands)."""
     from offgraph.streaming.deltas import spool_file_name, write_delta_file
 
     rng = np.random.default_rng(2)
@@ -240,7 +274,7 @@ def write_load_files(
         k = min(per_file, total - n)
         t = rng.choice(len(table_rows), k, p=p_table).astype(np.uint32)
         r = (rng.random(k) * table_rows[t]).astype(np.int64)
-        keep = ~np.isin(combine_keys(t, r), exclude)
+        keep = outside(t, r, exclude)
         t, r, k = t[keep], r[keep], int(keep.sum())
         write_delta_file(
             stage / spool_file_name(),
@@ -269,7 +303,7 @@ class Probe:
         self,
         scorer,
         spool: Path,
-        spec,
+        probe_row: tuple[int, int],
         request,
         cands,
         version: int,
@@ -279,7 +313,7 @@ class Probe:
         check_s: float = 0.01,
     ):
         self.scorer, self.spool, self.request, self.cands = scorer, spool, request, cands
-        self.tid, self.row = user_row(spec, request, cands[0])
+        self.tid, self.row = probe_row
         self.version, self.dim, self.seq = version, dim, seq0
         self.every_s, self.check_s = every_s, check_s
         self.rng = np.random.default_rng(3)
@@ -529,14 +563,11 @@ def main(argv=None) -> int:
     ap.add_argument("--png", default=None, help="also plot here (default: OUT with .png)")
     args = ap.parse_args(argv)
 
-    from offgraph.features.spec import parse_spec
-    from offgraph.modeldir.manifest import load_manifest
     from offgraph.runtime import pin_cpus
 
     src = Path(args.model_src)
-    manifest = load_manifest(src, verify_dense=False)
-    spec, dim = parse_spec(manifest["spec"]), int(manifest["embedding_dim"])
-    table_rows = np.array([f["rows"] for f in sorted(manifest["fields"], key=lambda f: f["table_id"])])
+    bm = open_bench_model(src, Path(args.data), args.requests, args.candidates, args.fresh_candidates)
+    dim = bm.dim
     work = Path(args.work or tempfile.mkdtemp(prefix="og-fresh-"))
     models, spool, stage = work / "models", work / "spool", work / "stage"
     vdir = models / NAME / "1"
@@ -549,8 +580,8 @@ def main(argv=None) -> int:
     server = updater = None
     report: dict = {
         "model_src": str(src),
-        "quant": manifest["store"]["quant"],
-        "shards": manifest["store"]["shards"],
+        "quant": bm.quant,
+        "shards": bm.shards,
         "cpus": os.cpu_count(),
         "trials": args.trials,
         "requests": args.requests,
@@ -614,11 +645,11 @@ def main(argv=None) -> int:
             scorer = LocalScorer(vdir)
         wait_ready(f"http://127.0.0.1:{mport}", 120, updater, path="/metrics", log=str(work / "update.log"))
         pin_cpus(args.client_cpus)  # now: the server and the updater were started with all CPUs
-        reqs = build_requests(spec, Path(args.data), args.requests, args.candidates)
+        reqs = bm.requests
         print(f"target: {report['target']}; freshness: {args.trials} trials", flush=True)
-        f_req, f_cands = reqs[0][0], reqs[0][1][: args.fresh_candidates]
+        f_req, f_cands = bm.probe
         report["store_stats_before"] = scorer.stats()
-        report["freshness"] = freshness(scorer, spool, spec, f_req, f_cands, args.trials, 1, dim, 10**12)
+        report["freshness"] = freshness(scorer, spool, bm.probe_row, f_req, f_cands, args.trials, 1, dim, 10**12)
         fr = report["freshness"]
         report["store_stats_after_freshness"] = scorer.stats()
         print(
@@ -626,11 +657,9 @@ def main(argv=None) -> int:
             f"{fr['timeouts_10s']} timeouts",
             flush=True,
         )
-        n = write_load_files(
-            stage, args.push_deltas, args.file_rows, table_rows, 1, dim, 2 * 10**12, request_keys(spec, f_req, f_cands)
-        )
+        n = write_load_files(stage, args.push_deltas, args.file_rows, bm.table_rows, 1, dim, 2 * 10**12, bm.probe_rows)
         probes = tuple(
-            Probe(scorer, spool, spec, f_req, f_cands, 1, dim, 10**12 + k * 10**6, every_s=args.probe_every)
+            Probe(scorer, spool, bm.probe_row, f_req, f_cands, 1, dim, 10**12 + k * 10**6, every_s=args.probe_every)
             for k in (1, 2)
         )
         report["throughput"] = throughput(
@@ -659,7 +688,7 @@ def main(argv=None) -> int:
             flush=True,
         )
         live = args.rate > 0
-        report["acceptance"] = {  # issue 13's lines that this run measures
+        report["acceptance"] = {  # the acceptance lines this run measures
             "no_load_freshness_p99_le_50ms": fr["p99_ms"] <= 50.0,
             "p99_rise_le_25pct": tp["p99_rise"] <= 0.25,
             **(
