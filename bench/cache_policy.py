@@ -39,7 +39,7 @@ from offgraph.store._row_cache import SKETCH_BYTES_PER_ROW
 
 REPO = Path(__file__).resolve().parent.parent
 CODEC = get_codec("int8", 16)  # what `offgraph synth` writes
-ACCEPTANCE_GAP = 0.03  # issue 27: within 3 points of perfect LFU at the same capacity
+ACCEPTANCE_GAP = 0.03  # acceptance: within 3 points of perfect LFU at the same capacity
 
 
 def _log(msg: str) -> None:

@@ -3,8 +3,8 @@
 Reads use ``O_DIRECT``, so the page cache is neither used nor changed: the probe measures the device
 the server's cold block reads go to, without warming or evicting anything the measurement that
 follows depends on. The reads are ``offgraph.store.device_probe``'s (``offgraph plan`` uses it too). Latency
-figures of a server reading a table bigger than memory move with this (on the development VM its
-tail moved by 3x between two probes an hour apart).
+figures of a server reading a table bigger than memory move with this (a virtual disk's tail moves
+between probes an hour apart: bench/results/disk-probe/README.md).
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ def settle(
     clock=time.monotonic,
 ) -> dict:
     """Probe ``files`` (``probe_s`` each, ``pause_s`` apart) until the cold reads' p99.9 is at most
-    ``limit_ms`` or ``max_s`` have passed. Right after a 10^9-row synth (27 GB written) this VM's
-    disk read slowly (probes before the first 10^9 run: p99.9 60-112 ms, single reads near 1 s;
-    8-43 ms in the runs after): a measurement started then measures the disk, not the server.
+    ``limit_ms`` or ``max_s`` have passed. Right after a big synth a virtual disk can read slowly for a
+    while (bench/results/disk-probe/README.md): a measurement started then measures the disk, not the
+    server.
     Returns ``{"settled": True/False (None: the files cannot be probed), "waited_s", "probes"}``."""
     t0 = clock()
     probes: list[dict] = []

@@ -1,4 +1,4 @@
-"""A stored feature row the server cannot use (issue 26 item 6): valid requests naming other items are unaffected.
+"""A stored feature row the server cannot use: valid requests naming other items are unaffected.
 
 One ``offgraph serve`` subprocess serves a small MovieLens DeepFM whose item table holds every movie (built here:
 1 epoch on the first ``--rows`` ratings, tables 1/50 of the example's, unless ``--models`` names a model with

@@ -3,8 +3,7 @@
     pip install lmdb        # (or: pip install -e '.[bench]'); not a runtime dependency
     python -m bench.feed_vs_lmdb [--keys 1000000] [--batch 10000] [--lookup 700] [--seconds 10] [--out FILE.json]
 
-Issue 11 item 5 asks whether LMDB (barriers, MVCC, crash safety on every CPU) could replace
-the custom feed table. Each backend, in turn, under the same load: one writer PROCESS puts
+Could LMDB (barriers, MVCC, crash safety on every CPU) replace the custom feed table? Each backend, in turn, under the same load: one writer PROCESS puts
 batches of ``--batch`` random keys of a ``--keys`` key space (prefilled first), as fast as it
 can, for ``--seconds``; one reader PROCESS meanwhile looks up batches of ``--lookup`` random
 keys (a request's rows) back to back. Both files live in ``/dev/shm``. Reported: writer rows/s

@@ -110,7 +110,7 @@ class ScaleServer:
 
     async def admin_async(self, model: str, action: str) -> bytes:
         """An admin action (``:rollback``...) from the caller's event loop on one plain connection, not
-        ``httpx`` on a thread: it builds an SSL context per call (~45 ms of CPU in the measuring process, on a thread
+        ``httpx`` on a thread: it builds an SSL context per call (tens of ms of CPU in the measuring process, on a thread
         that competes with its event loop), which would be charged to the server's in-flight requests."""
         conn = await Conn.open("127.0.0.1", self.port)
         try:

@@ -1,8 +1,8 @@
 """Keep Python's cyclic GC off the request path's tail.
 
-* TensorFlow, Keras and friends leave ~400k long-lived objects in the process; a full
-  (generation 2) collection walks all of them and holds the GIL for ~0.3-0.8 s, which
-  would be a server's p99. ``gc.freeze()`` after the imports moves them to the permanent
+* TensorFlow, Keras and friends leave hundreds of thousands of long-lived objects in the process;
+  a full (generation 2) collection walks all of them and holds the GIL long enough to be a
+  server's p99 (bench/results/serve-latency/README.md). ``gc.freeze()`` after the imports moves them to the permanent
   generation: collections then walk only what the server created since (loaded versions,
   requests), and a swapped-out version's cyclic garbage is still collected.
 * Pauses are measured (``GcPauses``): ``offgraph_gc_pause_seconds{generation}`` on /metrics, and
@@ -10,7 +10,7 @@
   the collector is told apart from one caused by the request path.
 * A score request of N candidates holds ~9 objects per candidate alive at once (the
   validated candidates, FG values); with the default generation-0 threshold (700) a
-  1000-candidate request ran ~8 young collections (~1 ms). A threshold of 10,000 net
+  1000-candidate request runs several young collections. A threshold of 10,000 net
   allocations makes them rare; the request's garbage is freed by reference counting anyway.
 """
 
@@ -56,9 +56,9 @@ async def collect_young_forever(interval_s: float = YOUNG_INTERVAL_S) -> None:
 
     The generation-0 threshold counts allocations minus deallocations of GC objects, young or not.
     A full FG item cache evicts an old item for each new one, so the count stays flat while the new
-    items (tracked until a collection sees them) pile up in generation 0: 2x10^5 tuples were seen
-    there on the 2x10^8 swap bench, and the collection that some burst of allocations finally set
-    off walked them all in 0.1 s. Collected every 50 ms, the young generation holds what 50 ms of
+    items (tracked until a collection sees them) pile up in generation 0, and the collection that
+    some burst of allocations finally sets off walks them all (bench/results/scale-swap/README.md).
+    Collected every 50 ms, the young generation holds what 50 ms of
     traffic made (a millisecond or two to walk), and a cached item is untracked the first time.
     """
     while True:

@@ -7,9 +7,9 @@ included), or a 415 for a Content-Type that is not JSON; no Content-Type is read
 
 Score bodies (``ScoreBodyParser``): the pydantic ``ScoreRequest`` (with the app's
 --max-candidates) is THE documented schema: FastAPI publishes it in OpenAPI and it words every
-422. Validating a 200-candidate body with it costs ~0.4 ms of the one core a Python server has,
-so valid bodies go through a msgspec decoder of the same shape (~0.09 ms, JSON parsing
-included). A body msgspec refuses is validated again by the pydantic model, which then decides:
+422. Validating a body with it costs several times what a msgspec decoder of the same shape does
+(JSON parsing included; bench/results/serve-latency/README.md), on the one core a Python server has,
+so valid bodies go through the msgspec decoder. A body msgspec refuses is validated again by the pydantic model, which then decides:
 it either raises the 422 that names each problem or (where the two would disagree) accepts the
 body. The msgspec twin is stricter only where that is cheap to leave to the model: integers
 beyond 64 bits (the model takes any integer that fits a float64) and integral floats as versions.
