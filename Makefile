@@ -49,7 +49,8 @@ schemathesis: setup
 
 # Tables beyond RAM: synthetic models of 10^7..10^9 rows served (10^9's Zipf cell 3 times), swapped under load
 # at 2x10^8, the 10^7 and 10^8 cells alternated with the code of BASELINE (bench/README.md). Versions are kept
-# and reused (--keep): about 45 GB under SCALE_WORK (it prints the figure first). About an hour.
+# and reused (--keep) under SCALE_WORK; it prints the disk it needs first (the disk and time a run takes:
+# bench/results/scale/README.md).
 # BASELINE= (empty) skips the old code.
 SIZES ?= 1e7,1e8,2e8,1e9
 SCALE_WORK ?= out/scale-models

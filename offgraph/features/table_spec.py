@@ -34,7 +34,7 @@ TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 """A table's name is also its directory name under MODELS/NAME/features/."""
 
 MAX_VALUE_BYTES = 64 * 1024
-"""Default bound of one stored value (a 30 MB title made every request naming it take ~100 ms)."""
+"""Default bound of one stored value: a huge value slows every request naming its key (bench/results/feature-bad-row/README.md)."""
 MAX_ROW_BYTES = 256 * 1024
 """Default bound of one stored row (all its columns)."""
 _KEYS = {"key", "columns", "max_value_bytes", "max_row_bytes"}

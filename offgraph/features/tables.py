@@ -59,7 +59,7 @@ _FLOAT_RE = r"^-?(0|[1-9][0-9]*)$|^[+-]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][+-]?[0-9]
 
 CSV_BLOCK_SIZES = (1 << 20, 1 << 24, 1 << 28)
 """pyarrow reads CSV in blocks that must hold whole lines: 1 MiB first (its default), then larger ones
-for a file whose header or rows are longer (2x10^5 columns make a 1.2 MB header line)."""
+for a file whose header or rows are longer (a file of some 10^5 columns has a header line over 1 MiB)."""
 MAX_CSV_LINE = CSV_BLOCK_SIZES[-1]
 
 
