@@ -21,7 +21,7 @@ async def healthz() -> Health:
     return Health()
 
 
-@router.get("/readyz", summary="Readiness", responses={503: {"model": Readiness}})
+@router.get("/readyz", summary="Readiness", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(state: State, request: Request) -> Readiness | JSONResponse:
     """200 once every model is loaded and warmed up (or unloaded by an admin), in every worker
     process of the server, 503 before."""
