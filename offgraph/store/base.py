@@ -1,19 +1,7 @@
 """The embedding store: its state, modes and lifecycle; reads (``store_reads``), the write
-plan (``store_writes``) and bulk load (``bulk_load``) are mixins over a few primitives.
-
-The primitives (one shard at a time, bytes in, bytes out) are the RocksDB backend's
-(``rocksdb_store.RocksDBStore``, the only backend: tests run against real RocksDB, so no
-second, in-memory backend is kept to justify an abstract class or a registry):
-
-    _multi_get(shard, keys) -> values (None where absent), in order
-    _write_batch(shard, keys, values, sync, wal=True)   ONE atomic batch
-    _sst_writer_factory() -> picklable (shard, path) -> SstWriter (may run in a worker process)
-    _ingest(shard, paths)                               move finished SST files in
-    _iter_row_keys(shard) -> every row key, ascending (no meta keys)
-    _iter_values(shard, lower, upper) -> values of the keys in [lower, upper), ascending
-    _seek_first(shard, lowers) -> first pair with key >= each lower (None past the end)
-    _shard_info(shard) -> at least bytes_on_disk, estimated_keys
-    _catch_up(shard), _flush(shard), _close()
+plan (``store_writes``) and bulk load (``bulk_load``) are mixins over the primitives of
+``backend.StoreBackend`` (one shard at a time, bytes in, bytes out), which each backend implements
+in its own module (``rocksdb_store.RocksDBStore``).
 """
 
 from __future__ import annotations
@@ -25,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from offgraph.store.backend import StoreBackend
 from offgraph.store.bulk_load import BulkLoad
 from offgraph.store.config import StoreConfig
 from offgraph.store.feed import FeedWriter
@@ -37,16 +26,15 @@ __all__ = ["EmbeddingStore", "ReadResult", "WriteResult", "MODES", "DURABILITY"]
 MODES = ("r", "w", "follow")
 
 
-class EmbeddingStore(StoreReads, StoreWrites, BulkLoad):
+class EmbeddingStore(StoreReads, StoreWrites, BulkLoad, StoreBackend):
     """Sharded ``(table id, row) -> (vector, first-order weight)`` store.
 
     Open one with :func:`offgraph.store.open_store`. Thread-safe for concurrent reads.
     """
 
-    backend = ""
-    io_mode = "buffered"  # how table files are read: "direct" (O_DIRECT) or "buffered"; see StoreConfig
-
-    def __init__(self, path: str, config: StoreConfig, mode: str) -> None:
+    def __init__(self, path: str, config: StoreConfig, mode: str, **options: Any) -> None:
+        """Open the store at ``path`` with the backend of ``type(self)``; ``options`` go to its
+        ``_open`` (``open_store`` passes them)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.path = os.fspath(path)
@@ -59,6 +47,7 @@ class EmbeddingStore(StoreReads, StoreWrites, BulkLoad):
         self._feed: FeedWriter | None = None  # writer: opened by the first write with feed=True
         self._seq_watermarks: dict[int, int] = {}  # writer: shard -> highest seq it holds (store_writes)
         self._closed = False
+        self._open(**options)
 
     # ------------------------------------------------------------------ admin
     def catch_up(self, shard: int | None = None) -> None:
@@ -73,7 +62,8 @@ class EmbeddingStore(StoreReads, StoreWrites, BulkLoad):
             self._catch_up(s)
 
     def flush(self) -> None:
-        """Write mode: persist memtables to SST files."""
+        """Write mode: make every shard's writes durable in its table files (RocksDB: flush the
+        memtables to SST files)."""
         self._check_writable()
         for s in range(self.config.shards):
             self._flush(s)

@@ -1,8 +1,8 @@
 """Bulk load of an embedding store: tables streamed in chunks into external SST files per
 shard (``sst_run``), ingested by move.
 
-A mixin of ``base.EmbeddingStore``: it uses the store's primitives (``_sst_writer_factory``,
-``_ingest``) and helpers (``_check_writable``).
+A mixin of ``base.EmbeddingStore``: it uses the backend's primitives (``backend.StoreBackend``:
+``_sst_writer_factory``, ``_ingest``) and the store's helpers (``_check_writable``).
 """
 
 from __future__ import annotations
@@ -62,6 +62,11 @@ class BulkLoad:
         shard and table: less per-file overhead on disk and fewer files to open).
         ``total_rows`` counts all tables. Returns rows loaded per table."""
         self._check_writable()
+        factory = self._sst_writer_factory()
+        if factory is None:
+            raise NotImplementedError(
+                f"the {self.backend!r} store backend does not load external files: write the rows with write()"
+            )
         if workers is None:
             big = total_rows is not None and total_rows >= (1 << 21)
             workers = min(4, os.cpu_count() or 1, self.config.shards) if big else 1
@@ -78,7 +83,7 @@ class BulkLoad:
         last_key = (-1, -1)
         runs = None
         try:
-            runs = SstRuns(self._sst_writer_factory(), self._ingest, tmp, workers)
+            runs = SstRuns(factory, self._ingest, tmp, workers)
             for table_id, chunks in tables:
                 if isinstance(table_id, bool) or not isinstance(table_id, (int, np.integer)):
                     raise ValueError(f"table_id must be an int, got {table_id!r}")

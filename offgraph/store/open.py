@@ -1,4 +1,4 @@
-"""``open_store``: create or open a store directory (RocksDB, the one backend)."""
+"""``open_store``: create or open a store directory with the backend its ``store.json`` names."""
 
 from __future__ import annotations
 
@@ -9,11 +9,23 @@ from offgraph.store.config import StoreConfig
 from offgraph.store.rocksdb_store import RocksDBStore
 from offgraph.store.store_file import STORE_FILE, read_store_file, write_store_file
 
+BACKENDS: dict[str, type[EmbeddingStore]] = {RocksDBStore.backend: RocksDBStore}
+"""The backends by ``StoreConfig.backend`` (a ``store.json`` that names none means ``"rocksdb"``)."""
 
-def _check_backend(name: str) -> None:
-    """``StoreConfig.backend`` names the on-disk format; RocksDB is the only one."""
-    if name != RocksDBStore.backend:
-        raise ValueError(f"unknown backend {name!r}; known: [{RocksDBStore.backend!r}]")
+
+def backend_class(name: str) -> type[EmbeddingStore]:
+    """The backend ``StoreConfig.backend`` names (ValueError for an unknown name)."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; known: {sorted(BACKENDS)!r}") from None
+
+
+def store_backend(path: str | os.PathLike) -> type[EmbeddingStore]:
+    """The backend of the store directory ``path``, without opening it (the default backend where
+    ``path`` has no ``store.json``)."""
+    stored = read_store_file(os.fspath(path))
+    return backend_class(stored.backend if stored is not None else StoreConfig.model_fields["backend"].default)
 
 
 def open_store(
@@ -44,7 +56,7 @@ def open_store(
             raise ValueError(f"{path!r} is not an embedding store (no {STORE_FILE})")
         if config is None:
             raise ValueError(f"creating a store at {path!r} needs a StoreConfig")
-        _check_backend(config.backend)
+        backend_class(config.backend)
         if os.path.isdir(path) and os.listdir(path):
             raise ValueError(f"{path!r} exists, is not empty and has no {STORE_FILE}")
         os.makedirs(path, exist_ok=True)
@@ -54,6 +66,5 @@ def open_store(
         if config is not None:
             stored.check_same_layout(config)
         effective = config or stored
-    _check_backend(effective.backend)
     kwargs = {"secondary_dir": secondary_dir} if mode == "follow" else {}
-    return RocksDBStore(path, effective, mode, **kwargs)
+    return backend_class(effective.backend)(path, effective, mode, **kwargs)

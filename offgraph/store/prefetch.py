@@ -31,7 +31,7 @@ from typing import Literal, get_args
 
 import psutil
 
-from offgraph.store.rocksdb_options import reads_direct
+from offgraph.store.open import backend_class, store_backend
 from offgraph.store.store_file import read_store_file
 
 log = logging.getLogger("offgraph.store")
@@ -58,8 +58,9 @@ def idle_io_priority() -> str | None:
 
 
 def store_files(store_dir: str | Path) -> list[Path]:
-    """The table files of a store's shards (``shard-*/*.sst``), biggest first."""
-    files = [p for p in Path(store_dir).glob("shard-*/*.sst") if p.is_file()]
+    """The files that hold a store's rows (its backend's ``data_files``; RocksDB: ``shard-*/*.sst``),
+    biggest first."""
+    files = store_backend(store_dir).data_files(store_dir)
     return sorted(files, key=lambda p: p.stat().st_size, reverse=True)
 
 
@@ -72,12 +73,12 @@ def available_bytes() -> int:
 def store_reads_direct(store_dir: str | Path) -> bool:
     """Whether the store at ``store_dir``, opened with the settings it records, reads with O_DIRECT."""
     config = read_store_file(os.fspath(store_dir))
-    return config is not None and reads_direct(os.fspath(store_dir), config)
+    return config is not None and backend_class(config.backend).reads_direct(store_dir, config)
 
 
 def decide(mode: str, total_bytes: int, available: int | None = None, direct: bool = False) -> tuple[bool, str]:
     """Whether to prefetch ``total_bytes`` of files, and why (for the log); ``direct``: the store reads
-    its files with O_DIRECT (``offgraph.store.rocksdb_options.reads_direct``)."""
+    its files with O_DIRECT (``store_reads_direct``)."""
     if mode not in PREFETCH_MODES:
         raise ValueError(f"prefetch mode must be one of {PREFETCH_MODES}, got {mode!r}")
     if mode == "off":

@@ -1,4 +1,5 @@
-"""RocksDB backend (rocksdict, raw mode): shard ``s`` is the DB at ``<store>/shard-<s:03d>``.
+"""RocksDB backend (``backend.StoreBackend`` over rocksdict, raw mode): shard ``s`` is the DB at
+``<store>/shard-<s:03d>``.
 
 Modes: ``w`` read-write (the one writer process), ``r`` read-only (a snapshot as of
 open), ``follow`` a RocksDB *secondary* instance that sees a live writer's rows after
@@ -19,6 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from rocksdict import (
@@ -36,7 +38,7 @@ from offgraph.store.base import EmbeddingStore
 from offgraph.store.config import StoreConfig
 from offgraph.store.errors import StoreReadError
 from offgraph.store.keys import META_PREFIX
-from offgraph.store.rocksdb_options import direct_io_refused, make_cache, make_options
+from offgraph.store.rocksdb_options import direct_io_refused, make_cache, make_options, reads_direct
 from offgraph.store.sst_run import SstWriter
 
 log = logging.getLogger("offgraph.store")
@@ -103,10 +105,12 @@ class _RocksSstWriter(SstWriter):
 
 
 class RocksDBStore(EmbeddingStore):
+    """The ``"rocksdb"`` backend: one RocksDB per shard, one block cache shared by all."""
+
     backend = "rocksdb"
 
-    def __init__(self, path: str, config: StoreConfig, mode: str, *, secondary_dir: str | None = None) -> None:
-        super().__init__(path, config, mode)
+    def _open(self, *, secondary_dir: str | None = None) -> None:
+        config, mode = self.config, self.mode
         self._cache = make_cache(config)
         direct = True
         if config.direct_reads or config.direct_flush_and_compaction:
@@ -373,11 +377,6 @@ class RocksDBStore(EmbeddingStore):
         self._dbs = []
         self._retired = {}
 
-    # backend-specific
-    def property_value(self, shard: int, name: str) -> str | None:
-        """A RocksDB property of ``shard`` (e.g. ``rocksdb.block-cache-capacity``)."""
-        return self._dbs[self._check_shard(shard)].property_value(name)
-
     def cache_usage(self) -> int:
         """Bytes now held by the shared block cache."""
         return self._cache.get_usage()
@@ -390,6 +389,20 @@ class RocksDBStore(EmbeddingStore):
             return None
         got = dict(_BLOCK_CACHE_STAT.findall(text))
         return {"hits": int(got.get("hit", 0)), "misses": int(got.get("miss", 0))}
+
+    @classmethod
+    def data_files(cls, store_dir: str | os.PathLike) -> list[Path]:
+        """The shards' table files (``shard-*/*.sst``)."""
+        return [p for p in Path(store_dir).glob("shard-*/*.sst") if p.is_file()]
+
+    @classmethod
+    def reads_direct(cls, store_dir: str | os.PathLike, config: StoreConfig) -> bool:
+        return reads_direct(os.fspath(store_dir), config)
+
+    # backend-specific
+    def property_value(self, shard: int, name: str) -> str | None:
+        """A RocksDB property of ``shard`` (e.g. ``rocksdb.block-cache-capacity``)."""
+        return self._dbs[self._check_shard(shard)].property_value(name)
 
 
 _BLOCK_CACHE_STAT = re.compile(r"^rocksdb\.block\.cache\.(hit|miss) COUNT : (\d+)$", re.M)

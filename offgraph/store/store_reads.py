@@ -1,8 +1,8 @@
 """The read side of an embedding store: rows, seqs, meta records, verification, stats.
 
-A mixin of ``base.EmbeddingStore``: it uses the store's primitives (``_multi_get``,
-``_seek_first``, ``_iter_row_keys``, ``_shard_info``) and helpers (``_check_open``,
-``_group_by_shard``, ``_executor``).
+A mixin of ``base.EmbeddingStore``: it uses the backend's primitives (``backend.StoreBackend``:
+``_multi_get``, ``_seek_first``, ``_iter_row_keys``, ``_shard_info``) and the store's helpers
+(``_check_open``, ``_group_by_shard``, ``_executor``).
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ class StoreReads:
 
     def stats(self, exact: bool = False) -> dict[str, Any]:
         """Sizes and counts. ``rows_per_table`` (table id -> rows) is exact and scans
-        every key when ``exact``; otherwise only RocksDB's estimate of keys is given."""
+        every key when ``exact``; otherwise only the backend's estimate of keys is given."""
         self._check_open()
         shards = [{"shard": s, **self._shard_info(s)} for s in range(self.config.shards)]
         out: dict[str, Any] = {

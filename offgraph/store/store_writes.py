@@ -1,9 +1,10 @@
 """The write side of an embedding store: the plan of a ``write`` (seq checks, the feed,
 one atomic batch per shard) and meta records.
 
-A mixin of ``base.EmbeddingStore``: it uses the store's primitives (``_multi_get``,
-``_write_batch``, ``_flush``) and helpers (``_check_writable``, ``_group_by_shard``,
-``_check_shard``). Which input rows win is ``write_plan_impl`` (NumPy).
+A mixin of ``base.EmbeddingStore``: it uses the backend's primitives (``backend.StoreBackend``:
+``_multi_get``, ``_write_batch``, ``_flush``, ``_iter_values``) and the store's helpers
+(``_check_writable``, ``_group_by_shard``, ``_check_shard``). Which input rows win is
+``_write_plan`` (NumPy).
 """
 
 from __future__ import annotations
