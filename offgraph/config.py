@@ -11,8 +11,8 @@ model that checks its fields once, when it is built, and refuses anything else.
   and exits 2) with one short line per bad field naming the class, the field, its command-line flag
   and the value, e.g. ``HttpLimits.max_connections (--max-connections) must be greater than or equal
   to 1, got 0``;
-* a command line takes its defaults from the model (:func:`default`): one definition, so the library
-  and the CLI agree.
+* a command line is generated from the model (``offgraph.cli._flags``): each field's flag, its
+  default, its help (the field's ``description``) and its check exist once, on the field.
 
 Imports pydantic only (no NumPy, no TensorFlow): the CLI's modules import their settings classes.
 """
@@ -20,18 +20,41 @@ Imports pydantic only (no NumPy, no TensorFlow): the CLI's modules import their 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
 
 
 class ConfigError(ValueError):
     """A settings class was given a bad value: the message names each bad field."""
 
 
-def option(default: Any = ..., *, flag: str | None = None, **constraints: Any) -> Any:
-    """A field (``pydantic.Field``) that knows the command-line flag which sets it (named in errors)."""
-    return Field(default, json_schema_extra={"flag": flag} if flag else None, **constraints)
+def option(
+    default: Any = ...,
+    *,
+    flag: str | None = None,
+    shown: str | None = None,
+    parse: Callable[[str], Any] | None = None,
+    unit: float | None = None,
+    **constraints: Any,
+) -> Any:
+    """A field (``pydantic.Field``; ``description=`` is its flag's help) that knows its command line:
+
+    flag: the flag that sets it (named in errors; default ``--field-name``);
+    shown: how ``--help`` states the default when the value alone says little (None: "the share");
+    parse: turns the flag's text into the value (default: from the field's type);
+    unit: the flag gives the value in these units (``--max-body-mb`` sets bytes).
+    """
+    cli = {"flag": flag, "shown": shown, "parse": parse, "unit": unit}
+    return Field(default, json_schema_extra={k: v for k, v in cli.items() if v is not None} or None, **constraints)
+
+
+def cli_of(info: FieldInfo) -> dict[str, Any]:
+    """What :func:`option` recorded about a field's command line (empty for a plain ``Field``)."""
+    extra = info.json_schema_extra
+    return extra if isinstance(extra, dict) else {}
 
 
 def default(model: type[BaseModel], name: str) -> Any:
@@ -71,7 +94,7 @@ def _describe_one(model: type[BaseModel], e: dict) -> str:
     field = str(e["loc"][0])
     where = ".".join(str(p) for p in e["loc"])
     info = model.model_fields.get(field)
-    extra = info.json_schema_extra if info is not None and isinstance(info.json_schema_extra, dict) else {}
+    extra = cli_of(info) if info is not None else {}
     flag = f" ({extra['flag']})" if extra.get("flag") else ""
     if e["type"] == "extra_forbidden":
         return f"{name}: unknown setting {where!r}"

@@ -8,6 +8,9 @@ import logging
 import os
 import sys
 
+from offgraph import __version__
+from offgraph.cli._flags import Parser  # every parser's help states each flag's default
+
 # subcommand modules, by name; each has register_cli(subparsers) and imports nothing heavy at module level
 # (no TensorFlow, NumPy or PyArrow): `offgraph --help` imports them all (tests/test_cli_startup.py)
 from offgraph.runtime import install_quiet_tensorflow_import, pin_cpus, uninstall_quiet_tensorflow_import  # noqa: F401 (pin_cpus: the subcommands')
@@ -64,7 +67,8 @@ class LazyChoices:
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand. Imports each COMMANDS module, which must not import TensorFlow
     (a subcommand imports what it needs when it runs): `offgraph --help` stays fast."""
-    parser = argparse.ArgumentParser(prog="offgraph", description=__doc__)
+    parser = Parser(prog="offgraph", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"offgraph {__version__}")
     parser.add_argument(
         "-v",
         "--verbose",
