@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 # `offgraph --help` imports this module: nothing heavy here (offgraph.export.synth is imported in run)
-from offgraph.config import default
-from offgraph.export.synth_config import SynthConfig, count
+from offgraph.cli._flags import add_settings_flags, settings_from_args
+from offgraph.export.synth_config import SynthConfig, count  # noqa: F401 (count: the row-count parser, here too)
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -16,25 +16,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "dense head), servable by `offgraph serve`",
     )
     p.add_argument("--out", required=True, help="version directory MODELS/NAME/VERSION")
-    p.add_argument(
-        "--rows",
-        type=count,
-        required=True,
-        help="rows of all tables together, e.g. 1e9 (a few huge id tables take most; ~28 B a row on disk in int8)",
-    )
-    p.add_argument("--seed", type=int, default=default(SynthConfig, "seed"))
-    p.add_argument("--dim", type=int, default=default(SynthConfig, "dim"), help="embedding dim (default %(default)s)")
-    p.add_argument("--quant", default=default(SynthConfig, "quant"), help="int8, fp16 or fp32 (default %(default)s)")
-    p.add_argument("--shards", type=int, default=default(SynthConfig, "shards"))
-    p.add_argument("--workers", type=int, default=None, help="SST writer processes (default: the store's)")
-    p.add_argument("--no-progress", action="store_true")
+    add_settings_flags(p, SynthConfig, exclude={"block_cache_mb"})
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    config = SynthConfig(
-        rows=args.rows, seed=args.seed, dim=args.dim, quant=args.quant, shards=args.shards, workers=args.workers
-    )
+    config = settings_from_args(SynthConfig, args)
     from offgraph.export.synth import synth_version
 
     print(

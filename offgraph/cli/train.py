@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 
 from offgraph.cli import LazyChoices
+from offgraph.cli._flags import add_settings_flags, settings_from_args
 
 # `offgraph --help` imports this module: nothing heavy here (the trainer is imported in run)
-from offgraph.model.train_config import LOSSES, OPTIMIZERS, TrainConfig
+from offgraph.model.train_config import TrainConfig
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -16,43 +17,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="raw table: Parquet, CSV/TSV or JSON lines")
     p.add_argument("--out", required=True, help="run directory to write")
     add_table_args(p)
-    d = TrainConfig()  # the defaults
-    p.add_argument("--epochs", type=int, default=d.epochs, help="default %(default)s")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="default %(default)s")
-    p.add_argument("--lr", type=float, default=d.lr, help="default %(default)g")
-    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=d.optimizer, help="default %(default)s")
-    p.add_argument("--loss", choices=LOSSES, default=d.loss, help="default %(default)s")
-    p.add_argument(
-        "--split",
-        choices=LazyChoices("offgraph.model.splits", "SPLITS"),
-        metavar="SPLIT",
-        default=d.split,
-        help="held-out split: %(choices)s (default %(default)s)",
+    add_settings_flags(
+        p,
+        TrainConfig,
+        exclude={"eval_batch_size", "schedule"},
+        kwargs={"split": {"choices": LazyChoices("offgraph.model.splits", "SPLITS"), "metavar": "SPLIT"}},
     )
-    p.add_argument(
-        "--held-out", type=float, default=d.held_out, help="held-out fraction, in (0, 1) (default %(default)g)"
-    )
-    p.add_argument("--seed", type=int, default=d.seed, help="default %(default)s")
-    p.add_argument(
-        "--validation",
-        type=float,
-        default=d.validation,
-        help="fraction of the training rows (same split) that picks the best epoch: early stopping, "
-        "best weights restored; 0: keep the last epoch (default %(default)g)",
-    )
-    p.add_argument(
-        "--patience",
-        type=int,
-        default=d.patience,
-        help="epochs without a better validation AUC before stopping (default %(default)s)",
-    )
-    p.add_argument(
-        "--no-refit",
-        action="store_true",
-        help="keep the best epoch's weights of the validation pass instead of retraining on all the "
-        "training rows for that many epochs",
-    )
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
@@ -72,19 +43,7 @@ def read_table_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from offgraph.features.spec import load_spec
 
-    cfg = TrainConfig(
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        optimizer=args.optimizer,
-        loss=args.loss,
-        split=args.split,
-        held_out=args.held_out,
-        seed=args.seed,
-        validation=args.validation,
-        patience=args.patience,
-        refit=not args.no_refit,
-    )
+    cfg = settings_from_args(TrainConfig, args)
     spec = load_spec(args.spec)
     cfg.validate(spec)
     table = read_table_args(args)

@@ -8,15 +8,11 @@ import logging
 import os
 
 from offgraph.cli import add_cpus_argument, pin_cpus
-from offgraph.config import default
+from offgraph.cli._flags import add_settings_flags, settings_from_args
 from offgraph.streaming.stop_watchdog import StopWatchdog
-from offgraph.streaming.updater_config import DURABILITY, OFFSET_RESET, UpdaterConfig
+from offgraph.streaming.updater_config import OFFSET_RESET, UpdaterConfig
 
 log = logging.getLogger("offgraph.update")
-
-
-def _default(name: str):
-    return default(UpdaterConfig, name)
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -42,52 +38,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="delete applied spool files instead of moving them to DIR/applied/",
     )
-    p.add_argument(
-        "--batch-files",
-        type=int,
-        default=_default("batch_files"),
-        help="delta files per store write (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-batch-rows",
-        type=int,
-        default=_default("max_batch_rows"),
-        help="rows per store write at most (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-batch-delay",
-        type=float,
-        default=_default("max_batch_delay_s"),
-        help="seconds spent gathering one batch at most before it is written (default %(default)g); "
-        "a batch is also written as soon as no more files wait",
-    )
-    p.add_argument(
-        "--wait-timeout",
-        type=float,
-        default=_default("wait_timeout_s"),
-        help="seconds a file for a not-yet-complete version may wait before it is dead-lettered (default %(default)g)",
-    )
-    p.add_argument(
-        "--poll-interval",
-        type=float,
-        default=_default("poll_interval_s"),
-        help="seconds between polls when idle (default %(default)g); with inotify (Linux) a new "
-        "file is picked up at once and this only bounds the fallback",
-    )
-    p.add_argument("--sync", action="store_true", help="fsync every write batch (survives power loss; WAL only)")
-    p.add_argument(
-        "--durability",
-        choices=DURABILITY,
-        default=_default("durability"),
-        help="flush: no WAL, memtables flushed to SST after every batch (followers pick up files instead "
-        "of replaying the WAL while holding their GIL); wal: the write-ahead log (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-deltas-per-s",
-        type=float,
-        default=_default("max_deltas_per_s"),
-        help="apply at most this many deltas per second (0: unlimited), to leave CPU to serving",
-    )
+    add_settings_flags(p, UpdaterConfig, exclude={"version_check_s"})
     p.add_argument(
         "--nice",
         type=int,
@@ -101,10 +52,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "on a machine shared with a server it never preempts serving",
     )
     add_cpus_argument(p, "the updater")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (default: none)")
     p.add_argument("--log-every", type=float, default=5.0, help="seconds between progress log lines")
     p.add_argument("--once", action="store_true", help="apply what can be applied now, then exit")
-    p.add_argument("--max-seconds", type=float, help="exit after this many seconds")
+    p.add_argument("--max-seconds", type=float, help="exit after this many seconds (default: run until stopped)")
     p.set_defaults(func=run_update)
 
 
@@ -114,16 +65,7 @@ def run_update(args) -> int:
     from offgraph.streaming.updater import Updater
 
     watchdog = StopWatchdog()  # first: a SIGTERM from here on ends the process within its grace time
-    config = UpdaterConfig(
-        batch_files=args.batch_files,
-        max_batch_rows=args.max_batch_rows,
-        max_batch_delay_s=args.max_batch_delay,
-        wait_timeout_s=args.wait_timeout,
-        poll_interval_s=args.poll_interval,
-        sync=args.sync,
-        durability=args.durability,
-        max_deltas_per_s=args.max_deltas_per_s,
-    )
+    config = settings_from_args(UpdaterConfig, args)
     pin_cpus(args.cpus)  # before the store opens: RocksDB's threads inherit it
     if args.nice:
         if args.nice < 0:

@@ -16,6 +16,15 @@ DISK_MARGIN = 1.10
 """The free space asked for, relative to the estimate."""
 
 
+def count(text: str) -> int:
+    """A row count: ``1000000``, ``1_000_000``, ``1e6`` or ``2e8`` (an exact integer)."""
+    t = text.strip().replace("_", "")
+    m = re.fullmatch(r"(\d+)(?:[eE](\d+))?", t)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a row count (e.g. 1000000 or 1e6)")
+    return int(m[1]) * 10 ** int(m[2] or 0)
+
+
 class SynthConfig(ConfigModel, frozen=True):
     """Settings of `offgraph synth`.
 
@@ -25,13 +34,19 @@ class SynthConfig(ConfigModel, frozen=True):
     workers: SST writer processes of the bulk load (None: the store's default).
     """
 
-    rows: int = option(ge=1, flag="--rows")
-    seed: int = option(0, ge=0, lt=2**63, flag="--seed")
-    dim: int = option(16, ge=1, le=1024, flag="--dim")
-    quant: Literal["int8", "fp16", "fp32"] = option("int8", flag="--quant")
-    shards: int = option(8, ge=1, le=256, flag="--shards")
+    rows: int = option(
+        ge=1,
+        flag="--rows",
+        parse=count,
+        description="rows of all tables together, e.g. 1e9 (a few huge id tables take most; ~28 B a row on disk "
+        "in int8)",
+    )
+    seed: int = option(0, ge=0, lt=2**63, flag="--seed", description="seeds the tables and the dense head")
+    dim: int = option(16, ge=1, le=1024, flag="--dim", description="embedding dim")
+    quant: Literal["int8", "fp16", "fp32"] = option("int8", flag="--quant", description="row format")
+    shards: int = option(8, ge=1, le=256, flag="--shards", description="store shards")
     block_cache_mb: int = Field(64, ge=1)
-    workers: int | None = option(None, ge=1, flag="--workers")
+    workers: int | None = option(None, ge=1, flag="--workers", shown="the store's", description="SST writer processes")
 
     @model_validator(mode="after")
     def _enough_rows(self) -> SynthConfig:
@@ -43,12 +58,3 @@ class SynthConfig(ConfigModel, frozen=True):
     def disk_bytes(self) -> int:
         """Estimated bytes on disk of the version (the store; the dense head is ~1 MB)."""
         return int(self.rows * BYTES_PER_ROW[self.quant] * (self.dim + 5) / 21) + (1 << 20)
-
-
-def count(text: str) -> int:
-    """A row count: ``1000000``, ``1_000_000``, ``1e6`` or ``2e8`` (an exact integer)."""
-    t = text.strip().replace("_", "")
-    m = re.fullmatch(r"(\d+)(?:[eE](\d+))?", t)
-    if m is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a row count (e.g. 1000000 or 1e6)")
-    return int(m[1]) * 10 ** int(m[2] or 0)

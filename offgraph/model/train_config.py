@@ -30,17 +30,31 @@ class TrainConfig(ConfigModel, validate_assignment=True):
     (the carved rows are each key's latest, the most useful to learn from; off: keep the restored weights).
     """
 
-    epochs: int = option(6, ge=1, flag="--epochs")
-    batch_size: int = option(512, ge=1, flag="--batch-size")
-    lr: float = option(0.001, gt=0, flag="--lr")
-    optimizer: Literal[OPTIMIZERS] = option("adam", flag="--optimizer")
-    loss: Literal[LOSSES] = option("pointwise", flag="--loss")
-    split: str = option("per-key-time", flag="--split")
-    held_out: float = option(0.2, gt=0, lt=1, flag="--held-out")
-    seed: int = option(0, ge=0, flag="--seed")
-    validation: float = option(0.1, ge=0, lt=1, flag="--validation")
-    patience: int = option(2, ge=1, flag="--patience")
-    refit: bool = option(True, flag="--no-refit")
+    epochs: int = option(6, ge=1, flag="--epochs", description="passes over the training rows")
+    batch_size: int = option(512, ge=1, flag="--batch-size", description="rows per step")
+    lr: float = option(0.001, gt=0, flag="--lr", description="learning rate")
+    optimizer: Literal[OPTIMIZERS] = option("adam", flag="--optimizer", description="optimizer")
+    loss: Literal[LOSSES] = option("pointwise", flag="--loss", description="loss")
+    split: str = option("per-key-time", flag="--split", description="held-out split")
+    held_out: float = option(0.2, gt=0, lt=1, flag="--held-out", description="held-out fraction, in (0, 1)")
+    seed: int = option(0, ge=0, flag="--seed", description="seeds the split, the initial weights and the shuffles")
+    validation: float = option(
+        0.1,
+        ge=0,
+        lt=1,
+        flag="--validation",
+        description="fraction of the training rows (same split) that picks the best epoch: early stopping, "
+        "best weights restored; 0: keep the last epoch",
+    )
+    patience: int = option(
+        2, ge=1, flag="--patience", description="epochs without a better validation AUC before stopping"
+    )
+    refit: bool = option(
+        True,
+        flag="--no-refit",
+        description="keep the best epoch's weights of the validation pass instead of retraining on all the "
+        "training rows for that many epochs",
+    )
     eval_batch_size: int = Field(8192, ge=1)
     schedule: Literal[SCHEDULES] = "constant"
 

@@ -31,10 +31,31 @@ class HttpLimits(ConfigModel, frozen=True):
     Timeouts are seconds, > 0 and < 1 day.
     """
 
-    header_timeout_s: float = option(10.0, gt=0, lt=DAY_S, flag="--header-timeout")
-    body_timeout_s: float = option(30.0, gt=0, lt=DAY_S, flag="--body-timeout")
-    keep_alive_timeout_s: float = option(5.0, gt=0, lt=DAY_S, flag="--keep-alive-timeout")
-    max_connections: int = option(1000, ge=1, flag="--max-connections")
+    header_timeout_s: float = option(
+        10.0,
+        gt=0,
+        lt=DAY_S,
+        flag="--header-timeout",
+        description="seconds for a request's line and headers to arrive, from the connection's opening or the "
+        "next request's first byte (then 408 or close)",
+    )
+    body_timeout_s: float = option(
+        30.0,
+        gt=0,
+        lt=DAY_S,
+        flag="--body-timeout",
+        description="seconds for a request's whole body to arrive after its headers (then 408 and close)",
+    )
+    keep_alive_timeout_s: float = option(
+        5.0, gt=0, lt=DAY_S, flag="--keep-alive-timeout", description="seconds an idle kept-alive connection stays open"
+    )
+    max_connections: int = option(
+        1000,
+        ge=1,
+        flag="--max-connections",
+        description="open connections per server process; past it the connection idle the longest is closed, "
+        "and with none idle a new connection's request gets a 503",
+    )
 
 
 class ServerConfig(ConfigModel, frozen=True):
@@ -99,30 +120,115 @@ class ServerConfig(ConfigModel, frozen=True):
         multiprocess mode). One process (the default): ``workers=1`` and no control_dir.
     """
 
-    models_dir: LaxPath = option(flag="--models")
-    memory_mb: float = option(DEFAULT_MEMORY_MB, gt=0, flag="--memory-mb")
-    cache_mb: float | None = option(None, ge=0, flag="--cache-mb")
-    max_candidates: int = option(2000, ge=1, flag="--max-candidates")
-    max_body_bytes: int = option(8 * MiB, ge=1024, flag="--max-body-mb")
-    max_request_values: int = option(100_000, ge=1, flag="--max-request-values")
+    models_dir: LaxPath = option(
+        flag="--models", description="MODELS directory: serves every MODELS/<name>/ at its newest complete version"
+    )
+    memory_mb: float = option(
+        DEFAULT_MEMORY_MB,
+        gt=0,
+        flag="--memory-mb",
+        description="what the caches of EACH worker process may hold, in MiB, all its models together (the "
+        "default keeps a worker within 1 GB of PSS, TensorFlow included). Each model gets an even share, "
+        "split over its row cache (the big share), its store's block cache (the version's index), its FG "
+        "item cache and its write-feed mappings; logged at start, on /metrics and in GET /v1/models/NAME",
+    )
+    cache_mb: float | None = option(
+        None,
+        ge=0,
+        flag="--cache-mb",
+        shown="the share",
+        description="row cache of the whole server in MiB instead of its share of --memory-mb, split between "
+        "the workers and the models; the other parts keep theirs",
+    )
+    max_candidates: int = option(2000, ge=1, flag="--max-candidates", description="most candidates per request")
+    max_body_bytes: int = option(
+        8 * MiB, ge=1024, flag="--max-body-mb", unit=MiB, description="largest request body in MiB"
+    )
+    max_request_values: int = option(
+        100_000,
+        ge=1,
+        flag="--max-request-values",
+        description="most feature values in one score request: request fields once, item and cross fields once "
+        "per candidate (more is a 422). Each id/tokenize field also has its own per-row max_values in the "
+        "model's feature spec",
+    )
     http: HttpLimits = HttpLimits()
-    poll_seconds: float = option(2.0, ge=0.01, flag="--poll-seconds")
-    admin_token: str | None = option(None, flag="--admin-token")
-    score_threads: int = option(2, ge=1, flag="--score-threads")
-    intra_threads: int | None = option(None, ge=1, flag="--intra-threads")
-    inter_threads: int | None = option(None, ge=1, flag="--inter-threads")
-    follow_interval_s: float = option(0.05, ge=0.001, flag="--follow-seconds")
-    catch_up_s: float = option(30.0, ge=0.01, flag="--catch-up-seconds")
+    poll_seconds: float = option(2.0, ge=0.01, flag="--poll-seconds", description="how often MODELS is scanned")
+    admin_token: str | None = option(
+        None,
+        flag="--admin-token",
+        shown=f"${ADMIN_TOKEN_ENV}; none: admin disabled",
+        description="bearer token of the admin actions",
+    )
+    score_threads: int = option(
+        2,
+        ge=1,
+        flag="--score-threads",
+        description="threads running the scorer in each worker (the scorer holds the GIL for most of a "
+        "request, so more threads mostly add contention)",
+    )
+    intra_threads: int | None = option(
+        None,
+        ge=1,
+        flag="--intra-threads",
+        description="TensorFlow intra-op threads (per-request graphs are small; concurrency comes from "
+        "--score-threads)",
+    )
+    inter_threads: int | None = option(None, ge=1, flag="--inter-threads", description="TensorFlow inter-op threads")
+    follow_interval_s: float = option(
+        0.05,
+        ge=0.001,
+        flag="--follow-seconds",
+        description="how often each model reads the live updater's feed of applied rows: the freshness of "
+        "streamed rows (plain file reads)",
+    )
+    catch_up_s: float = option(
+        30.0,
+        ge=0.01,
+        flag="--catch-up-seconds",
+        description="how often each model's RocksDB view catches up with the updater (a catch-up holds the "
+        "GIL for milliseconds per shard, the feed keeps rows fresh meanwhile)",
+    )
     item_cache_size: int | None = Field(None, ge=0)
     warmup_candidates: int = Field(200, ge=1)
-    warmup_rows: int = option(100_000, ge=0, flag="--warmup-rows")
-    load_share: float = option(0.25, gt=0, le=1, flag="--load-share")
-    store_io: Literal["direct", "buffered"] = option("direct", flag="--store-io")
-    prefetch_store: Literal["auto", "on", "off"] = option("auto", flag="--prefetch-store")
-    prefetch_mb_s: float = option(256.0, ge=0, flag="--prefetch-mb-s")
+    warmup_rows: int = option(
+        100_000,
+        ge=0,
+        flag="--warmup-rows",
+        description="rows of the serving version's row cache (most recently used first) a new version of the "
+        "model reads into its caches before it replaces it (0: off)",
+    )
+    load_share: float = option(
+        0.25,
+        gt=0,
+        le=1,
+        flag="--load-share",
+        description="while a version serves, loading and warming the next takes at most this share of the "
+        "time, so that its requests keep the rest (1: flat out)",
+    )
+    store_io: Literal["direct", "buffered"] = option(
+        "direct",
+        flag="--store-io",
+        description="read the stores' files with direct I/O, past the OS page cache (predictable beyond RAM: "
+        "what is cached is this process's own), or buffered through the page cache (a machine whose RAM "
+        "holds the stores; --prefetch-store then applies)",
+    )
+    prefetch_store: Literal["auto", "on", "off"] = option(
+        "auto",
+        flag="--prefetch-store",
+        description="read each version's store files into the OS page cache before it serves, so that "
+        "requests do not wait on cold blocks from disk: auto when they take at most half the available memory",
+    )
+    prefetch_mb_s: float = option(
+        256.0,
+        ge=0,
+        flag="--prefetch-mb-s",
+        description="read rate limit of the prefetch in MiB/s while requests are served (0: none; with "
+        "nothing serving yet it reads as fast as the disk goes)",
+    )
     verify: bool = True
     tune_gc: bool = True
-    workers: int = option(1, ge=1, flag="--workers")
+    workers: int = Field(1, ge=1)  # set by offgraph.server.workers from ListenConfig.workers
     worker_id: int = Field(0, ge=0)
     control_dir: LaxPath | None = None
 
@@ -156,3 +262,23 @@ class ServerConfig(ConfigModel, frozen=True):
     @staticmethod
     def admin_token_from_env() -> str | None:
         return os.environ.get(ADMIN_TOKEN_ENV) or None
+
+
+class ListenConfig(ConfigModel, frozen=True):
+    """How `offgraph serve` runs its server: the address, the worker processes sharing the port
+    (``offgraph.server.workers``; each then gets a ``ServerConfig`` with its ``workers`` and ``worker_id``)
+    and uvicorn's log level."""
+
+    host: str = option("127.0.0.1", flag="--host", description="address to listen on")
+    port: int = option(8500, ge=0, le=65535, flag="--port", description="port to listen on (0: any free one)")
+    workers: int = option(
+        1,
+        ge=1,
+        flag="--workers",
+        description="server processes sharing the port. One Python process scores on about one core; use "
+        "about one worker per core the server may use. Admin actions reach every worker; metrics are "
+        "summed; each worker has its own --memory-mb",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = option(
+        "info", flag="--log-level", description="uvicorn's log level"
+    )

@@ -15,6 +15,11 @@ OPTIMIZERS = ("sgd", "adagrad")
 TIME_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 
 
+def names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names (``user_id,movie_id``), blanks dropped."""
+    return tuple(f.strip() for f in text.split(",") if f.strip())
+
+
 class StreamTrainConfig(ConfigModel, validate_assignment=True):
     """lr: embedding step size. The loss is SUMMED over a batch, so keep lr x batch_size small.
     optimizer: sgd, or adagrad (row-wise, accumulator starting at adagrad_init).
@@ -27,18 +32,44 @@ class StreamTrainConfig(ConfigModel, validate_assignment=True):
     fields: fields whose rows are trained (None: all); the others stay frozen.
     """
 
-    lr: float = option(0.003, gt=0, flag="--lr")
-    optimizer: Literal[OPTIMIZERS] = option("sgd", flag="--optimizer")
-    batch_size: int = option(32, ge=1, flag="--batch-size")
-    l2: float = option(0.0, ge=0, flag="--l2")
-    adagrad_init: float = option(0.1, ge=0, flag="--adagrad-init")
+    lr: float = option(
+        0.003,
+        gt=0,
+        flag="--lr",
+        description="embedding step size (the loss is summed over a batch: keep lr x batch small)",
+    )
+    optimizer: Literal[OPTIMIZERS] = option("sgd", flag="--optimizer", description="adagrad is row-wise")
+    batch_size: int = option(32, ge=1, flag="--batch-size", description="events per step")
+    l2: float = option(0.0, ge=0, flag="--l2", description="L2 on the touched rows (l2/2 |row|^2 per batch)")
+    adagrad_init: float = option(0.1, ge=0, flag="--adagrad-init", description="initial row-wise Adagrad accumulator")
     adagrad_eps: float = Field(1e-8, ge=0)
-    every_events: int | None = option(None, ge=1, flag="--every-events")
-    every_seconds: float | None = option(None, gt=0, flag="--every-seconds")
-    seq_start: int | None = option(None, ge=0, flag="--seq-start")
-    time_unit: Literal[("auto", *TIME_UNITS)] = option("auto", flag="--time-unit")
-    lr_first_order: float | None = option(None, ge=0, flag="--lr-first-order")
-    fields: Annotated[tuple[str, ...], Field(strict=False)] | None = option(None, flag="--fields")  # a list too
+    every_events: int | None = option(
+        None, ge=1, flag="--every-events", shown="at the end only", description="emit one delta file every K events"
+    )
+    every_seconds: float | None = option(
+        None,
+        gt=0,
+        flag="--every-seconds",
+        shown="at the end only",
+        description="... or every T seconds (and at the end)",
+    )
+    seq_start: int | None = option(
+        None, ge=0, flag="--seq-start", shown="time_ns now", description="first sequence number"
+    )
+    time_unit: Literal[("auto", *TIME_UNITS)] = option(
+        "auto", flag="--time-unit", description="unit of the spec's time column"
+    )
+    lr_first_order: float | None = option(
+        None, ge=0, flag="--lr-first-order", shown="--lr", description="learning rate of the first-order weights"
+    )
+    fields: Annotated[tuple[str, ...], Field(strict=False)] | None = option(  # a list too
+        None,
+        flag="--fields",
+        parse=names,
+        shown="all",
+        description="comma-separated fields whose rows are trained; e.g. user_id,movie_id: shared side-feature "
+        "tables stay frozen",
+    )
 
     @model_validator(mode="after")
     def _adagrad_divides(self) -> StreamTrainConfig:

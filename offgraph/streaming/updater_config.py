@@ -30,12 +30,39 @@ class UpdaterConfig(ConfigModel, frozen=True):
     max_deltas_per_s: apply at most this many deltas per second (0: unlimited).
     """
 
-    batch_files: int = option(256, ge=1, flag="--batch-files")
-    max_batch_rows: int = option(500_000, ge=1, flag="--max-batch-rows")
-    max_batch_delay_s: float = option(0.1, ge=0, flag="--max-batch-delay")
-    wait_timeout_s: float = option(600.0, ge=0, flag="--wait-timeout")
-    poll_interval_s: float = option(0.05, gt=0, flag="--poll-interval")
+    batch_files: int = option(256, ge=1, flag="--batch-files", description="delta files per store write")
+    max_batch_rows: int = option(500_000, ge=1, flag="--max-batch-rows", description="rows per store write at most")
+    max_batch_delay_s: float = option(
+        0.1,
+        ge=0,
+        flag="--max-batch-delay",
+        description="seconds spent gathering one batch at most before it is written; a batch is also written "
+        "as soon as no more files wait",
+    )
+    wait_timeout_s: float = option(
+        600.0,
+        ge=0,
+        flag="--wait-timeout",
+        description="seconds a file for a not-yet-complete version may wait before it is dead-lettered",
+    )
+    poll_interval_s: float = option(
+        0.05,
+        gt=0,
+        flag="--poll-interval",
+        description="seconds between polls when idle; with inotify (Linux) a new file is picked up at once and "
+        "this only bounds the fallback",
+    )
     version_check_s: float = Field(1.0, ge=0)
-    sync: bool = option(False, flag="--sync")
-    durability: Literal[DURABILITY] = option("flush", flag="--durability")
-    max_deltas_per_s: float = option(0.0, ge=0, flag="--max-deltas-per-s")
+    sync: bool = option(False, flag="--sync", description="fsync every write batch (survives power loss; WAL only)")
+    durability: Literal[DURABILITY] = option(
+        "flush",
+        flag="--durability",
+        description="flush: no WAL, memtables flushed to SST after every batch (followers pick up files instead "
+        "of replaying the WAL while holding their GIL); wal: the write-ahead log",
+    )
+    max_deltas_per_s: float = option(
+        0.0,
+        ge=0,
+        flag="--max-deltas-per-s",
+        description="apply at most this many deltas per second (0: unlimited), to leave CPU to serving",
+    )
