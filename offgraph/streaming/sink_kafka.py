@@ -39,6 +39,9 @@ log = logging.getLogger("offgraph.stream_train.kafka")
 
 
 class KafkaSink(DeltaSink):
+    scheme = "kafka"
+    form = "kafka://HOST:PORT/TOPIC"
+
     def __init__(
         self, url: str, *, version_dir: str | Path | None = None, partitions: int = 4, config: dict | None = None
     ) -> None:
@@ -64,6 +67,10 @@ class KafkaSink(DeltaSink):
         self._started: set[tuple[str, int]] = set()
         self.messages = 0
         self.last_offsets: dict[int, int] = {}  # partition -> offset of the newest delivered message
+
+    @classmethod
+    def open(cls, url: str, *, version_dir: str | Path | None, partitions: int) -> KafkaSink:
+        return cls(url, version_dir=version_dir, partitions=partitions)
 
     def _delivered(self, err, msg) -> None:
         if err is not None:

@@ -259,7 +259,8 @@ class StreamTrainer:
     def emit(self, sink: DeltaSink | str | Path) -> str | None:
         """Deliver the rows touched since the last emit to ``sink`` (a DeltaSink, or a spool
         directory: ONE delta file); returns where they went (None: nothing to emit)."""
-        from offgraph.streaming.sinks import DeltaSink, SpoolSink
+        from offgraph.streaming.sink_spool import SpoolSink
+        from offgraph.streaming.sinks import DeltaSink
 
         delta = self.take_delta()
         if delta is None:
@@ -373,7 +374,8 @@ def stream_train_table(
 ) -> dict:
     """Train on every event of ``table`` in time order, emitting to ``sink`` (a DeltaSink, or a
     spool directory) every K events / T seconds and once at the end. Returns a summary."""
-    from offgraph.streaming.sinks import DeltaSink, SpoolSink
+    from offgraph.streaming.sink_spool import SpoolSink
+    from offgraph.streaming.sinks import DeltaSink
 
     cfg, spec = trainer.cfg, trainer.spec
     if not isinstance(sink, DeltaSink):
