@@ -129,7 +129,7 @@ def request_keys(total_rows: int, req: dict, cand: dict, n: int, exact: bool = F
     import numpy as np
 
     from offgraph.export.synth_spec import HUGE_TABLES, synth_spec
-    from offgraph.features._hashing import rows_of
+    from offgraph.features.hashing import rows_of
     from offgraph.features.ops import bucket_index, log_bucket_index
     from offgraph.store.keys import combine_keys
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from offgraph.features._hashing import rows_of
+from offgraph.features.hashing import rows_of
 from offgraph.features.numeric import finish, numeric_values, pre_standardize
 from offgraph.features.ops import DERIVED_OPS, RAW_OPS, FeatureValueError, Values
 from offgraph.features.segment import prepare

@@ -1,6 +1,6 @@
 """Hashing of feature values to table rows (thin public module).
 
-See ``hashing_impl`` for the canonical-string rules and the hash functions.
+See ``_hashing`` for the canonical-string rules and the hash functions.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from offgraph.features._hashing import canonical
+from offgraph.features.hashing import canonical
 from offgraph.features.segment import segment_fn
 
 Values = list[list[str]]

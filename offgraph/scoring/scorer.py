@@ -45,7 +45,7 @@ from offgraph.scoring.feature_join import FeatureJoin, Joined, check_not_ids_onl
 from offgraph.scoring.memory_budget import ITEM_BYTES
 from offgraph.scoring.read_metrics import STORE_READ_SECONDS
 from offgraph.store import RowCache
-from offgraph.store._feed import file_bytes as feed_file_bytes
+from offgraph.store.feed import file_bytes as feed_file_bytes
 from offgraph.store.follower import NOT_FOLLOWING, Activity, Follower
 from offgraph.store.keys import MAX_TABLE_ID, ROW_BITS, ROW_LIMIT
 

@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from offgraph.store._row_cache import EMPTY
-from offgraph.store.keys import splitmix64
+from offgraph.store.keys import EMPTY, splitmix64
 
 MAGIC = 0x3130_4C56_4F46_474F  # b"OGFOVL01" little-endian
 HEADER_WORDS = 512

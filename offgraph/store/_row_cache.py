@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from offgraph.store.keys import splitmix64
+from offgraph.store.keys import EMPTY, splitmix64
 
-EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)  # no combined key is all ones (keys.MAX_TABLE_ID)
 POLICIES = ("tinylfu", "lru")
 SKETCH_DEPTH = 4
 BLOCK = 64  # bytes of sketch a key's counters share (a cache line)

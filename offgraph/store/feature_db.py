@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 from rocksdict import AccessType, IngestExternalFileOptions, Options, Rdict, SstFileWriter, WriteBatch, WriteOptions
 
-from offgraph.features._hashing import canonical
+from offgraph.features.hashing import canonical
 from offgraph.features.table_spec import TableSpec
 
 FORMAT = "offgraph-feature-table"

@@ -43,7 +43,9 @@ from pathlib import Path
 import numpy as np
 
 from offgraph.store import _feed as fi
-from offgraph.store._feed import FeedTornRead  # noqa: F401 - the server answers it with a 503
+
+# re-exported: the torn read the server answers with a 503, an epoch file's size (a scorer's memory report)
+from offgraph.store._feed import FeedTornRead, file_bytes  # noqa: F401
 
 # re-exported (tests, the server): where epochs live, and the errors of the feed
 from offgraph.store.feed_dirs import POINTER, SHM_ENV, FeedUnsupported, feed_dir, open_feed_dir, shm_root  # noqa: F401

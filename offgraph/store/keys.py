@@ -44,6 +44,7 @@ TABLE_BITS, ROW_BITS = 16, 48  # of a combined key
 MAX_TABLE_ID = (1 << TABLE_BITS) - 2  # table 0xFFFF with the last row would be the all-ones (empty) key
 ROW_LIMIT = 1 << 48  # rows of a combined key are below this
 MAX_ROW = 2**64 - 1
+EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)  # an empty slot of the feed's and the row cache's tables: no combined key
 _ROW_SHIFT = np.uint64(ROW_BITS)
 _ROW_MASK = np.uint64(ROW_LIMIT - 1)
 

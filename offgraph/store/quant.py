@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from offgraph.store._quant import Codec, Int8RowwiseCodec, fp16_codec, fp32_codec
+from offgraph.store._quant import Codec, Int8RowwiseCodec, check_records, fp16_codec, fp32_codec
 
 CODECS: dict[str, Callable[[int], Codec]] = {  # name -> codec for a given dim
     "fp32": fp32_codec,
@@ -32,4 +32,4 @@ def codec_names() -> list[str]:
     return sorted(CODECS)
 
 
-__all__ = ["Codec", "get_codec", "codec_names", "CODECS"]
+__all__ = ["Codec", "get_codec", "codec_names", "CODECS", "check_records"]

@@ -23,7 +23,6 @@ import threading
 
 import numpy as np
 
-from offgraph.store._quant import Codec, check_records
 from offgraph.store._row_cache import (
     POLICIES,
     SKETCH_BYTES_PER_ROW,
@@ -34,6 +33,7 @@ from offgraph.store._row_cache import (
     scores,
 )
 from offgraph.store.keys import MAX_TABLE_ID, ROW_LIMIT, combine_keys, split_keys
+from offgraph.store.quant import Codec, check_records
 
 DEFAULT_WAYS = 8
 
