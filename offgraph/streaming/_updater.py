@@ -2,38 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from offgraph.store import shard_of
-from offgraph.store.quant import Codec
 from offgraph.streaming.deltas import DeltaBatch
-
-
-@dataclass(frozen=True)
-class ModelLimits:
-    """What a delta for one model version must fit (from its manifest)."""
-
-    model: str
-    version: int
-    dim: int
-    table_rows: np.ndarray  # int64 [F]: rows of table id i
-    codec: Codec  # the store's record format: which values it can hold
-
-    @classmethod
-    def from_manifest(cls, model: str, version: int, manifest: dict, codec: Codec) -> ModelLimits:
-        fields = manifest["fields"]
-        rows = np.zeros(len(fields), dtype=np.int64)
-        for i, f in enumerate(fields):
-            tid = int(f.get("table_id", i))
-            if not 0 <= tid < len(fields):
-                raise ValueError(
-                    f"manifest of {model}/{version}: field {f.get('name')!r} has table_id {tid} "
-                    f"outside [0, {len(fields)})"
-                )
-            rows[tid] = int(f["rows"])
-        return cls(model, int(version), int(manifest["embedding_dim"]), rows, codec)
+from offgraph.streaming.model_limits import ModelLimits
 
 
 def check_batch(b: DeltaBatch, lim: ModelLimits) -> str | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from offgraph.features.spec import parse_spec
 from offgraph.modeldir.manifest import check_model_name, complete_versions, load_manifest, open_version_store
-from offgraph.streaming._updater import ModelLimits
+from offgraph.streaming.model_limits import ModelLimits
 
 log = logging.getLogger("offgraph.update")
 
