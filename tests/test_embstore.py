@@ -79,6 +79,8 @@ def test_create_writes_store_json(tmp_path, cfg):
     with open_store(tmp_path / "s", cfg, mode="w") as st:
         assert isinstance(st, EmbeddingStore)
     doc = json.loads((tmp_path / "s" / "store.json").read_text())
+    # the on-disk format name every exported store carries (a renamed one would refuse them all)
+    assert (doc["format"], doc["format_version"]) == ("offgraph-embstore", 1)
     assert doc["config"] == cfg.to_dict()
     assert doc["record"]["record_bytes"] == 4 * D + 4
     assert sorted(os.listdir(tmp_path / "s")) == ["shard-000", "shard-001", "shard-002", "shard-003", "store.json"]

@@ -4,6 +4,7 @@ The wheel is built from this checkout and installed without its dependencies int
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -13,9 +14,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_install_is_one_package_and_one_script(tmp_path):
+    src = tmp_path / "src"  # a copy: the build writes build/ and *.egg-info into its source tree
+    shutil.copytree(
+        REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "out", "build", "*.egg-info", "__pycache__")
+    )
     wheels = tmp_path / "wheels"
     r = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(src)],
         capture_output=True,
         text=True,
         timeout=240,

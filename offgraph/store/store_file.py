@@ -10,7 +10,7 @@ from offgraph.store.config import StoreConfig
 from offgraph.store.quant import get_codec
 
 STORE_FILE = "store.json"
-FORMAT = "offgraph.store"
+FORMAT = "offgraph-embstore"  # stores written by every release carry this name: never rename it
 FORMAT_VERSION = 1
 
 
