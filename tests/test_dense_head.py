@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from offgraph.features import FeatureGenerator, parse_spec
 from offgraph.features.pooling import pool_numpy
-from offgraph.model import _head as head_impl
+from offgraph.model import head as head_impl
 from offgraph.model.head import DeepFMHead
 from offgraph.model.model import build_deepfm
 

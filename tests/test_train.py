@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from offgraph.features import load_spec
-from offgraph.model._metrics import auc, logloss, ndcg_at_k
+from offgraph.model.metrics import auc, logloss, ndcg_at_k
 from offgraph.model.model import load_run
 from offgraph.model.splits import held_out_mask
 from offgraph.model.train import TrainConfig, train_run
@@ -62,8 +62,8 @@ def test_small_movielens_training_beats_chance(movielens_table, tmp_path):
 def test_early_stopping_keeps_the_best_validation_epoch(movielens_table):
     """The epoch is picked on validation rows carved from the training rows (never the held-out ones), and
     the model kept is that epoch's: its validation AUC, recomputed, is the best one in the history."""
-    from offgraph.model._metrics import auc
     from offgraph.model.inputs import encode_table
+    from offgraph.model.metrics import auc
     from offgraph.model.model import predict_proba
     from offgraph.model.train import carve_validation, split_encoded
 

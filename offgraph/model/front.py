@@ -13,7 +13,7 @@ import keras
 from keras import layers, ops
 
 from offgraph.features.spec import FeatureSpec
-from offgraph.model import _head as head_impl
+from offgraph.model.head import masked_pool
 
 
 def table_names(field_name: str) -> tuple[str, str]:
@@ -47,7 +47,7 @@ class EmbeddingFront(keras.Model):
             ids, mask = inputs[f"ids_{i}"], inputs[f"mask_{i}"]
             v = et(ids)  # [N, L, D]
             w = wt(ids)  # [N, L, 1]
-            embs.append(head_impl.masked_pool(v, mask, mode))
-            firsts.append(ops.squeeze(head_impl.masked_pool(w, mask, mode), -1))
+            embs.append(masked_pool(v, mask, mode))
+            firsts.append(ops.squeeze(masked_pool(w, mask, mode), -1))
             sq = sq + ops.sum(ops.sum(v * v, axis=-1) * mask) + ops.sum(ops.squeeze(w * w, -1) * mask)
         return ops.stack(embs, axis=1), ops.stack(firsts, axis=1), sq

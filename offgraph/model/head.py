@@ -11,6 +11,8 @@ with every field. A scaled embedding makes every interaction of the field linear
 value (and flips its sign for the half of a standardized column below the mean), and would
 need a 1-row "table" in the store per field; the dense input needs no store change and is
 the [N, k] signature input of the reference design.
+
+The head's maths (the FM and first-order terms, masked pooling) is in ``_head``, and public here.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from __future__ import annotations
 import keras
 from keras import layers, ops
 
-from offgraph.model import _head as head_impl
+from offgraph.model._head import first_order_term, fm_term, masked_pool
+
+__all__ = ["DeepFMHead", "fm_term", "first_order_term", "masked_pool"]
 
 
 class DeepFMHead(keras.Model):
@@ -57,7 +61,7 @@ class DeepFMHead(keras.Model):
     def call(self, inputs, training=False):
         emb, first_order = inputs[0], inputs[1]
         deep = self.flatten(emb)
-        first = head_impl.first_order_term(first_order)
+        first = first_order_term(first_order)
         if self.num_dense:
             dense = inputs[2]
             deep = ops.concatenate([deep, dense], axis=1)
@@ -67,4 +71,4 @@ class DeepFMHead(keras.Model):
             if self.drop:
                 deep = self.drop[i](deep, training=training)
         deep = ops.squeeze(self.out_unit(deep), -1)
-        return self.bias + first + head_impl.fm_term(emb) + deep
+        return self.bias + first + fm_term(emb) + deep

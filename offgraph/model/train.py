@@ -14,9 +14,9 @@ from tqdm import tqdm
 
 from offgraph.features.segment import segmenters_of
 from offgraph.features.spec import FeatureSpec
-from offgraph.model import _losses as losses_impl
-from offgraph.model import _metrics as metrics_impl
 from offgraph.model.inputs import Encoded, encode_table, finish_dense, fit_numeric_stats, needs_stats
+from offgraph.model.losses import LossKey, is_listwise, make_loss_fn
+from offgraph.model.metrics import logloss, make_metric_fn, needs_groups
 from offgraph.model.model import CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_FILE, DeepFM, build_deepfm, predict_proba
 from offgraph.model.platt import fit_platt
 from offgraph.model.splits import held_out_mask
@@ -33,6 +33,9 @@ SCHEDULE_FACTORIES = {
     "cosine": lambda lr, steps: tf.keras.optimizers.schedules.CosineDecay(lr, decay_steps=max(steps, 1)),
 }
 assert set(OPTIMIZER_FACTORIES) == set(OPTIMIZERS) and set(SCHEDULE_FACTORIES) == set(SCHEDULES)
+
+# what evaluate reports, by name (offgraph.model.metrics); those needing request groups where the rows have them
+EVAL_METRICS = ("auc", "logloss", "ndcg@10")
 
 
 def _batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator, listwise: bool):
@@ -81,18 +84,14 @@ class Trainer:
 
     def _build_fns(self, x: dict[str, np.ndarray]):
         sig = self._signature(x)
-        model, opt, spec, loss = self.model, self.opt, self.spec, self.cfg.loss
+        model, opt, spec, loss_fn = self.model, self.opt, self.spec, make_loss_fn(self.cfg.loss)
         l2_emb = spec.model.l2_embedding
 
         @tf.function(input_signature=[sig, tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32)])
         def step(xb, yb, seg):
             with tf.GradientTape() as tape:
                 logits, sq = model.logit_and_l2(xb, training=True)
-                total = 0.0
-                if loss in ("pointwise", "both"):
-                    total += losses_impl.pointwise_loss(yb, logits)
-                if loss in ("listwise", "both"):
-                    total += losses_impl.listwise_loss(yb, logits, seg, tf.reduce_max(seg) + 1)
+                total = loss_fn(yb, logits, seg)
                 bs = tf.cast(tf.shape(yb)[0], tf.float32)
                 reg = l2_emb * sq / bs
                 if model.head.losses:
@@ -109,14 +108,11 @@ class Trainer:
 
     def evaluate(self, data: Encoded) -> dict:
         p = self.predict(data)
-        res = {
-            "auc": metrics_impl.auc(data.labels, p),
-            "logloss": metrics_impl.logloss(data.labels, p),
-            "rows": int(data.n),
-            "positive_rate": float(data.labels.mean()),
-        }
+        res = {name: make_metric_fn(name)(data.labels, p) for name in EVAL_METRICS if not needs_groups(name)}
+        res.update(rows=int(data.n), positive_rate=float(data.labels.mean()))
         if data.groups is not None:
-            res["ndcg@10"] = metrics_impl.ndcg_at_k(data.labels, p, data.groups, 10)
+            grouped = [name for name in EVAL_METRICS if needs_groups(name)]
+            res.update({name: make_metric_fn(name)(data.labels, p, data.groups) for name in grouped})
         return res
 
     def fit(self, train: Encoded, validation: Encoded | None, progress: bool = True, label: str = "epoch") -> dict:
@@ -128,7 +124,7 @@ class Trainer:
         self.opt = OPTIMIZER_FACTORIES[cfg.optimizer](SCHEDULE_FACTORIES[cfg.schedule](cfg.lr, total_steps))
         self._build_fns(train.x)
         rng = np.random.default_rng(cfg.seed)
-        listwise = cfg.loss != "pointwise"
+        listwise = is_listwise(cfg.loss)
         sig = (self._signature(train.x), tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32))
         history = []
         best_auc, best_epoch, best_weights, stopped = -np.inf, 0, None, None
@@ -289,7 +285,7 @@ def fit_calibration(
     a, b, and the mean score and logloss before and after it on the validation and held-out rows; the held-out
     figures are reported, never used). A pointwise model: (spec, None), its sigmoid is the CTR. No validation
     rows (``--validation 0``) or nothing to fit: the spec unchanged, its scores are ranking scores."""
-    if cfg.loss == "pointwise":
+    if cfg.loss == LossKey.POINTWISE:
         return spec, None
     fit = fit_platt(trainer.predict(validation), validation.labels) if validation is not None else None
     if fit is None:
@@ -318,8 +314,8 @@ def fit_calibration(
             "positive_rate": float(part.labels.mean()) if part.n else None,
             "mean_score": float(p.mean()) if part.n else None,
             "mean_score_calibrated": float(q.mean()) if part.n else None,
-            "logloss": metrics_impl.logloss(part.labels, p),
-            "logloss_calibrated": metrics_impl.logloss(part.labels, q),
+            "logloss": logloss(part.labels, p),
+            "logloss_calibrated": logloss(part.labels, q),
         }
     h = rec["held_out"]
     print(

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from offgraph.features.fg import FeatureGenerator, FeatureValueError
 from offgraph.features.spec import FeatureSpec
-from offgraph.model._metrics import auc, logloss
+from offgraph.model.metrics import auc, logloss
 from offgraph.streaming import _stream_train as impl
 from offgraph.streaming.stream_train_config import StreamTrainConfig
 
