@@ -47,8 +47,9 @@ def option(
     parse: turns the flag's text into the value (default: from the field's type);
     unit: the flag gives the value in these units (``--max-body-mb`` sets bytes).
     """
-    cli = {"flag": flag, "shown": shown, "parse": parse, "unit": unit}
-    return Field(default, json_schema_extra={k: v for k, v in cli.items() if v is not None} or None, **constraints)
+    cli: dict[str, Any] = {k: v for k, v in {"flag": flag, "shown": shown, "parse": parse, "unit": unit}.items() if v}
+    # kept where pydantic keeps a field's extras; a settings class is never written as a JSON schema
+    return Field(default, json_schema_extra=cli or None, **constraints)  # type: ignore[arg-type]
 
 
 def cli_of(info: FieldInfo) -> dict[str, Any]:

@@ -160,5 +160,6 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 class Parser(argparse.ArgumentParser):
     """argparse's parser whose help states each flag's default (its subcommands' parsers too)."""
 
-    def __init__(self, *args: Any, formatter_class: type = DefaultsHelpFormatter, **kwargs: Any) -> None:
-        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(**kwargs)
