@@ -11,7 +11,7 @@ model that checks its fields once, when it is built, and refuses anything else.
   and exits 2) with one short line per bad field naming the class, the field, its command-line flag
   and the value, e.g. ``HttpLimits.max_connections (--max-connections) must be greater than or equal
   to 1, got 0``;
-* a command line is generated from the model (``offgraph.cli._flags``): each field's flag, its
+* a command line is generated from the model (``offgraph.cli.settings_flags``): each field's flag, its
   default, its help (the field's ``description``) and its check exist once, on the field.
 
 Imports pydantic only (no NumPy, no TensorFlow): the CLI's modules import their settings classes.

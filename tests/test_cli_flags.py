@@ -1,4 +1,4 @@
-"""The command line's flags come from the settings classes (``offgraph.cli._flags``): each setting has
+"""The command line's flags come from the settings classes (``offgraph.cli.settings_flags``): each setting has
 one flag, every flag's help states its default, a bad value is refused naming its flag, and `offgraph
 --version` names the installed version."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from offgraph.cli import build_parser, main
-from offgraph.cli._flags import RECORD, flag_name
+from offgraph.cli.settings_flags import RECORD, flag_name
 from offgraph.config import cli_of
 
 REPO = Path(__file__).resolve().parent.parent
@@ -133,7 +133,7 @@ def test_a_bad_value_is_refused_naming_its_flag(tmp_path, capsys, argv, words):
 
 def test_switches_keep_their_forms():
     """A setting that is on by default is turned off by its --no- flag; one that is off, on by its flag."""
-    from offgraph.cli._flags import settings_from_args
+    from offgraph.cli.settings_flags import settings_from_args
     from offgraph.model.train_config import TrainConfig
     from offgraph.streaming.updater_config import UpdaterConfig
 

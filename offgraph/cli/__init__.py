@@ -9,7 +9,7 @@ import os
 import sys
 
 from offgraph import __version__
-from offgraph.cli._flags import Parser  # every parser's help states each flag's default
+from offgraph.cli.settings_flags import Parser  # every parser's help states each flag's default
 
 # subcommand modules, by name; each has register_cli(subparsers) and imports nothing heavy at module level
 # (no TensorFlow, NumPy or PyArrow): `offgraph --help` imports them all (tests/test_cli_startup.py)

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from offgraph.cli import add_cpus_argument, pin_cpus
-from offgraph.cli._flags import add_settings_flags, settings_from_args
+from offgraph.cli.settings_flags import add_settings_flags, settings_from_args
 from offgraph.server.config import ListenConfig, ServerConfig
 
 # set by offgraph.server.workers, or library-only

@@ -7,7 +7,7 @@ import argparse
 
 # TensorFlow-free: `offgraph --help` imports this module. The settings' flags, defaults and checks (a clear
 # error, exit 2) come from StreamTrainConfig, whose module imports pydantic only.
-from offgraph.cli._flags import add_settings_flags, settings_from_args
+from offgraph.cli.settings_flags import add_settings_flags, settings_from_args
 from offgraph.streaming import strict_json
 from offgraph.streaming.stream_train_config import StreamTrainConfig
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 # `offgraph --help` imports this module: nothing heavy here (offgraph.export.synth is imported in run)
-from offgraph.cli._flags import add_settings_flags, settings_from_args
+from offgraph.cli.settings_flags import add_settings_flags, settings_from_args
 from offgraph.export.synth_config import SynthConfig, count  # noqa: F401 (count: the row-count parser, here too)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from offgraph.cli import LazyChoices
-from offgraph.cli._flags import add_settings_flags, settings_from_args
+from offgraph.cli.settings_flags import add_settings_flags, settings_from_args
 
 # `offgraph --help` imports this module: nothing heavy here (the trainer is imported in run)
 from offgraph.model.train_config import TrainConfig

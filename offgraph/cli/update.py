@@ -8,7 +8,7 @@ import logging
 import os
 
 from offgraph.cli import add_cpus_argument, pin_cpus
-from offgraph.cli._flags import add_settings_flags, settings_from_args
+from offgraph.cli.settings_flags import add_settings_flags, settings_from_args
 from offgraph.streaming.stop_watchdog import StopWatchdog
 from offgraph.streaming.updater_config import OFFSET_RESET, UpdaterConfig
 
