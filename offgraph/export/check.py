@@ -141,7 +141,7 @@ def run_check(
         served_s = time.perf_counter() - t0
         dp = np.abs(p_keras.astype(np.float64) - p_served.astype(np.float64))
         auc_k, auc_s = auc(sub.labels, p_keras), auc(sub.labels, p_served)
-        quant = scorer.manifest["store"]["quant"]
+        quant = scorer.manifest.store.quant
         quant_dp = 0.0
         if quant != "fp32":
             p_quant = calibrate(predict_proba(quantized_model(model, spec, quant), sub.x), spec.model.calibration)
@@ -167,7 +167,7 @@ def run_check(
             "auc_keras": auc_k,
             "auc_served": auc_s,
             "auc_delta": auc_s - auc_k,
-            "quant": scorer.manifest["store"]["quant"],
+            "quant": scorer.manifest.store.quant,
             "keras_seconds": keras_s,
             "served_seconds": served_s,
             "version": str(scorer.version_dir),

@@ -28,6 +28,7 @@ from offgraph.modeldir.manifest import (
     tree_checksums,
     write_manifest,
 )
+from offgraph.modeldir.manifest_model import Manifest
 from offgraph.scoring.calibration import score_kind
 from offgraph.store import StoreConfig, open_store
 
@@ -99,7 +100,7 @@ def write_version(
     progress: bool = True,
     workers: int | None = None,
     segmenters: dict | None = None,
-) -> dict:
+) -> Manifest:
     """Write a version into the prepared directory ``out``: the store, bulk-loaded from ``tables``
     (per field in spec order, chunks ``(rows, vectors, first_order)`` in ascending rows), the dense
     SavedModel of ``head``, then the manifest (last, by rename). ``segmenters``: those the model
@@ -152,8 +153,9 @@ def write_version(
         "created_at": datetime.now(UTC).isoformat(),
         "export_seconds": {"store": store_seconds, "total": time.perf_counter() - t0},
     }
+    checked = Manifest.from_json(json.dumps(manifest))  # what a reader will get: a writer's slip fails here
     write_manifest(out, manifest)
-    return manifest
+    return checked
 
 
 def export_run(
@@ -166,7 +168,7 @@ def export_run(
     feature_data=None,
     feature_source: str = "<data>",
     feature_rows: str = "training",
-) -> dict:
+) -> Manifest:
     """Export RUN into a version directory MODELS/NAME/VERSION; returns the manifest.
 
     The spec's feature tables (MODELS/NAME/features/, shared by versions) are created before the
@@ -209,14 +211,14 @@ def export_run(
         progress=progress,
         segmenters=metrics.get("segmenters") or segmenters_of(spec),
     )
-    total_rows = sum(manifest["store"]["row_counts"].values())
-    store_seconds = manifest["export_seconds"]["store"]
+    total_rows = manifest.store.total_rows
+    store_seconds = manifest.export_seconds.store
     log.info(
         "exported %s -> %s: %d rows in %d tables, %s x %d shards, %.1fs (%.0f rows/s)",
         run_dir,
         out,
         total_rows,
-        len(manifest["fields"]),
+        len(manifest.fields),
         quant,
         shards,
         store_seconds,

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from offgraph.export.synth_config import DISK_MARGIN, SynthConfig
+from offgraph.modeldir.manifest_model import Manifest
 
 log = logging.getLogger("offgraph.synth")
 
@@ -65,7 +66,7 @@ def build_head(num_fields: int, dim: int, mlp: tuple[int, ...], seed: int):
     return head
 
 
-def synth_version(out: str | Path, config: SynthConfig, progress: bool = True) -> dict:
+def synth_version(out: str | Path, config: SynthConfig, progress: bool = True) -> Manifest:
     """Write the synthetic version ``out`` (MODELS/NAME/VERSION); returns its manifest."""
     from offgraph.modeldir.manifest import check_version_dir
 

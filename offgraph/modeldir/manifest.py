@@ -10,11 +10,15 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from offgraph.features.spec import FG_VERSION
 from offgraph.modeldir.layout import LOSSES, SIGNATURE  # noqa: F401 (SIGNATURE: the version's names, here too)
+from offgraph.modeldir.manifest_model import Manifest, store_record
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -141,8 +145,8 @@ def store_file_records(store_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def verify_store_files(version_dir: Path, manifest: dict[str, Any]) -> int:
-    """Compare the store's files with ``manifest["checksums"]["store_files"]`` (recorded at export);
+def verify_store_files(version_dir: Path, manifest: Manifest) -> int:
+    """Compare the store's files with ``manifest.checksums.store_files`` (recorded at export);
     ModelDirError names the first file that differs. Returns the number of files compared.
 
     An immutable file (SST, OPTIONS, IDENTITY, store.json) that is present must have its recorded size
@@ -152,8 +156,8 @@ def verify_store_files(version_dir: Path, manifest: dict[str, Any]) -> int:
     MANIFEST lists a missing SST), store.json is not. Files the export did not write are not compared.
     A manifest without the record (older exports) compares nothing.
     """
-    records = manifest.get("checksums", {}).get("store_files")
-    if not isinstance(records, dict):
+    records = manifest.checksums.store_files
+    if records is None:
         return 0
     store = version_dir / STORE_DIR
     compared = 0
@@ -165,9 +169,9 @@ def verify_store_files(version_dir: Path, manifest: dict[str, Any]) -> int:
             if Path(rel).name == "store.json":
                 raise ModelDirError(f"{version_dir}: {STORE_DIR}/{rel} is missing") from None
             continue
-        kind, want = rec.get("kind"), int(rec.get("bytes", -1))
+        kind, want = rec.kind, rec.bytes
         if kind == "append-only":
-            hashed = int(rec.get("hashed_bytes", want))
+            hashed = want if rec.hashed_bytes is None else rec.hashed_bytes
             if size < hashed:
                 raise ModelDirError(
                     f"{version_dir}: {STORE_DIR}/{rel} is {size} bytes, shorter than the {hashed} "
@@ -181,7 +185,7 @@ def verify_store_files(version_dir: Path, manifest: dict[str, Any]) -> int:
                     "truncated, overwritten or incompletely copied"
                 )
             got = _fingerprint(p, "immutable", size)
-        if got != rec.get("sha256"):
+        if got != rec.sha256:
             raise ModelDirError(
                 f"{version_dir}: {STORE_DIR}/{rel} differs from the file exported (sha256 of "
                 f"{'its first bytes' if kind == 'append-only' else 'its head and tail'}): "
@@ -210,9 +214,7 @@ def write_manifest(version_dir: Path, manifest: dict[str, Any]) -> Path:
     return version_dir / MANIFEST
 
 
-def load_manifest(
-    version_dir: str | Path, verify_dense: bool = True, verify_store: bool | None = None
-) -> dict[str, Any]:
+def load_manifest(version_dir: str | Path, verify_dense: bool = True, verify_store: bool | None = None) -> Manifest:
     """Read and check a version's manifest; ModelDirError says what is wrong. ``verify_dense``: compare
     dense/ with its checksums; ``verify_store`` (default: as ``verify_dense``): compare the store's
     files with their export-time records (``verify_store_files``)."""
@@ -224,7 +226,8 @@ def load_manifest(
             "or interrupted), not loadable"
         )
     try:
-        m = json.loads(path.read_text())
+        text = path.read_text()
+        m = json.loads(text)
     except (OSError, json.JSONDecodeError) as e:
         raise ModelDirError(f"{path}: unreadable manifest: {e}") from None
     if not isinstance(m, dict):
@@ -236,32 +239,46 @@ def load_manifest(
             f"{path}: FG version {m.get('fg_version')!r} differs from this offgraph's {FG_VERSION!r}: "
             "its rows would be looked up with different hashing"
         )
+    # the required keys, in the order a missing one is reported (the model's own order is the file's)
     for key in ("spec", "fields", "embedding_dim", "store", "checksums"):
         if key not in m:
             raise ModelDirError(f"{path}: manifest lacks '{key}'")
+    try:
+        manifest = Manifest.from_json(text)
+    except ValidationError as e:
+        raise ModelDirError(f"{path}: {_first_error(e)}") from None
     dense = version_dir / DENSE_DIR
     if not dense.is_dir():
         raise ModelDirError(f"{version_dir}: missing {DENSE_DIR}/")
     if verify_dense:
         got = tree_checksums(dense)
-        want = m["checksums"].get("dense", {})
+        want = manifest.checksums.dense
         if got != want:
             changed = sorted(set(got.items()) ^ set(want.items()))
             raise ModelDirError(
                 f"{version_dir}: dense model checksum mismatch ({changed[0][0]} and {len(changed) - 1} more differ)"
             )
     store = version_dir / STORE_DIR
-    for s in range(int(m["store"]["shards"])):
+    for s in range(manifest.store.shards):
         if not (store / f"shard-{s:03d}").is_dir():
             raise ModelDirError(f"{version_dir}: missing store shard {s} ({STORE_DIR}/shard-{s:03d})")
     if verify_dense if verify_store is None else verify_store:
-        verify_store_files(version_dir, m)
-    return m
+        verify_store_files(version_dir, manifest)
+    return manifest
+
+
+def _first_error(e: ValidationError) -> str:
+    """The first of pydantic's errors, worded as the manifest checks word theirs."""
+    err = e.errors()[0]
+    where = ".".join(str(part) for part in err["loc"])
+    if err["type"] == "missing":
+        return f"manifest lacks '{where}'"
+    return f"manifest's '{where}' is {err['input']!r}: {err['msg'].lower()}"
 
 
 def open_version_store(
     version_dir: str | Path,
-    manifest: dict[str, Any],
+    manifest: Manifest | Mapping[str, Any],
     mode: str,
     *,
     block_cache_mb: int | None = None,
@@ -272,10 +289,10 @@ def open_version_store(
     (``mode``: ``"r"``, ``"w"`` or ``"follow"``; ``block_cache_mb`` overrides the recorded
     block cache). The manifest's record also holds figures (row counts, bytes on disk) that
     ``StoreConfig.from_record`` leaves out. ``direct_reads`` overrides the recorded I/O mode (a server's
-    ``--store-io``)."""
+    ``--store-io``). ``manifest``: a Manifest, or a manifest's JSON (at least its ``store``)."""
     from offgraph.store import StoreConfig, open_store
 
-    cfg = StoreConfig.from_record(manifest["store"])
+    cfg = StoreConfig.from_record(store_record(manifest).to_dict())
     if block_cache_mb is not None:
         cfg = cfg.replace(block_cache_mb=block_cache_mb)
     if statistics:
@@ -285,12 +302,15 @@ def open_version_store(
     return open_store(Path(version_dir) / STORE_DIR, cfg, mode=mode)
 
 
-def training_loss(manifest: dict[str, Any], source: str = "manifest") -> str:
+def training_loss(manifest: Manifest | Mapping[str, Any], source: str = "manifest") -> str:
     """The loss a version was trained with: its manifest's ``training_loss``; a manifest without it (exported
-    before it was recorded) reads its training config's ``loss``, and a version without either is pointwise."""
-    loss = manifest.get("training_loss")
+    before it was recorded) reads its training config's ``loss``, and a version without either is pointwise.
+    ``manifest``: a Manifest, or a manifest's JSON (the exporter's, before it is written)."""
+    if isinstance(manifest, Manifest):
+        loss, training = manifest.training_loss, manifest.training
+    else:
+        loss, training = manifest.get("training_loss"), manifest.get("training")
     if loss is None:
-        training = manifest.get("training")
         config = training.get("config") if isinstance(training, dict) else None
         loss = config.get("loss", "pointwise") if isinstance(config, dict) else "pointwise"
     if loss not in LOSSES:

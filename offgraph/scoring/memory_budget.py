@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from offgraph.modeldir.manifest_model import Manifest, StoreRecord
+
 MiB = 1 << 20
 
 DEFAULT_MEMORY_MB = 384.0
@@ -94,14 +96,17 @@ def index_mb(rows: int, record_bytes: int, block_size_kb: int = 16) -> float:
     return blocks * INDEX_BYTES_PER_BLOCK / MiB
 
 
-def manifest_index_mb(manifest: Mapping[str, Any]) -> float:
-    """``index_mb`` of a version, from its manifest's store record (rows, quantization, block size)."""
+def manifest_index_mb(manifest: Manifest | Mapping[str, Any]) -> float:
+    """``index_mb`` of a version, from its manifest's store record (rows, quantization, block size).
+    ``manifest``: a Manifest, or JSON with the ``embedding_dim`` and ``store`` of one."""
     from offgraph.store.quant import get_codec
 
-    store = manifest["store"]
-    rows = sum(int(v) for v in store.get("row_counts", {}).values())
-    rb = get_codec(store["quant"], int(manifest["embedding_dim"])).record_bytes
-    return index_mb(rows, rb, int(store.get("block_size_kb", 16)))
+    if isinstance(manifest, Manifest):
+        store, dim = manifest.store, manifest.embedding_dim
+    else:
+        store, dim = StoreRecord.model_construct(**manifest["store"]), int(manifest["embedding_dim"])
+    rb = get_codec(store.quant, dim).record_bytes
+    return index_mb(store.total_rows, rb, int(store.block_size_kb))
 
 
 def split_memory(

@@ -29,16 +29,8 @@ import tensorflow as tf
 
 from offgraph.features.fg import FeatureGenerator, FeatureValueError
 from offgraph.features.segment import check_segmenters
-from offgraph.features.spec import parse_spec
-from offgraph.modeldir.dense import load_dense
-from offgraph.modeldir.manifest import (
-    DENSE_DIR,
-    ModelDirError,
-    complete_versions,
-    load_manifest,
-    open_version_store,
-    training_loss,
-)
+from offgraph.modeldir.manifest import ModelDirError, complete_versions, training_loss
+from offgraph.modeldir.version import ModelVersion
 from offgraph.scoring import batch as scorer_impl
 from offgraph.scoring.calibration import calibrate, score_kind
 from offgraph.scoring.feature_join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
@@ -79,36 +71,34 @@ class Scorer:
             raise ValueError(f"follow_interval_s must be a number > 0, got {follow_interval_s!r}")
         self.version_dir = Path(version_dir)
         pace = pace or _no_pause  # called between the load's steps (offgraph.server.pacing: a load yields to serving)
-        self.manifest = load_manifest(self.version_dir, verify_dense=verify)
+        mv = ModelVersion.open(self.version_dir, verify_dense=verify)
+        self.manifest = m = mv.manifest
         pace()
-        m = self.manifest
         self.version = int(self.version_dir.name) if self.version_dir.name.isdigit() else 0
-        self.spec = parse_spec(m["spec"], source=str(self.version_dir / "manifest.json"))
-        self.dim = int(m["embedding_dim"])
+        self.spec = mv.spec
+        self.dim = m.embedding_dim
         self.poolings = [f.pooling for f in self.spec.fields]
-        if [f["name"] for f in m["fields"]] != self.spec.field_names:
+        if m.field_names() != self.spec.field_names:
             raise ModelDirError(f"{self.version_dir}: manifest field order differs from its spec")
         if max(f.rows for f in self.spec.fields) > ROW_LIMIT:
             raise ModelDirError(f"{self.version_dir}: tables of more than 2**{ROW_BITS} rows are not supported")
         if len(self.spec.fields) > MAX_TABLE_ID + 1:
             raise ModelDirError(f"{self.version_dir}: {len(self.spec.fields)} fields; at most {MAX_TABLE_ID + 1}")
         try:  # a tokenize field's terms depend on its segmenter (and a library's version): refuse another
-            check_segmenters(self.spec, m.get("segmenters"), str(self.version_dir))
+            check_segmenters(self.spec, m.segmenters, str(self.version_dir))
         except ValueError as e:
             raise ModelDirError(str(e)) from None
         self.calibration = self.spec.model.calibration
         # what a score is: "ctr", or "ranking" for a listwise model without a fitted calibration (a manifest from
         # before these were recorded: its training config's loss, else pointwise)
-        self.training_loss = training_loss(m, source=str(self.version_dir / "manifest.json"))
+        self.training_loss = training_loss(m, source=str(mv.manifest_path))
         self.score_kind = score_kind(self.training_loss, self.calibration)
         self.num_dense = len(self.spec.numeric)
         # max_request_values bounds one score call's feature values (see offgraph.features.value_limits)
         self.fg = FeatureGenerator(self.spec, item_cache_size=item_cache_size, max_request_values=max_request_values)
         self._fg_lock = threading.Lock()
         try:
-            self.store = open_version_store(
-                self.version_dir,
-                m,
+            self.store = mv.open_store(
                 store_mode,
                 block_cache_mb=block_cache_mb,
                 statistics=store_statistics,
@@ -134,7 +124,7 @@ class Scorer:
         try:
             if self.spec.tables:
                 self.join = FeatureJoin(self.version_dir, self.spec, store_mode)
-            self._loaded, self._serve = load_dense(self.version_dir / DENSE_DIR)
+            self._loaded, self._serve = mv.dense
             pace()
             if store_mode == "follow":
                 self._follower = Follower(
@@ -242,7 +232,7 @@ class Scorer:
             out.update(
                 tables=t,
                 rows=r,
-                fields={int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]},
+                fields={f.table_id: (f.name, f.rows) for f in self.manifest.fields},
             )
         return out
 
@@ -265,7 +255,7 @@ class Scorer:
         if not hot or len(hot.get("rows", ())) == 0:
             return 0
         pace = pace or _no_pause
-        mine = {int(f["table_id"]): (f["name"], int(f["rows"])) for f in self.manifest["fields"]}
+        mine = {f.table_id: (f.name, f.rows) for f in self.manifest.fields}
         same = np.array(sorted(t for t, nr in hot["fields"].items() if mine.get(t) == nr), dtype=np.uint32)
         keep = np.isin(hot["tables"], same)
         tables, rows = hot["tables"][keep], hot["rows"][keep]

@@ -55,7 +55,7 @@ def warm_up(scorer, n: int, pace=None) -> None:
 
 def verify_store(scorer, pace=None) -> None:
     """Read real rows of every table from every shard (``EmbeddingStore.verify_sample``)."""
-    tables = {int(f["table_id"]): int(f["rows"]) for f in scorer.manifest["fields"]}
+    tables = scorer.manifest.table_rows()
     t0 = time.perf_counter()
     got = scorer.store.verify_sample(tables, VERIFY_MAX_READS, between=pace)
     log.info(

@@ -373,28 +373,28 @@ class ModelRegistry:
         loaded = None
         if sv is not None:
             m = sv.scorer.manifest
-            store = m.get("store", {})
-            row_counts = {k: int(v) for k, v in store.get("row_counts", {}).items()}
+            store = m.store
+            row_counts = dict(store.row_counts)
             stats = scorer_stats(sv.scorer)
             hits, misses = stats.get("cache_hits"), stats.get("cache_misses")
             if isinstance(hits, (int, float)) and isinstance(misses, (int, float)):
                 stats["cache_hit_ratio"] = hits / (hits + misses) if hits + misses else None
             last = stats.get("last_feed_poll_unix")
             stats["freshness_seconds"] = time.time() - last if isinstance(last, (int, float)) and last else None
-            training = m.get("training") or None
+            training = m.training or None
             loaded = {
                 "version": sv.version,
                 "loaded_at_unix": sv.loaded_at,
                 "load_seconds": sv.load_seconds,
                 "in_flight": sv.in_flight,
-                "quantization": store.get("quant"),
-                "shards": store.get("shards"),
-                "embedding_dim": m.get("embedding_dim"),
+                "quantization": store.quant,
+                "shards": store.shards,
+                "embedding_dim": m.embedding_dim,
                 "row_counts": row_counts,
                 "total_rows": sum(row_counts.values()),
                 "row_cache_mb": sv.row_cache_mb,
                 "memory": memory_status(sv),
-                "created_at": m.get("created_at"),
+                "created_at": m.created_at,
                 "training": training,
                 "store": stats,
                 "training_loss": sv.scorer.training_loss,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from offgraph.features.spec import parse_spec
-from offgraph.modeldir.manifest import check_model_name, complete_versions, load_manifest, open_version_store
+from offgraph.modeldir.manifest import check_model_name, complete_versions
+from offgraph.modeldir.version import ModelVersion
 from offgraph.streaming.model_limits import ModelLimits
 
 log = logging.getLogger("offgraph.update")
@@ -31,11 +31,11 @@ class LiveModel:
     def open(self, version: int) -> None:
         """Close the current store (if any) and open ``version``'s for writing."""
         vdir = self.model_dir / str(version)
-        manifest = load_manifest(vdir, verify_dense=False)
-        store = open_version_store(vdir, manifest, "w")
+        mv = ModelVersion.open(vdir, verify_dense=False)
+        store = mv.open_store("w")
         try:
-            limits = ModelLimits.from_manifest(self.name, version, manifest, store.codec)
-            spec = parse_spec(manifest["spec"], source=str(vdir / "manifest.json"))
+            limits = ModelLimits.from_manifest(self.name, version, mv.manifest, store.codec)
+            spec = mv.spec
             if store.config.dim != limits.dim:
                 raise ValueError(f"{vdir}: store dim {store.config.dim} differs from the manifest's {limits.dim}")
         except BaseException:

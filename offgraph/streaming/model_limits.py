@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from offgraph.modeldir.manifest_model import Manifest
 from offgraph.store.quant import Codec
 
 
@@ -20,15 +21,14 @@ class ModelLimits:
     codec: Codec  # the store's record format: which values it can hold
 
     @classmethod
-    def from_manifest(cls, model: str, version: int, manifest: dict, codec: Codec) -> ModelLimits:
-        fields = manifest["fields"]
+    def from_manifest(cls, model: str, version: int, manifest: Manifest, codec: Codec) -> ModelLimits:
+        fields = manifest.fields
         rows = np.zeros(len(fields), dtype=np.int64)
-        for i, f in enumerate(fields):
-            tid = int(f.get("table_id", i))
-            if not 0 <= tid < len(fields):
+        for f in fields:
+            if not 0 <= f.table_id < len(fields):
                 raise ValueError(
-                    f"manifest of {model}/{version}: field {f.get('name')!r} has table_id {tid} "
+                    f"manifest of {model}/{version}: field {f.name!r} has table_id {f.table_id} "
                     f"outside [0, {len(fields)})"
                 )
-            rows[tid] = int(f["rows"])
-        return cls(model, int(version), int(manifest["embedding_dim"]), rows, codec)
+            rows[f.table_id] = f.rows
+        return cls(model, int(version), manifest.embedding_dim, rows, codec)

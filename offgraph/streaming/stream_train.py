@@ -65,16 +65,14 @@ class ModelSource:
 
 def exported_source(model_dir: str | Path) -> ModelSource:
     """A version directory, or a model directory's newest complete version."""
-    from offgraph.features.spec import parse_spec
-    from offgraph.modeldir.dense import load_dense
-    from offgraph.modeldir.manifest import DENSE_DIR, load_manifest, open_version_store
+    from offgraph.modeldir.version import ModelVersion
     from offgraph.scoring.scorer import resolve_version
 
     vdir = resolve_version(model_dir)
-    m = load_manifest(vdir)
-    spec = parse_spec(m["spec"], source=str(vdir / "manifest.json"))
-    store = open_version_store(vdir, m, "r")
-    loaded, serve = load_dense(vdir / DENSE_DIR)
+    mv = ModelVersion.open(vdir)
+    spec = mv.spec
+    store = mv.open_store("r")
+    loaded, serve = mv.dense
 
     def read_rows(tables, rows):
         v, w, _ = store.read_unique(tables, rows)
@@ -83,15 +81,15 @@ def exported_source(model_dir: str | Path) -> ModelSource:
     def logit_fn(emb, fo):
         return serve(emb=emb, first_order=fo)["logit"]
 
-    version = int(vdir.name) if vdir.name.isdigit() else None
+    version = mv.version
     return ModelSource(
         spec,
-        int(m["embedding_dim"]),
+        mv.manifest.embedding_dim,
         read_rows,
         logit_fn,
         vdir.parent.name,
         version,
-        f"exported {vdir} ({m['store']['quant']}, gradient through the dense SavedModel)",
+        f"exported {vdir} ({mv.manifest.store.quant}, gradient through the dense SavedModel)",
         close=store.close,
         keep=[loaded, serve],
         version_dir=Path(vdir),
