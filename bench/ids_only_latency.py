@@ -84,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from offgraph.features.spec import parse_spec
-    from offgraph.modeldir.manifest import complete_versions, load_manifest
+    from offgraph.modeldir.manifest import complete_versions
+    from offgraph.modeldir.version import ModelVersion
 
     mdir = Path(args.models) / args.model
     vdir = mdir / str(complete_versions(mdir)[-1])
-    spec = parse_spec(load_manifest(vdir, verify_dense=False)["spec"])
+    spec = ModelVersion.open(vdir, verify_dense=False).spec
     if not spec.tables:
         print(f"{vdir}: the spec declares no feature tables", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from offgraph.modeldir.manifest_model import Manifest
 from offgraph.store import StoreConfig, open_store
 from offgraph.store.keys import key_array, key_list, shard_of
 
@@ -44,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not all(s.io_mode == "direct" for s in stores.values()):
         raise SystemExit(f"{store}: not read with direct I/O here; the figures would be the page cache's")
-    manifest = json.loads((Path(store).parent / "manifest.json").read_text())
-    n_rows = int(manifest["spec"]["fields"][0]["rows"])  # table 0's rows: all in the store after a synth
+    manifest = Manifest.from_json((Path(store).parent / "manifest.json").read_text())
+    n_rows = manifest.fields[0].rows  # table 0's rows: all in the store after a synth
     lat = {T: [] for T in THREADS}
     keys_done = dict.fromkeys(THREADS, 0)
     busy = dict.fromkeys(THREADS, 0.0)

@@ -44,6 +44,7 @@ from bench.scale_warmup import kib_per_request, warm_until_steady
 from bench.serve_latency import run_cell
 from offgraph.cli.synth import count
 from offgraph.export.synth_config import DISK_MARGIN, SynthConfig
+from offgraph.modeldir.manifest_model import Manifest
 from offgraph.store.config import DEFAULT_READ_THREADS  # the store's, where the server does not report its own
 from offgraph.store.device_probe import DirectIOUnsupported, describe_profile, device_profile
 from offgraph.store.prefetch import store_files
@@ -75,13 +76,13 @@ def _log(msg: str) -> None:
 
 
 # -- versions --------------------------------------------------------------------------------------------
-def synth(out: Path, rows: int, seed: int, log_path: Path, code: Path = REPO) -> dict:
+def synth(out: Path, rows: int, seed: int, log_path: Path, code: Path = REPO) -> Manifest:
     """``offgraph synth`` into ``out`` unless a complete version of the same rows and seed is there.
     ``code``: the checkout whose synth writes it (the old code's servers may not read a new version)."""
     manifest = out / "manifest.json"
     if manifest.exists():
-        m = json.loads(manifest.read_text())
-        syn = (m.get("training") or {}).get("synthetic") or {}
+        m = Manifest.from_json(manifest.read_text())
+        syn = (m.training or {}).get("synthetic") or {}
         if syn.get("rows") == rows and syn.get("seed") == seed:
             _log(f"reusing {out} ({rows:,} rows)")
             return m
@@ -94,7 +95,7 @@ def synth(out: Path, rows: int, seed: int, log_path: Path, code: Path = REPO) ->
         raise SystemExit(f"offgraph synth failed ({r.returncode}); see {log_path}")
     print(Path(log_path).read_text().strip().splitlines()[-1], flush=True)
     os.sync()  # the kernel's writeback of GBs of fresh files must not land in a measured phase
-    return json.loads(manifest.read_text())
+    return Manifest.from_json(manifest.read_text())
 
 
 def disk_plan(
@@ -1029,16 +1030,16 @@ def main(argv: list[str] | None = None) -> int:
             continue
         models = work / f"m{n}"
         m = synth(models / MODEL / "1", n, args.seed, logs / f"synth-{n}.log")
-        rows = sum(m["store"]["row_counts"].values())
+        rows, secs = m.store.total_rows, m.export_seconds
         report["synth"][str(n)] = {
             "rows": rows,
-            "store_seconds": m["export_seconds"]["store"],
-            "total_seconds": m["export_seconds"]["total"],
-            "store_rows_per_s": rows / m["export_seconds"]["store"],
+            "store_seconds": secs.store,
+            "total_seconds": secs.total,
+            "store_rows_per_s": rows / secs.store,
             # the whole version: store, dense head, manifest (bounded checksums)
-            "rows_per_s": rows / m["export_seconds"]["total"],
-            "bytes_on_disk": m["store"]["bytes_on_disk"],
-            "disk_bytes_per_row": m["store"]["bytes_on_disk"] / rows,
+            "rows_per_s": rows / secs.total,
+            "bytes_on_disk": m.store.bytes_on_disk,
+            "disk_bytes_per_row": m.store.bytes_on_disk / rows,
             "settle": _settle(models / MODEL / "1", args),
         }
         old_models = work / f"m{n}-old"  # the old code's own version of the same rows and seed

@@ -86,11 +86,11 @@ def run_export(args) -> int:
         feature_source=args.feature_data or "<data>",
         feature_rows=args.feature_rows,
     )
-    rows = sum(m["store"]["row_counts"].values())
-    secs = m["export_seconds"]["store"]
+    assert m.export_seconds is not None and m.store.bytes_on_disk is not None  # a fresh export records both
+    rows, secs = m.store.total_rows, m.export_seconds.store
     print(
-        f"exported {args.run} -> {args.out}: {len(m['fields'])} tables, {rows:,} rows, {m['store']['quant']} "
-        f"x {m['store']['shards']} shards, {m['store']['bytes_on_disk'] / 2**20:.1f} MiB on disk, "
+        f"exported {args.run} -> {args.out}: {len(m.fields)} tables, {rows:,} rows, {m.store.quant} "
+        f"x {m.store.shards} shards, {m.store.bytes_on_disk / 2**20:.1f} MiB on disk, "
         f"store {secs:.1f}s ({rows / max(secs, 1e-9):,.0f} rows/s)"
     )
     return 0

@@ -38,9 +38,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def run_load(args) -> int:
     from pathlib import Path
 
-    from offgraph.features.spec import SpecError, load_spec, parse_spec
+    from offgraph.features.spec import SpecError, load_spec
     from offgraph.features.tables import DataError, parquet_files, row_locator
-    from offgraph.modeldir.manifest import ModelDirError, complete_versions, load_manifest
+    from offgraph.modeldir.manifest import ModelDirError, complete_versions
+    from offgraph.modeldir.version import ModelVersion
     from offgraph.store.feature_db import FeatureTableError
     from offgraph.store.feature_load import load_table
 
@@ -57,7 +58,7 @@ def run_load(args) -> int:
             if not versions:
                 return fail(f"{model}: no complete version to read the spec from; pass --spec")
             vdir = model / str(versions[-1])
-            spec = parse_spec(load_manifest(vdir, verify_dense=False)["spec"], source=str(vdir / "manifest.json"))
+            spec = ModelVersion.open(vdir, verify_dense=False).spec
         tables = {t.name: t for t in spec.tables}
         if args.table not in tables:
             return fail(f"the spec declares no table {args.table!r} (its tables: {sorted(tables) or 'none'})")

@@ -31,9 +31,10 @@ def run(args) -> int:
         flush=True,
     )
     m = synth_version(args.out, config, progress=not args.no_progress)
-    secs, disk = m["export_seconds"]["store"], m["store"]["bytes_on_disk"]
+    assert m.export_seconds is not None and m.store.bytes_on_disk is not None  # a fresh export records both
+    secs, disk = m.export_seconds.store, m.store.bytes_on_disk
     print(
-        f"synth -> {args.out}: {len(m['fields'])} tables, {config.rows:,} rows, {disk / 2**20:.1f} MiB on disk "
+        f"synth -> {args.out}: {len(m.fields)} tables, {config.rows:,} rows, {disk / 2**20:.1f} MiB on disk "
         f"({disk / config.rows:.1f} B/row), store {secs:.1f}s ({config.rows / max(secs, 1e-9):,.0f} rows/s)"
     )
     return 0
