@@ -120,10 +120,4 @@ def store_record(manifest: Manifest | Mapping[str, Any]) -> StoreRecord:
     """The store record of a manifest, or of a manifest's JSON (or the part of it that holds ``store``)."""
     if isinstance(manifest, Manifest):
         return manifest.store
-    return StoreRecord.model_validate_json(_json(manifest["store"]))
-
-
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value)
+    return StoreRecord.model_validate(manifest["store"])
