@@ -1,0 +1,182 @@
+"""``offgraph serve --workers 2``: a real supervisor with two uvicorn worker processes on one port.
+
+Requests go on fresh connections, which the kernel spreads over both workers
+(SO_REUSEPORT), so "every response says version v" means every worker serves v.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from server_helpers import TOKEN, copy_models, copy_version, free_port, stop_server, wait_for, wait_ready
+from tf_noise import TF_NOISE
+
+REPO = Path(__file__).resolve().parents[2]
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _children(pid: int) -> list[int]:
+    """Worker processes of the supervisor ``pid`` (not multiprocessing's resource tracker)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if parent == pid and b"resource_tracker" not in cmd:
+                out.append(int(entry))
+    return out
+
+
+def _worker_pids(url: str) -> set[str]:
+    """Workers that published their model metrics (one pid label each)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return set(re.findall(r'offgraph_row_cache_hit_ratio\{model="ml",pid="(\d+)"\}', text))
+
+
+def _fresh(url: str, body: dict, n: int) -> list[httpx.Response]:
+    """``n`` score requests, each on a new connection."""
+    return [httpx.post(url + "/v1/models/ml:score", json=body, timeout=30) for _ in range(n)]
+
+
+def _serve(models: Path, port: int, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "OFFGRAPH_ADMIN_TOKEN": TOKEN}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "offgraph.cli",
+            "serve",
+            "--models",
+            str(models),
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--cache-mb",
+            "16",
+            "--poll-seconds",
+            "0.3",
+            "--log-level",
+            "warning",
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requests_, tmp_path):
+    from offgraph.scoring.scorer import load
+
+    models = copy_models(tiny_model[0], tmp_path / "models")
+    copy_version(models / "ml" / "1", models / "ml" / "2")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _serve(models, port)
+    sent = 0
+    try:
+        wait_ready(url, 120, proc)
+        wait_for(lambda: len(_worker_pids(url)) == 2, 60, "both workers publishing metrics")
+        workers = set(_children(proc.pid))
+        assert len(workers) == 2, workers
+        # the supervisor only supervises: TensorFlow is loaded in the workers alone
+        maps = [Path(f"/proc/{p}/maps").read_text() for p in (proc.pid, *workers)]
+        assert "tensorflow" not in maps[0] and all("tensorflow" in m for m in maps[1:])
+
+        # a second server on the same port is an error, not a silently shared port
+        other = _serve(models, port)
+        out, _ = other.communicate(timeout=60)
+        assert other.returncode == 2 and f"cannot serve on 127.0.0.1:{port}" in out, out[-2000:]
+
+        req, cands = requests_[0]
+        body = {"request": req, "candidates": cands}
+        with load(models / "ml" / "2") as lib:
+            want = lib.score(req, cands)
+        rs = _fresh(url, body, 30)
+        sent += 30
+        assert {r.status_code for r in rs} == {200} and {r.json()["version"] for r in rs} == {2}
+        for r in rs:
+            np.testing.assert_array_equal(np.asarray(r.json()["scores"], np.float32), want)
+
+        # an admin decision taken by one worker: the answer comes once both follow it
+        r = httpx.post(url + "/v1/models/ml:load", json={"version": 1}, headers=ADMIN, timeout=120)
+        assert r.status_code == 200 and r.json()["policy"] == "pinned", r.text
+        rs = _fresh(url, body, 30)
+        sent += 30
+        assert {r.status_code for r in rs} == {200} and {r.json()["version"] for r in rs} == {1}
+
+        # a worker killed -9 is restarted and follows the pinned version before it serves
+        victim = sorted(workers)[0]
+        os.kill(victim, signal.SIGKILL)
+
+        # readiness is the whole server's: the survivor answers 503 until the restarted worker has loaded
+        # (polled: the probe may come before the kernel has finished the victim off)
+        def not_ready() -> bool:
+            try:
+                r = httpx.get(url + "/readyz", timeout=10)
+            except httpx.TransportError:  # a connection the dying worker had accepted
+                return False
+            return r.status_code == 503 and "not yet" in r.json()["detail"]
+
+        wait_for(not_ready, 10, "/readyz 503 while a worker is down")
+        wait_for(lambda: len(set(_children(proc.pid)) - workers) == 1, 30, "a restarted worker")
+        wait_ready(url, 120, proc)
+        assert {httpx.get(url + "/readyz", timeout=10).status_code for _ in range(10)} == {200}
+        wait_for(
+            lambda: str(victim) not in _worker_pids(url) and len(_worker_pids(url)) == 2,
+            90,
+            "the restarted worker publishing metrics",
+        )
+        rs = _fresh(url, body, 30)
+        sent += 30
+        assert {r.status_code for r in rs} == {200} and {r.json()["version"] for r in rs} == {1}
+
+        r = httpx.post(url + "/v1/models/ml:unload", headers=ADMIN, timeout=120)
+        assert r.status_code == 200 and r.json()["state"] == "unloaded", r.text
+        rs = _fresh(url, body, 20)
+        assert {r.status_code for r in rs} == {404}
+        r = httpx.post(url + "/v1/models/ml:load", json={}, headers=ADMIN, timeout=120)
+        assert r.status_code == 200 and r.json()["policy"] == "latest", r.text
+        rs = _fresh(url, body, 20)
+        sent += 20
+        assert {r.status_code for r in rs} == {200} and {r.json()["version"] for r in rs} == {2}
+
+        # metrics are summed over the workers, the killed one's samples included
+        text = httpx.get(url + "/metrics", timeout=10).text
+        count = re.search(r'offgraph_request_latency_seconds_count\{model="ml"\} ([0-9.e+]+)', text)
+        assert count and float(count.group(1)) == sent, (count and count.group(0), sent)
+        assert re.search(r'offgraph_http_errors_total\{code="404"\} 20\.0', text), text[-3000:]
+        assert 'offgraph_model_loaded_version{model="ml"} 2.0' in text
+    finally:
+        out = stop_server(proc, 60)
+    assert proc.returncode == 0, out[-3000:]
+    assert not TF_NOISE.search(out), out[-3000:]  # the workers' TensorFlow start-up lines are hidden too
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in workers):
+        time.sleep(0.1)
+    assert not any(os.path.exists(f"/proc/{p}") for p in workers), "a worker outlived the supervisor"
+
+
+def test_several_workers_need_a_port_number(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(tmp_path), "--workers", "2", "--port", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "--port 0" in r.stderr and "give a port number" in r.stderr, r.stderr[-500:]
