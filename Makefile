@@ -45,7 +45,7 @@ test-fast: setup
 # the HTTP contract at a bigger size than CI's: every check, with and without the admin token, a random seed
 EXAMPLES ?= 400
 schemathesis: setup
-	OFFGRAPH_SCHEMATHESIS_EXAMPLES=$(EXAMPLES) OFFGRAPH_SCHEMATHESIS_SEED= $(PY) -m pytest -q -s --timeout 0 tests/test_schemathesis.py
+	OFFGRAPH_SCHEMATHESIS_EXAMPLES=$(EXAMPLES) OFFGRAPH_SCHEMATHESIS_SEED= $(PY) -m pytest -q -s --timeout 0 tests/server/test_schemathesis.py
 
 # Tables beyond RAM: synthetic models of 10^7..10^9 rows served (10^9's Zipf cell 3 times), swapped under load
 # at 2x10^8, the 10^7 and 10^8 cells alternated with the code of BASELINE (bench/README.md). Versions are kept

@@ -12,7 +12,7 @@ from offgraph import __version__
 from offgraph.cli.settings_flags import Parser  # every parser's help states each flag's default
 
 # subcommand modules, by name; each has register_cli(subparsers) and imports nothing heavy at module level
-# (no TensorFlow, NumPy or PyArrow): `offgraph --help` imports them all (tests/test_cli_startup.py)
+# (no TensorFlow, NumPy or PyArrow): `offgraph --help` imports them all (tests/cli/test_cli_startup.py)
 from offgraph.runtime import install_quiet_tensorflow_import, pin_cpus, uninstall_quiet_tensorflow_import  # noqa: F401 (pin_cpus: the subcommands')
 
 COMMANDS = [

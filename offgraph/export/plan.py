@@ -22,7 +22,7 @@ state). At 10^9 rows the trace through FG (``offgraph.export.cache_sim.bench_tra
 request, too slow for the tens of thousands of requests a cache of millions of rows takes to fill, so
 the trace here is its columnar twin (``synth_trace``): the same draws, the small tables' rows as FG
 hashes them, a huge table's row its popularity rank instead of the hash of it (hashing only scatters
-distinct ids over rows; the cache sees the same repeats, collisions aside). ``tests/test_plan.py``
+distinct ids over rows; the cache sees the same repeats, collisions aside). ``tests/export/test_plan.py``
 checks that both traces give the same hit ratio.
 
 Nothing heavy at module level (``offgraph --help`` imports it): NumPy and the cache come in ``run``.

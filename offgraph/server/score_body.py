@@ -13,7 +13,7 @@ so valid bodies go through the msgspec decoder. A body msgspec refuses is valida
 it either raises the 422 that names each problem or (where the two would disagree) accepts the
 body. The msgspec twin is stricter only where that is cheap to leave to the model: integers
 beyond 64 bits (the model takes any integer that fits a float64) and integral floats as versions.
-``tests/test_score_body.py`` checks that both accept and refuse the same bodies.
+``tests/server/test_score_body.py`` checks that both accept and refuse the same bodies.
 """
 
 from __future__ import annotations
