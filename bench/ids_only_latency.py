@@ -1,4 +1,4 @@
-"""Ids-only requests vs full-feature requests on the same server and model (issue 16).
+"""Ids-only requests vs full-feature requests on the same server and model.
 
 One ``offgraph serve`` subprocess serves a model whose spec declares feature tables (loaded). The
 same real MovieLens requests (``bench.serve_latency.build_bodies``: a real user's request x N real

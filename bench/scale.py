@@ -1,4 +1,4 @@
-"""Tables beyond RAM (issue 12): serve synthetic models of 10^6 .. 10^9 rows and swap big versions under load.
+"""Tables beyond RAM: serve synthetic models of 10^6 .. 10^9 rows and swap big versions under load.
 
 For every size (``--sizes``, total rows): write (or reuse) a synthetic int8 D=16 version with
 ``offgraph synth`` (a subprocess: its progress bar shows), then for ``--workers`` 1 and 2 and for Zipf
@@ -254,7 +254,7 @@ def measure(
     row["c1"]["prediction"] = predicted_read(row["c1"]["misses_per_request"], row["read_threads"], device)
     c8_model = predicted_read(row["c8"]["misses_per_request"], row["read_threads"], device)
     row["c8"]["device_bound_rps"] = c8_model and c8_model["c8_bound_req_s"]
-    if not code and popularity == "zipf" and capacity and not repeat:  # (the trace costs ~10 ms a request)
+    if not code and popularity == "zipf" and capacity and not repeat:  # (replays the whole key trace: first run only)
         warm = [(k, made[k], rd["requests"]) for k, rd in enumerate(warmup["rounds"]) if k in made]
         sent = [range(n_warm, n_warm + c1["requests"]), range(n_warm + n_c1, n_warm + n_c1 + c8["requests"])]
         row["perfect_lfu_hit_ratio"] = perfect_lfu(rows, args, warm, sent, int(capacity))

@@ -1,6 +1,6 @@
 """`offgraph plan`: the read time a server will spend per request, predicted from the disk and the hit ratio.
 
-The model (issue 27): a request's row-cache misses are read from the store with direct reads, split
+The model: a request's row-cache misses are read from the store with direct reads, split
 over the read threads (``offgraph.store.store_reads._read_chunks``: one ``multi_get`` chunk per shard the keys
 fall in at least, shards cut in pieces of at least ``MIN_CHUNK_KEYS`` keys for about ``read_threads``
 chunks), each chunk one read after another. So, with ``m`` misses per request over ``S`` shards,
@@ -18,9 +18,9 @@ one more read for the share of the index that does not.
 The hit ratio is simulated: the bench's traffic (``bench.scale_traffic``) replayed through the real row
 cache (``offgraph.store.row_cache.RowCache`` with the synth version's codec) at the row-cache size the budget
 gives, in windows of requests until two windows in a row agree to ``CONVERGED_POINTS`` (the steady
-state). At 10^9 rows the trace through FG (``offgraph.export.cache_sim.bench_trace``) costs about 10 ms a
-request, too slow for the tens of thousands of requests a cache of millions of rows takes to fill, so
-the trace here is its columnar twin (``synth_trace``): the same draws, the small tables' rows as FG
+state). The trace through FG (``offgraph.export.cache_sim.bench_trace``) is too slow per request for the
+tens of thousands of requests a cache of millions of rows takes to fill (its cost:
+``bench/results/cache-policy/README.md``), so the trace here is its columnar twin (``synth_trace``): the same draws, the small tables' rows as FG
 hashes them, a huge table's row its popularity rank instead of the hash of it (hashing only scatters
 distinct ids over rows; the cache sees the same repeats, collisions aside). ``tests/export/test_plan.py``
 checks that both traces give the same hit ratio.
@@ -37,13 +37,13 @@ from dataclasses import asdict, dataclass
 MIN_REQUESTS = 4000
 WINDOW_REQUESTS = 2000
 CONVERGED_SHARE = 0.015  # how much two pairs of windows' misses per request may differ at steady state
-CONVERGED_MISSES = 0.5  # ... or by this many misses a request (0.5 reads: ~0.05 ms on an SSD)
+CONVERGED_MISSES = 0.5  # ... or by this many misses a request (half a device read: small in the read time)
 FILL_LOOKUPS = 4  # lookups (over the cache's rows) before the cache can be at steady state
 SAMPLED_ROWS = 1 << 18  # rows of the miniature simulation's cache, at least
 DEFAULT_MAX_SECONDS = 25.0  # the simulation's time limit (the trace is cut there; the result says so)
 _SAMPLE_SALT = 0x9E3779B97F4A7C15
 MAX_REQUESTS = 200_000
-CHUNK_REQUESTS = 2000  # requests of the trace built at once (memory: ~15 MB per 1000 requests)
+CHUNK_REQUESTS = 2000  # requests of the trace built at once (bounds its memory: bench/results/cache-policy/)
 
 
 @dataclass(frozen=True)

@@ -243,7 +243,8 @@ class FeatureGenerator:
         # pass at 10^5 items; the dict's entry table is walked in C with no hashing. Its order is the
         # OrderedDict's, because hits never reorder this cache (insertion order, FIFO).
         # Object arrays, not lists: NumPy arrays are not tracked by the cyclic GC, so the collections
-        # that run while the next version loads do not walk 2 x 10^5 references (tens of ms each).
+        # that run while the next version loads do not walk every copied reference.
+        # (What both cost: bench/results/scale-swap/README.md.)
         n = len(self._cache)
         first = n - (n if limit is None else min(n, limit))
         keys = np.fromiter(dict.keys(self._cache), dtype=object, count=n)[first:]

@@ -74,8 +74,8 @@ class CacheArrays:
         C = sets * ways
         self.keys = np.full(C, EMPTY, dtype=np.uint64)
         # one fixed-size opaque item per slot: a gather or scatter of whole records is one memcpy each
-        # (fancy indexing of a uint8 [C, rb] array copies them byte by byte: 10x slower)
-        # (zero pages mapped on first write: a version's load does not spend ~0.1 s faulting in its arena)
+        # (fancy indexing of a uint8 [C, rb] array copies them byte by byte)
+        # (zero pages mapped on first write: a version's load does not fault in its whole arena)
         self.records = np.zeros(C, dtype=np.dtype((np.void, record_bytes)))
         self.lfu = policy == "tinylfu"
         # tinylfu: the key's frequency; lru: the clock of the last insert/hit

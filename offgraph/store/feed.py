@@ -1,8 +1,8 @@
 """The store's write feed: the rows a writer applies, in shared memory, for followers.
 
 A RocksDB secondary only sees new writes through ``try_catch_up_with_primary``, which
-holds the follower's GIL while it opens new SST files (median 0.45 ms, p99 10 ms per
-shard here, at every catch-up): a server catching up several times a second pays
+holds the follower's GIL while it opens new SST files, at every catch-up
+(``bench/results/update-freshness/README.md``): a server catching up several times a second pays
 that in its request latency, and copying every fresh row into the server process
 costs it CPU in proportion to the write rate. So the writer also puts each row it
 writes into a hash table in a memory-mapped file (an *epoch*), and followers map

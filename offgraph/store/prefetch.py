@@ -2,8 +2,7 @@
 
 RocksDB reads one data block per lookup and leaves caching those blocks to the OS. A block no
 request has read yet is read from disk on the request path, and a virtual disk's random reads are
-slow in the tail: on the 2-core development VM, 16-KiB cold reads had a median of 0.24 ms but a
-p99.9 near 100 ms and single reads of up to 1.1 s, with nothing else running. A version whose files
+slow in the tail, far slower than its median (``bench/results/disk-probe/README.md``). A version whose files
 fit in memory comfortably is therefore read into the page cache once, sequentially, in the
 background (``sendfile`` to ``/dev/null``: the kernel reads the pages and copies nothing, so it costs
 almost no CPU and no GIL). Tables bigger than that (the point of out-of-graph serving) are not:

@@ -305,8 +305,9 @@ class RocksDBStore(EmbeddingStore):
             if old is not None:
                 old.close()
             self.reopens += 1
-        # try_catch_up_with_primary holds the GIL (~0.6 ms a shard even with nothing new):
-        # skip it when the primary's files did not change since the last one
+        # try_catch_up_with_primary holds the GIL even with nothing new (its cost:
+        # bench/results/update-freshness/README.md): skip it when the primary's files did not
+        # change since the last one
         try:
             sig = self._files_signature(shard)
         except OSError:

@@ -96,8 +96,8 @@ class StoreWrites:
         loses that shard's batch, its meta records included; a shard that gets meta records
         only is written through the WAL, not flushed), and far cheaper for followers: a
         RocksDB secondary then picks up new SST files instead of replaying the WAL in
-        ``try_catch_up_with_primary``, which holds the follower's GIL (measured here at
-        200k rows/s: catch-up median 214 -> 25 ms, follower stalls p99 48 -> 9 ms).
+        ``try_catch_up_with_primary``, which holds the follower's GIL (the two measured
+        against each other: ``bench/results/update-freshness/README.md``).
         """
         self._check_writable()
         if durability not in DURABILITY:
@@ -178,8 +178,8 @@ class StoreWrites:
                 # fed row waits for its own shard only, not for every shard's write and the
                 # flushes before its own. A shard that gets meta records only (the updater's
                 # position in every shard) goes through the WAL instead of a flush: as durable
-                # against a crash of this process, and without the flush's fsyncs (a batch of a
-                # few rows used to pay one flush per shard)
+                # against a crash of this process, and without the flush's fsyncs (else a batch
+                # of a few rows would pay one flush per shard)
                 meta_only = n_rows == 0
                 logged = wal or meta_only
                 self._write_batch(s, keys, values, sync and logged, logged)

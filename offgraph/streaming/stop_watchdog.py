@@ -2,7 +2,7 @@
 
 Python runs a signal handler in the main thread only, between two bytecodes: a main thread
 waiting inside RocksDB (a flush, a close) would not see a signal until that call returns,
-which on a full disk was never (12 minutes, then SIGKILL). Here the signal is taken by a
+which on a full disk can be never. Here the signal is taken by a
 thread of its own instead: Python's C-level handler writes the signal's number to a socket
 (``signal.set_wakeup_fd``) from whichever thread the kernel interrupts, without the GIL, and
 the watchdog thread reading it asks for the orderly stop. If that has not ended the process
