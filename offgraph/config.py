@@ -20,7 +20,7 @@ Imports pydantic only (no NumPy, no TensorFlow): the CLI's modules import their 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -88,7 +88,7 @@ def describe(model: type[BaseModel], err: ValidationError) -> str:
     return "; ".join(_describe_one(model, e) for e in err.errors(include_url=False))
 
 
-def _describe_one(model: type[BaseModel], e: dict) -> str:
+def _describe_one(model: type[BaseModel], e: Mapping[str, Any]) -> str:
     name = model.__name__
     if not e["loc"]:  # a model validator's own message
         return f"{name}: {_own_message(e)}"
@@ -109,7 +109,7 @@ def _describe_one(model: type[BaseModel], e: dict) -> str:
     return f"{name}.{where}{flag} {msg}, got {e['input']!r}"
 
 
-def _own_message(e: dict) -> str:
+def _own_message(e: Mapping[str, Any]) -> str:
     """A validator's ValueError text without pydantic's "Value error, " prefix."""
     err = e.get("ctx", {}).get("error")
     return str(err) if err is not None else re.sub(r"^Value error, ", "", e["msg"])

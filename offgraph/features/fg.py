@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -217,7 +217,8 @@ class FeatureGenerator:
         deps: dict[str, tuple[frozenset, frozenset]] = {}
         self._cross_deps: list[tuple[tuple[str, ...], np.ndarray]] = []
         for f in self._cross:
-            req, item = set(), set()
+            req: set[str] = set()
+            item: set[int] = set()  # positions among the item fields
             for x in f.inputs:
                 if x in deps:
                     req |= deps[x][0]
@@ -239,9 +240,9 @@ class FeatureGenerator:
         :meth:`adopt_item_cache` of a generator of the same spec. Entries are never mutated once
         made, so the copy shares them; it is quick (the caller holds the lock that serving takes)."""
         # Read through the base dict's views: iterating the OrderedDict itself hashes every key again
-        # (item keys are long tuples, whose hashes Python does not keep), which held the GIL ~40 ms per
-        # pass at 10^5 items; the dict's entry table is walked in C with no hashing. Its order is the
-        # OrderedDict's, because hits never reorder this cache (insertion order, FIFO).
+        # (item keys are long tuples, whose hashes Python does not keep), holding the GIL for the whole
+        # pass; the dict's entry table is walked in C with no hashing. Its order is the OrderedDict's,
+        # because hits never reorder this cache (insertion order, FIFO).
         # Object arrays, not lists: NumPy arrays are not tracked by the cyclic GC, so the collections
         # that run while the next version loads do not walk every copied reference.
         # (What both cost: bench/results/scale-swap/README.md.)
@@ -282,7 +283,8 @@ class FeatureGenerator:
         empty caches. A retired version's generator is emptied this way, because dropping it whole frees
         every entry in one deallocation that holds the GIL while the next version serves."""
         n = 0
-        for d in (self._cache, self._vid_intern, *self._cross_memo):
+        dicts: list[dict] = [self._cache, self._vid_intern, *self._cross_memo]
+        for d in dicts:
             while d:
                 for _ in range(min(chunk, len(d))):
                     d.popitem()  # from the end: O(1), no scan over the holes left at the front
@@ -307,15 +309,15 @@ class FeatureGenerator:
         for f in fields:
             try:
                 if f.op in RAW_OPS:
-                    col = columns.get(f.input)
+                    col = columns.get(cast(str, f.input))  # a raw op's field has an input
                     if col is None:
                         col = [None] * n
-                    checked = bound is not None and f.op in LIST_OPS  # other ops give at most max_values
-                    if checked:
-                        bound.raw(f, col)
+                    checked = bound if f.op in LIST_OPS else None  # other ops give at most max_values
+                    if checked is not None:
+                        checked.raw(f, col)
                     vals = RAW_OPS[f.op](f.name, col, f.params)
-                    if checked:
-                        bound.produced(f, vals)
+                    if checked is not None:
+                        checked.produced(f, vals)
                 else:
                     vals = DERIVED_OPS[f.op](f.name, [known[x] for x in f.inputs], f.params)
             except TypeError as e:
@@ -346,7 +348,7 @@ class FeatureGenerator:
         standardize (float64, NaN where no value: what training computes statistics on)."""
         out = np.zeros((n, len(self._numeric)), np.float32 if finished else np.float64)
         for j, f in enumerate(self._numeric):
-            col = columns.get(f.input)
+            col = columns.get(cast(str, f.input))  # a numeric field has an input
             col = [None] * n if col is None else col
             out[:, j] = numeric_values(f, col) if finished else pre_standardize(f, col)
         return out
@@ -373,7 +375,7 @@ class FeatureGenerator:
         n = len(candidates)
         ignored = self.check_scopes(request, candidates)
         bound = Bound(self.max_request_values, _at_request)
-        req_cols = {f.input: [request.get(f.input)] for f in self._request}
+        req_cols = {cast(str, f.input): [request.get(cast(str, f.input))] for f in self._request}
         req_vals = self._values(self._request, req_cols, 1, {}, bound)
         out: dict[str, RaggedIds] = {f.name: self._ragged(f, req_vals[f.name]) for f in self._request}
         req_used = sum(len(out[f.name].ids) for f in self._request)
@@ -426,10 +428,10 @@ class FeatureGenerator:
         # the union of all candidates' keys in one C-level pass; per candidate only when some key is extra
         extra = set().union(*candidates) - self._item_keys
         if extra:
-            wrong = extra & self._request_only
+            misplaced = extra & self._request_only
             for i, c in enumerate(candidates):
-                if wrong and not wrong.isdisjoint(c):
-                    raise ScopeError(sorted(wrong.intersection(c))[0], f"candidates[{i}]", "request")
+                if misplaced and not misplaced.isdisjoint(c):
+                    raise ScopeError(sorted(misplaced.intersection(c))[0], f"candidates[{i}]", "request")
                 ignored += len(extra.intersection(c))
         return ignored
 
@@ -465,7 +467,7 @@ class FeatureGenerator:
                     self._cross_memo_len[c] = 0
                 table[req_key] = memo
                 self._cross_memo_len[c] += 1
-        results = [memo.get(k) for k in gkeys]
+        results: list[Any] = [memo.get(k) for k in gkeys]
         missing = [g for g, r in enumerate(results) if r is None]
         if missing:
             reps = rep[missing].tolist()
@@ -550,18 +552,18 @@ class FeatureGenerator:
             meta[:, j] = np.diff(rg.offsets)
         out = []
         for r in range(m):
-            values = self._no_values
+            values: Any = self._no_values
             if crossed:
                 values = np.empty(Fi, dtype=object)
                 for j in crossed:
-                    vals = per_field[j][r]
-                    key = (j, *vals)  # flat: see below
+                    fvals = per_field[j][r]
+                    key = (j, *fvals)  # flat: see below
                     v = intern.get(key)
                     if v is None:
                         v = intern[key] = self._vid_next
                         self._vid_next += 1
                     meta[r, Fi + j] = v
-                    values[j] = tuple(vals)
+                    values[j] = tuple(fvals)
             ids = np.concatenate([rg.ids[rg.offsets[r] : rg.offsets[r + 1]] for rg in rags])
             # An entry is a tuple of objects the cyclic GC does not track (arrays, bytes, a shared tuple
             # of Nones): the collector untracks it the first time it sees it, and no collection walks

@@ -199,7 +199,7 @@ def parse_spec(raw: Any, source: str = "<spec>") -> FeatureSpec:
     label = raw.get("label")
     if not isinstance(label, str) or not label:
         fail("'label' must name the label column")
-    opt = {}
+    opt: dict[str, Any] = {}  # the optional column names, str or None
     for key in ("group", "time", "split_key", "item_key"):
         v = raw.get(key)
         if v is not None and (not isinstance(v, str) or not v):

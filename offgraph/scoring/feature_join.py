@@ -184,7 +184,7 @@ class FeatureJoin:
                 return db.get(keys)
             except msgspec.DecodeError:  # a record that is not one (written around the writer): row by row
                 bad = {}
-        out = []
+        out: list[Any] = []
         for k, v in zip(keys, db.get_raw(keys)):
             known = bad.get(k) if v is not None else None
             if known is not None and known[0] == hash(v):
@@ -231,10 +231,10 @@ class FeatureJoin:
                         row.update(out[i])  # the body's values win
                         out[i] = row
                     else:
-                        c = out[i] = dict(out[i])  # never the caller's dict
+                        merged = out[i] = dict(out[i])  # never the caller's dict
                         for col in cols:
-                            if col not in c and col in row:
-                                c[col] = row[col]
+                            if col not in merged and col in row:
+                                merged[col] = row[col]
             unknown = sum(lacking)
             candidates = out
         if found:
@@ -259,7 +259,9 @@ class FeatureJoin:
             for b in value_errors(
                 self.spec, {c: v for c, v in filled.items() if any(x is not None for x in v)}, len(idx)
             ):
-                suspects.setdefault(t.name, []).append(row_key(mine[idx[b.row]][t.key]))
+                key = row_key(mine[idx[b.row]][t.key])
+                if key is not None:  # it was looked up, so it has a record key
+                    suspects.setdefault(t.name, []).append(key)
         if not suspects:
             return None
         for name, keys in suspects.items():  # read again: keep the hash of the value that is bad NOW
@@ -267,7 +269,10 @@ class FeatureJoin:
             bad = self._bad.setdefault(name, {})
             if len(bad) + len(keys) > BAD_ROWS_KEPT:
                 bad.clear()
-            for k, v in zip(keys, self.dbs[name].get_raw(keys)):
+            db = self.dbs[name]
+            if db is None:  # (a table with suspects filled values: it is open)
+                continue
+            for k, v in zip(keys, db.get_raw(keys)):
                 try:
                     row = decode_row(v)
                 except msgspec.DecodeError:  # rewritten meanwhile into a record fill() leaves out

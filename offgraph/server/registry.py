@@ -311,9 +311,12 @@ class ModelRegistry:
 
     async def wait_for_workers(self, p: Policy, timeout_s: float) -> None:
         """Until every worker acknowledged ``p``; AdminError naming those that failed or did not answer."""
+        control = self.control
+        if control is None:  # one process: no other worker to wait for
+            return
         deadline = time.monotonic() + timeout_s
         while True:
-            acks = self.control.acks(p)
+            acks = control.acks(p)
             failed = [f"worker {a.worker}: {a.detail}" for a in acks.values() if not a.ok]
             if failed:
                 raise AdminError(409, f"model '{p.model}': done by this worker, but " + "; ".join(failed))

@@ -28,7 +28,7 @@ MAX_NUMBER = sys.float_info.max
 
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
-ScoreKind = Literal[SCORE_KINDS]
+ScoreKind = Literal[SCORE_KINDS]  # type: ignore[valid-type] # a tuple of names: pydantic reads it, mypy cannot
 SCORE_KIND_DOC = (
     "What the version's scores are: `ctr`, calibrated CTRs (probabilities of a positive: a pointwise "
     "model, or a listwise one with the calibration its training fitted); `ranking`, scores that "
@@ -88,7 +88,7 @@ _SCALAR_SCHEMA = [
 ]
 
 Scalar = Annotated[
-    Union[_SCALARS],  # noqa: UP007 (a tuple of branches)
+    Union[_SCALARS],  # type: ignore[valid-type]  # noqa: UP007 (a tuple of branches, built at import)
     Discriminator(
         _kind,
         custom_error_type="feature_value",
@@ -98,7 +98,7 @@ Scalar = Annotated[
 ]
 
 FeatureValue = Annotated[
-    Union[(*_SCALARS, Annotated[list[Scalar], Tag("list")])],
+    Union[(*_SCALARS, Annotated[list[Scalar], Tag("list")])],  # type: ignore[valid-type,misc]  # noqa: UP007
     Discriminator(
         _kind,
         custom_error_type="feature_value",
@@ -295,7 +295,7 @@ class LoadedVersion(BaseModel):
     created_at: str | None
     training: dict[str, Any] | None = Field(description="Held-out metrics and config of the training run.")
     store: StoreStatus
-    training_loss: Literal[LOSSES] = Field(
+    training_loss: Literal[LOSSES] = Field(  # type: ignore[valid-type] # (a tuple of names, as ScoreKind)
         "pointwise",
         description="The loss the version was trained with (a version exported before it was "
         "recorded: its training config's, else pointwise).",
@@ -371,6 +371,8 @@ def error_responses(**descriptions: str) -> dict[int | str, dict[str, Any]]:
     A 422 is always listed: FastAPI would otherwise document its own validation error shape,
     which this server never sends.
     """
-    out = {int(code[1:]): {"model": ErrorResponse, "description": d} for code, d in descriptions.items()}
+    out: dict[int | str, dict[str, Any]] = {
+        int(code[1:]): {"model": ErrorResponse, "description": d} for code, d in descriptions.items()
+    }
     out.setdefault(422, {"model": ErrorResponse, "description": VALIDATION_ERROR})
     return out

@@ -219,7 +219,7 @@ class ModelHolder:
                     self.previous_version = old.version
                     old.retired = True
             drained = old is not None and old.in_flight == 0
-        if new_closed:
+        if new_closed and new is not None:
             self._close(new)
             return None
         if old is not None:
@@ -230,7 +230,7 @@ class ModelHolder:
                 new.version if new else "unloaded",
                 old.in_flight,
             )
-        if drained:
+        if drained and old is not None:
             self._close(old)
         return old
 
@@ -240,7 +240,7 @@ class ModelHolder:
             for k in COUNTERS:
                 v = stats.get(k)
                 if isinstance(v, (int, float)):
-                    self.retired_totals[k] += v
+                    self.retired_totals[k] += v  # type: ignore[assignment]  # a Counter sums floats too
 
     def close(self) -> None:
         with self._lock:
