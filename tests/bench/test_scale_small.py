@@ -1,4 +1,4 @@
-"""Issue 12's path at CI size: a 10^6-row `offgraph synth` model served by a real `offgraph serve`, swapped
+"""The tables-beyond-RAM bench's path at CI size: a 10^6-row `offgraph synth` model served by a real `offgraph serve`, swapped
 under light load (v2 appears, then an admin rollback to v1) with no failed request, and its scores equal
 to the library scorer's for the same requests. Memory is the bench's business (bench/scale.py), not a test's."""
 

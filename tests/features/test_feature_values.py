@@ -1,4 +1,4 @@
-"""Feature-table values (issue 26, items 6-9): what the writers refuse (FG's own value rules, size bounds, equal
+"""Feature-table values: what the writers refuse (FG's own value rules, size bounds, equal
 seqs), what the server does with a stored row FG refuses (unknown, never a 422), and clear load errors."""
 
 import json

@@ -1,4 +1,4 @@
-"""Listwise models and what a score is (issue 26, item 15).
+"""Listwise models and what a score is.
 
 A listwise loss (softmax over a request's candidates) leaves the sigmoid of the logit uncalibrated, so
 training fits Platt scaling on the validation rows (offgraph.model.platt), records it in the run's spec and

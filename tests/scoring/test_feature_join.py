@@ -202,7 +202,7 @@ def test_a_scope_without_a_table_is_still_refused_ids_only(models, requests_):
 
 
 def test_a_stored_row_fg_refuses_is_scored_as_unknown_never_a_422(models, requests_):
-    """Issue 26 item 6, read time: rows written around the writers' checks (straight through FeatureDB.write) with
+    """Bad stored values at read time: rows written around the writers' checks (straight through FeatureDB.write) with
     values FG refuses: the candidate (or the request's user row) is scored exactly as an unknown key, counted on
     /metrics, and the other candidates score as before; a value the CALLER sends that FG refuses is still a 422."""
     request, cands = requests_[0]

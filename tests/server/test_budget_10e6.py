@@ -1,4 +1,4 @@
-"""Issue 27's CI acceptance at 10^6 rows: a real `offgraph serve` of an `offgraph synth` version, with a memory
+"""The memory budget at 10^6 rows (CI size): a real `offgraph serve` of an `offgraph synth` version, with a memory
 budget far smaller than the table, (1) reads its store files with O_DIRECT (past the page cache), (2) holds no
 more in its caches than the budget's parts after uniform traffic that overfills every one of them (as
 /metrics and GET /v1/models/{name} account them), and (3) scores exactly as the library scorer does."""

@@ -269,7 +269,7 @@ def test_admin_load_without_a_body_follows_the_newest_version(client):
     assert r.status_code == 200 and r.json()["policy"] == "latest" and r.json()["loaded"]["version"] == 1, r.text
 
 
-# -- issue 26 item 12: each body's own wording; one model-name rule on every route ---------------------------------
+# -- each body's own wording; one model-name rule on every route -------------------------------------------------
 @pytest.mark.parametrize(
     "path,body,headers,words",
     [

@@ -1,4 +1,4 @@
-"""A full or read-only disk under `offgraph update` (issue 26 items 10, 11): every run exits
+"""A full or read-only disk under `offgraph update`: every run exits
 within seconds with rc 2 and one line naming the path and the errno, SIGTERM ends the process
 in bounded time in any phase, and once space is freed every spool file is applied exactly once.
 Real tmpfs mounts (root only), real RocksDB, `offgraph update` as a subprocess.

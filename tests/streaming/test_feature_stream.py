@@ -200,7 +200,7 @@ def test_kafka_feature_delta_reaches_a_follower(models, requests_, tmp_path):
 
 
 def test_bad_feature_deltas_are_dead_lettered_naming_row_column_rule(models, requests_, tmp_path):
-    """Issue 26 items 6-8 through the real updater: a value FG refuses (release_year "abc", 5,000 genres), a 1 MB
+    """Bad feature values through the real updater: a value FG refuses (release_year "abc", 5,000 genres), a 1 MB
     value and two rows of one key at one seq are dead-lettered with a reason naming the delta, key, column and
     rule; the good file behind them is applied, the table keeps no bad row."""
     _, cands = requests_[0]

@@ -1,4 +1,4 @@
-"""The Kafka updater never stalls, crash-loops or loses rows at the broker's edges (issue 26, items 1-5),
+"""The Kafka updater never stalls, crash-loops or loses rows at the broker's edges,
 against a real Kafka-protocol broker (Tansu, in memory, on loopback) and `offgraph update` as a
 subprocess: a 32 MiB message, offsets that go backwards (a broker that lost its log), a message
 from the future, a hostile stream-start.json, a broker that is down."""

@@ -1,4 +1,4 @@
-"""Acceptance (issue 26): Kafka, exactly once across resets. A stream of DELTAS row deltas over 4
+"""Kafka, exactly once across resets. A stream of DELTAS row deltas over 4
 partitions, with KILLS kill -9 of `offgraph update --on-offset-reset rebase` at random points
 (starting up, just after opening the store, mid-apply), 2 broker restarts under the running
 updater (Tansu keeps its log in memory: each restart loses it), one topic deleted and
