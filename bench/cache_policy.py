@@ -35,7 +35,7 @@ from offgraph.cli.synth import count
 from offgraph.export.cache_sim import Trace, bench_trace, lru_hit_ratio, perfect_lfu_hit_ratio, replay, s3fifo_hit_ratio
 from offgraph.scoring.memory_budget import DEFAULT_MEMORY_MB, index_mb, split_memory
 from offgraph.store import RowCache, get_codec
-from offgraph.store._row_cache import SKETCH_BYTES_PER_ROW
+from offgraph.store.row_cache import SKETCH_BYTES_PER_ROW
 
 REPO = Path(__file__).resolve().parent.parent
 CODEC = get_codec("int8", 16)  # what `offgraph synth` writes

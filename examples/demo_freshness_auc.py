@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     from offgraph.data.datasets import build
     from offgraph.export.export import export_run
     from offgraph.features.spec import load_spec
-    from offgraph.model._metrics import auc, logloss
+    from offgraph.model.metrics import auc, logloss
     from offgraph.model.train import TrainConfig, train_run
     from offgraph.scoring.scorer import Scorer
     from offgraph.streaming.stream_train import open_trainer
@@ -336,7 +336,7 @@ def _run_days(
     """Per evaluation day: stream-train on what happened before it, apply, catch up, score both models."""
     import pyarrow as pa
 
-    from offgraph.model._metrics import auc, logloss
+    from offgraph.model.metrics import auc, logloss
     from offgraph.store.keys import split_keys
     from offgraph.streaming.stream_train import stream_train_table
 

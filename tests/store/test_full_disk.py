@@ -119,9 +119,9 @@ def wait_for(p, words: str, timeout: float = 30.0) -> list[str]:
 def partial_write(vdir, spool, shards: list[int]) -> str:
     """What a crash between the shard batches of one write leaves: the first spool file written,
     with its position, to ``shards`` only; returns its name."""
-    from offgraph.streaming._updater import shard_subset
     from offgraph.streaming.deltas import read as read_delta_file
     from offgraph.streaming.sources import SPOOL_POSITION_KEY
+    from offgraph.streaming.updater import shard_subset
 
     name = spool_files(spool)[0]
     b = read_delta_file(spool / name)

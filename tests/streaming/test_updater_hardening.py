@@ -259,8 +259,7 @@ def test_disk_full_is_a_clear_error_and_loses_no_delta(exports, small_disk, tmp_
     """The feed's shared memory fills up when the write feed maps its epoch file (before: SIGBUS,
     "Bus error", no log line), or the store's disk when RocksDB flushes the batch: a clear error
     naming the path, rc != 0, every file still in the spool; with space again all are applied once."""
-    from offgraph.store._feed import file_bytes
-    from offgraph.store.feed import MIN_SLOTS, SHM_ENV
+    from offgraph.store.feed import MIN_SLOTS, SHM_ENV, file_bytes
 
     models, spool = small_disk / "models", tmp_path / "spool"  # the store on the small disk, the spool not
     shm = small_disk / "shm"  # the feed's epochs too (a full /dev/shm is the same ENOSPC)
