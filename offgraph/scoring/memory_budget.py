@@ -13,8 +13,8 @@
   level, where bulk-loaded rows live, has no filter: ``StoreConfig.optimize_filters_for_hits``.)
 - **feed** (the live writer's mapped epochs): ``FEED_SHARE`` of the share, at most ``FEED_MAX_MB``.
 - **FG item cache**: ``ITEM_SHARE`` of the share, at most ``ITEM_MAX`` items, counted at
-  ``ITEM_BYTES`` an item (measured: tracemalloc over 20k distinct items of the synth spec's FG,
-  599 bytes an item with its interned values).
+  ``ITEM_BYTES`` an item (its key with the raw values it keeps alive, and the entry: the ids and
+  their counts; ``bench.memory_constants`` measures it: bench/results/memory-constants/).
 - **row cache**: the rest, the big share: it is what spares reads from disk.
 
 Pure (no FastAPI, no TensorFlow): the planner (``offgraph plan``) imports it too.
@@ -39,7 +39,8 @@ measures it: bench/results/scale/)."""
 KEY_BYTES = 20
 """Bytes of a row's key in a data block: 12 of user key (table id + row) and 8 of RocksDB's sequence."""
 INDEX_BYTES_PER_BLOCK = 24
-"""Index entry per data block (a separator key and a block handle; 23.6 measured at 10^6 rows)."""
+"""Index entry per data block: a separator key and a block handle (``bench.memory_constants`` measures it
+on a synthetic store: bench/results/memory-constants/)."""
 INDEX_HEADROOM = 1.25
 BLOCK_DATA_MB = 8.0
 BLOCK_MIN_MB = 8
