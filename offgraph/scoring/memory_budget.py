@@ -49,7 +49,7 @@ FEED_SHARE = 0.05
 FEED_MAX_MB = 32.0
 ITEM_SHARE = 0.10
 ITEM_MAX = 100_000
-ITEM_BYTES = 640
+ITEM_BYTES = 850
 PARTS = ("row_cache", "block_cache", "item_cache", "feed")
 
 
