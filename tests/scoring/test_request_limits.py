@@ -261,7 +261,7 @@ def test_a_valid_request_stays_fast_while_maximal_bodies_are_scored(limited, req
         t.start()
     latencies = []
     try:
-        time.sleep(0.5)  # the four bodies are on their way
+        wait_for(lambda: statuses, 120, "the flood's first answer")  # the big bodies keep coming
         with httpx.Client(base_url=limited.url, timeout=60) as c:
             for _ in range(10):
                 t0 = time.perf_counter()
@@ -272,7 +272,9 @@ def test_a_valid_request_stays_fast_while_maximal_bodies_are_scored(limited, req
         stop.set()
         for t in threads:
             t.join(timeout=120)
-    assert statuses and set(statuses) == {422}, statuses
+    # each big body is refused: 422 (too many values), or 408 when a 2-core machine under load cannot
+    # read 8 MiB within the body timeout; never scored (200) nor a 5xx
+    assert statuses and set(statuses) <= {422, 408} and statuses.count(422) >= len(statuses) // 2, statuses
     assert len(statuses) >= 4
     print("valid request latencies (s):", [round(x, 3) for x in latencies], "big bodies answered:", len(statuses))
     # Unbounded, each big body would hold the scorer for seconds and every valid request would wait
