@@ -120,7 +120,9 @@ def write_version(
         store.flush()
         store_stats = store.stats()
     store_seconds = time.perf_counter() - t0
-    signature = save_dense(head, len(spec.fields), d, out / DENSE_DIR, num_dense=len(spec.numeric))
+    dense = save_dense(
+        head, len(spec.fields), d, out / DENSE_DIR, num_dense=len(spec.numeric), scopes=[f.scope for f in spec.fields]
+    )
     checksums = {"dense": tree_checksums(out / DENSE_DIR)}
     checksums["dense_digest"] = digest(checksums["dense"])
     checksums["store_files"] = store_file_records(out / STORE_DIR)
@@ -147,7 +149,8 @@ def write_version(
             "row_counts": row_counts,
             "bytes_on_disk": store_stats["bytes_on_disk"],
         },
-        "dense": {"path": DENSE_DIR, "signature": signature},
+        # split: the request and candidate field indices of the signature that takes the request part once
+        "dense": {"path": DENSE_DIR, **dense},
         "training": training,
         "checksums": checksums,
         "created_at": datetime.now(UTC).isoformat(),

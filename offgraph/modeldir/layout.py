@@ -2,7 +2,9 @@
 training settings): this module imports nothing."""
 
 SIGNATURE = "serving_default"
-"""The dense head SavedModel's one serving signature."""
+"""The dense head SavedModel's serving signature: all fields of each candidate."""
+SPLIT_SIGNATURE = "split"
+"""Its signature that takes the request's fields once (recorded as the manifest's ``dense.split``)."""
 
 LOSSES = ("pointwise", "listwise", "both")
 """The training losses a version may record (``training_loss``); its calibration and ranking follow from it."""

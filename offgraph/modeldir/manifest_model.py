@@ -64,9 +64,22 @@ class Checksums(_Record):
     store_files: dict[str, StoreFileRecord] | None = None
 
 
+class DenseSplitRecord(_Record):
+    """The dense SavedModel's signature ``name`` that takes the request part once: fields ``request_fields``
+    (request-scope, indices in spec order) as [1, F_r, D] and ``candidate_fields`` (the others) as [N, F_c, D]."""
+
+    name: str
+    request_fields: tuple[int, ...]
+    candidate_fields: tuple[int, ...]
+    inputs: dict[str, Any] | None = None
+    outputs: dict[str, Any] | None = None
+
+
 class DenseRecord(_Record):
     path: str = "dense"
     signature: dict[str, Any] | None = None
+    split: DenseSplitRecord | None = None
+    """Absent in versions exported before the split signature: they serve with ``signature`` alone."""
 
 
 class ExportSeconds(_Record):
