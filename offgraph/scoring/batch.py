@@ -94,6 +94,21 @@ def pool_batch(
     return np.ascontiguousarray(pooled[..., :dim]), np.ascontiguousarray(pooled[..., dim])
 
 
+def split_pooled(
+    emb: np.ndarray, first_order: np.ndarray, request_fields: np.ndarray, candidate_fields: np.ndarray
+) -> dict[str, np.ndarray]:
+    """One request's pooled [N, F, D] / [N, F] as the dense ``split`` signature's inputs: the request
+    fields of row 0 (all candidates share them: FG computes them once and broadcasts them) as
+    ``req_emb`` [1, F_r, D] / ``req_first_order`` [1, F_r], the other fields as ``cand_emb`` [N, F_c, D] /
+    ``cand_first_order`` [N, F_c]."""
+    return {
+        "req_emb": emb[:1, request_fields],
+        "req_first_order": first_order[:1, request_fields],
+        "cand_emb": emb[:, candidate_fields],
+        "cand_first_order": first_order[:, candidate_fields],
+    }
+
+
 def read_through_cache(
     cache,
     store,

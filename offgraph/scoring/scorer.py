@@ -125,6 +125,7 @@ class Scorer:
             if self.spec.tables:
                 self.join = FeatureJoin(self.version_dir, self.spec, store_mode)
             self._loaded, self._serve = mv.dense
+            self._split = self._split_signature()
             pace()
             if store_mode == "follow":
                 self._follower = Follower(
@@ -177,11 +178,33 @@ class Scorer:
         }
         return emb, fo, stats
 
-    def dense(self, emb: np.ndarray, first_order: np.ndarray, dense: np.ndarray | None = None) -> np.ndarray:
-        if self.num_dense:
-            out = self._serve(emb=tf.constant(emb), first_order=tf.constant(first_order), dense=tf.constant(dense))
+    def _split_signature(self):
+        """(signature, request field indices, candidate field indices) of the dense head's split
+        signature when the manifest records one (a version exported before it: None)."""
+        split = self.manifest.dense.split if self.manifest.dense is not None else None
+        if split is None:
+            return None
+        if sorted(split.request_fields + split.candidate_fields) != list(range(len(self.spec.fields))):
+            raise ModelDirError(f"{self.version_dir}: dense.split does not divide the {len(self.spec.fields)} fields")
+        try:
+            serve = self._loaded.signatures[split.name]
+        except KeyError:
+            raise ModelDirError(f"{self.version_dir}: the dense head has no signature {split.name!r}") from None
+        return serve, np.asarray(split.request_fields, np.int64), np.asarray(split.candidate_fields, np.int64)
+
+    def dense(
+        self, emb: np.ndarray, first_order: np.ndarray, dense: np.ndarray | None = None, split: bool = True
+    ) -> np.ndarray:
+        """CTRs [N] (before calibration) of one request's pooled candidates (:meth:`pooled`). With ``split``
+        and a version that has the split signature, the request fields are taken from row 0 and their part
+        of the head computed once; else every candidate's fields go through ``serving_default``."""
+        extra = {"dense": tf.constant(dense)} if self.num_dense else {}
+        if split and self._split is not None:
+            serve, req, cand = self._split
+            parts = scorer_impl.split_pooled(emb, first_order, req, cand)
+            out = serve(**{k: tf.constant(v) for k, v in parts.items()}, **extra)
         else:
-            out = self._serve(emb=tf.constant(emb), first_order=tf.constant(first_order))
+            out = self._serve(emb=tf.constant(emb), first_order=tf.constant(first_order), **extra)
         return out["ctr"].numpy()
 
     def score(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> np.ndarray:
@@ -322,7 +345,7 @@ class Scorer:
         pace = pace or _no_pause
         self.fg.release(pace)
         pace()
-        for attr in ("_follower", "row_cache", "_serve", "_loaded", "join"):
+        for attr in ("_follower", "row_cache", "_serve", "_split", "_loaded", "join"):
             setattr(self, attr, None)
             pace()
 
