@@ -193,11 +193,15 @@ class Scorer:
         return serve, np.asarray(split.request_fields, np.int64), np.asarray(split.candidate_fields, np.int64)
 
     def dense(
-        self, emb: np.ndarray, first_order: np.ndarray, dense: np.ndarray | None = None, split: bool = True
+        self, emb: np.ndarray, first_order: np.ndarray, dense: np.ndarray | None = None, split: bool = False
     ) -> np.ndarray:
         """CTRs [N] (before calibration) of one request's pooled candidates (:meth:`pooled`). With ``split``
         and a version that has the split signature, the request fields are taken from row 0 and their part
-        of the head computed once; else every candidate's fields go through ``serving_default``."""
+        of the head computed once; else every candidate's fields go through ``serving_default``.
+
+        ``split`` is off by default while :meth:`pooled` builds the whole [N, F, D] batch: slicing the
+        request part back out of it costs as much as the split signature saves, or more. It becomes the default
+        once the request fields are pooled once."""
         extra = {"dense": tf.constant(dense)} if self.num_dense else {}
         if split and self._split is not None:
             serve, req, cand = self._split

@@ -47,8 +47,8 @@ def _max_dp(scorer: Scorer, requests) -> float:
     worst = 0.0
     for request, cands in requests:
         emb, fo, st = scorer.pooled(request, cands)
-        split = scorer.dense(emb, fo, st["dense"])
-        whole = scorer.dense(emb, fo, st["dense"], split=False)
+        split = scorer.dense(emb, fo, st["dense"], split=True)
+        whole = scorer.dense(emb, fo, st["dense"])
         assert split.shape == whole.shape == (len(cands),)
         worst = max(worst, float(np.abs(split - whole).max()))
     return worst
@@ -95,8 +95,9 @@ def test_a_version_without_the_split_record_serves_with_the_old_signature(tiny_v
         for request, cands in requests_[:20]:
             emb, fo, st = before.pooled(request, cands)
             p_old = before.score(request, cands)
-            np.testing.assert_array_equal(before.dense(emb, fo), now.dense(emb, fo, split=False))
-            assert float(np.abs(now.score(request, cands) - p_old).max()) <= PARITY
+            np.testing.assert_array_equal(before.dense(emb, fo), now.dense(emb, fo))  # the unsplit signature
+            assert float(np.abs(now.dense(emb, fo, split=True) - before.dense(emb, fo)).max()) <= PARITY
+            np.testing.assert_array_equal(now.score(request, cands), p_old)  # score() keeps serving_default
 
 
 def test_a_split_record_that_does_not_divide_the_fields_is_refused(tiny_version, tmp_path):
