@@ -1,23 +1,32 @@
 """HTTP serving latency: ``offgraph serve`` (embeddings out of the graph) vs an in-graph baseline.
 
-Both servers run as subprocesses on free loopback ports, with the same uvicorn settings
+The servers run as subprocesses on free loopback ports, with the same uvicorn settings
 (uvloop, httptools), the same number of worker processes (``--workers``, default one per
 core, sharing the port with SO_REUSEPORT), the same TF threads and scoring-pool size:
 
-* offgraph: ``offgraph serve`` over the exported versions (default models ``sint8`` and ``sfp32``,
+* new code: ``offgraph serve`` of this checkout over the exported versions (default models ``sint8`` and ``sfp32``,
   linked into a private MODELS directory);
 * in-graph: ``bench.ingraph_baseline``: the run's full Keras model as ONE SavedModel on padded ids
-  + masks, fed by the same FG, behind the same kind of FastAPI endpoint.
+  + masks, fed by the same FG, behind the same kind of FastAPI endpoint;
+* old code (``--baseline-repo DIR``, a ``git archive REV | tar -x -C DIR``): its ``offgraph serve``
+  (``python -m offgraph_cli serve`` in the old layout) run from DIR with DIR first on PYTHONPATH, over
+  the same versions.
 
 Requests are real MovieLens requests: rows grouped by ``request_id``, the request = the group's
-user features, N candidates = N distinct real movies' item features. For every N and
-concurrency, the servers are measured in turn (interleaved, so that a change in the machine's
-load hits both) with a keep-alive raw asyncio HTTP/1.1 client (one connection per concurrent
-stream, bodies serialized beforehand), a bounded number of requests and seconds per cell.
-Prints a table, checks the acceptance floors, writes ``DIR/serve_latency.json`` and
-``DIR/serve_latency.png``.
+user features, N candidates = N distinct real movies' item features; when the first model's spec
+declares feature tables, the same N = 1000 requests are also sent ids-only to the new code (the
+feature join fills them; ``bench.ids_only_latency.ids_only_bodies``). Each cell (N, concurrency) is
+measured ``--alternations`` times, the servers' order rotated each time (so that a change in the
+machine's load hits all of them), with a keep-alive raw asyncio HTTP/1.1 client (one connection per
+concurrent stream, bodies serialized beforehand), a bounded number of requests and seconds per cell;
+the server CPU per request is the servers' processes' CPU time (``/proc/PID/stat``) over a cell
+divided by its requests. Then the phases of one request in process (``bench.serve_breakdown``) at
+N = 1000 and the largest N, over distinct bodies. Prints the medians over alternations per server
+with the ratios new / in-graph and new / old, and issue 29's acceptance lines
+(``bench.serve_latency_summary``); writes ``DIR/serve_latency.json`` and ``DIR/serve_latency.png``.
 
-    python -m bench.serve_latency --run RUN --models MODELS --data movielens.parquet --out DIR
+    python -m bench.serve_latency --run RUN --models MODELS --data movielens.parquet --out DIR \
+        [--baseline-repo OLD] [--alternations 3]
 """
 
 from __future__ import annotations
@@ -38,12 +47,22 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.serve_breakdown import breakdown_lines
+from bench.serve_latency_summary import (
+    Roles,
+    acceptance,
+    acceptance_lines,
+    find,
+    medians,
+    ratios,
+    rotation,
+    table_lines,
+)
 from offgraph.testing.harness import free_port, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 REQUEST_INPUTS = ["user_id", "age", "gender", "occupation", "zip_prefix"]
 ITEM_INPUTS = ["movie_id", "genres", "title_words", "release_year"]
-FLOORS = {"p50_ms": 6.0, "p99_ms": 12.0, "ratio": 1.3, "rps": 250.0}  # N=200: c=1 p50/p99/ratio, c=8 rps
 
 
 # -- requests ---------------------------------------------------------------------------------------
@@ -208,13 +227,18 @@ async def fetch_scores(host: str, port: int, path: str, body: bytes) -> np.ndarr
 
 # -- servers ---------------------------------------------------------------------------------------------
 class Proc:
-    def __init__(self, name: str, cmd: list[str], port: int, log_path: Path, cwd: Path = REPO):
+    def __init__(
+        self, name: str, cmd: list[str], port: int, log_path: Path, cwd: Path = REPO, pythonpath: Path | None = None
+    ):
         """``cwd``: where ``cmd`` runs; ``python -m offgraph.cli`` imports the code found there first (the
-        editable install's finder comes after the path), so another checkout's directory runs its code."""
+        editable install's finder comes after the path), so another checkout's directory runs its code;
+        ``pythonpath`` puts that directory first for the processes the server starts too (its workers)."""
         self.name, self.port = name, port
         self.log_path = log_path
         self._log = open(log_path, "w")
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+        if pythonpath is not None:
+            env["PYTHONPATH"] = str(pythonpath)
         env.pop("OFFGRAPH_ADMIN_TOKEN", None)
         self.p = subprocess.Popen(cmd, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
@@ -232,50 +256,9 @@ class Proc:
         self._log.close()
 
 
-# -- in-process breakdown of the library scorer ------------------------------------------------------------
-def library_breakdown(model_dir: Path, body: bytes, repeats: int, row_cache_mb: float, intra: int, inter: int) -> dict:
-    """Phases of Scorer.score in this process for one request (median ms): where the time goes."""
-    from offgraph.server.tf_threads import configure_tf_threads
-
-    configure_tf_threads(intra, inter)  # as the servers
-    from offgraph.scoring import batch as scorer_impl
-    from offgraph.scoring.calibration import calibrate
-    from offgraph.scoring.scorer import load
-
-    req = json.loads(body)
-    request, cands = req["request"], req["candidates"]
-    s = load(model_dir, row_cache_mb=row_cache_mb)
-    try:
-        phases: dict[str, list[float]] = {
-            k: [] for k in ("fg", "keys", "store_read", "pool", "dense_tf", "calibrate", "total")
-        }
-        for i in range(repeats + 10):
-            t = [time.perf_counter()]
-            batch = s.features(request, cands)
-            t.append(time.perf_counter())
-            keys = scorer_impl.batch_keys(batch)
-            t.append(time.perf_counter())
-            vec, w, *_ = scorer_impl.read_through_cache(s.row_cache, s.store, keys.unique_tables, keys.unique_rows)
-            t.append(time.perf_counter())
-            emb, fo = scorer_impl.pool_batch(batch, keys, vec, w, s.poolings, s.dim)
-            t.append(time.perf_counter())
-            p = s.dense(emb, fo)
-            t.append(time.perf_counter())
-            calibrate(p, s.calibration)
-            t.append(time.perf_counter())
-            if i >= 10:
-                for k, (a, b) in zip(list(phases)[:-1], zip(t, t[1:])):
-                    phases[k].append(b - a)
-                phases["total"].append(t[-1] - t[0])
-        out = {k: float(np.median(v) * 1e3) for k, v in phases.items()}
-        out["unique_rows"] = int(len(keys.unique_rows))
-        return out
-    finally:
-        s.close()
-
-
 # -- report -----------------------------------------------------------------------------------------------------
 def plot(results: list[dict], sizes: list[int], concurrencies: list[int], path: Path) -> None:
+    """p50/p99 per N for each concurrency, and throughput at the highest: the medians over alternations."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -285,12 +268,13 @@ def plot(results: list[dict], sizes: list[int], concurrencies: list[int], path: 
     fig, axes = plt.subplots(1, len(concurrencies) + 1, figsize=(5.5 * (len(concurrencies) + 1), 4.5))
     for ax, c in zip(axes, concurrencies):
         for s in servers:
-            rows = [
-                next(r for r in results if r["server"] == s and r["n"] == n and r["concurrency"] == c) for n in sizes
-            ]
-            (line,) = ax.plot(sizes, [r["p50_ms"] for r in rows], marker="o", label=f"{s} p50")
+            rows = [r for r in (find(results, s, n, c) for n in sizes) if r is not None]
+            if not rows:
+                continue
+            xs = [r["n"] for r in rows]
+            (line,) = ax.plot(xs, [r["p50_ms"] for r in rows], marker="o", label=f"{s} p50")
             ax.plot(
-                sizes, [r["p99_ms"] for r in rows], marker="x", linestyle="--", color=line.get_color(), label=f"{s} p99"
+                xs, [r["p99_ms"] for r in rows], marker="x", linestyle="--", color=line.get_color(), label=f"{s} p99"
             )
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -302,35 +286,43 @@ def plot(results: list[dict], sizes: list[int], concurrencies: list[int], path: 
     ax = axes[-1]
     width = 0.8 / len(servers)
     for k, s in enumerate(servers):
-        rows = [
-            next(r for r in results if r["server"] == s and r["n"] == n and r["concurrency"] == max(concurrencies))
-            for n in sizes
-        ]
-        ax.bar(np.arange(len(sizes)) + k * width, [r["rps"] for r in rows], width, label=s)
+        got = [find(results, s, n, max(concurrencies)) for n in sizes]
+        ax.bar(np.arange(len(sizes)) + k * width, [r["rps"] if r else 0.0 for r in got], width, label=s)
     ax.set_xticks(np.arange(len(sizes)) + width * (len(servers) - 1) / 2, [str(n) for n in sizes])
     ax.set_xlabel("candidates per request (N)")
     ax.set_ylabel("requests/s")
     ax.set_title(f"throughput, concurrency {max(concurrencies)}")
     ax.legend(fontsize=7)
-    fig.suptitle("offgraph serve (embeddings out of graph) vs in-graph SavedModel, same FG + FastAPI")
+    fig.suptitle("offgraph serve (new, old code) vs in-graph SavedModel, same FG + FastAPI: medians over alternations")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", required=True, help="trained run directory (the in-graph baseline's model)")
     ap.add_argument("--models", required=True, help="MODELS directory holding the exported versions")
     ap.add_argument("--model-names", default="sint8,sfp32", help="models of MODELS to serve and measure")
     ap.add_argument("--data", required=True, help="MovieLens parquet (offgraph data movielens-100k)")
     ap.add_argument("--out", required=True, help="output directory (JSON, PNG, server logs)")
-    ap.add_argument("--sizes", default="1,50,200,1000")
+    ap.add_argument("--sizes", default="1,50,200,1000,2000")
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--requests", type=int, default=400, help="most measured requests per cell")
     ap.add_argument("--seconds", type=float, default=5.0, help="most measured seconds per cell")
     ap.add_argument("--warmup", type=int, default=40, help="warm-up requests per cell")
     ap.add_argument("--bodies", type=int, default=64, help="distinct requests per N")
+    ap.add_argument(
+        "--baseline-repo",
+        default=None,
+        help="the old code (`git archive REV | tar -x -C DIR`): its `offgraph serve` is measured beside the new",
+    )
+    ap.add_argument(
+        "--alternations",
+        type=int,
+        default=3,
+        help="times each cell is measured, the servers' order rotated each time; the table gives medians",
+    )
     ap.add_argument("--score-threads", type=int, default=None, help="servers' scoring threads (default: theirs)")
     ap.add_argument(
         "--workers",
@@ -346,13 +338,46 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-breakdown", action="store_true", help="skip the in-process phase breakdown")
+    ap.add_argument("--no-ids-only", action="store_true", help="skip the ids-only requests at N = 1000")
     args = ap.parse_args(argv)
+    args.sizes = [int(x) for x in args.sizes.split(",")]
+    args.concurrency = [int(x) for x in args.concurrency.split(",")]
+    args.model_names = [x for x in args.model_names.split(",") if x]
+    if args.alternations < 1:
+        ap.error(f"--alternations {args.alternations}: at least 1")
+    if args.baseline_repo is not None:
+        args.baseline_repo = Path(args.baseline_repo).resolve()
+        if (
+            not (args.baseline_repo / "offgraph_cli.py").exists()
+            and not (args.baseline_repo / "offgraph" / "cli").exists()
+        ):
+            ap.error(f"--baseline-repo {args.baseline_repo}: neither offgraph_cli.py nor offgraph/cli there")
+    return args
 
+
+def serve_module(repo: Path) -> str:
+    """The module that runs ``serve`` in a checkout: ``offgraph.cli``, or ``offgraph_cli`` in the old layout."""
+    return "offgraph_cli" if (repo / "offgraph_cli.py").exists() else "offgraph.cli"
+
+
+def ids_only_model(models: Path, name: str):
+    """The spec of ``name``'s newest version if it declares feature tables (ids-only bodies are joined), else None."""
+    from offgraph.modeldir.manifest import complete_versions
+    from offgraph.modeldir.version import ModelVersion
+
+    vdir = models / name / str(complete_versions(models / name)[-1])
+    spec = ModelVersion.open(vdir, verify_dense=False).spec
+    return spec if spec.tables else None
+
+
+IDS_N = 1000  # ids-only requests are measured at this N
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sizes = [int(x) for x in args.sizes.split(",")]
-    concs = [int(x) for x in args.concurrency.split(",")]
-    names = [x for x in args.model_names.split(",") if x]
+    sizes, concs, names = args.sizes, args.concurrency, args.model_names
     models_src = Path(args.models).resolve()
     for n in names:
         if not (models_src / n).is_dir():
@@ -360,6 +385,12 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"building requests from {args.data} ...", flush=True)
     bodies = build_bodies(Path(args.data), sizes, args.bodies, args.seed)
+    ids_bodies = None
+    spec = None if args.no_ids_only or IDS_N not in sizes else ids_only_model(models_src, names[0])
+    if spec is not None:
+        from bench.ids_only_latency import ids_only_bodies
+
+        ids_bodies = {IDS_N: ids_only_bodies(spec, bodies[IDS_N])}
 
     work = Path(tempfile.mkdtemp(prefix="serve-latency-"))
     (work / "models").mkdir()
@@ -375,28 +406,18 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.score_threads:
         threads += ["--score-threads", str(args.score_threads)]
-    og_port, ig_port = free_port(), free_port()
-    offgraph = Proc(
-        "offgraph",
-        [
-            sys.executable,
-            "-m",
-            "offgraph.cli",
-            "serve",
-            "--models",
-            str(work / "models"),
-            "--port",
-            str(og_port),
-            "--cache-mb",
-            str(args.cache_mb),
-            "--log-level",
-            "warning",
-            *threads,
-            *(["--follow-seconds", str(args.follow_seconds)] if args.follow_seconds else []),
-        ],
-        og_port,
-        out / "offgraph_server.log",
-    )
+
+    def offgraph_proc(tag: str, repo: Path) -> Proc:
+        port = free_port()
+        cmd = [sys.executable, "-m", serve_module(repo), "serve", "--models", str(work / "models"), "--port", str(port)]
+        cmd += ["--cache-mb", str(args.cache_mb), "--log-level", "warning", *threads]
+        cmd += ["--follow-seconds", str(args.follow_seconds)] if args.follow_seconds else []
+        return Proc(tag, cmd, port, out / f"{tag}_server.log", cwd=repo, pythonpath=None if repo == REPO else repo)
+
+    procs = [offgraph_proc("new", REPO)]
+    if args.baseline_repo is not None:
+        procs.append(offgraph_proc("old", args.baseline_repo))
+    ig_port = free_port()
     ingraph = Proc(
         "in-graph",
         [
@@ -414,92 +435,100 @@ def main(argv: list[str] | None = None) -> int:
         ig_port,
         out / "ingraph_server.log",
     )
-    targets = [(f"offgraph:{n}", og_port, f"/v1/models/{n}:score", offgraph.p.pid) for n in names]
-    targets.append(("in-graph", ig_port, "/v1/models/ingraph:score", ingraph.p.pid))
-    results: list[dict] = []
+    procs.append(ingraph)
+    targets = [
+        {"label": f"{p.name}:{n}", "port": p.port, "path": f"/v1/models/{n}:score", "pid": p.p.pid, "bodies": bodies}
+        for p in procs[:-1]
+        for n in names
+    ]
+    targets.append(
+        {
+            "label": "in-graph",
+            "port": ig_port,
+            "path": "/v1/models/ingraph:score",
+            "pid": ingraph.p.pid,
+            "bodies": bodies,
+        }
+    )
+    roles = Roles(
+        new=f"new:{names[0]}",
+        ingraph="in-graph",
+        old=f"old:{names[0]}" if args.baseline_repo is not None else None,
+        ids=f"new:{names[0]} ids-only" if ids_bodies else None,
+    )
+    if ids_bodies:
+        targets.append({**targets[0], "label": roles.ids, "bodies": ids_bodies})
+    cells: list[dict] = []
     try:
-        offgraph.wait_ready(180)
-        ingraph.wait_ready(180)
-        print(f"servers ready: offgraph :{og_port} ({', '.join(names)}), in-graph :{ig_port}", flush=True)
+        for p in procs:
+            p.wait_ready(180)
+        print("servers ready: " + ", ".join(f"{p.name} :{p.port}" for p in procs), flush=True)
 
         async def measure():
             parity = {}
             probe = bodies[200 if 200 in bodies else sizes[0]][0]
             ref = await fetch_scores("127.0.0.1", ig_port, "/v1/models/ingraph:score", probe)
-            for label, port, path, _ in targets[:-1]:
-                parity[label] = float(np.abs(await fetch_scores("127.0.0.1", port, path, probe) - ref).max())
+            for t in targets:
+                if t["label"] != "in-graph" and t["bodies"] is bodies:
+                    got = await fetch_scores("127.0.0.1", t["port"], t["path"], probe)
+                    parity[t["label"]] = float(np.abs(got - ref).max())
             for n in sizes:
                 for c in concs:
-                    for label, port, path, pid in targets:
-                        r = await run_cell(
-                            "127.0.0.1", port, path, bodies[n], c, args.requests, args.seconds, args.warmup, n, pid
-                        )
-                        r.update(server=label, n=n, concurrency=c)
-                        results.append(r)
-                        print(
-                            f"  {label:16s} N={n:<5d} c={c}: p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
-                            f"{r['rps']:7.1f} req/s  server CPU {r['server_cpu_ms_per_request']:5.2f} ms/req  "
-                            f"(load {r['loadavg_1m']:.1f}, {r['requests']} requests"
-                            + (f", ERRORS {r['errors']}" if r["errors"] else "")
-                            + ")",
-                            flush=True,
-                        )
+                    here = [t for t in targets if n in t["bodies"]]
+                    for k in range(args.alternations):
+                        for t in rotation(here, k):
+                            r = await run_cell(
+                                "127.0.0.1",
+                                t["port"],
+                                t["path"],
+                                t["bodies"][n],
+                                c,
+                                args.requests,
+                                args.seconds,
+                                args.warmup,
+                                n,
+                                t["pid"],
+                            )
+                            r.update(server=t["label"], n=n, concurrency=c, alternation=k)
+                            cells.append(r)
+                            print(
+                                f"  [{k + 1}/{args.alternations}] {t['label']:22s} N={n:<5d} c={c}: p50 {r['p50_ms']:7.2f} ms  "
+                                f"p99 {r['p99_ms']:7.2f} ms  {r['rps']:7.1f} req/s  server CPU "
+                                f"{r['server_cpu_ms_per_request']:5.2f} ms/req  (load {r['loadavg_1m']:.1f}, "
+                                f"{r['requests']} requests" + (f", ERRORS {r['errors']}" if r["errors"] else "") + ")",
+                                flush=True,
+                            )
             return parity
 
         import uvloop
 
         parity = uvloop.run(measure())
     finally:
-        offgraph.stop()
-        ingraph.stop()
+        for p in procs:
+            p.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-    def cell(server, n, c):
-        return next((r for r in results if r["server"] == server and r["n"] == n and r["concurrency"] == c), None)
+    rows = medians(cells)
+    checks = acceptance(rows, roles)
 
-    ratios = {}
-    for label, *_ in targets[:-1]:
-        ratios[label] = {}
-        for n in sizes:
-            for c in concs:
-                a, b = cell(label, n, c), cell("in-graph", n, c)
-                ratios[label][f"N={n},c={c}"] = {
-                    "p50": a["p50_ms"] / b["p50_ms"],
-                    "p99": a["p99_ms"] / b["p99_ms"],
-                    "rps": a["rps"] / b["rps"],
-                }
-    acceptance = {}
-    if 200 in sizes:
-        for label, *_ in targets[:-1]:
-            c1, c8 = cell(label, 200, 1), cell(label, 200, max(concs))
-            acc = {}
-            if c1:
-                acc["p50_ms<=6"] = {"value": c1["p50_ms"], "ok": c1["p50_ms"] <= FLOORS["p50_ms"]}
-                acc["p99_ms<=12"] = {"value": c1["p99_ms"], "ok": c1["p99_ms"] <= FLOORS["p99_ms"]}
-                r = ratios[label]["N=200,c=1"]["p50"]
-                acc["ratio_p50_vs_ingraph<=1.3"] = {"value": r, "ok": r <= FLOORS["ratio"]}
-            if c8 and max(concs) >= 8:
-                acc["rps_c8>=250"] = {"value": c8["rps"], "ok": c8["rps"] >= FLOORS["rps"]}
-            acceptance[label] = acc
-
-    breakdown = None
+    breakdown: dict = {}
     if not args.no_breakdown:
-        breakdown = {}
-        for size in sorted({200, max(sizes)} & set(sizes)):
+        from bench.serve_breakdown import breakdown as phases
+
+        forms = [(f"N={n}", bodies[n]) for n in sorted({IDS_N, max(sizes)} & set(sizes))]
+        forms += [(f"N={IDS_N} ids-only", ids_bodies[IDS_N])] if ids_bodies else []
+        for label, bs in forms:
             try:
-                breakdown[f"N={size}"] = {
-                    n: library_breakdown(
-                        models_src / n,
-                        bodies[size][0],
-                        100,
-                        args.cache_mb / max(1, len(names)),
-                        args.intra_threads,
-                        args.inter_threads,
-                    )
-                    for n in names
-                }
+                breakdown[label] = phases(
+                    models_src / names[0],
+                    bs,
+                    100,
+                    args.cache_mb / max(1, len(names)),
+                    args.intra_threads,
+                    args.inter_threads,
+                )
             except Exception as e:  # noqa: BLE001 - the breakdown is extra information
-                breakdown[f"N={size}"] = {"error": f"{type(e).__name__}: {e}"}
+                breakdown[label] = {"error": f"{type(e).__name__}: {e}"}
 
     report = {
         "machine": {
@@ -509,47 +538,27 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_at_end": os.getloadavg(),
         },
         "settings": {
-            "sizes": sizes,
-            "concurrency": concs,
-            "requests_per_cell": args.requests,
-            "seconds_per_cell": args.seconds,
-            "warmup": args.warmup,
-            "bodies_per_n": args.bodies,
-            "intra_threads": args.intra_threads,
-            "inter_threads": args.inter_threads,
-            "score_threads": args.score_threads,
-            "workers": args.workers,
-            "cache_mb": args.cache_mb,
-            "models": names,
-            "follow_seconds": args.follow_seconds,
-            "run": str(args.run),
-            "data": str(args.data),
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "old_serve_module": serve_module(args.baseline_repo) if args.baseline_repo else None,
         },
-        "results": results,
-        "ratio_vs_ingraph": ratios,
-        "acceptance_n200": acceptance,
-        "max_abs_score_diff_vs_ingraph_n200": parity,
+        "roles": vars(roles),
+        "cells": cells,
+        "medians": rows,
+        "ratios": ratios(rows, roles),
+        "acceptance": checks,
+        "max_abs_score_diff_vs_ingraph": parity,
         "library_breakdown_ms": breakdown,
     }
     (out / "serve_latency.json").write_text(json.dumps(report, indent=2))
-    plot(results, sizes, concs, out / "serve_latency.png")
+    plot(rows, sizes, concs, out / "serve_latency.png")
 
-    print(f"\nN=200 acceptance (c=1 p50/p99 over HTTP, p50 ratio vs in-graph, c={max(concs)} throughput):")
-    for label, acc in acceptance.items():
-        print(
-            f"  {label}: " + ", ".join(f"{k} {v['value']:.2f} {'ok' if v['ok'] else 'MISSED'}" for k, v in acc.items())
-        )
-    print(f"  |score offgraph - in-graph| at N=200: {parity}")
-    for size, per_model in (breakdown or {}).items():
-        for name, b in per_model.items():
-            print(
-                f"  library Scorer.score in-process, {size}, {name} (median ms): "
-                + (
-                    ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in b.items())
-                    if isinstance(b, dict)
-                    else str(b)
-                )
-            )
+    print()
+    print("\n".join(table_lines(rows, roles)))
+    print(f"\nacceptance (issue 29), medians of {args.alternations} alternation(s):")
+    print("\n".join(acceptance_lines(checks)))
+    print(f"  |score - in-graph| on one request: {parity}")
+    for label, b in breakdown.items():
+        print("\n".join(breakdown_lines(f"in-process, {roles.new}, {label}", b)))
     print(f"wrote {out / 'serve_latency.json'} and {out / 'serve_latency.png'}")
     return 0
 
