@@ -7,43 +7,73 @@ phases are attributed with cProfile, by the cumulative time of the functions tha
 by file and function name so that a phase the scorer no longer has reads as absent rather than failing;
 the profiled total and the unprofiled median are both given (cProfile adds per-call overhead, so the
 phases are shares of the profiled total). The functions with the most own time come with them.
+
+``run_breakdown`` runs this file as a script in a child process from a checkout's directory with that
+directory first on the path (:func:`breakdown` imports that checkout's scorer, in the package layout or
+in the old one of top-level ``server`` and ``features``), so that old and new code are broken down
+alike and TensorFlow's thread settings stay out of the caller.
+
+    python bench/serve_breakdown.py --model-dir MODELS/NAME --bodies BODIES.jsonl --out OUT.json
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
+import importlib
 import json
+import os
 import pstats
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-# phase -> (file name, function name) of the calls whose cumulative time is that phase
-PHASES: dict[str, tuple[str, str]] = {
-    "feature_join": ("feature_join.py", "fill"),
-    "fg": ("fg.py", "transform"),
-    "keys": ("batch.py", "batch_keys"),
-    "store_read": ("batch.py", "read_through_cache"),
-    "pool": ("batch.py", "pool_batch"),
-    "dense_tf": ("scorer.py", "dense"),
-    "calibrate": ("calibration.py", "calibrate"),
+# phase -> (file names, function name) of the calls whose cumulative time is that phase
+PHASES: dict[str, tuple[tuple[str, ...], str]] = {
+    "feature_join": (("feature_join.py",), "fill"),
+    "fg": (("fg.py",), "transform"),
+    "keys": (("batch.py", "scorer_impl.py"), "batch_keys"),
+    "store_read": (("batch.py", "scorer_impl.py"), "read_through_cache"),
+    "pool": (("batch.py", "scorer_impl.py"), "pool_batch"),
+    "dense_tf": (("scorer.py",), "dense"),
+    "calibrate": (("calibration.py",), "calibrate"),
 }
-TOTAL = ("scorer.py", "score_joined")
+TOTAL = (("scorer.py",), "score_joined")
+# module of each part, in the package layout and in the old one
+MODULES = {
+    "scorer": ("offgraph.scoring.scorer", "server.scorer"),
+    "schemas": ("offgraph.server.schemas", "server.schemas"),
+    "score_body": ("offgraph.server.score_body", "server.score_body"),
+    "tf_threads": ("offgraph.server.tf_threads", "server.tf_threads"),
+}
 
 
-def _cumulative(stats: pstats.Stats, where: tuple[str, str]) -> float | None:
+def _module(part: str, code: str):
+    """``part``'s module in layout ``code`` ("package", or "old": the top-level ``server`` and ``features``), chosen
+    by the checkout, never by what imports: the installed package imports from an old checkout too."""
+    return importlib.import_module(MODULES[part][code == "old"])
+
+
+def layout(repo: Path) -> str:
+    return "old" if (repo / "offgraph_cli.py").exists() else "package"
+
+
+def _cumulative(stats: pstats.Stats, where: tuple[tuple[str, ...], str]) -> float | None:
     """Cumulative seconds of the calls to ``where``, outermost calls only (pstats' cumtime excludes recursion)."""
-    found = [v[3] for (path, _, func), v in stats.stats.items() if func == where[1] and path.endswith(where[0])]  # type: ignore[attr-defined]
+    files, name = where
+    found = [v[3] for (path, _, func), v in stats.stats.items() if func == name and Path(path).name in files]  # type: ignore[attr-defined]
     return sum(found) if found else None
 
 
-def decode_ms(bodies: list[bytes], repeats: int) -> float:
+def decode_ms(bodies: list[bytes], repeats: int, code: str = "package") -> float:
     """Median ms of decoding a body as the server does."""
-    from offgraph.server.schemas import ScoreRequest
-    from offgraph.server.score_body import ScoreBodyParser
-
-    parser = ScoreBodyParser(ScoreRequest, max(len(json.loads(b)["candidates"]) for b in bodies))
+    parser = _module("score_body", code).ScoreBodyParser(
+        _module("schemas", code).ScoreRequest, max(len(json.loads(b)["candidates"]) for b in bodies)
+    )
     ts = []
     for i in range(repeats):
         t0 = time.perf_counter()
@@ -52,13 +82,18 @@ def decode_ms(bodies: list[bytes], repeats: int) -> float:
     return float(np.median(ts) * 1e3)
 
 
-def breakdown(model_dir: Path, bodies: list[bytes], repeats: int, row_cache_mb: float, intra: int, inter: int) -> dict:
+def breakdown(
+    model_dir: Path,
+    bodies: list[bytes],
+    repeats: int,
+    row_cache_mb: float,
+    intra: int,
+    inter: int,
+    code: str = "package",
+) -> dict:
     """Phases (ms per request) of ``repeats`` requests cycling through ``bodies``, after one warm pass."""
-    from offgraph.server.tf_threads import configure_tf_threads
-
-    configure_tf_threads(intra, inter)  # as the servers
-    from offgraph.scoring.scorer import load
-
+    _module("tf_threads", code).configure_tf_threads(intra, inter)  # as the servers
+    load = _module("scorer", code).load
     reqs = [json.loads(b) for b in bodies]
     s = load(model_dir, row_cache_mb=row_cache_mb)
     try:
@@ -84,7 +119,7 @@ def breakdown(model_dir: Path, bodies: list[bytes], repeats: int, row_cache_mb: 
     phases = {k: (None if (v := _cumulative(stats, w)) is None else v * per) for k, w in PHASES.items()}
     top = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:12]  # type: ignore[attr-defined]
     return {
-        "decode_ms": decode_ms(bodies, repeats),
+        "decode_ms": decode_ms(bodies, repeats, code),
         "score_unprofiled_median_ms": float(np.median(wall) * 1e3),
         "score_profiled_ms": total,
         "phases_profiled_ms": phases,
@@ -109,3 +144,52 @@ def breakdown_lines(label: str, b: dict) -> list[str]:
         f"    phases (profiled ms/request): {phases}, other {b['other_profiled_ms']:.2f}",
         f"    most own time (ms/request): {top}",
     ]
+
+
+def run_breakdown(
+    repo: Path, model_dir: Path, bodies: list[bytes], repeats: int, row_cache_mb: float, intra: int, inter: int
+) -> dict:
+    """:func:`breakdown` of the code in ``repo``, in a child process (see the module's docstring)."""
+    with tempfile.TemporaryDirectory(prefix="serve-breakdown-") as tmp:
+        bodies_path, out = Path(tmp) / "bodies.jsonl", Path(tmp) / "out.json"
+        bodies_path.write_bytes(b"\n".join(bodies) + b"\n")
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--model-dir", str(model_dir)]
+        cmd += ["--bodies", str(bodies_path), "--out", str(out), "--repeats", str(repeats)]
+        cmd += [
+            "--layout",
+            layout(repo),
+            "--row-cache-mb",
+            str(row_cache_mb),
+            "--intra-threads",
+            str(intra),
+            "--inter-threads",
+            str(inter),
+        ]
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(repo)}
+        p = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"breakdown in {repo} failed ({p.returncode}): {p.stderr[-2000:]}")
+        return json.loads(out.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-dir", required=True, help="a model directory (its newest version) or a version")
+    ap.add_argument("--bodies", required=True, help="score bodies, one JSON object a line")
+    ap.add_argument("--out", required=True, help="where the breakdown's JSON goes")
+    ap.add_argument("--repeats", type=int, default=100)
+    ap.add_argument("--layout", choices=["package", "old"], default="package", help="the checkout's layout")
+    ap.add_argument("--row-cache-mb", type=float, default=256.0)
+    ap.add_argument("--intra-threads", type=int, default=1)
+    ap.add_argument("--inter-threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    bodies = [b for b in Path(a.bodies).read_bytes().split(b"\n") if b]
+    b = breakdown(Path(a.model_dir), bodies, a.repeats, a.row_cache_mb, a.intra_threads, a.inter_threads, a.layout)
+    Path(a.out).write_text(json.dumps(b, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    here = Path(__file__).resolve().parent  # run as a script: bench/ must not shadow the checkout's modules
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+    raise SystemExit(main())

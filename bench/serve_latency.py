@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.serve_breakdown import breakdown_lines
+from bench.serve_breakdown import breakdown_lines, layout
 from bench.serve_latency_summary import (
     Roles,
     acceptance,
@@ -357,7 +357,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def serve_module(repo: Path) -> str:
     """The module that runs ``serve`` in a checkout: ``offgraph.cli``, or ``offgraph_cli`` in the old layout."""
-    return "offgraph_cli" if (repo / "offgraph_cli.py").exists() else "offgraph.cli"
+    return "offgraph_cli" if layout(repo) == "old" else "offgraph.cli"
 
 
 def ids_only_model(models: Path, name: str):
@@ -513,22 +513,27 @@ def main(argv: list[str] | None = None) -> int:
 
     breakdown: dict = {}
     if not args.no_breakdown:
-        from bench.serve_breakdown import breakdown as phases
+        from bench.serve_breakdown import run_breakdown
 
         forms = [(f"N={n}", bodies[n]) for n in sorted({IDS_N, max(sizes)} & set(sizes))]
         forms += [(f"N={IDS_N} ids-only", ids_bodies[IDS_N])] if ids_bodies else []
+        codes = [("new", REPO)] + ([("old", args.baseline_repo)] if args.baseline_repo is not None else [])
         for label, bs in forms:
-            try:
-                breakdown[label] = phases(
-                    models_src / names[0],
-                    bs,
-                    100,
-                    args.cache_mb / max(1, len(names)),
-                    args.intra_threads,
-                    args.inter_threads,
-                )
-            except Exception as e:  # noqa: BLE001 - the breakdown is extra information
-                breakdown[label] = {"error": f"{type(e).__name__}: {e}"}
+            for tag, repo in codes:
+                key = f"{tag}:{names[0]}, {label}"
+                print(f"in-process breakdown: {key} ...", flush=True)
+                try:
+                    breakdown[key] = run_breakdown(
+                        repo,
+                        models_src / names[0],
+                        bs,
+                        100,
+                        args.cache_mb / max(1, len(names)),
+                        args.intra_threads,
+                        args.inter_threads,
+                    )
+                except Exception as e:  # noqa: BLE001 - the breakdown is extra information
+                    breakdown[key] = {"error": f"{type(e).__name__}: {e}"}
 
     report = {
         "machine": {
@@ -558,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(acceptance_lines(checks)))
     print(f"  |score - in-graph| on one request: {parity}")
     for label, b in breakdown.items():
-        print("\n".join(breakdown_lines(f"in-process, {roles.new}, {label}", b)))
+        print("\n".join(breakdown_lines(f"in-process, {label}", b)))
     print(f"wrote {out / 'serve_latency.json'} and {out / 'serve_latency.png'}")
     return 0
 
