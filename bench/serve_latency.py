@@ -13,7 +13,8 @@ core, sharing the port with SO_REUSEPORT), the same TF threads and scoring-pool 
   the same versions.
 
 Requests are real MovieLens requests: rows grouped by ``request_id``, the request = the group's
-user features, N candidates = N distinct real movies' item features; when the first model's spec
+user features, N candidates = N distinct real movies' item features (past the catalogue: every
+movie once, some twice); when the first model's spec
 declares feature tables, the same N = 1000 requests are also sent ids-only to the new code (the
 feature join fills them; ``bench.ids_only_latency.ids_only_bodies``). Each cell (N, concurrency) is
 measured ``--alternations`` times, the servers' order rotated each time (so that a change in the
@@ -66,8 +67,16 @@ ITEM_INPUTS = ["movie_id", "genres", "title_words", "release_year"]
 
 
 # -- requests ---------------------------------------------------------------------------------------
+def candidate_rows(rng: np.random.Generator, movies: int, n: int) -> np.ndarray:
+    """N distinct movies; past the catalogue (MovieLens-100k has fewer movies than a large N), every movie
+    once and the rest drawn again, distinct among themselves: the request repeats some candidates."""
+    if n <= movies:
+        return rng.choice(movies, n, replace=False)
+    return np.concatenate([rng.permutation(movies), candidate_rows(rng, movies, n - movies)])
+
+
 def build_bodies(data: Path, sizes: list[int], per_size: int, seed: int) -> dict[int, list[bytes]]:
-    """Serialized score bodies per N: real requests (grouped by request_id) x N real movies."""
+    """Serialized score bodies per N: real requests (grouped by request_id) x N real movies (``candidate_rows``)."""
     import pyarrow.parquet as pq
 
     cols = pq.read_table(data, columns=REQUEST_INPUTS + ITEM_INPUTS + ["request_id"]).to_pydict()
@@ -78,8 +87,6 @@ def build_bodies(data: Path, sizes: list[int], per_size: int, seed: int) -> dict
         if mid not in items:
             items[mid] = {c: cols[c][i] for c in ITEM_INPUTS}
     movies = list(items.values())
-    if max(sizes) > len(movies):
-        raise ValueError(f"N={max(sizes)} is more than the {len(movies)} distinct movies in {data}")
     rng = np.random.default_rng(seed)
     groups = list(first.values())
     out = {}
@@ -87,7 +94,7 @@ def build_bodies(data: Path, sizes: list[int], per_size: int, seed: int) -> dict
         bodies = []
         for g in rng.choice(len(groups), per_size, replace=False):
             req = {c: cols[c][groups[g]] for c in REQUEST_INPUTS}
-            cands = [movies[j] for j in rng.choice(len(movies), n, replace=False)]
+            cands = [movies[j] for j in candidate_rows(rng, len(movies), n)]
             bodies.append(json.dumps({"request": req, "candidates": cands}, separators=(",", ":")).encode())
         out[n] = bodies
     return out

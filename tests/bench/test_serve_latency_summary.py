@@ -1,8 +1,9 @@
 """bench.serve_latency's arguments and its summary (medians over alternations, ratios, acceptance) on made-up cells."""
 
+import numpy as np
 import pytest
 
-from bench.serve_latency import parse_args, serve_module
+from bench.serve_latency import candidate_rows, parse_args, serve_module
 from bench.serve_latency_summary import Roles, acceptance, acceptance_lines, medians, ratios, rotation, table_lines
 
 ROLES = Roles(new="new:m", ingraph="in-graph", old="old:m", ids="new:m ids-only")
@@ -125,3 +126,12 @@ def test_arguments(tmp_path):
     (tmp_path / "offgraph_cli.py").unlink()
     (tmp_path / "offgraph" / "cli").mkdir(parents=True)
     assert serve_module(tmp_path) == "offgraph.cli"
+
+
+def test_candidates_are_distinct_movies_and_past_the_catalogue_every_movie_then_repeats():
+    rng = np.random.default_rng(0)
+    few = candidate_rows(rng, 10, 7)
+    assert len(few) == 7 and len(set(few.tolist())) == 7
+    many = candidate_rows(rng, 10, 25)
+    counts = np.bincount(many, minlength=10)
+    assert len(many) == 25 and counts.min() >= 2 and counts.max() == 3  # 10 + 10 + 5 distinct
