@@ -8,6 +8,9 @@ Rules (offgraph/server/README.md, "Request forms"):
 
 - a value sent in the body overrides the stored one, key by key: a key present in the body
   is used as sent, even null ("no value"); a key absent from the body is filled from the table;
+- a body that already carries every column of a table (sent, even null, or filled by an earlier table)
+  has nothing to fill from it: its key is looked up (the unknown count below) but its row is not read,
+  so a stored row it would not use is never judged (never counted unusable);
 - an unknown key (no row) fills nothing (no value, as a missing feature always is); the
   response counts the candidates with an unknown key (``unknown_candidates``) and says whether
   the request's own row was unknown (``unknown_request``); a candidate without the key is not
@@ -51,7 +54,15 @@ import msgspec
 from offgraph.features.fg import FeatureValueError
 from offgraph.features.spec import FeatureSpec
 from offgraph.features.value_limits import value_errors
-from offgraph.store.feature_db import TABLE_FILE, FeatureDB, FeatureTableError, decode_row, row_key, table_dir
+from offgraph.store.feature_db import (
+    TABLE_FILE,
+    FeatureDB,
+    FeatureTableError,
+    decode_row,
+    row_key,
+    row_keys,
+    table_dir,
+)
 
 log = logging.getLogger("offgraph.server")
 
@@ -133,6 +144,7 @@ class FeatureJoin:
         self._db_mode = "follow" if mode == "follow" else "r"
         self._dirs = {t.name: table_dir(Path(version_dir).parent, t.name) for t in spec.tables}
         self._whole: dict[str, bool] = {}
+        self._columns = {t.name: frozenset(t.columns) for t in spec.tables}
         try:
             for t in spec.tables:
                 self._open(t)
@@ -172,20 +184,23 @@ class FeatureJoin:
         # rows of a table whose columns on disk are this spec's (or fewer) can be merged whole
         self._whole[t.name] = set(db.info["columns"]) <= set(t.columns)
 
-    def _rows(self, name: str, keys: list, found: list) -> list:
-        """The rows of record ``keys`` (one multi_get), None for no row and for a row known to be unusable
-        (:meth:`screen` cached its value's hash: a rewritten row is read again), which goes into ``found``."""
+    def _records(self, name: str, keys: list) -> list:
+        """The stored records of record ``keys``, undecoded (one multi_get); None for no row."""
         db = self.dbs.get(name)
-        if db is None:
-            return [None] * len(keys)
+        return [None] * len(keys) if db is None else db.get_raw(keys)
+
+    def _rows(self, name: str, keys: list, records: list, found: list) -> list:
+        """The rows of ``records`` (those of record ``keys``), None for a row known to be unusable (:meth:`screen`
+        cached its value's hash: a rewritten row is read again) and for a record that cannot be decoded; each
+        such row goes into ``found``."""
         bad = self._bad.get(name)
         if not bad:  # the usual case: no unusable row met in this table
             try:
-                return db.get(keys)
+                return list(map(decode_row, records))
             except msgspec.DecodeError:  # a record that is not one (written around the writer): row by row
                 bad = {}
         out: list[Any] = []
-        for k, v in zip(keys, db.get_raw(keys)):
+        for k, v in zip(keys, records):
             known = bad.get(k) if v is not None else None
             if known is not None and known[0] == hash(v):
                 found.append((name, known[1], known[2]))
@@ -208,31 +223,45 @@ class FeatureJoin:
                 if t.key not in request:
                     continue
                 k = row_key(request[t.key])
-                row = self._rows(t.name, [k], found)[0]
-                if row is None:
+                v = self._records(t.name, [k])[0]
+                if v is None:
                     unknown_request = unknown_request or k is not None
+                    continue
+                if self._columns[t.name] <= request.keys():  # the body carries every column: nothing to read
+                    continue
+                row = self._rows(t.name, [k], [v], found)[0]
+                if row is None:
+                    unknown_request = True
                     continue
                 for c in t.columns:
                     if c not in request and c in row:
                         request[c] = row[c]
         unknown = 0
         if self.item_tables:
-            n = len(candidates)
             out = list(candidates)  # a candidate is copied only when a row is merged into it
-            lacking = [False] * n
+            lacking = [False] * len(out)
             for t in self.item_tables:
-                keys = [row_key(c[t.key]) if t.key in c else None for c in candidates]
-                rows = self._rows(t.name, keys, found)  # one multi_get for all candidates
-                cols, whole = t.columns, self._whole.get(t.name, False)
-                for i, (k, row) in enumerate(zip(keys, rows)):
+                keys = row_keys([c.get(t.key) for c in candidates])  # None where the key is absent: no lookup
+                records = self._records(t.name, keys)  # one multi_get for all candidates
+                cols = self._columns[t.name]
+                read = []  # the candidates that have a row and lack some of its columns
+                for i, (k, v) in enumerate(zip(keys, records)):
+                    if v is None:
+                        if k is not None:
+                            lacking[i] = True
+                    elif not cols <= out[i].keys():
+                        read.append(i)
+                rows = self._rows(t.name, [keys[i] for i in read], [records[i] for i in read], found)
+                whole = self._whole.get(t.name, False)
+                for i, row in zip(read, rows):
                     if row is None:
-                        lacking[i] = lacking[i] or k is not None
+                        lacking[i] = True
                     elif whole:
                         row.update(out[i])  # the body's values win
                         out[i] = row
                     else:
                         merged = out[i] = dict(out[i])  # never the caller's dict
-                        for col in cols:
+                        for col in t.columns:
                             if col not in merged and col in row:
                                 merged[col] = row[col]
             unknown = sum(lacking)

@@ -68,6 +68,20 @@ def row_key(value: Any) -> bytes | None:
     return None if c is None else ROW_PREFIX + c.encode("utf-8")
 
 
+def row_keys(values: Iterable[Any]) -> list[bytes | None]:
+    """:func:`row_key` of each value, in one pass: a plain ``int`` or non-empty ``str`` (the usual keys) is
+    encoded straight away, as ``canonical`` writes it; any other value (bool, float, numpy, bytes, a
+    subclass, no value) takes :func:`row_key`."""
+    return [
+        ROW_PREFIX + str(v).encode()
+        if (t := type(v)) is int
+        else ROW_PREFIX + v.encode("utf-8")
+        if t is str and v
+        else row_key(v)
+        for v in values
+    ]
+
+
 def encode_row(seq: int, row: Mapping[str, Any]) -> bytes:
     return _encode((seq, row))
 

@@ -12,7 +12,7 @@ from server_helpers import ThreadServer, copy_models, copy_version, score, serve
 from offgraph.export.feature_build import build_feature_tables
 from offgraph.scoring.feature_join import IdsOnlyError
 from offgraph.scoring.scorer import Scorer
-from offgraph.store.feature_db import FeatureDB, row_key, table_dir
+from offgraph.store.feature_db import FeatureDB, decode_row, row_key, table_dir
 
 
 @pytest.fixture()
@@ -281,3 +281,104 @@ def test_a_stored_record_that_cannot_be_decoded_or_read_is_scored_as_unknown(mod
         assert joined.unknown_candidates == 2 and joined.unusable == 2
         again, joined = s.score_joined(r, c)  # the second time too (the bad record is remembered or re-read)
         assert again.tolist() == want and joined.unusable == 2
+
+
+class _Int(int):
+    pass
+
+
+EDGE_KEYS = [True, False, np.bool_(True), 0, 1, -5, 3, 3.0, -0.0, np.int64(3), np.float32(3.0), _Int(7), 2**70]
+EDGE_KEYS += [float(2**70), -(2**70), 0.5, float("inf"), float("-inf"), float("nan"), "", "3", "0.5", "inf", "true"]
+EDGE_KEYS += ["ünï 🎬", "-5", " 3", b"3", b"", None, [3], (3,), {}]
+
+
+def test_row_keys_are_row_key_on_edge_values():
+    from offgraph.store.feature_db import row_keys
+
+    assert row_keys(EDGE_KEYS) == [row_key(v) for v in EDGE_KEYS]
+    assert row_keys([True, 1, 3.0, "3", -0.0]) == [b"ktrue", b"k1", b"k3", b"k3", b"k0"]
+    for bad in ("\ud800", object()):  # what row_key refuses, row_keys refuses alike
+        with pytest.raises((UnicodeEncodeError, TypeError)) as want:
+            row_key(bad)
+        with pytest.raises(want.type):
+            row_keys([1, bad])
+
+
+def _reference_fill(join, request, candidates):
+    """The join's rules (module docstring) one table and one candidate at a time, with row_key and one read each."""
+
+    def read(t, body):
+        """(looked up and no usable row, the row's values the body lacks)."""
+        k = row_key(body[t.key]) if t.key in body else None
+        db = join.dbs.get(t.name)
+        v = db.get_raw([k])[0] if k is not None and db is not None else None
+        if v is None:
+            return k is not None, {}
+        if all(c in body for c in t.columns):  # nothing to fill: the row is not read
+            return False, {}
+        try:
+            row = decode_row(v)
+        except msgspec.DecodeError:
+            return True, {}
+        return False, {c: row[c] for c in t.columns if c not in body and c in row}
+
+    request, unknown_request = dict(request), False
+    for t in join.request_tables:
+        lacking, filled = read(t, request)
+        unknown_request |= lacking
+        request.update(filled)
+    out, unknown = [], 0
+    for cand in candidates:
+        cand, lacking = dict(cand), False
+        for t in join.item_tables:
+            no_row, filled = read(t, cand)
+            lacking |= no_row
+            cand.update(filled)
+        out.append(cand)
+        unknown += lacking
+    return request, out, unknown, unknown_request
+
+
+def _typed(rows):
+    """Rows compared by value and type (True is not 1, 3.0 is not 3, NaN is NaN), in any key order."""
+    return [{k: repr(v) for k, v in r.items()} for r in rows]
+
+
+def test_join_equals_a_per_candidate_reference_on_edge_keys_and_values(models, requests_):
+    """The batched join (row_keys, one multi_get, rows read only for candidates lacking a column) against the
+    reference above: every edge key type, known, unknown, no value, a list, an absent key; bodies sending none,
+    some or all of the columns, extra columns, nulls; a record that cannot be decoded."""
+    request, cands = requests_[0]
+    stored = [True, 0, 1, -5, 3, 2**70, -(2**70), 0.5, float("inf"), "ünï 🎬", "true-ish"]
+    corrupt = 424242
+    with FeatureDB(table_dir(models / "ml", "item"), "w") as db:
+        db.write(
+            [row_key(k) for k in stored],
+            [
+                {"genres": [f"g{i}", "Drama"], "title_words": [f"w{i}"], "release_year": 1900 + i}
+                if i % 3
+                else {"genres": [f"g{i}"], "release_year": float(1900 + i)}  # a row lacking a column: no value
+                for i in range(len(stored))
+            ],
+            [1] * len(stored),
+        )
+        db._db[row_key(corrupt)] = b"\xc1 not a msgpack record"
+    bodies = [
+        {},
+        {"genres": ["Sent"]},
+        {"genres": None, "title_words": [], "release_year": 1931},  # every column sent: the body wins whole
+        {"release_year": None, "extra": "x"},
+    ]
+    keys = [*EDGE_KEYS[:-5], corrupt, 987654321, [3]]  # (bytes and mappings aside: FG reads neither as an id)
+    cands = [{"movie_id": k, **b} for k in keys for b in bodies]
+    cands += [{"genres": ["Drama"]}, {"title_words": ["no", "key"], "release_year": 1990}]
+    sent = [dict(c) for c in cands]
+    with Scorer(models / "ml" / "1") as s:
+        for req in ({"user_id": request["user_id"]}, {"user_id": 99999999, "gender": "F"}, dict(request), {}):
+            want_req, want, want_unknown, want_unknown_req = _reference_fill(s.join, req, cands)
+            got = s.join.fill(req, cands)
+            assert _typed(got.candidates) == _typed(want)
+            assert _typed([got.request]) == _typed([want_req])
+            assert (got.unknown_candidates, got.unknown_request) == (want_unknown, want_unknown_req)
+            assert got.unusable == sum(1 for c in cands if c.get("movie_id") == corrupt and len(c) < 4)
+            assert _typed(cands) == _typed(sent)  # the caller's dicts are never changed
