@@ -155,6 +155,54 @@ def _fast_key(values) -> tuple:
     return tuple(out)
 
 
+_SCALARS = frozenset({str, int, float, type(None)})
+"""Types of a value whose ``_fast_key`` is the value itself (a float once it is known not to be NaN)."""
+
+
+def _column_layout(col: list) -> bool | None:
+    """How one item input's column of all candidates enters the fast keys: False when every value is a
+    plain scalar (no NaN), True when every value is a list of plain scalars, None when some value needs
+    ``_fast_key``'s checks or the exact ``freeze_value`` key (a bool, NaN, a mix, anything else)."""
+    kinds = set(map(type, col))
+    if kinds <= _SCALARS:
+        if float in kinds and any(v != v for v in col if type(v) is float):
+            return None
+        return False
+    if kinds == {list} and set(map(type, chain.from_iterable(col))) <= _SCALARS:
+        return True  # a NaN inside a list stays as it is, as in ``_fast_key``
+    return None
+
+
+_KEY_BUILDERS: dict[tuple[bool, ...], Callable[..., tuple]] = {}
+
+
+def _key_builder(layout: tuple[bool, ...]) -> Callable[..., tuple]:
+    """A function of one candidate's item values (columns laid out as ``layout``: True for lists) that
+    returns their ``_fast_key``, made once per layout: one tuple display, no per-value Python loop."""
+    fn = _KEY_BUILDERS.get(layout)
+    if fn is None:
+        args = [f"v{j}" for j in range(len(layout))]
+        parts = [f"_LIST, len({a}), *{a}" if is_list else a for a, is_list in zip(args, layout)]
+        fn = eval(f"lambda {', '.join(args)}: ({', '.join(parts)},)", {"_LIST": _LIST})
+        _KEY_BUILDERS[layout] = fn
+    return fn
+
+
+def fast_keys(columns: Sequence[list]) -> list[tuple] | None:
+    """``_fast_key`` of every candidate given its item inputs column-wise (``columns[j][i]``: input j of
+    candidate i), built column by column; None when some column needs the per-candidate keys
+    (``_column_layout``). Keys are not hashed here: an unhashable value inside a list raises at lookup."""
+    layout = []
+    for col in columns:
+        kind = _column_layout(col)
+        if kind is None:
+            return None
+        layout.append(kind)
+    if not columns:
+        return None
+    return list(map(_key_builder(tuple(layout)), *columns))
+
+
 ADOPT_CHUNK = 8192
 """Items per step when a generator adopts another's item cache (each step holds the GIL)."""
 
@@ -508,6 +556,34 @@ class FeatureGenerator:
             return self._new_entries(candidates, range(n), bound)
         inputs = self._item_inputs
         cache = self._cache
+        keys = fast_keys([[c.get(k) for c in candidates] for k in inputs])
+        entries: list
+        try:
+            if keys is None:
+                raise TypeError
+            entries = list(map(cache.get, keys))
+        except TypeError:  # some candidate's key needs the per-value checks (or the exact key)
+            keys, entries = self._keyed(candidates)
+        miss_keys: dict[tuple, int] = {}
+        if None in entries:
+            for i, e in enumerate(entries):
+                if e is None:
+                    miss_keys.setdefault(keys[i], i)
+        self.cache_misses += len(miss_keys)
+        self.cache_hits += n - len(miss_keys)
+        if miss_keys:
+            first = list(miss_keys.values())
+            for i, e in zip(first, self._new_entries(candidates, first, bound)):
+                cache[keys[i]] = e
+            entries = [e if e is not None else cache[k] for e, k in zip(entries, keys)]
+            while len(cache) > self._cache_size:
+                cache.popitem(last=False)
+        return entries
+
+    def _keyed(self, candidates: Sequence[Mapping[str, Any]]) -> tuple[list[tuple], list]:
+        """(item-cache key, cached entry or None) of each candidate, one candidate at a time."""
+        inputs = self._item_inputs
+        cache = self._cache
         keys = []
         entries: list = []
         for cand in candidates:
@@ -519,20 +595,7 @@ class FeatureGenerator:
                 e = cache.get(k)
             keys.append(k)
             entries.append(e)
-        miss_keys: dict[tuple, int] = {}
-        for i, e in enumerate(entries):
-            if e is None:
-                miss_keys.setdefault(keys[i], i)
-        self.cache_misses += len(miss_keys)
-        self.cache_hits += n - len(miss_keys)
-        if miss_keys:
-            first = list(miss_keys.values())
-            for i, e in zip(first, self._new_entries(candidates, first, bound)):
-                cache[keys[i]] = e
-            entries = [e if e is not None else cache[k] for e, k in zip(entries, keys)]
-            while len(cache) > self._cache_size:
-                cache.popitem(last=False)
-        return entries
+        return keys, entries
 
     def _new_entries(self, candidates: Sequence[Mapping[str, Any]], which, bound: Bound) -> list[tuple]:
         """Item fields of ``candidates[i] for i in which``, as cache entries (checked against ``bound``)."""
