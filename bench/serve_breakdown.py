@@ -33,16 +33,16 @@ from pathlib import Path
 import numpy as np
 
 # phase -> (file names, function name) of the calls whose cumulative time is that phase
-PHASES: dict[str, tuple[tuple[str, ...], str]] = {
-    "feature_join": (("feature_join.py",), "fill"),
-    "fg": (("fg.py",), "transform"),
-    "keys": (("batch.py", "scorer_impl.py"), "batch_keys"),
-    "store_read": (("batch.py", "scorer_impl.py"), "read_through_cache"),
-    "pool": (("batch.py", "scorer_impl.py"), "pool_batch"),
-    "dense_tf": (("scorer.py",), "dense"),
-    "calibrate": (("calibration.py",), "calibrate"),
+PHASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "feature_join": (("feature_join.py",), ("fill",)),
+    "fg": (("fg.py",), ("transform",)),
+    "keys": (("batch.py", "scorer_impl.py"), ("batch_keys",)),
+    "store_read": (("batch.py", "scorer_impl.py"), ("read_through_cache",)),
+    "pool": (("batch.py", "scorer_impl.py"), ("pool_batch", "pool_segments")),
+    "dense_tf": (("scorer.py",), ("dense", "_dense_segments")),
+    "calibrate": (("calibration.py",), ("calibrate",)),
 }
-TOTAL = (("scorer.py",), "score_joined")
+TOTAL = (("scorer.py",), ("score_joined",))
 # module of each part, in the package layout and in the old one
 MODULES = {
     "scorer": ("offgraph.scoring.scorer", "server.scorer"),
@@ -62,10 +62,10 @@ def layout(repo: Path) -> str:
     return "old" if (repo / "offgraph_cli.py").exists() else "package"
 
 
-def _cumulative(stats: pstats.Stats, where: tuple[tuple[str, ...], str]) -> float | None:
+def _cumulative(stats: pstats.Stats, where: tuple[tuple[str, ...], tuple[str, ...]]) -> float | None:
     """Cumulative seconds of the calls to ``where``, outermost calls only (pstats' cumtime excludes recursion)."""
-    files, name = where
-    found = [v[3] for (path, _, func), v in stats.stats.items() if func == name and Path(path).name in files]  # type: ignore[attr-defined]
+    files, names = where
+    found = [v[3] for (path, _, func), v in stats.stats.items() if func in names and Path(path).name in files]  # type: ignore[attr-defined]
     return sum(found) if found else None
 
 

@@ -37,18 +37,54 @@ def batch_keys(batch: FGBatch) -> Keys:
     return Keys(ut, ur, inverse.astype(np.int64), uniq, bounds)
 
 
+@dataclass(frozen=True)
+class Segments:
+    """A batch's pooled (field, row) segments: ``sums`` [S, D+1] (vector, then weight) and ``seg`` [N, F], the
+    segment of each candidate's field (one shared segment for a broadcast request field)."""
+
+    sums: np.ndarray
+    seg: np.ndarray
+    dim: int
+
+    def whole(self) -> tuple[np.ndarray, np.ndarray]:
+        """emb [N, F, D], first_order [N, F]; each gathered on its own (no [N, F, D+1] intermediate to copy apart)."""
+        return np.ascontiguousarray(self.sums[self.seg, : self.dim]), np.ascontiguousarray(
+            self.sums[self.seg, self.dim]
+        )
+
+    def split(self, request_fields: np.ndarray, candidate_fields: np.ndarray) -> dict[str, np.ndarray]:
+        """The dense ``split`` signature's inputs: the request fields' segments once (every candidate shares
+        them) as ``req_emb`` [1, F_r, D] / ``req_first_order`` [1, F_r], the other fields as ``cand_emb``
+        [N, F_c, D] / ``cand_first_order`` [N, F_c]. No [N, F_r, D] broadcast copy is built."""
+        req = self.seg[:1, request_fields]
+        cand = self.seg[:, candidate_fields]
+        d = self.dim
+        return {
+            "req_emb": self.sums[req, :d],
+            "req_first_order": self.sums[req, d],
+            "cand_emb": self.sums[cand, :d],
+            "cand_first_order": self.sums[cand, d],
+        }
+
+
 def pool_batch(
     batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.ndarray, poolings: list[str], dim: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Unique rows' vectors [U, D] / weights [U] -> emb [N, F, D], first_order [N, F].
+    """Unique rows' vectors [U, D] / weights [U] -> emb [N, F, D], first_order [N, F] (:func:`pool_segments`)."""
+    return pool_segments(batch, keys, vectors, first_order, poolings, dim).whole()
+
+
+def pool_segments(
+    batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.ndarray, poolings: list[str], dim: int
+) -> Segments:
+    """Unique rows' vectors [U, D] / weights [U] -> the pooled segments of every (field, row).
 
     All fields at once, vectors and weights together as [U, D+1]. The lookups are in
     (field, row) order, so each (field, row) segment is contiguous: the segments' first
     values are gathered in one go, then the j-th values added for the segments longer
     than j (a loop over positions, not values: as many steps as the longest segment;
     the same summation order as ``offgraph.features.pooling.pool_numpy``). Mean divides by the
-    count; one gather places each field's segments (one shared segment for a broadcast
-    request field) into [N, F].
+    count. A broadcast request field has one segment, pooled once.
     """
     n, F = batch.n, len(batch.fields)
     if len(poolings) != F:
@@ -92,23 +128,7 @@ def pool_batch(
         rank = np.empty(len(order), dtype=np.int64)
         rank[order] = np.arange(len(order))
         seg = rank[seg]
-    # each output gathered on its own: no [N, F, D+1] intermediate to copy apart
-    return np.ascontiguousarray(sums[seg, :dim]), np.ascontiguousarray(sums[seg, dim])
-
-
-def split_pooled(
-    emb: np.ndarray, first_order: np.ndarray, request_fields: np.ndarray, candidate_fields: np.ndarray
-) -> dict[str, np.ndarray]:
-    """One request's pooled [N, F, D] / [N, F] as the dense ``split`` signature's inputs: the request
-    fields of row 0 (all candidates share them: FG computes them once and broadcasts them) as
-    ``req_emb`` [1, F_r, D] / ``req_first_order`` [1, F_r], the other fields as ``cand_emb`` [N, F_c, D] /
-    ``cand_first_order`` [N, F_c]."""
-    return {
-        "req_emb": emb[:1, request_fields],
-        "req_first_order": first_order[:1, request_fields],
-        "cand_emb": emb[:, candidate_fields],
-        "cand_first_order": first_order[:, candidate_fields],
-    }
+    return Segments(sums, seg, dim)
 
 
 def read_through_cache(

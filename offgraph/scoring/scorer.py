@@ -6,8 +6,9 @@
                                                      # ranking scores ("ranking": a listwise model uncalibrated)
 
 (feature tables: fill what the body did not send, ``offgraph/scoring/feature_join.py``) -> FG -> unique
-keys -> row cache -> store read of the misses -> pool into [N, F, D] and [N, F] -> one
-signature call -> calibration.
+keys -> row cache -> store read of the misses -> pool (a request field once) -> one signature call
+(the dense head's ``split`` signature, the request's part of it computed once, when the version has
+it; else ``serving_default`` on [N, F, D] and [N, F]) -> calibration.
 
 ``store_mode="follow"`` opens the store as a RocksDB secondary of the live writer (the
 streaming updater) and starts one daemon thread (``offgraph.store.follower``) that, every
@@ -148,6 +149,12 @@ class Scorer:
         cache_hits, store_rows_read and found_rows (of the rows read from the store), store_read_seconds
         (its wall time, also observed as ``offgraph_store_read_seconds``), ``dense``
         (the numeric fields' [N, k] values) and ``ignored_keys`` (raw keys the model does not read)."""
+        segments, stats = self._segments(request, candidates)
+        emb, fo = segments.whole()
+        return emb, fo, stats
+
+    def _segments(self, request, candidates) -> tuple[scorer_impl.Segments, dict]:
+        """:meth:`pooled` before the pooled segments are laid out as [N, F, D]."""
         batch = self.features(request, candidates)
         keys = scorer_impl.batch_keys(batch)
         feed = self._follower  # fresh rows from the writer's feed, looked up first
@@ -165,7 +172,7 @@ class Scorer:
             if self.row_cache is not None:
                 c["cache_hits"] += hits
                 c["cache_misses"] += read
-        emb, fo = scorer_impl.pool_batch(batch, keys, vec, w, self.poolings, self.dim)
+        segments = scorer_impl.pool_segments(batch, keys, vec, w, self.poolings, self.dim)
         stats = {
             "lookups": int(len(keys.inverse)),
             "unique_rows": int(len(keys.unique_rows)),
@@ -176,7 +183,7 @@ class Scorer:
             "ignored_keys": batch.ignored_keys,
             "store_read_seconds": read_s or 0.0,
         }
-        return emb, fo, stats
+        return segments, stats
 
     def _split_signature(self):
         """(signature, request field indices, candidate field indices) of the dense head's split
@@ -197,19 +204,34 @@ class Scorer:
     ) -> np.ndarray:
         """CTRs [N] (before calibration) of one request's pooled candidates (:meth:`pooled`). With ``split``
         and a version that has the split signature, the request fields are taken from row 0 and their part
-        of the head computed once; else every candidate's fields go through ``serving_default``.
-
-        ``split`` is off by default while :meth:`pooled` builds the whole [N, F, D] batch: slicing the
-        request part back out of it costs as much as the split signature saves, or more. It becomes the default
-        once the request fields are pooled once."""
-        extra = {"dense": tf.constant(dense)} if self.num_dense else {}
+        of the head computed once; else every candidate's fields go through ``serving_default``. (The score
+        path feeds the split signature without building [N, F, D] at all: :meth:`_dense_segments`.)"""
         if split and self._split is not None:
-            serve, req, cand = self._split
-            parts = scorer_impl.split_pooled(emb, first_order, req, cand)
-            out = serve(**{k: tf.constant(v) for k, v in parts.items()}, **extra)
-        else:
-            out = self._serve(emb=tf.constant(emb), first_order=tf.constant(first_order), **extra)
-        return out["ctr"].numpy()
+            _, req, cand = self._split
+            parts = {
+                "req_emb": emb[:1, req],
+                "req_first_order": first_order[:1, req],
+                "cand_emb": emb[:, cand],
+                "cand_first_order": first_order[:, cand],
+            }
+            return self._call_split(parts, dense)
+        return self._call_whole(emb, first_order, dense)
+
+    def _dense_segments(self, segments: scorer_impl.Segments, dense: np.ndarray | None) -> np.ndarray:
+        """CTRs [N] of the pooled segments: through the split signature when the version has one (the
+        request fields' part of the head once, from their one pooled row), else ``serving_default``."""
+        if self._split is not None:
+            _, req, cand = self._split
+            return self._call_split(segments.split(req, cand), dense)
+        return self._call_whole(*segments.whole(), dense)
+
+    def _call_split(self, parts: dict[str, np.ndarray], dense: np.ndarray | None) -> np.ndarray:
+        extra = {"dense": tf.constant(dense)} if self.num_dense else {}
+        return self._split[0](**{k: tf.constant(v) for k, v in parts.items()}, **extra)["ctr"].numpy()
+
+    def _call_whole(self, emb: np.ndarray, first_order: np.ndarray, dense: np.ndarray | None) -> np.ndarray:
+        extra = {"dense": tf.constant(dense)} if self.num_dense else {}
+        return self._serve(emb=tf.constant(emb), first_order=tf.constant(first_order), **extra)["ctr"].numpy()
 
     def score(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> np.ndarray:
         return self.score_joined(request, candidates)[0]
@@ -227,17 +249,17 @@ class Scorer:
             return np.zeros(0, np.float32), joined
         with self.activity:  # the follower defers its work while a score runs
             try:
-                emb, fo, st = self.pooled(joined.request, joined.candidates)
+                segments, st = self._segments(joined.request, joined.candidates)
             except FeatureValueError:
                 # a stored row FG refuses is scored as unknown, never the caller's 422 (offgraph/scoring/feature_join.py)
                 screened = self.join.screen(request, candidates, joined) if self.join is not None else None
                 if screened is None:
                     raise
                 joined = screened
-                emb, fo, st = self.pooled(joined.request, joined.candidates)
+                segments, st = self._segments(joined.request, joined.candidates)
             finally:
                 self._count_join(joined)
-            return calibrate(self.dense(emb, fo, st["dense"]), self.calibration), joined
+            return calibrate(self._dense_segments(segments, st["dense"]), self.calibration), joined
 
     def _count_join(self, joined: Joined) -> None:
         if joined.unknown_candidates or joined.unusable:

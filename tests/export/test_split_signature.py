@@ -10,6 +10,7 @@ from server_helpers import copy_version
 
 from offgraph.export.export import export_run
 from offgraph.modeldir.manifest import ModelDirError
+from offgraph.scoring.calibration import calibrate
 from offgraph.scoring.scorer import Scorer
 
 PARITY = 1e-6  # max |dp| of the split head against the unsplit one, fp32
@@ -86,8 +87,8 @@ def test_split_head_with_a_numeric_field_scores_as_the_unsplit_one(numeric_versi
 
 
 def test_a_version_without_the_split_record_serves_with_the_old_signature(tiny_version, requests_, tmp_path):
-    """An older version's manifest has no ``dense.split``: it is scored through ``serving_default``, the same
-    scores as before; the split version's scores are within the parity bound of them."""
+    """An older version's manifest has no ``dense.split``: it is scored through ``serving_default``; a version
+    with it is scored through the split signature (its request fields pooled once), within the parity bound."""
     old = tmp_path / "ml" / "1"
     copy_version(tiny_version, old, manifest_edit=lambda m: m["dense"].pop("split"))
     with Scorer(old) as before, Scorer(tiny_version) as now:
@@ -97,7 +98,10 @@ def test_a_version_without_the_split_record_serves_with_the_old_signature(tiny_v
             p_old = before.score(request, cands)
             np.testing.assert_array_equal(before.dense(emb, fo), now.dense(emb, fo))  # the unsplit signature
             assert float(np.abs(now.dense(emb, fo, split=True) - before.dense(emb, fo)).max()) <= PARITY
-            np.testing.assert_array_equal(now.score(request, cands), p_old)  # score() keeps serving_default
+            np.testing.assert_array_equal(p_old, calibrate(before.dense(emb, fo), before.calibration))
+            p_now = now.score(request, cands)
+            np.testing.assert_array_equal(p_now, calibrate(now.dense(emb, fo, split=True), now.calibration))
+            assert float(np.abs(p_now - p_old).max()) <= PARITY
 
 
 def test_a_split_record_that_does_not_divide_the_fields_is_refused(tiny_version, tmp_path):
