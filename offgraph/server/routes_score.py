@@ -9,7 +9,7 @@ which OpenAPI publishes, for the 422s).
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import Field, create_model
 
 from offgraph.server.config import ServerConfig
@@ -45,11 +45,15 @@ def build_router(config: ServerConfig) -> APIRouter:
         return await parser.parse(request)
 
     @router.post(
-        "/v1/models/{name}:score", responses=_ERRORS, summary="Score candidates", openapi_extra=parser.openapi_extra()
+        "/v1/models/{name}:score",
+        response_model=ScoreResponse,
+        responses=_ERRORS,
+        summary="Score candidates",
+        openapi_extra=parser.openapi_extra(),
     )
     async def score(
         body: Annotated[Any, Depends(score_body)], holder: Holder, state: State, request: Request
-    ) -> ScoreResponse:
+    ) -> Response:
         """Scores of the candidates for one request, in candidate order, and the model version that made them.
         `score_kind` says what they are: `ctr`, calibrated CTRs (probabilities of a positive); `ranking`, scores
         that order the candidates but are not probabilities (a listwise model exported without a fitted
@@ -75,7 +79,7 @@ def build_router(config: ServerConfig) -> APIRouter:
             raise ApiError(404, str(e)) from None
         n = len(body.candidates)
         state.metrics.observe_score(holder.name, n, time.perf_counter() - request.scope.get(START_KEY, 0.0))
-        return ScoreResponse(
+        out = ScoreResponse(
             model=holder.name,
             version=version,
             scores=scores.tolist(),
@@ -83,5 +87,8 @@ def build_router(config: ServerConfig) -> APIRouter:
             unknown_candidates=joined.unknown_candidates,
             unknown_request=joined.unknown_request,
         )
+        # serialized by pydantic's own encoder: the default path re-validates the model and renders it with
+        # json.dumps, which costs a float's repr per candidate in Python
+        return Response(out.model_dump_json(), media_type="application/json")
 
     return router
