@@ -85,6 +85,11 @@ class FGBatch:
     RaggedIds has n == 1) and shared by all n candidates. ``dense`` [n, k] float32: the
     numeric fields' values (``offgraph.features.numeric``), in ``spec.numeric`` order.
     ``ignored_keys``: raw keys of the request and candidates that the spec does not read (serving).
+
+    ``segment_of[f]``, when given and not None: field f's RaggedIds holds the field's distinct value
+    lists once each (a cross of one request and the genre sets of a thousand films has a few hundred),
+    and candidate i's is ``segment_of[f][i]`` (int64 [n]). :meth:`per_row` lays such a batch out one
+    RaggedIds row per candidate, as ``transform_columns`` does.
     """
 
     n: int
@@ -92,6 +97,17 @@ class FGBatch:
     broadcast: tuple[bool, ...]
     dense: np.ndarray | None = None
     ignored_keys: int = 0
+    segment_of: tuple[np.ndarray | None, ...] | None = None
+
+    def per_row(self) -> FGBatch:
+        """The same batch with every grouped field (``segment_of``) expanded to one row per candidate."""
+        if self.segment_of is None:
+            return self
+        fields = tuple(
+            rag if seg is None else _ragged_gather(rag.ids, rag.offsets[:-1][seg], rag.lengths[seg])
+            for rag, seg in zip(self.fields, self.segment_of)
+        )
+        return FGBatch(self.n, fields, self.broadcast, self.dense, self.ignored_keys)
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
@@ -413,12 +429,17 @@ class FeatureGenerator:
         return self._values(self._fields, columns, n, {})
 
     # -- serving ----------------------------------------------------------------------------
-    def transform(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> FGBatch:
+    def transform(
+        self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]], grouped: bool = False
+    ) -> FGBatch:
         """One request + N candidates; request-scope fields computed once (n == 1, broadcast).
 
         Item-scope fields come from the per-item cache; a cross field is computed once
         per distinct (request values, values of the item fields it depends on) and
-        memoized, then scattered to the candidates (same ids as ``transform_columns``).
+        memoized (same ids as ``transform_columns``). With ``grouped``, a cross field and an
+        item field a cross reads come as their distinct value lists and each candidate's
+        (``FGBatch.segment_of``): the lookups and pooling then run once per distinct list; else
+        they are scattered to the candidates.
         """
         n = len(candidates)
         ignored = self.check_scopes(request, candidates)
@@ -429,6 +450,7 @@ class FeatureGenerator:
         req_used = sum(len(out[f.name].ids) for f in self._request)
         bound.count(req_used)
         Fi = len(self._item)
+        seg_of: dict[str, np.ndarray] = {}
         if Fi:
             entries = self._entries(candidates, bound)
             meta = np.frombuffer(b"".join([e[2] for e in entries]), dtype=np.int64).reshape(n, 2 * Fi)
@@ -439,16 +461,28 @@ class FeatureGenerator:
             if n:  # start of each (candidate, field) in flat: exclusive cumsum in row-major order
                 np.cumsum(lengths.reshape(-1)[:-1], out=starts.reshape(-1)[1:])
             for j, f in enumerate(self._item):
-                out[f.name] = _ragged_gather(flat, starts[:, j], lengths[:, j])
+                if grouped and j in self._item_crossed and n:  # its value set has an id: one segment per set
+                    _, rep, inv = np.unique(vids[:, j], return_index=True, return_inverse=True)
+                    out[f.name] = _ragged_gather(flat, starts[rep, j], lengths[rep, j])
+                    seg_of[f.name] = inv.reshape(-1)
+                else:
+                    out[f.name] = _ragged_gather(flat, starts[:, j], lengths[:, j])
         else:
             entries, vids = [], np.zeros((n, 0), np.int64)
         groups: dict[str, tuple[np.ndarray, list[list[str]]]] = {}
         for c, f in enumerate(self._cross):
-            out[f.name] = self._cross_field(c, f, req_vals, entries, vids, groups)
-            bound.spend(len(out[f.name].ids))
+            rag, inv = self._cross_field(c, f, req_vals, entries, vids, groups)
+            if grouped:
+                out[f.name], seg_of[f.name] = rag, inv
+                used = int(rag.lengths[inv].sum()) if n else 0
+            else:
+                out[f.name] = _ragged_gather(rag.ids, rag.offsets[:-1][inv], rag.lengths[inv]) if n else rag
+                used = len(out[f.name].ids)
+            bound.spend(used)
         fields = tuple(out[f.name] for f in self._fields)
         dense = self._serving_numeric(request, candidates, n)
-        return FGBatch(n, fields, tuple(f.scope == "request" for f in self._fields), dense, ignored)
+        segment_of = tuple(seg_of.get(f.name) for f in self._fields) if seg_of else None
+        return FGBatch(n, fields, tuple(f.scope == "request" for f in self._fields), dense, ignored, segment_of)
 
     def _serving_numeric(self, request, candidates, n: int) -> np.ndarray:
         dense = np.zeros((n, len(self._numeric)), np.float32)
@@ -491,12 +525,12 @@ class FeatureGenerator:
         entries: list,
         vids: np.ndarray,
         groups: dict[str, tuple[np.ndarray, list[list[str]]]],
-    ) -> RaggedIds:
+    ) -> tuple[RaggedIds, np.ndarray]:
         """Cross field ``f`` for all candidates: one computation per distinct group of
-        the value sets it depends on, through the memo; ``groups[f.name]`` gets
-        (group of each candidate, values of each group) for crosses built on ``f``."""
+        the value sets it depends on, through the memo. Returns (the ids of each group, the group of
+        each candidate [n]); ``groups[f.name]`` gets (group of each candidate, values of each group)
+        for crosses built on ``f``."""
         req_names, item_cols = self._cross_deps[c]
-        n = len(vids)
         if len(item_cols) == 1:
             ukeys, rep, inv = np.unique(vids[:, item_cols[0]], return_index=True, return_inverse=True)
             gkeys = ukeys.tolist()
@@ -546,8 +580,7 @@ class FeatureGenerator:
         groups[f.name] = (inv, [r[:-1] for r in results])
         glen = np.fromiter((len(r[-1]) for r in results), dtype=np.int64, count=len(results))
         gflat = np.concatenate([r[-1] for r in results]) if results else np.zeros(0, np.int64)
-        gstart = _offsets(glen)[:-1]
-        return _ragged_gather(gflat, gstart[inv], glen[inv]) if n else RaggedIds(gflat[:0], np.zeros(1, np.int64))
+        return RaggedIds(gflat, _offsets(glen)), inv
 
     def _entries(self, candidates: Sequence[Mapping[str, Any]], bound: Bound) -> list[tuple]:
         """One item-cache entry per candidate (through the cache when it is on)."""

@@ -84,7 +84,8 @@ def pool_segments(
     values are gathered in one go, then the j-th values added for the segments longer
     than j (a loop over positions, not values: as many steps as the longest segment;
     the same summation order as ``offgraph.features.pooling.pool_numpy``). Mean divides by the
-    count. A broadcast request field has one segment, pooled once.
+    count. A broadcast request field has one segment, pooled once; a grouped field
+    (``FGBatch.segment_of``) one per distinct value list.
     """
     n, F = batch.n, len(batch.fields)
     if len(poolings) != F:
@@ -105,6 +106,10 @@ def pool_segments(
     np.cumsum(nseg[:-1], out=first_seg[1:])
     bcast = np.array(batch.broadcast, dtype=bool)
     seg = first_seg[None, :] + np.where(bcast, 0, np.arange(n)[:, None])  # [N, F] segment of each output
+    if batch.segment_of is not None:  # grouped fields: each candidate's distinct value list
+        for f, of in enumerate(batch.segment_of):
+            if of is not None:
+                seg[:, f] = first_seg[f] + of
     if len(lengths) == len(inverse) and (lengths == 1).all():
         sums = table[inverse]
     else:

@@ -139,9 +139,10 @@ class Scorer:
             raise
 
     # -- the request path -------------------------------------------------------------------
-    def features(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]):
+    def features(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]], grouped: bool = False):
+        """The FG batch of one request (``FeatureGenerator.transform``; ``grouped``: its distinct value lists)."""
         with self._fg_lock:  # the item cache is shared state
-            return self.fg.transform(request, candidates)
+            return self.fg.transform(request, candidates, grouped=grouped)
 
     def pooled(self, request, candidates) -> tuple[np.ndarray, np.ndarray, dict]:
         """``(emb [N, F, D], first_order [N, F], stats)``: FG, unique keys, row cache, store
@@ -154,8 +155,9 @@ class Scorer:
         return emb, fo, stats
 
     def _segments(self, request, candidates) -> tuple[scorer_impl.Segments, dict]:
-        """:meth:`pooled` before the pooled segments are laid out as [N, F, D]."""
-        batch = self.features(request, candidates)
+        """:meth:`pooled` before the pooled segments are laid out as [N, F, D]. The lookups and pooling run
+        once per distinct value list of a field (a request field's one, a cross's groups)."""
+        batch = self.features(request, candidates, grouped=True)
         keys = scorer_impl.batch_keys(batch)
         feed = self._follower  # fresh rows from the writer's feed, looked up first
         timing: dict = {}

@@ -97,3 +97,27 @@ def test_the_item_cache_tells_bools_apart_from_0_and_1():
         want = FeatureGenerator(SPEC).transform(REQUEST, [c])
         got = cached.transform(REQUEST, [c])
         assert [f.ids.tolist() for f in got.fields] == [f.ids.tolist() for f in want.fields], c
+
+
+@pytest.mark.parametrize("cache", [0, 100])
+def test_grouped_transform_is_the_per_row_one_once_per_distinct_value_list(cache):
+    """``transform(grouped=True)``: a cross and an item field a cross reads come once per distinct value list
+    (here 3 of 4 candidates' cat, ``u_x_cat`` and ``match``: the 4th equals the 1st), and ``per_row()`` gives
+    the per-candidate batch bit for bit; a field no cross reads stays per candidate."""
+    cands = CANDS + [{"price": 3, "title_terms": ["shoes"], "cat_id": 3}]
+    fg = FeatureGenerator(SPEC, item_cache_size=cache)
+    grouped = fg.transform(REQUEST, cands, grouped=True)
+    plain = FeatureGenerator(SPEC, item_cache_size=cache).transform(REQUEST, cands)
+    assert plain.segment_of is None and grouped.segment_of is not None
+    names = [f.name for f in SPEC.fields]
+    of = dict(zip(names, grouped.segment_of))
+    assert of["user"] is None and of["price"] is None  # a request field is broadcast; price is read by no cross
+    cat = of["cat"].tolist()
+    assert cat[0] == cat[3] and cat[1] == cat[4] and len({cat[0], cat[1], cat[2]}) == 3
+    assert grouped.fields[names.index("cat")].n == 3 and grouped.fields[names.index("u_x_cat")].n == 3
+    assert grouped.fields[names.index("match")].n == 4  # title differs in the 5th: its own group
+    expanded = grouped.per_row()
+    for f, a, b in zip(names, expanded.fields, plain.fields):
+        np.testing.assert_array_equal(a.ids, b.ids, err_msg=f)
+        np.testing.assert_array_equal(a.offsets, b.offsets, err_msg=f)
+    assert expanded.broadcast == plain.broadcast
