@@ -263,8 +263,9 @@ class FeatureGenerator:
         self._req_keys, self._item_keys = frozenset(req_in), frozenset(item_in)
         self._cache_size = item_cache_size
         # item cache entry: (values per item field (None for a field no cross reads), ids of all
-        # item fields back to back, (ids count per item field..., value-set id per item field...))
-        self._cache: OrderedDict[tuple, tuple[Values, np.ndarray, tuple[int, ...]]] = OrderedDict()
+        # item fields back to back (int64 bytes), ids count per item field then value-set id per item
+        # field (int64 bytes))
+        self._cache: OrderedDict[tuple, tuple[Values, bytes, bytes]] = OrderedDict()
         self.cache_hits = 0
         self.cache_misses = 0
         # Serving cross fields are computed once per distinct (request values, item value
@@ -456,7 +457,7 @@ class FeatureGenerator:
             meta = np.frombuffer(b"".join([e[2] for e in entries]), dtype=np.int64).reshape(n, 2 * Fi)
             lengths, vids = meta[:, :Fi], meta[:, Fi:]
             bound.count(req_used + int(lengths.sum()))  # the misses were counted on their own: now all
-            flat = np.concatenate([e[1] for e in entries]) if n else np.zeros(0, np.int64)
+            flat = np.frombuffer(b"".join([e[1] for e in entries]), dtype=np.int64)
             starts = np.zeros((n, Fi), dtype=np.int64)
             if n:  # start of each (candidate, field) in flat: exclusive cumsum in row-major order
                 np.cumsum(lengths.reshape(-1)[:-1], out=starts.reshape(-1)[1:])
@@ -660,7 +661,8 @@ class FeatureGenerator:
                         self._vid_next += 1
                     meta[r, Fi + j] = v
                     values[j] = tuple(fvals)
-            ids = np.concatenate([rg.ids[rg.offsets[r] : rg.offsets[r + 1]] for rg in rags])
+            # ids as bytes: a request joins its candidates' in one ``bytes.join`` (no array per candidate)
+            ids = b"".join([rg.ids[rg.offsets[r] : rg.offsets[r + 1]].tobytes() for rg in rags])
             # An entry is a tuple of objects the cyclic GC does not track (arrays, bytes, a shared tuple
             # of Nones): the collector untracks it the first time it sees it, and no collection walks
             # the cached items again. A fresh tuple inside it would keep it tracked one collection
