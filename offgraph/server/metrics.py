@@ -2,7 +2,8 @@
 
 Request-path metrics are observed by the score endpoint; store and model figures
 are read from the model registry (``Scorer.stats()``) at scrape time; HTTP
-errors are counted by status code by a small ASGI middleware.
+errors are counted by status code, route template and model by a small ASGI middleware. The
+process's own ``process_*`` and ``python_*`` series: ``offgraph.server.process_metrics``.
 
 With several worker processes (``serve --workers N``) prometheus_client runs in
 multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by ``offgraph.server.workers``): every
@@ -19,8 +20,10 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from starlette.routing import Match
 
 from offgraph.scoring.read_metrics import STORE_READ_SECONDS
+from offgraph.server.process_metrics import ProcessPublisher, register_platform_collector, register_process_collectors
 
 if TYPE_CHECKING:  # the registry imports the scorer; the library scorer loads no HTTP code
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -54,6 +57,13 @@ LATENCY_BUCKETS = (
 )
 GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 CANDIDATE_BUCKETS = (1, 5, 10, 25, 50, 100, 200, 300, 500, 1000, 2000, 5000)
+
+# error labels take bounded values whatever the clients send: scanners' paths and made-up model
+# names would otherwise each make a new series
+UNMATCHED_ROUTE = "unmatched"
+UNKNOWN_MODEL = "unknown"
+MODEL_PARAM = "name"
+"""The path parameter that names the model in the routes that have one."""
 
 
 class ServerMetrics:
@@ -89,14 +99,21 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.errors = Counter(
-            "offgraph_http_errors", "HTTP responses with a 4xx or 5xx status, by code", ["code"], registry=self.registry
+            "offgraph_http_errors",
+            "HTTP responses with a 4xx or 5xx status, by code, route template (unmatched: no route) and model "
+            f"(a served model's name, {UNKNOWN_MODEL!r} for any other name, empty on routes without one)",
+            ["code", "route", "model"],
+            registry=self.registry,
         )
+        self.models = models
         self.registry.register(STORE_READ_SECONDS)
         if multiprocess:
             self.publisher: _ModelPublisher | None = _ModelPublisher(models, self.registry)
+            self.process: ProcessPublisher | None = ProcessPublisher(self.registry)
         else:
-            self.publisher = None
+            self.publisher = self.process = None
             self.registry.register(_ModelCollector(models))
+            register_process_collectors(self.registry)
 
     def render(self) -> bytes:
         """The exposition text: this process's registry, or every worker's samples in multiprocess mode."""
@@ -106,12 +123,21 @@ class ServerMetrics:
 
         registry = CollectorRegistry()
         MultiProcessCollector(registry)
+        register_platform_collector(registry)
         return generate_latest(registry)
 
     def publish(self) -> None:
-        """Multiprocess mode: write this worker's model figures (no-op otherwise)."""
+        """Multiprocess mode: write this worker's model and process figures (no-op otherwise)."""
         if self.publisher is not None:
             self.publisher.publish()
+        if self.process is not None:
+            self.process.publish()
+
+    def count_error(self, status: int, scope: Scope) -> None:
+        """One 4xx/5xx answer to the request of ``scope``."""
+        route, name = route_of(scope)
+        model = "" if name is None else name if name in self.models.holders else UNKNOWN_MODEL
+        self.errors.labels(str(status), route, model).inc()
 
     def observe_score(self, model: str, n_candidates: int, seconds: float) -> None:
         self.latency.labels(model).observe(seconds)
@@ -281,9 +307,42 @@ class _ModelPublisher:
                 self.fresh.labels(name).set(freshness)
 
 
+def _leaf_routes(routes):
+    """The routes that have a path template, through included routers (FastAPI wraps each router it
+    includes in an object that matches the whole router and names no route)."""
+    for route in routes:
+        if isinstance(getattr(route, "path", None), str):
+            yield route
+        else:
+            yield from _leaf_routes(getattr(getattr(route, "original_router", route), "routes", ()))
+
+
+def route_of(scope: Scope) -> tuple[str, str | None]:
+    """(route template, model path parameter or None) of a request: the route the router chose, or,
+    for an answer given before routing (a body limit's 413), the app's first route that matches;
+    ``UNMATCHED_ROUTE`` when none does."""
+    route, params = scope.get("route"), scope.get("path_params")
+    if route is None:
+        partial = None
+        for candidate in _leaf_routes(getattr(scope.get("app"), "routes", ())):
+            match, child = candidate.matches(scope)
+            if match is Match.FULL:
+                route, params = candidate, child.get("path_params")
+                break
+            if match is Match.PARTIAL and partial is None:
+                partial = candidate, child.get("path_params")
+        else:
+            route, params = partial or (None, None)
+    path = getattr(route, "path", None)
+    if not isinstance(path, str):
+        return UNMATCHED_ROUTE, None
+    name = (params or {}).get(MODEL_PARAM)
+    return path, name if isinstance(name, str) else None
+
+
 class HttpMetricsMiddleware:
-    """Pure ASGI: stamps the request start time into the scope and counts 4xx/5xx responses by code
-    (except /readyz's 503 before the models are loaded: that is an answer, not an error)."""
+    """Pure ASGI: stamps the request start time into the scope and counts 4xx/5xx responses by code,
+    route and model (except /readyz's 503 before the models are loaded: that is an answer, not an error)."""
 
     def __init__(self, app: ASGIApp, metrics: ServerMetrics):
         self.app = app
@@ -294,11 +353,11 @@ class HttpMetricsMiddleware:
             await self.app(scope, receive, send)
             return
         scope[START_KEY] = time.perf_counter()
-        errors = self.metrics.errors
+        metrics = self.metrics
 
         async def send_counting(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] >= 400:
-                errors.labels(str(message["status"])).inc()
+                metrics.count_error(message["status"], scope)
             await send(message)
 
         await self.app(scope, receive, send_counting)

@@ -219,7 +219,7 @@ def test_unexpected_error_is_a_generic_500_on_a_connection_that_survives(server,
         assert c.get("/test-only/port").json()["port"] == port
         metrics = c.get("/metrics").text
     assert SECRET in caplog.text and "Traceback" in caplog.text  # the traceback goes to the log
-    assert re.search(r'offgraph_http_errors_total\{code="500"\} 1\.0', metrics), [
+    assert re.search(r'offgraph_http_errors_total\{code="500",model="",route="/test-only/raise"\} 1\.0', metrics), [
         ln for ln in metrics.splitlines() if "code=" in ln
     ]
 

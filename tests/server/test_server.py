@@ -224,8 +224,49 @@ def test_metrics_and_no_5xx_after_bad_input(client, requests_):
     ):
         assert name in text, name
     assert 'offgraph_model_loaded_version{model="ml"} 1.0' in text
-    assert 'offgraph_http_errors_total{code="422"}' in text and 'code="413"' in text
+    score_route = 'model="ml",route="/v1/models/{name}:score"'
+    assert f'offgraph_http_errors_total{{code="422",{score_route}}}' in text, text
+    assert f'offgraph_http_errors_total{{code="413",{score_route}}}' in text, text  # refused before routing
     assert 'code="5' not in text, [ln for ln in text.splitlines() if 'code="5' in ln]
+
+
+def _error_count(client, code: str, route: str, model: str) -> float:
+    labels = f'code="{code}",model="{model}",route="{route}"'  # prometheus_client writes them sorted
+    m = re.search(rf"^offgraph_http_errors_total\{{{re.escape(labels)}\}} (\S+)$", client.get("/metrics").text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_error_labels_are_route_templates_and_served_models(client):
+    cases = [  # (method, path, code, route label, model label)
+        ("POST", "/v1/models/made-up-1:score", "404", "/v1/models/{name}:score", "unknown"),
+        ("POST", "/v1/models/made-up-2:score", "404", "/v1/models/{name}:score", "unknown"),
+        ("GET", "/v1/models/ml:score", "405", "/v1/models/{name}:score", "ml"),
+        ("GET", "/v1/models/made-up-3", "404", "/v1/models/{name:no_colon}", "unknown"),
+        ("GET", "/scanner/probe-1", "404", "unmatched", ""),
+        ("GET", "/scanner/probe-2", "404", "unmatched", ""),
+    ]
+    before = {c[2:]: _error_count(client, *c[2:]) for c in cases}
+    for method, path, code, *_ in cases:
+        r = client.request(method, path, json={"candidates": [{}]})
+        assert r.status_code == int(code), (path, r.text)
+    for key, n in before.items():
+        assert _error_count(client, *key) == n + sum(c[2:] == key for c in cases), key
+    text = client.get("/metrics").text
+    assert "made-up" not in text and "scanner" not in text, [
+        ln for ln in text.splitlines() if "http_errors" in ln
+    ]  # raw paths and names never become label values
+
+
+def test_process_and_python_series_are_on_metrics(client):
+    text = client.get("/metrics").text
+    for name in (
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "python_info",
+        "python_gc_collections_total",
+    ):
+        assert re.search(rf"^{name}(\{{.*\}})? \S+$", text, re.M), name
 
 
 def test_gc_pauses_are_on_metrics(client):

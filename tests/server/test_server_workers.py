@@ -159,8 +159,14 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
         text = httpx.get(url + "/metrics", timeout=10).text
         count = re.search(r'offgraph_request_latency_seconds_count\{model="ml"\} ([0-9.e+]+)', text)
         assert count and float(count.group(1)) == sent, (count and count.group(0), sent)
-        assert re.search(r'offgraph_http_errors_total\{code="404"\} 20\.0', text), text[-3000:]
+        assert re.search(
+            r'offgraph_http_errors_total\{code="404",model="ml",route="/v1/models/\{name\}:score"\} 20\.0', text
+        ), text[-3000:]
         assert 'offgraph_model_loaded_version{model="ml"} 2.0' in text
+        # each live worker's process figures (the killed one's gone), CPU seconds summed over all of them
+        live = set(re.findall(r'^process_resident_memory_bytes\{pid="(\d+)"\} [0-9.e+]+$', text, re.M))
+        assert live == {str(p) for p in _children(proc.pid)}, (live, text[-3000:])
+        assert re.search(r"^process_cpu_seconds_total [0-9.e+]+$", text, re.M) and "python_info{" in text
     finally:
         out = stop_server(proc, 60)
     assert proc.returncode == 0, out[-3000:]
