@@ -3,6 +3,7 @@ and the metric names that PromQL expressions and /metrics pages hold."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from polling import wait_for
 
 from offgraph.testing.harness import free_port
@@ -34,6 +36,19 @@ SUFFIXES = {
     "info": ("_info",),
     "untyped": ("",),
 }
+
+
+def alerts() -> dict[str, str]:
+    """Alert name -> PromQL of every rule in the rules file."""
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {r["alert"]: r["expr"] for g in groups for r in g["rules"]}
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of every panel of the dashboard, rows' nested panels included."""
+    dash = json.loads(DASHBOARD.read_text())
+    panels = [*dash["panels"], *(p for row in dash["panels"] for p in row.get("panels", []))]
+    return [(p["title"], t["expr"]) for p in panels for t in p.get("targets", [])]
 
 
 def tool(name: str) -> str:
