@@ -20,6 +20,7 @@ import yaml
 from offgraph.features.hashing import check_hash_name
 from offgraph.features.numeric import TRANSFORMS
 from offgraph.features.segment import SEGMENTERS
+from offgraph.features.suggest import did_you_mean, unknown_names
 from offgraph.features.table_spec import TableSpec, parse_tables
 
 FG_VERSION = "offgraph-fg-1"
@@ -182,8 +183,23 @@ def load_spec(path: str | Path) -> FeatureSpec:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise SpecError(f"spec {path}: not valid YAML: {e}") from None
+        raise SpecError(f"spec {path}: not valid YAML{yaml_error_text(e)}") from None
     return parse_spec(raw, source=str(path))
+
+
+def yaml_error_text(e: yaml.YAMLError) -> str:
+    """ " at line 3, column 7: found ... (while parsing ...)": PyYAML's own text names the string it parsed
+    ("<unicode string>"), not the file; the caller names the file."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None)
+    if mark is None or problem is None:
+        return f": {e}"
+    context = getattr(e, "context", None)
+    context_mark = getattr(e, "context_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}"
+    if context and context_mark is not None and context_mark.line != mark.line:
+        context += f" (line {context_mark.line + 1})"
+    return f"{where}: {problem}" + (f", {context}" if context else "")
 
 
 def parse_spec(raw: Any, source: str = "<spec>") -> FeatureSpec:
@@ -194,7 +210,7 @@ def parse_spec(raw: Any, source: str = "<spec>") -> FeatureSpec:
         fail("top level must be a mapping with 'model', 'label' and 'fields'")
     unknown = set(raw) - _TOP
     if unknown:
-        fail(f"unknown top-level key(s) {sorted(unknown)}; allowed: {sorted(_TOP)}")
+        fail(unknown_names("top-level key", unknown, _TOP))
     model = _parse_model(raw.get("model") or {}, fail)
     label = raw.get("label")
     if not isinstance(label, str) or not label:
@@ -237,7 +253,7 @@ def _parse_model(m: Any, fail) -> ModelConfig:
         fail("'model' must be a mapping")
     unknown = set(m) - _MODEL_KEYS
     if unknown:
-        fail(f"model: unknown key(s) {sorted(unknown)}; allowed: {sorted(_MODEL_KEYS)}")
+        fail("model: " + unknown_names("key", unknown, _MODEL_KEYS))
     d = ModelConfig()
     dim = m.get("embedding_dim", d.embedding_dim)
     if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
@@ -269,8 +285,10 @@ def _parse_model(m: Any, fail) -> ModelConfig:
     if not _positive_int(max_values):
         fail(f"model.max_values must be an integer >= 1, got {max_values!r}")
     c = m.get("calibration") or {}
-    if not isinstance(c, dict) or set(c) - _CALIB_KEYS:
+    if not isinstance(c, dict):
         fail(f"model.calibration must be a mapping with keys among {sorted(_CALIB_KEYS)}")
+    if set(c) - _CALIB_KEYS:
+        fail("model.calibration: " + unknown_names("key", set(c) - _CALIB_KEYS, _CALIB_KEYS))
     r = c.get("negative_rate", 1.0)
     if not _num(r) or not 0 < r <= 1:
         fail(f"model.calibration.negative_rate must be in (0, 1], got {r!r}")
@@ -310,16 +328,18 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
         fail(f"{where}: duplicate field name")
     op = fr.get("op")
     if op not in OPS:
-        fail(f"{where}: unknown op {op!r}; known ops: {list(OPS)}")
+        fail(f"{where}: unknown op {op!r}{did_you_mean(op, OPS)}; known ops: {list(OPS)}")
     unknown = set(fr) - _COMMON - _OP_PARAMS[op]
     if unknown:
-        fail(f"{where}: unknown parameter(s) {sorted(unknown)} for op '{op}'")
+        fail(f"{where}: " + unknown_names("parameter", unknown, _COMMON | _OP_PARAMS[op], of=f" for op '{op}'"))
     scope = fr.get("scope")
     if scope not in SCOPES:
-        fail(f"{where}: scope must be one of {SCOPES}, got {scope!r}")
+        fail(f"{where}: scope must be one of {SCOPES}, got {scope!r}{did_you_mean(scope, SCOPES)}")
     if op in NUMERIC_OPS:
         return _parse_numeric(fr, name, scope, fail)
     rows = fr.get("rows")
+    if rows is None:
+        fail(f"{where}: 'rows' is required (an integer >= 1: the rows of its embedding table, which ids hash into)")
     if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
         fail(f"{where}: rows must be an integer >= 1, got {rows!r}")
     if rows >= 2**63:
