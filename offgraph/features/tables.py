@@ -36,7 +36,7 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
-__all__ = ["DataError", "read_table", "detect_format", "row_locator", "parquet_files"]
+__all__ = ["DataError", "read_table", "detect_format", "row_locator", "parquet_files", "column_names"]
 
 FORMATS = ("parquet", "csv", "tsv", "json")
 
@@ -105,12 +105,7 @@ def read_table(
       (column names), sep (default "," for csv, tab for tsv).
     types: column -> pyarrow type (or type name), overriding the inference.
     """
-    p = os.fspath(path)
-    if not os.path.exists(p):
-        raise DataError(
-            f"{p}: no such file"
-            + ("" if os.path.isdir(os.path.dirname(p) or ".") else f" (nor directory {os.path.dirname(p)})")
-        )
+    p = _existing(path)
     fmt = (fmt or detect_format(p)).lower()
     if fmt in ("jsonl", "ndjson"):
         fmt = "json"
@@ -134,6 +129,43 @@ def read_table(
     if types:
         table = _apply_types(p, table, types)
     return table
+
+
+def _existing(path: str | os.PathLike) -> str:
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise DataError(
+            f"{p}: no such file"
+            + ("" if os.path.isdir(os.path.dirname(p) or ".") else f" (nor directory {os.path.dirname(p)})")
+        )
+    return p
+
+
+def column_names(
+    path: str | os.PathLike,
+    fmt: str | None = None,
+    header: bool | None = None,
+    names: Sequence[str] | None = None,
+    sep: str | None = None,
+) -> list[str] | None:
+    """The columns ``read_table`` would give for these arguments, without reading the rows (a Parquet
+    file's schema, a CSV / TSV file's header line), so that a missing column is reported at once; None
+    where only the rows tell (JSON lines). DataError as ``read_table`` for a missing or unknown file."""
+    p = _existing(path)
+    fmt = (fmt or detect_format(p)).lower()
+    if names is not None:
+        return [str(n) for n in names]
+    if fmt == "parquet":
+        try:
+            return pq.read_schema(parquet_files(p)[0] if os.path.isdir(p) else p).names
+        except (pa.ArrowInvalid, OSError) as e:
+            raise DataError(f"{p}: cannot read Parquet: {e}") from e
+    if fmt in ("csv", "tsv") and header is not False:
+        with pa.input_stream(p, compression="detect") as raw:
+            text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+            first = next(csv.reader(text, delimiter=sep or ("\t" if fmt == "tsv" else ",")), None)
+        return first
+    return None
 
 
 # ---------------------------------------------------------------- Parquet
@@ -188,8 +220,9 @@ def _read_csv(p, columns, header, names, sep) -> pa.Table:
         header = names is None
     if names is not None:
         names = [str(n) for n in names]
-        if len(set(names)) != len(names):
-            raise DataError(f"{p}: duplicate column names in names={names}")
+        twice = sorted(n for n, k in Counter(names).items() if k > 1)
+        if twice:
+            raise DataError(f"{p}: duplicate column name(s) {twice} in names={names}")
     parse = pcsv.ParseOptions(delimiter=sep)
     block = CSV_BLOCK_SIZES[0]
 

@@ -14,6 +14,7 @@ import pyarrow as pa
 from offgraph.features.fg import FeatureGenerator, FeatureValueError
 from offgraph.features.numeric import fit_stats
 from offgraph.features.spec import FeatureSpec
+from offgraph.features.spec_columns import check_spec_columns
 
 MAX_VALUES_PER_FIELD = 64
 
@@ -47,11 +48,7 @@ class Encoded:
         )
 
 
-def _column(table: pa.Table, name: str, what: str, source: str) -> list:
-    if name not in table.column_names:
-        raise ValueError(
-            f"data {source}: the spec's {what} column '{name}' is not in the table (columns: {table.column_names})"
-        )
+def _column(table: pa.Table, name: str) -> list:
     return table.column(name).to_pylist()
 
 
@@ -59,14 +56,9 @@ def encode_table(spec: FeatureSpec, table: pa.Table, source: str = "<table>") ->
     """Run the shared FG over a whole table. Errors name the field and the row."""
     n = table.num_rows
     fg = FeatureGenerator(spec)
+    check_spec_columns(spec, table.column_names, source)
     wanted = {f.input for f in spec.fields + spec.numeric if f.input}
     cols = {c: table.column(c).to_pylist() for c in table.column_names if c in wanted}
-    missing = sorted(wanted - set(cols))
-    if missing:
-        raise ValueError(
-            f"data {source}: input column(s) {missing} used by the spec are not in the table "
-            f"(columns: {table.column_names})"
-        )
     try:
         batch = fg.transform_columns(cols, n, dense=False)
         pre = fg.numeric_columns(cols, n, finished=False) if spec.numeric else None
@@ -78,7 +70,7 @@ def encode_table(spec: FeatureSpec, table: pa.Table, source: str = "<table>") ->
         ids, mask = rag.padded(L)
         x[f"ids_{i}"] = ids.astype(np.int32 if spec.fields[i].rows < 2**31 else np.int64)
         x[f"mask_{i}"] = mask
-    raw_labels = _column(table, spec.label, "label", source)
+    raw_labels = _column(table, spec.label)
     labels = np.asarray([np.nan if v is None else v for v in raw_labels], dtype=np.float64)
     bad = np.flatnonzero(~np.isin(labels, (0.0, 1.0)))
     if len(bad):
@@ -86,9 +78,9 @@ def encode_table(spec: FeatureSpec, table: pa.Table, source: str = "<table>") ->
             f"data {source}: row {bad[0]}: label '{spec.label}' must be 0 or 1, "
             f"got {raw_labels[bad[0]]!r} ({len(bad)} bad rows)"
         )
-    groups = np.asarray(_column(table, spec.group, "group", source)) if spec.group else None
-    time = np.asarray(_column(table, spec.time, "time", source), dtype=np.float64) if spec.time else None
-    key = np.asarray(_column(table, spec.split_key, "split_key", source)) if spec.split_key else None
+    groups = np.asarray(_column(table, spec.group)) if spec.group else None
+    time = np.asarray(_column(table, spec.time), dtype=np.float64) if spec.time else None
+    key = np.asarray(_column(table, spec.split_key)) if spec.split_key else None
     out = Encoded(x, labels.astype(np.float32), groups, time, key, pre)
     if spec.numeric and not needs_stats(spec):
         finish_dense(spec, out)
