@@ -9,7 +9,7 @@ import sys
 from offgraph.cli import LazyChoices
 
 # `offgraph --help` imports this module: nothing heavy here (the exporter is imported in run_export)
-from offgraph.cli.train import add_table_args, read_table_args
+from offgraph.cli.table_args import add_table_args, read_table_args
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 # `offgraph --help` imports this module: nothing heavy here
-from offgraph.cli.train import add_table_args, read_table_args
+from offgraph.cli.table_args import add_table_args, read_table_args
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -66,7 +66,7 @@ def run_load(args) -> int:
         dataset = ""
         if Path(args.data).is_dir():  # say so: a directory is one Parquet dataset (offgraph/features/tables.py)
             dataset = f" from the Parquet dataset of {len(parquet_files(args.data))} file(s) in {args.data}"
-        names = [c.strip() for c in args.columns.split(",")] if args.columns else None
+        names = args.columns
         where = row_locator(args.data, header=False if names else None, names=names, sep=args.sep)
         res = load_table(
             model, tables[args.table], spec, data, source=str(args.data), progress=not args.no_progress, where=where

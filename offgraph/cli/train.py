@@ -6,6 +6,7 @@ import argparse
 
 from offgraph.cli import LazyChoices
 from offgraph.cli.settings_flags import add_settings_flags, settings_from_args
+from offgraph.cli.table_args import add_table_args, check_table_columns, read_table_args
 
 # `offgraph --help` imports this module: nothing heavy here (the trainer is imported in run)
 from offgraph.model.train_config import TrainConfig
@@ -27,25 +28,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def add_table_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--columns", help="comma-separated column names of a CSV/TSV file without a header line")
-    p.add_argument("--sep", help="CSV/TSV field separator (default: ',' for .csv, tab for .tsv)")
-
-
-def read_table_args(args: argparse.Namespace):
-    """The --data table, honouring --columns / --sep."""
-    from offgraph.features.tables import read_table
-
-    names = [c.strip() for c in args.columns.split(",")] if args.columns else None
-    return read_table(args.data, names=names, header=False if names else None, sep=args.sep)
-
-
 def run(args: argparse.Namespace) -> int:
     from offgraph.features.spec import load_spec
 
     cfg = settings_from_args(TrainConfig, args)
     spec = load_spec(args.spec)
     cfg.validate(spec)
+    check_table_columns(spec, args)  # a misspelt column is told now, not after the rows are read
     table = read_table_args(args)
     from offgraph.model.train import train_run  # TensorFlow: only once the inputs are known to be good
 
