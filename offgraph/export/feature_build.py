@@ -32,7 +32,7 @@ def run_held_out_mask(run_dir: str | Path, spec: FeatureSpec, table: pa.Table) -
     from offgraph.model.train import TrainConfig
 
     cfg_path = Path(run_dir) / "train_config.json"
-    cfg = TrainConfig(**json.loads(cfg_path.read_text())) if cfg_path.exists() else TrainConfig()
+    cfg, _ = (TrainConfig(**json.loads(cfg_path.read_text())) if cfg_path.exists() else TrainConfig()).for_spec(spec)
     time = np.asarray(table.column(spec.time).to_pylist(), dtype=np.float64) if spec.time else None
     key = np.asarray(table.column(spec.split_key).to_pylist()) if spec.split_key else None
     return held_out_mask(cfg.split, table.num_rows, cfg.held_out, cfg.seed, time=time, key=key)

@@ -130,6 +130,7 @@ class Trainer:
         best_auc, best_epoch, best_weights, stopped = -np.inf, 0, None, None
         t0 = time.perf_counter()
         for epoch in range(1, cfg.epochs + 1):
+            t_epoch = time.perf_counter()
             ds = tf.data.Dataset.from_generator(
                 lambda: _batches(train, cfg, rng, listwise), output_signature=sig
             ).prefetch(4)
@@ -146,7 +147,7 @@ class Trainer:
             ev = {"epoch": epoch, "train_loss": float(np.mean(losses))}
             if validation is not None:
                 ev["validation"] = self.evaluate(validation)
-            ev["seconds"] = time.perf_counter() - t0
+            ev["seconds"] = time.perf_counter() - t_epoch  # this epoch's own, its validation pass included
             history.append(ev)
             v = ev.get("validation")
             print(
@@ -211,7 +212,7 @@ def train_run(
 ) -> tuple[DeepFM, dict]:
     """Encode, split, train, evaluate; write RUN (weights, spec, config, metrics) when out_dir is given."""
     t0 = time.perf_counter()
-    cfg.validate(spec)
+    cfg, split_why = cfg.for_spec(spec)
     data = encode_table(spec, table, source)
     train, held = split_encoded(spec, data, cfg)
     fit_rows, validation = carve_validation(train, cfg)
@@ -224,7 +225,7 @@ def train_run(
     print(
         f"data {source}: {data.n} rows -> {fit_rows.n} train / "
         + (f"{validation.n} validation / " if validation is not None else "")
-        + f"{held.n} held-out ({cfg.split} split); FG {fg_seconds:.1f}s",
+        + f"{held.n} held-out ({cfg.split} split: {split_why}); FG {fg_seconds:.1f}s",
         flush=True,
     )
     trainer = Trainer(spec, cfg)

@@ -21,7 +21,9 @@ SCHEDULES = ("constant", "cosine")
 class TrainConfig(ConfigModel, validate_assignment=True):
     """Settings of one training run (recorded in the run's ``train_config.json``).
 
-    held_out: the held-out fraction, in (0, 1); split: a name of ``offgraph.model.splits.SPLITS``.
+    held_out: the held-out fraction, in (0, 1); split: a name of ``offgraph.model.splits.SPLITS``, or None for
+    the spec's natural one (``default_split``: per-key-time where the spec names its ``time`` and ``split_key``
+    columns, random otherwise), resolved by ``for_spec`` before training (a run records the name).
     validation: the fraction of the TRAINING rows (after the held-out ones are set aside) carved off, by
     the same split, to pick the best epoch on (early stopping with the best weights restored) and, with a
     listwise loss, to fit the calibration on (``offgraph.model.platt``; 0: no validation, the last epoch is
@@ -35,7 +37,12 @@ class TrainConfig(ConfigModel, validate_assignment=True):
     lr: float = option(0.001, gt=0, flag="--lr", description="learning rate")
     optimizer: Literal[OPTIMIZERS] = option("adam", flag="--optimizer", description="optimizer")
     loss: Literal[LOSSES] = option("pointwise", flag="--loss", description="loss")
-    split: str = option("per-key-time", flag="--split", description="held-out split")
+    split: str | None = option(
+        None,
+        flag="--split",
+        shown="per-key-time when the spec has 'time' and 'split_key', else random",
+        description="held-out split",
+    )
     held_out: float = option(0.2, gt=0, lt=1, flag="--held-out", description="held-out fraction, in (0, 1)")
     seed: int = option(0, ge=0, flag="--seed", description="seeds the split, the initial weights and the shuffles")
     validation: float = option(
@@ -60,14 +67,43 @@ class TrainConfig(ConfigModel, validate_assignment=True):
 
     @field_validator("split")
     @classmethod
-    def _known_split(cls, v: str) -> str:
+    def _known_split(cls, v: str | None) -> str | None:
         from offgraph.model.splits import SPLITS  # NumPy: only when a split is given (not for the CLI's --help)
 
-        if v not in SPLITS:
+        if v is not None and v not in SPLITS:
             raise ValueError(f"unknown split {v!r}: expected one of {sorted(SPLITS)}")
         return v
 
     def validate(self, spec: FeatureSpec) -> None:
-        """What depends on the spec (the fields themselves are checked when set)."""
+        """What depends on the spec (the fields themselves are checked when set): before any data is read."""
         if self.loss != "pointwise" and not spec.group:
             raise ValueError(f"loss {self.loss!r} needs request groups: the spec has no 'group' column")
+        lacking = [k for k in SPLIT_NEEDS.get(self.split or "", ()) if getattr(spec, k) is None]
+        if lacking:
+            needs = " and ".join(f"'{k}'" for k in SPLIT_NEEDS[str(self.split)])
+            raise ValueError(
+                f"split {self.split!r} needs the spec's {needs} columns, and the spec has no "
+                + " and no ".join(f"'{k}'" for k in lacking)
+                + ": pass --split random (split='random'), or name those columns in the spec"
+            )
+
+    def for_spec(self, spec: FeatureSpec) -> tuple[TrainConfig, str]:
+        """(these settings with the split named, why that split): the split given, or ``default_split``'s."""
+        self.validate(spec)
+        if self.split is not None:
+            return self, "as asked"
+        name, why = default_split(spec)
+        return self.replace(split=name), why
+
+
+SPLIT_NEEDS: dict[str, tuple[str, ...]] = {"time": ("time",), "per-key-time": ("time", "split_key")}
+"""The spec's columns each split reads (``offgraph.model.splits``)."""
+
+
+def default_split(spec: FeatureSpec) -> tuple[str, str]:
+    """(split, why): per-key-time (each key's latest rows held out, as a model serving tomorrow's requests of
+    known users meets them) where the spec names ``time`` and ``split_key``, random otherwise."""
+    if spec.time is not None and spec.split_key is not None:
+        return "per-key-time", f"the spec has time '{spec.time}' and split_key '{spec.split_key}'"
+    lacking = " and no ".join(f"'{k}'" for k in SPLIT_NEEDS["per-key-time"] if getattr(spec, k) is None)
+    return "random", f"the spec has no {lacking}, which per-key-time needs"
