@@ -24,7 +24,8 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--source",
         default=None,
-        help="folder holding the raw files (default: ../shared/data/NAME; MovieLens-100k is downloaded if absent)",
+        help="folder holding the raw files (default: $OFFGRAPH_DATA_DIR/NAME if that variable is set, else "
+        "<repo>/../shared/data/NAME; MovieLens-100k is downloaded if absent)",
     )
     p.set_defaults(func=run)
     return p

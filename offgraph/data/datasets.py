@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from offgraph.data import movielens as datasets_movielens
+from offgraph.data.data_dir import dataset_dir, where_to_put
 from offgraph.features.tables import read_table
 
 CRITEO_INT = [f"I{i}" for i in range(1, 14)]
@@ -48,17 +49,13 @@ CRITEO_FILE = "criteo_10k.tsv"
 FRAPPE_FILE = "frappe_nfm_valtest_86k.csv"
 
 
-def shared_data_dir() -> Path:
-    """<repo root>/../shared/data"""
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
-
-
 def _source_file(name: str, fname: str, source) -> Path:
-    d = Path(source) if source is not None else shared_data_dir() / name
+    d, why = dataset_dir(name, source)
     p = d / fname
     if not p.is_file():
         raise FileNotFoundError(
-            f"{p} not found: {name} is not redistributable and cannot be fetched; pass --source DIR with {fname} in it"
+            f"{p} not found (looked in {d}, from {why}): {name} is not redistributable and cannot be "
+            f"fetched; {where_to_put(name, fname)}"
         )
     return p
 

@@ -38,6 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from offgraph.data.data_dir import dataset_dir, where_to_put
+
 NAME = "movielens-100k"
 FILES = {
     "data": "MovieLens100k_data.parquet.brotli",
@@ -74,14 +76,6 @@ _YEAR_IN_TITLE = re.compile(r"\(\s*(\d{4})\s*\)")
 _WORD = re.compile(r"[^\W_]+")  # runs of letters/digits (Unicode aware)
 
 
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
-def shared_dir() -> Path:
-    return repo_root().parent / "shared" / "data" / NAME
-
-
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "offgraph" / NAME
@@ -93,18 +87,25 @@ def _complete(d: Path) -> bool:
 
 def locate(source: str | os.PathLike | None = None, fetch: bool = True) -> Path:
     """Folder holding the three raw files: `source` if given (it must hold
-    them), else ../shared/data/movielens-100k, else the download cache, else
-    (fetch=True) a fresh download into the cache."""
+    them), else $OFFGRAPH_DATA_DIR/movielens-100k or ../shared/data/movielens-100k
+    (``offgraph.data.data_dir``), else the download cache, else (fetch=True) a
+    fresh download into the cache."""
+    d, why = dataset_dir(NAME, source)
     if source is not None:
-        d = Path(source)
         if not _complete(d):
-            raise FileNotFoundError(f"{d} lacks some of {sorted(FILES.values())}")
+            raise FileNotFoundError(
+                f"{d} (from {why}) lacks some of {sorted(FILES.values())}; "
+                + where_to_put(NAME, ", ".join(sorted(FILES.values())))
+            )
         return d
-    for d in (shared_dir(), cache_dir()):
-        if _complete(d):
-            return d
+    for found in (d, cache_dir()):
+        if _complete(found):
+            return found
     if not fetch:
-        raise FileNotFoundError(f"MovieLens-100k not found in {shared_dir()} or {cache_dir()}")
+        raise FileNotFoundError(
+            f"MovieLens-100k not found in {d} (from {why}) or {cache_dir()}; "
+            + where_to_put(NAME, ", ".join(sorted(FILES.values())))
+        )
     return fetch_movielens_100k()
 
 
