@@ -18,6 +18,7 @@ from offgraph.runtime import install_quiet_tensorflow_import, pin_cpus, uninstal
 COMMANDS = [
     "offgraph.cli.data",
     "offgraph.cli.train",
+    "offgraph.cli.spec",
     "offgraph.cli.export",
     "offgraph.cli.synth",
     "offgraph.cli.features",

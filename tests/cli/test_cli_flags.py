@@ -55,6 +55,8 @@ def test_the_subcommands_are_all_there():
         "check",
         "synth",
         "features load",
+        "spec check",
+        "spec schema",
         "serve",
         "plan",
         "update",

@@ -54,6 +54,7 @@ def test_help_builds_every_subcommand_without_heavy_imports():
     assert listed and listed[1].split(",") == [
         "data",
         "train",
+        "spec",
         "export",
         "check",
         "synth",

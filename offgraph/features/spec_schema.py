@@ -1,0 +1,175 @@
+"""A JSON Schema (draft 2020-12) of the feature spec, for editors (completion and squiggles as one types a
+spec YAML): built from the parser's own names (``offgraph.features.spec``: keys, ops, each op's
+parameters, scopes, poolings, hashes, transforms, segmenters; ``table_spec``: a table's keys), so it
+cannot drift from them. It checks the shape of each key; the rules across fields (a cross's inputs
+declared above it, the scopes they make, tables against the fields' inputs) are the parser's
+(``offgraph spec check``). Written to ``docs/spec.schema.json`` by ``offgraph spec schema``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from offgraph.features import spec as S
+from offgraph.features import table_spec as T
+from offgraph.features.hashing import HASHES
+from offgraph.features.numeric import TRANSFORMS
+from offgraph.features.segment import SEGMENTERS
+
+SCHEMA_ID = "https://offgraph.invalid/spec.schema.json"
+"""A name, never fetched: editors map the file to specs by a ``# yaml-language-server: $schema=`` line."""
+
+_POSITIVE_INT = {"type": "integer", "minimum": 1}
+_NUMBER = {"type": "number"}
+_COLUMN = {"type": "string", "minLength": 1}
+_NUMBERS = {"type": "array", "items": _NUMBER, "minItems": 1}
+
+_MODEL_PROPS: dict[str, dict[str, Any]] = {
+    "embedding_dim": {**_POSITIVE_INT, "description": "embedding width D of every field"},
+    "hash": {"enum": sorted(HASHES), "description": "hash of a value's canonical string to its row"},
+    "mlp": {"type": "array", "items": _POSITIVE_INT, "description": "hidden layer sizes of the dense head"},
+    "pooling": {"enum": list(S.POOLINGS), "description": "default pooling of a multi-valued field"},
+    "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+    "l2_embedding": {"type": "number", "minimum": 0},
+    "l2_dense": {"type": "number", "minimum": 0},
+    "cross_separator": {"type": "string", "minLength": 1, "description": "joins a cross's values"},
+    "cross_max_values": {**_POSITIVE_INT, "description": "default cap of a cross's product"},
+    "max_values": {**_POSITIVE_INT, "description": "default max_values of id and tokenize fields"},
+    "calibration": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "negative_rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+            "scale": {"type": "number", "exclusiveMinimum": 0},
+            "power": {"type": "number", "exclusiveMinimum": 0},
+            "logit_scale": {"type": "number", "exclusiveMinimum": 0},
+            "logit_shift": _NUMBER,
+        },
+    },
+}
+
+_FIELD_PROPS: dict[str, dict[str, Any]] = {
+    "name": {**_COLUMN, "description": "the field's name (unique)"},
+    "scope": {"enum": list(S.SCOPES), "description": "where its input comes from: the request, a candidate, both"},
+    "op": {"enum": list(S.OPS)},
+    "input": {**_COLUMN, "description": "the raw column it reads"},
+    "inputs": {
+        "type": "array",
+        "items": _COLUMN,
+        "minItems": 2,
+        "description": "fields declared above it that it combines",
+    },
+    "rows": {**_POSITIVE_INT, "description": "rows of its embedding table (values hash into them)"},
+    "pooling": {"enum": list(S.POOLINGS)},
+    "separator": {"type": "string", "minLength": 1},
+    "max_values": {**_POSITIVE_INT, "description": "the most values one row may hold when serving"},
+    "lowercase": {"type": "boolean"},
+    "segmenter": {"enum": list(SEGMENTERS)},
+    "boundaries": {**_NUMBERS, "description": "strictly increasing bucket boundaries"},
+    "base": {"type": "number", "exclusiveMinimum": 1},
+    "transform": {
+        "oneOf": [
+            {"enum": list(TRANSFORMS)},
+            {"type": "array", "items": {"enum": list(TRANSFORMS)}, "uniqueItems": True},
+        ]
+    },
+    "clip": {"type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2, "description": "[lo, hi]"},
+    "stats": {
+        "type": "object",
+        "required": ["mean", "std"],
+        "additionalProperties": False,
+        "properties": {"mean": _NUMBER, "std": {"type": "number", "exclusiveMinimum": 0}},
+    },
+    "missing": {**_NUMBER, "description": "what no value is fed as"},
+}
+
+_TOP_PROPS: dict[str, dict[str, Any]] = {
+    "model": {"$ref": "#/$defs/model"},
+    "label": {**_COLUMN, "description": "the 0/1 label column"},
+    "group": {**_COLUMN, "description": "request groups (NDCG@10, listwise loss)"},
+    "time": {**_COLUMN, "description": "for the chronological splits"},
+    "split_key": {**_COLUMN, "description": "for the per-key chronological split"},
+    "item_key": {**_COLUMN, "description": "the candidate id"},
+    "fields": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/field"}},
+    "tables": {
+        "type": "object",
+        "minProperties": 1,
+        "propertyNames": {"pattern": T.TABLE_NAME.pattern},
+        "additionalProperties": {"$ref": "#/$defs/table"},
+    },
+}
+
+_TABLE_PROPS: dict[str, dict[str, Any]] = {
+    "key": {**_COLUMN, "description": "the raw input the rows are keyed by"},
+    "columns": {"type": "array", "items": _COLUMN, "minItems": 1, "uniqueItems": True},
+    "max_value_bytes": _POSITIVE_INT,
+    "max_row_bytes": _POSITIVE_INT,
+}
+
+
+def _exactly(props: dict[str, dict[str, Any]], names: set[str], where: str) -> dict[str, dict[str, Any]]:
+    """``props`` restricted to ``names``; the two must list the same keys (a key the parser takes without
+    a shape here, or one here the parser refuses, fails at once)."""
+    if set(props) != names:
+        raise AssertionError(f"{where}: schema keys {sorted(props)} != the parser's {sorted(names)}")
+    return {k: props[k] for k in sorted(names)}
+
+
+def _op_rule(op: str) -> dict[str, Any]:
+    """The keys op ``op`` takes, and those it needs."""
+    allowed = S._COMMON | S._OP_PARAMS[op]
+    if op in S.NUMERIC_OPS:
+        allowed -= {"rows", "pooling", "inputs"}
+        required = ["input"]
+    elif op in S.RAW_OPS:
+        allowed -= {"inputs"}
+        required = ["input", "rows"] + (["boundaries"] if op == "bucketize" else [])
+    else:
+        allowed -= {"input"}
+        required = ["inputs", "rows"]
+    rule: dict[str, Any] = {"required": required, "propertyNames": {"enum": sorted(allowed)}}
+    if op in S.RAW_OPS + S.NUMERIC_OPS:
+        rule["properties"] = {"scope": {"enum": ["request", "item"]}}
+    if op == "match_count":
+        rule["properties"] = {"inputs": {"maxItems": 2}}
+    return {"if": {"properties": {"op": {"const": op}}, "required": ["op"]}, "then": rule}
+
+
+def spec_schema() -> dict[str, Any]:
+    """The JSON Schema of a spec (the module docstring)."""
+    params = set().union(*S._OP_PARAMS.values()) | S._COMMON
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "offgraph feature spec",
+        "description": f"A model's fields, label and optional columns ({S.FG_VERSION}). Generated by "
+        "`offgraph spec schema`; the full checks are `offgraph spec check SPEC`.",
+        "type": "object",
+        "required": ["label", "fields"],
+        "additionalProperties": False,
+        "properties": _exactly(_TOP_PROPS, S._TOP, "top level"),
+        "$defs": {
+            "model": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": _exactly(_MODEL_PROPS, S._MODEL_KEYS, "model"),
+            },
+            "field": {
+                "type": "object",
+                "required": ["name", "scope", "op"],
+                "properties": _exactly(_FIELD_PROPS, params, "field"),
+                "allOf": [_op_rule(op) for op in S.OPS],
+            },
+            "table": {
+                "type": "object",
+                "required": ["key", "columns"],
+                "additionalProperties": False,
+                "properties": _exactly(_TABLE_PROPS, T._KEYS, "table"),
+            },
+        },
+    }
+
+
+def schema_json() -> str:
+    """The schema as the repository's file holds it (``docs/spec.schema.json``)."""
+    return json.dumps(spec_schema(), indent=2) + "\n"
