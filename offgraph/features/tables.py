@@ -164,6 +164,8 @@ def column_names(
         with pa.input_stream(p, compression="detect") as raw:
             text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
             first = next(csv.reader(text, delimiter=sep or ("\t" if fmt == "tsv" else ",")), None)
+        if first is not None:
+            _check_header(p, first)
         return first
     return None
 
@@ -269,12 +271,7 @@ def _read_csv(p, columns, header, names, sep) -> pa.Table:
 
     # Column names, to read every column as a string.
     file_names = with_blocks(header_names, "line 1")
-    dup = sorted(c for c, k in Counter(file_names).items() if k > 1)  # one pass: a header may have 10^5 names
-    if dup:
-        raise DataError(
-            f"{p}: column name(s) {dup} appear more than once in the header line; a file without "
-            "a header line needs its column names given (names=..., `--columns` on the command line)"
-        )
+    _check_header(p, file_names)
     if columns is not None:
         _check_columns(p, file_names, columns)
 
@@ -431,6 +428,15 @@ def _find_bad_json_line(p: str):
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _check_header(p, file_names) -> None:
+    dup = sorted(c for c, k in Counter(file_names).items() if k > 1)  # one pass: a header may have 10^5 names
+    if dup:
+        raise DataError(
+            f"{p}: column name(s) {dup} appear more than once in the header line; a file without "
+            "a header line needs its column names given (names=..., `--columns` on the command line)"
+        )
 
 
 def _check_columns(p, have, wanted) -> None:

@@ -75,3 +75,13 @@ def test_column_names_reads_no_rows(tmp_path):
     assert column_names(jl) is None
     with pytest.raises(DataError, match="no such file"):
         column_names(tmp_path / "nope.parquet")
+
+
+def test_a_header_with_a_name_twice_is_told_as_reading_would(tmp_path):
+    """A headerless file read as if its first row were the header: the same hint as read_table's."""
+    tsv = tmp_path / "t.tsv"
+    tsv.write_text("1\t1\n0\tv\n")
+    with pytest.raises(DataError, match=r"\['1'\] appear more than once in the header line; a file without"):
+        column_names(tsv)
+    with pytest.raises(DataError, match=r"appear more than once"):
+        read_table(tsv)
