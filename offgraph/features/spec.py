@@ -188,8 +188,8 @@ def load_spec(path: str | Path) -> FeatureSpec:
 
 
 def yaml_error_text(e: yaml.YAMLError) -> str:
-    """ " at line 3, column 7: found ... (while parsing ...)": PyYAML's own text names the string it parsed
-    ("<unicode string>"), not the file; the caller names the file."""
+    """What follows "not valid YAML": " at line 3, column 7: <problem>, <context> (line 2)". PyYAML's own
+    text names the string it parsed ("<unicode string>"), not the file; the caller names the file."""
     mark = getattr(e, "problem_mark", None)
     problem = getattr(e, "problem", None)
     if mark is None or problem is None:
