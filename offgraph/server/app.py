@@ -6,7 +6,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from offgraph.server import routes_admin, routes_health, routes_models, routes_score
+from offgraph.server import routes_admin, routes_health, routes_kserve, routes_models, routes_score, routes_tfserving
 from offgraph.server.body_limit import BodySizeLimitMiddleware
 from offgraph.server.config import ServerConfig
 from offgraph.server.errors import InternalErrorMiddleware, install_error_handlers
@@ -26,6 +26,8 @@ DeepFM CTR scoring with the embedding tables out of the TensorFlow graph.
   list, too many candidates or a too large body are refused with a 4xx naming the problem.
 * New versions under `MODELS/<name>/<version>/` are loaded in the background, warmed up and swapped in
   without dropping a request. Admin actions (`:load`, `:unload`, `:rollback`) need a bearer token.
+* TensorFlow Serving's REST API (`:predict` with `{"instances"}`, model status, metadata) and KServe v2's
+  health, readiness and model metadata are served beside these; their errors are `{"error": ...}`.
 """
 
 
@@ -44,7 +46,8 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="offgraph", version="1", description=DESCRIPTION, lifespan=lifespan)
     app.include_router(routes_score.build_router(config))
-    for module in (routes_models, routes_admin, routes_health):
+    app.include_router(routes_tfserving.build_router(config))
+    for module in (routes_models, routes_admin, routes_health, routes_kserve):
         app.include_router(module.router)
     install_error_handlers(app)
     install_unavailable_handlers(app, state)

@@ -30,6 +30,7 @@ from offgraph.server.loader import open_version
 from offgraph.server.pacing import Pacer
 from offgraph.server.refusals import may_retry, refuse, version_signature
 from offgraph.server.served import ModelHolder, ServedVersion, memory_status, scorer_stats
+from offgraph.server.version_status import version_status
 
 log = logging.getLogger("offgraph.server")
 
@@ -420,6 +421,7 @@ class ModelRegistry:
             "last_error": h.last_error,
             "scans": h.scans,
             "updater": h.updater,
+            "model_version_status": version_status(h),
         }
 
 

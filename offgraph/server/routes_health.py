@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from offgraph.server.deps import State
 from offgraph.server.redact import view_for
 from offgraph.server.schemas import Health, Readiness
+from offgraph.server.state import ServerState
 
 router = APIRouter(tags=["health"])
 
@@ -25,6 +26,12 @@ async def healthz() -> Health:
 async def readyz(state: State, request: Request) -> Readiness | JSONResponse:
     """200 once every model is loaded and warmed up (or unloaded by an admin), in every worker
     process of the server, 503 before."""
+    ready = await readiness(state, request)
+    return ready if ready.ready else JSONResponse(ready.model_dump(), status_code=503)
+
+
+async def readiness(state: ServerState, request: Request) -> Readiness:
+    """Whether the server is ready (``/readyz``, KServe's ``/v2/health/ready``), and why not."""
     models = {h.name: h.state for h in state.models.all()}
     control = state.models.control
     if state.models.ready:
@@ -35,7 +42,7 @@ async def readyz(state: State, request: Request) -> Readiness | JSONResponse:
             f"worker {control.worker} is serving every model; worker(s) {', '.join(map(str, workers))} "
             f"of {control.workers} not yet"
         )
-        return JSONResponse(Readiness(ready=False, models=models, detail=detail).model_dump(), status_code=503)
+        return Readiness(ready=False, models=models, detail=detail)
     if not state.models.initial_scan_done:
         detail = "the first load of the models is in progress"
     else:
@@ -45,7 +52,7 @@ async def readyz(state: State, request: Request) -> Readiness | JSONResponse:
             if h.current is None and h.policy != "unloaded"
         ]
         detail = view_for(request)("not serving: " + "; ".join(waiting))  # reasons may name directories
-    return JSONResponse(Readiness(ready=False, models=models, detail=detail).model_dump(), status_code=503)
+    return Readiness(ready=False, models=models, detail=detail)
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)

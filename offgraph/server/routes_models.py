@@ -9,22 +9,13 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
-from starlette.convertors import StringConvertor, register_url_convertor
 
+from offgraph.server import path_convertors  # noqa: F401 - registers the no_colon convertor
 from offgraph.server.deps import Holder, State
 from offgraph.server.redact import path_view
 from offgraph.server.schemas import ModelList, ModelStatus, error_responses
 
 router = APIRouter(tags=["models"])
-
-
-class _NoColon(StringConvertor):
-    """A path segment without ':': GET /v1/models/ml:score is the :score route's (405), not model 'ml:score's."""
-
-    regex = "[^/:]+"
-
-
-register_url_convertor("no_colon", _NoColon())
 
 PathView = Annotated[Callable[[Any], Any], Depends(path_view)]
 

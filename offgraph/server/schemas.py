@@ -311,6 +311,30 @@ class FeatureTableStatus(BaseModel):
     present: bool = Field(description="The table exists on disk (else every key is unknown until it is created).")
 
 
+class VersionStatusDetail(BaseModel):
+    error_code: str = Field(
+        "OK", description="`OK`, or `UNKNOWN` for a version that was refused (see `error_message`)."
+    )
+    error_message: str = Field("", description="Why the version was refused; empty when it is not.")
+
+
+class ModelVersionStatus(BaseModel):
+    """One version's state, as TensorFlow Serving's model status API words it."""
+
+    version: str = Field(description="The version number, as a string (TensorFlow Serving's int64 in JSON).")
+    state: Literal["LOADING", "AVAILABLE", "END"] = Field(
+        description="`AVAILABLE`: it serves; `LOADING`: it is being loaded and warmed up; `END`: it served before "
+        "the current one, or it was refused."
+    )
+    status: VersionStatusDetail
+
+
+MODEL_VERSION_STATUS_DOC = (
+    "TensorFlow Serving's view of the versions: the serving one, the one loading, the previous one and the refused "
+    "ones, newest first."
+)
+
+
 class ModelStatus(BaseModel):
     name: str
     state: Literal["new", "loading", "serving", "unloaded", "failed"]
@@ -346,6 +370,7 @@ class ModelStatus(BaseModel):
         "the lag per partition (messages, rows, seconds); age_seconds: how old it is (a stale "
         "status means no updater runs). None: no updater has run for this model.",
     )
+    model_version_status: list[ModelVersionStatus] = Field(default_factory=list, description=MODEL_VERSION_STATUS_DOC)
 
 
 class ModelList(BaseModel):

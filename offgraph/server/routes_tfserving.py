@@ -1,0 +1,196 @@
+"""TensorFlow Serving's REST API, beside offgraph's own: ``:predict``, model status and metadata.
+
+``POST /v1/models/{name}[/versions/{v}]:predict`` takes ``{"instances": [...], "context": {...}}``
+(``offgraph.server.tfserving_body``) and answers ``{"predictions": [...]}``: the request and candidates it
+stands for are scored by the ``:score`` path itself (``ModelHolder.score`` in the scoring pool, the same
+metrics), so the scores are the same. ``GET /v1/models/{name}/versions/{v}`` is TF Serving's model status
+of one version (``GET /v1/models/{name}`` carries ``model_version_status`` for all of them),
+``GET /v1/models/{name}[/versions/{v}]/metadata`` the ``serving_default`` signature of the served version.
+Errors are ``{"error": ...}`` (``offgraph.server.anchor_errors``).
+"""
+
+import re
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request, Response
+
+from offgraph.features import FeatureValueError
+from offgraph.server import path_convertors  # noqa: F401 - registers the no_colon convertor
+from offgraph.server.anchor_errors import ErrorKeyRoute, error_key_responses
+from offgraph.server.anchor_schemas import (
+    MetadataBody,
+    ModelMetadata,
+    ModelSpec,
+    PredictResponse,
+    SignatureDef,
+    SignatureDefMap,
+    TensorDim,
+    TensorInfo,
+    TensorShape,
+    VersionStatusList,
+)
+from offgraph.server.config import ServerConfig
+from offgraph.server.deps import Holder, State
+from offgraph.server.errors import ApiError
+from offgraph.server.metrics import START_KEY
+from offgraph.server.model_inputs import describe_inputs, shape
+from offgraph.server.routes_models import PathView
+from offgraph.server.served import ModelHolder, NotServing
+from offgraph.server.state import ServerState
+from offgraph.server.tfserving_body import PredictBody, split_instances
+from offgraph.server.version_status import serving_version, version_status
+
+SIGNATURE = "serving_default"
+_VERSION = re.compile(r"[0-9]{1,18}")
+
+_NAME_ERRORS = {"e400": "Invalid model name or version.", "e404": "Unknown model, or the version is not served."}
+_PREDICT_ERRORS = error_key_responses(
+    **_NAME_ERRORS,
+    e413="Body larger than the server's limit.",
+    e415="The body's Content-Type is not JSON.",
+    e422="Invalid body: the message names the problem (as for `:score`), or a request-scope input with two "
+    "values in the instances (naming the input).",
+    e503="The model's first load is under way, or its store failed to read: retry (`Retry-After`).",
+)
+_STATUS_ERRORS = error_key_responses(**_NAME_ERRORS, e503="The model's first load is under way (`Retry-After`).")
+
+
+async def version_number(
+    version: Annotated[
+        str,
+        Path(
+            description="Model version: a non-negative integer (any other value is a 400).",
+            json_schema_extra={"pattern": "^[0-9]{1,18}$"},
+        ),
+    ],
+) -> int:
+    if not _VERSION.fullmatch(version):
+        raise ApiError(400, f"invalid version {version[:40]!r}: a version is a non-negative integer")
+    return int(version)
+
+
+VersionNumber = Annotated[int, Depends(version_number)]
+
+
+def _score_instances(holder: ModelHolder, body: Any, version: int | None) -> tuple[int, Any]:
+    """Split the instances with the serving version's scopes and score them (in a scoring thread).
+
+    A swap between the split and the score to a version whose spec moves an input to the other scope
+    is refused by the score path's own scope check (a 422), never scored silently wrong."""
+    sv = holder.current
+    if sv is None:  # the score call answers why (loading, unloaded)
+        request, candidates = dict(body.context), body.instances
+    else:
+        spec = sv.scorer.spec
+        req_in, item_in = set(spec.raw_inputs("request")), set(spec.raw_inputs("item"))
+        request, candidates = split_instances(body.instances, body.context, req_in - item_in, item_in - req_in)
+    try:
+        served, scores, _, _ = holder.score(request, candidates, version)
+    except FeatureValueError as e:  # the score path's words, with the instances' name for the candidates
+        raise ApiError(422, f"bad feature value: {str(e).replace('candidates[', 'instances[')}") from None
+    return served, scores
+
+
+async def _predict(
+    holder: ModelHolder, state: ServerState, request: Request, body: Any, version: int | None
+) -> Response:
+    try:
+        _, scores = await state.run_scoring(_score_instances, holder, body, version)
+    except NotServing as e:
+        raise ApiError(404, str(e)) from None
+    state.metrics.observe_score(
+        holder.name, len(body.instances), time.perf_counter() - request.scope.get(START_KEY, 0.0)
+    )
+    # pydantic's own encoder, as :score (FastAPI's default path would render each float in Python)
+    return Response(PredictResponse(predictions=scores.tolist()).model_dump_json(), media_type="application/json")
+
+
+def build_router(config: ServerConfig) -> APIRouter:
+    """The router (per app: the predict body's instances are bounded by the app's --max-candidates)."""
+    router = APIRouter(tags=["tensorflow serving"], route_class=ErrorKeyRoute)
+    parser = PredictBody(config.max_candidates)
+
+    async def predict_body(request: Request) -> Any:
+        return await parser.parse(request)
+
+    Body = Annotated[Any, Depends(predict_body)]  # noqa: N806 - a type (local: no postponed annotations here)
+
+    predict_doc = (
+        "TensorFlow Serving's row format: one instance per candidate, scores in instance order (the same as "
+        "`:score` gives). Request-scope inputs go once in `context`, or in the instances (whole rows), with the "
+        'same value in each: two values are a 422 naming the input. Errors are `{"error": ...}`.'
+    )
+
+    @router.post(
+        "/v1/models/{name}:predict",
+        response_model=PredictResponse,
+        summary="Predict (TensorFlow Serving)",
+        description=predict_doc,
+        responses=_PREDICT_ERRORS,
+        openapi_extra=parser.openapi_extra(),
+    )
+    async def predict_served(body: Body, holder: Holder, state: State, request: Request) -> Response:
+        return await _predict(holder, state, request, body, None)
+
+    @router.post(
+        "/v1/models/{name}/versions/{version}:predict",
+        response_model=PredictResponse,
+        summary="Predict with a version (TensorFlow Serving)",
+        description=predict_doc + " The version must be the served one (404 otherwise).",
+        responses=_PREDICT_ERRORS,
+        openapi_extra=parser.openapi_extra(),
+    )
+    async def predict_version(
+        body: Body, holder: Holder, state: State, request: Request, version: VersionNumber
+    ) -> Response:
+        return await _predict(holder, state, request, body, version)
+
+    @router.get(
+        "/v1/models/{name}/versions/{version:no_colon}",
+        summary="One version's status (TensorFlow Serving)",
+        responses=_STATUS_ERRORS,
+    )
+    async def get_version_status(holder: Holder, version: VersionNumber, view: PathView) -> VersionStatusList:
+        """TensorFlow Serving's model status of one version: AVAILABLE (served), LOADING, or END (served before,
+        or refused, with the reason). 404 for a version the server has not tried."""
+        found = [s for s in version_status(holder) if s["version"] == str(version)]
+        if not found:
+            raise ApiError(404, f"version {version} of model '{holder.name}' is not known to the server")
+        return VersionStatusList(model_version_status=view(found))
+
+    @router.get("/v1/models/{name}/metadata", summary="Model metadata (TensorFlow Serving)", responses=_STATUS_ERRORS)
+    async def get_metadata(holder: Holder) -> ModelMetadata:
+        """The served version's `serving_default` signature: its raw inputs (dtype, shape, scope) and its output
+        `predictions`."""
+        return metadata(holder, None)
+
+    @router.get(
+        "/v1/models/{name}/versions/{version}/metadata",
+        summary="One version's metadata (TensorFlow Serving)",
+        responses=_STATUS_ERRORS,
+    )
+    async def get_version_metadata(holder: Holder, version: VersionNumber) -> ModelMetadata:
+        """As `/v1/models/{name}/metadata`, for the version that must be the served one (404 otherwise)."""
+        return metadata(holder, version)
+
+    return router
+
+
+def _tensor(name: str, dtype: str, dims: list[int], **extra: Any) -> TensorInfo:
+    dim = [TensorDim(size=str(d)) for d in dims]
+    return TensorInfo(dtype=dtype, tensor_shape=TensorShape(dim=dim), name=name, **extra)  # type: ignore[arg-type]
+
+
+def metadata(holder: ModelHolder, version: int | None) -> ModelMetadata:
+    sv = serving_version(holder, version)
+    inputs = {
+        i.name: _tensor(i.name, "DT_DOUBLE" if i.number else "DT_STRING", shape(i), scope=i.scope)
+        for i in describe_inputs(sv.scorer.spec)
+    }
+    outputs = {"predictions": _tensor("predictions", "DT_FLOAT", [-1], score_kind=sv.scorer.score_kind)}
+    signature = SignatureDef(inputs=inputs, outputs=outputs)
+    return ModelMetadata(
+        model_spec=ModelSpec(name=holder.name, signature_name=SIGNATURE, version=str(sv.version)),
+        metadata=MetadataBody(signature_def=SignatureDefMap(signature_def={SIGNATURE: signature})),
+    )

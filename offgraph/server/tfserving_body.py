@@ -1,0 +1,115 @@
+"""TensorFlow Serving's ``{"instances": [...]}`` as one score request: the request and its candidates.
+
+Each instance is one candidate's raw features, and may carry the request-scope inputs too (TF Serving
+users send whole rows). The inputs the model reads only at request scope are taken out of the instances:
+each must have one value for the whole request, the same in every instance that sends it, in every
+instance (a row without it would be a row with no value), and the same as in ``context``, the body's
+field for the shared request features. A conflict is a 422 naming the input and the two places. The
+other keys of an instance stay in its candidate (the score path ignores those the model does not read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Literal, cast
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from offgraph.server.errors import ApiError
+from offgraph.server.schemas import Features, ScoreRequest
+from offgraph.server.score_body import JsonBody
+
+INSTANCES_DOC = (
+    "One object per candidate, scored in this order: its raw features by input name (`GET /v1/models/{name}` "
+    "lists them under `inputs`), and, if you like, the request-scope ones too (whole rows): a request-scope "
+    "input must then have the same value in every instance. At least one, at most the server's --max-candidates."
+)
+CONTEXT_DOC = (
+    "Request-scope raw features shared by every instance (the user, the context), sent once. An input given "
+    "here and in the instances must have the same value in both."
+)
+
+
+_SCORE: dict[str, Any] = cast(dict, ScoreRequest.model_config["json_schema_extra"])["examples"][0]  # one example
+
+
+class PredictRequest(BaseModel):
+    """TensorFlow Serving's row format: the instances to score, and the request features they share."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"context": _SCORE["request"], "instances": _SCORE["candidates"]}]},
+    )
+
+    instances: list[Features] = Field(min_length=1, description=INSTANCES_DOC)
+    context: Features = Field(default_factory=dict, description=CONTEXT_DOC)
+    signature_name: Literal["serving_default"] | None = Field(
+        default=None, description="TensorFlow Serving's signature: `serving_default` (the only one), or omitted."
+    )
+
+
+class PredictBody(JsonBody):
+    """``parse(request)`` -> ``PredictRequest`` with at most ``max_candidates`` instances."""
+
+    def __init__(self, max_candidates: int):
+        model = create_model(
+            "PredictRequest",
+            __base__=PredictRequest,
+            __doc__=PredictRequest.__doc__,
+            instances=(list[Features], Field(min_length=1, max_length=max_candidates, description=INSTANCES_DOC)),
+        )
+        super().__init__(model, "predict body")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON values equal in type and value (1, 1.0 and true are three different feature values)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is list:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _show(v: Any, limit: int = 60) -> str:
+    r = repr(v)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def _conflict(key: str, where: str, value: Any, other: str, other_value: Any = None, missing: bool = False) -> ApiError:
+    said = "does not send it" if missing else f"has {_show(other_value)}"
+    return ApiError(
+        422,
+        f"request-scope input '{key}' has one value per request, but {where} has {_show(value)} and {other} {said}: "
+        "send it once in 'context', or the same in every instance",
+    )
+
+
+def split_instances(
+    instances: Sequence[Mapping[str, Any]],
+    context: Mapping[str, Any],
+    request_only: Collection[str],
+    item_only: Collection[str],
+) -> tuple[dict[str, Any], list[Mapping[str, Any]]]:
+    """(request, candidates) of a predict body, for a model reading ``request_only`` inputs at request scope
+    only and ``item_only`` at item scope only; an ``ApiError`` 422 names a conflict."""
+    for key in context:
+        if key in item_only:
+            raise ApiError(422, f"input '{key}' in 'context' is an item-scope input: send it in each instance instead")
+    request = dict(context)
+    keys = set().union(*instances).intersection(request_only)  # one C-level pass over the instances' keys
+    if not keys:
+        return request, list(instances)
+    for key in sorted(keys):
+        if key in context:
+            where, value = "'context'", context[key]
+        else:
+            first = next(i for i, inst in enumerate(instances) if key in inst)
+            where, value = f"instances[{first}]", instances[first][key]
+        for i, inst in enumerate(instances):
+            if key not in inst:
+                if key not in context:
+                    raise _conflict(key, where, value, f"instances[{i}]", missing=True)
+            elif not _same(inst[key], value):
+                raise _conflict(key, where, value, f"instances[{i}]", inst[key])
+        request[key] = value
+    return request, [{k: v for k, v in inst.items() if k not in keys} for inst in instances]
