@@ -13,6 +13,7 @@ from offgraph.server.errors import InternalErrorMiddleware, install_error_handle
 from offgraph.server.gc_tuning import tune_gc
 from offgraph.server.http_limits import BodyTimeoutMiddleware
 from offgraph.server.metrics import HttpMetricsMiddleware
+from offgraph.server.request_id import RequestIdMiddleware
 from offgraph.server.state import ServerState
 from offgraph.server.tf_threads import configure_tf_threads
 from offgraph.server.unavailable import install_unavailable_handlers
@@ -28,6 +29,7 @@ DeepFM CTR scoring with the embedding tables out of the TensorFlow graph.
   without dropping a request. Admin actions (`:load`, `:unload`, `:rollback`) need a bearer token.
 * TensorFlow Serving's REST API (`:predict` with `{"instances"}`, model status, metadata) and KServe v2's
   health, readiness and model metadata are served beside these; their errors are `{"error": ...}`.
+* Every answer carries an `x-request-id` header: the request's own (if it is a sane id) or a new one.
 """
 
 
@@ -54,7 +56,8 @@ def create_app(config: ServerConfig) -> FastAPI:
     app.add_middleware(InternalErrorMiddleware)  # innermost: its 500s are counted like any answer
     app.add_middleware(BodyTimeoutMiddleware, body_timeout_s=config.http.body_timeout_s)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=config.max_body_bytes)
-    app.add_middleware(HttpMetricsMiddleware, metrics=state.metrics)  # outermost: sees the 413s too
+    app.add_middleware(HttpMetricsMiddleware, metrics=state.metrics)  # sees the 413s too
+    app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries its request's id
     if config.tune_gc:
         tune_gc()
     return app

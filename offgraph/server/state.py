@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +36,9 @@ class ServerState:
         return cls(config, models, ServerMetrics(models, multiprocess=config.workers > 1))
 
     async def run_scoring(self, fn: Callable[..., Any], *args) -> Any:
-        """Run ``fn(*args)`` in the bounded scoring pool, without blocking the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        """Run ``fn(*args)`` in the bounded scoring pool, without blocking the event loop, in a copy of the
+        caller's context (its log records carry the request's id: ``offgraph.server.request_id``)."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, copy_context().run, fn, *args)
 
     async def start(self) -> None:
         # the models are known before the first request (one directory listing): a request for a model

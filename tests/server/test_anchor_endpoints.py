@@ -1,4 +1,4 @@
-"""The TensorFlow Serving and KServe v2 endpoints, through a real uvicorn on 127.0.0.1 serving
+"""The TensorFlow Serving and KServe v2 endpoints and x-request-id, through a real uvicorn on 127.0.0.1 serving
 the tiny real model (conftest's ``tiny_model``) and a real httpx client.
 
 ``:predict`` must give the scores ``:score`` gives for the same request and candidates, whichever way the
@@ -7,18 +7,31 @@ KServe routes are ``{"error": ...}``.
 """
 
 import json
+import logging
+import re
 
 import httpx
 import pytest
 from server_helpers import ThreadServer, copy_models, copy_version, score, server_config, wait_for
 
 MAX_CANDIDATES = 50
+HEX32 = re.compile(r"[0-9a-f]{32}")
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
+    """The tiny model, and a test-only route that raises (an error log line written during a request)."""
+    from offgraph.server import create_app
+
     models = copy_models(tiny_model[0], tmp_path_factory.mktemp("anchors") / "models")
-    srv = ThreadServer(server_config(models, max_candidates=MAX_CANDIDATES))
+    config = server_config(models, max_candidates=MAX_CANDIDATES)
+    app = create_app(config)
+
+    @app.get("/test-only/raise", include_in_schema=False)
+    async def raise_unexpected() -> dict:
+        raise RuntimeError("unexpected")
+
+    srv = ThreadServer(config, app=app)
     yield srv
     srv.stop()
 
@@ -219,6 +232,51 @@ def test_nothing_serving_is_503_not_ready_and_the_refusal_in_the_version_status(
     assert status["version"] == "1" and status["state"] == "END", status
     assert status["status"]["error_code"] == "UNKNOWN" and "checksum" in status["status"]["error_message"], status
     assert "/" not in status["status"]["error_message"].split("ml/1")[0]  # paths redacted, as in the model status
+
+
+# -- x-request-id ------------------------------------------------------------------------------------------------
+def test_request_id_is_echoed_generated_and_never_a_hostile_one(client):
+    for rid in ("abc-123", "0b7c4f1e-9d2a-4c1b-8e3f-5a6b7c8d9e0f", "Zm9vYmFy+/=", "a" * 128):
+        for r in (
+            client.get("/healthz", headers={"x-request-id": rid}),
+            predict(client, b"{", headers={"x-request-id": rid}),
+        ):
+            assert r.headers["x-request-id"] == rid, (rid, r.status_code)
+    seen = set()
+    for _ in range(3):
+        rid = client.get("/healthz").headers["x-request-id"]
+        assert HEX32.fullmatch(rid), rid
+        seen.add(rid)
+    assert len(seen) == 3  # a fresh one each time
+    for hostile in (
+        "a" * 129,
+        "two words",
+        "<script>",
+        "-leading-dash",
+        "id;drop",
+        "caf\u00e9".encode(),
+        '"quoted"',
+        "",
+    ):
+        r = client.get("/v1/models/ml", headers={"x-request-id": hostile})
+        assert r.status_code == 200
+        got = r.headers["x-request-id"]
+        assert HEX32.fullmatch(got), (hostile, got)
+    # on every answer: a 404 of no route, a 413, the anchors' errors
+    assert HEX32.fullmatch(client.get("/no/such/route").headers["x-request-id"])
+    big = client.post("/v1/models/ml:score", content=b"x" * (9 << 20), headers={"content-type": "application/json"})
+    assert big.status_code == 413 and HEX32.fullmatch(big.headers["x-request-id"])
+
+
+def test_request_id_is_in_the_log_lines_of_its_request(client, caplog):
+    with caplog.at_level(logging.ERROR, logger="offgraph.server"):
+        r = client.get("/test-only/raise", headers={"x-request-id": "trace-me-42"})
+    assert r.status_code == 500 and r.headers["x-request-id"] == "trace-me-42"
+    lines = [rec.getMessage() for rec in caplog.records if "internal error" in rec.getMessage()]
+    assert lines and all("[request_id=trace-me-42]" in ln for ln in lines), lines
+    assert [rec.request_id for rec in caplog.records if "internal error" in rec.getMessage()] == ["trace-me-42"]
+    logging.getLogger("offgraph.server").error("outside a request")  # no id there
+    assert "request_id" not in caplog.records[-1].getMessage()
 
 
 # -- OpenAPI -------------------------------------------------------------------------------------------------------
