@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 
 from offgraph.features import FeatureValueError
 from offgraph.server import path_convertors  # noqa: F401 - registers the no_colon convertor
-from offgraph.server.anchor_errors import ErrorKeyRoute, error_key_responses
+from offgraph.server.anchor_errors import AnchorError, ErrorKeyRoute, error_key_responses
 from offgraph.server.anchor_schemas import (
     MetadataBody,
     ModelMetadata,
@@ -36,6 +36,7 @@ from offgraph.server.errors import ApiError
 from offgraph.server.metrics import START_KEY
 from offgraph.server.model_inputs import describe_inputs, shape
 from offgraph.server.routes_models import PathView
+from offgraph.server.schemas import ErrorResponse
 from offgraph.server.served import ModelHolder, NotServing
 from offgraph.server.state import ServerState
 from offgraph.server.tfserving_body import PredictBody, split_instances
@@ -45,14 +46,20 @@ SIGNATURE = "serving_default"
 _VERSION = re.compile(r"[0-9]{1,18}")
 
 _NAME_ERRORS = {"e400": "Invalid model name or version.", "e404": "Unknown model, or the version is not served."}
-_PREDICT_ERRORS = error_key_responses(
-    **_NAME_ERRORS,
-    e413="Body larger than the server's limit.",
-    e415="The body's Content-Type is not JSON.",
-    e422="Invalid body: the message names the problem (as for `:score`), or a request-scope input with two "
-    "values in the instances (naming the input).",
-    e503="The model's first load is under way, or its store failed to read: retry (`Retry-After`).",
-)
+_PREDICT_ERRORS = {
+    **error_key_responses(
+        **_NAME_ERRORS,
+        e415="The body's Content-Type is not JSON.",
+        e422="Invalid body: the message names the problem (as for `:score`), or a request-scope input with two "
+        "values in the instances (naming the input).",
+        e503="The model's first load is under way, or its store failed to read: retry (`Retry-After`).",
+    ),
+    413: {
+        "model": AnchorError | ErrorResponse,
+        "description": "Body larger than the server's limit. A Content-Length over it is refused before any "
+        'route, as on every route, with `{"detail": ...}`.',
+    },
+}
 _STATUS_ERRORS = error_key_responses(**_NAME_ERRORS, e503="The model's first load is under way (`Retry-After`).")
 
 

@@ -2,10 +2,11 @@
 
 Each instance is one candidate's raw features, and may carry the request-scope inputs too (TF Serving
 users send whole rows). The inputs the model reads only at request scope are taken out of the instances:
-each must have one value for the whole request, the same in every instance that sends it, in every
-instance (a row without it would be a row with no value), and the same as in ``context``, the body's
-field for the shared request features. A conflict is a 422 naming the input and the two places. The
-other keys of an instance stay in its candidate (the score path ignores those the model does not read).
+each has one value for the whole request, so it must be the same in every instance, be sent by all of
+them unless ``context`` (the body's field for the shared request features) gives it (a row without it
+would be a row with no value), and agree with ``context``. A conflict is a 422 naming the input and the
+two places. The other keys of an instance stay in its candidate (the score path ignores those the model
+does not read).
 """
 
 from __future__ import annotations
