@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from polling import wait_for  # noqa: F401 (the tests' name for it)
 
 from offgraph.testing.harness import free_port, wait_ready  # noqa: F401 (the tests' names for them)
@@ -115,3 +116,12 @@ class ThreadServer:
         self.thread.join(timeout=20)
         self.sock.close()
         assert not self.thread.is_alive(), "uvicorn did not stop"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """An httpx client of the test module's ``server`` fixture (a ``ThreadServer``): import it as a fixture."""
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c

@@ -12,7 +12,7 @@ import re
 
 import httpx
 import pytest
-from server_helpers import ThreadServer, copy_models, copy_version, score, server_config, wait_for
+from server_helpers import ThreadServer, client, copy_models, copy_version, score, server_config, wait_for  # noqa: F401 - client: a fixture
 
 MAX_CANDIDATES = 50
 HEX32 = re.compile(r"[0-9a-f]{32}")
@@ -34,12 +34,6 @@ def server(tiny_model, tmp_path_factory):
     srv = ThreadServer(config, app=app)
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server.url, timeout=30) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
