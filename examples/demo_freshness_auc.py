@@ -326,8 +326,36 @@ def main(argv=None) -> int:
         },
     }
     (out / "freshness_auc.json").write_text(json.dumps(report, indent=2, default=float))
+    _plot_days(report["per_day"], out / "freshness_auc.png")
     _print_table(report)
+    print(f"per-day AUC: {out / 'freshness_auc.png'}")
     return 0
+
+
+def _plot_days(per_day: list[dict], path: Path) -> None:
+    """Frozen vs streamed AUC per day, and the day's ratings (bars, right axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    days = [r["day"] for r in per_day]
+    x = np.arange(len(days))
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    bars = ax.twinx()
+    bars.bar(x, [r["events"] for r in per_day], color="0.85", width=0.6)
+    bars.set_ylabel("ratings that day", color="0.5")
+    ax.set_zorder(bars.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    ax.plot(x, [r["auc_frozen"] for r in per_day], "o-", label="frozen (trained up to the cut)")
+    ax.plot(x, [r["auc_streamed"] for r in per_day], "s-", label="streamed (stream-trained, applied live)")
+    ax.set_xticks(x, days, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel("AUC")
+    ax.legend(fontsize=8, loc="lower left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _run_days(

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from offgraph.features.segment import segmenters_of
 from offgraph.features.spec import FeatureSpec
+from offgraph.model.curves import CURVES_FILE, write_curves
 from offgraph.model.inputs import Encoded, encode_table, finish_dense, fit_numeric_stats, needs_stats
 from offgraph.model.losses import LossKey, is_listwise, make_loss_fn
 from offgraph.model.metrics import logloss, make_metric_fn, needs_groups
@@ -340,7 +341,8 @@ def spec_record(spec: FeatureSpec) -> dict:
 
 
 def write_run(out_dir: str | Path, model: DeepFM, spec: FeatureSpec, cfg: TrainConfig, metrics: dict) -> Path:
-    """Write a run directory (weights, spec.yaml, train_config.json, metrics.json), replacing ``out_dir``.
+    """Write a run directory (weights, spec.yaml, train_config.json, metrics.json, and training_curves.png when
+    it trained epochs), replacing ``out_dir``.
     metrics.json holds ``metrics`` with what the spec implies (``spec_record``) recorded from ``spec`` itself,
     so a run built by hand (a model and ``metrics={}``) exports like a trained one."""
     metrics = {**metrics, **spec_record(spec)}
@@ -353,6 +355,7 @@ def write_run(out_dir: str | Path, model: DeepFM, spec: FeatureSpec, cfg: TrainC
     (tmp / SPEC_FILE).write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
     (tmp / CONFIG_FILE).write_text(json.dumps(cfg.model_dump(), indent=2))
     (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2, default=float))
+    write_curves(metrics.get("history", []), tmp / CURVES_FILE, title=out.name)
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)

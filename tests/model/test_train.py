@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from offgraph.features import load_spec
+from offgraph.model.curves import write_curves
 from offgraph.model.metrics import auc, logloss, ndcg_at_k
 from offgraph.model.model import load_run
 from offgraph.model.splits import held_out_mask
@@ -57,6 +58,16 @@ def test_small_movielens_training_beats_chance(movielens_table, tmp_path):
     assert m2["held_out"]["auc"] == pytest.approx(metrics["held_out"]["auc"])
     for a, b in zip(model.front.emb_tables, model2.front.emb_tables):
         np.testing.assert_array_equal(a.embeddings.numpy(), b.embeddings.numpy())
+    # and pictures its per-epoch curves: a real PNG (its signature and IHDR header), of a readable size
+    png = (tmp_path / "run" / "training_curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    assert int.from_bytes(png[16:20], "big") >= 400 and int.from_bytes(png[20:24], "big") >= 200
+
+
+def test_curves_of_no_epochs_write_nothing(tmp_path):
+    assert write_curves([], tmp_path / "c.png") is None and not (tmp_path / "c.png").exists()
+    one = [{"epoch": 1, "train_loss": 0.6, "seconds": 1.0}]  # no validation split: loss only
+    assert write_curves(one, tmp_path / "c.png") == tmp_path / "c.png"
 
 
 def test_early_stopping_keeps_the_best_validation_epoch(movielens_table):
