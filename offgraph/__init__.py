@@ -5,6 +5,9 @@ sharded, quantized RocksDB store.
     scorer = offgraph.load("models/movielens")       # a model's newest complete version, or a version dir
     ctr = scorer.score(request, candidates)          # float32 [N]
 
+    with offgraph.Client("http://127.0.0.1:8500") as c:   # a client of `offgraph serve` (offgraph.client)
+        c.score("movielens", request, candidates).scores
+
 Subpackages, lowest layer first (``lint-imports`` checks the order, pyproject.toml): ``config``,
 ``features``, ``store``, ``modeldir``, ``scoring``, ``model``, ``data``; then ``export``, ``streaming``,
 ``server``; then ``cli`` and ``testing``. Importing this package loads nothing heavy.
@@ -13,11 +16,12 @@ Subpackages, lowest layer first (``lint-imports`` checks the order, pyproject.to
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from offgraph.client import AsyncClient, Client
     from offgraph.scoring.scorer import Scorer
 
 try:
@@ -25,7 +29,18 @@ try:
 except PackageNotFoundError:  # run from a source tree that is not installed
     __version__ = "0+unknown"
 
-__all__ = ["__version__", "load"]
+__all__ = ["AsyncClient", "Client", "__version__", "load"]
+
+_CLIENTS = ("AsyncClient", "Client")
+
+
+def __getattr__(name: str) -> Any:
+    """``offgraph.Client`` / ``offgraph.AsyncClient``, imported on first use (httpx is not loaded before)."""
+    if name in _CLIENTS:
+        import offgraph.client
+
+        return getattr(offgraph.client, name)
+    raise AttributeError(f"module 'offgraph' has no attribute {name!r}")
 
 
 def load(path: str | Path, **kwargs) -> Scorer:
