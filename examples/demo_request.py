@@ -1,7 +1,7 @@
 """`python examples/demo_request.py`: start `offgraph serve` on loopback, score one real
-MovieLens request over HTTP in its ids-only form (the server joins the user and movie features from
-its feature tables), check it against the same request with every feature sent, print it, stop the
-server (the serving step of `make demo`)."""
+MovieLens request over HTTP with `offgraph.Client` in its ids-only form (the server joins the user
+and movie features from its feature tables), check it against the same request with every feature
+sent, print it, stop the server (the serving step of `make demo`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import json
 import subprocess
 import sys
 
-import httpx
 import pyarrow.parquet as pq
 
+import offgraph
+from offgraph.client import ApiError
 from offgraph.testing.harness import NotReady, free_port, wait_ready
 
 
@@ -59,24 +60,23 @@ def main(argv=None) -> int:
         except NotReady as e:
             print(e, file=sys.stderr)
             return 1
-        with httpx.Client(base_url=base, timeout=10.0) as client:
+        with offgraph.Client(base) as client:
             full = real_request(args.data, args.candidates)
             ids = {
                 "request": {"user_id": full["request"]["user_id"]},
                 "candidates": [{"movie_id": c["movie_id"]} for c in full["candidates"]],
             }
-            r = client.post(f"/v1/models/{args.model}:score", json=ids)
-            print(f"POST {base}/v1/models/{args.model}:score -> {r.status_code}")
+            try:
+                out = client.score(args.model, **ids)
+            except ApiError as e:
+                print(f"POST {base}/v1/models/{args.model}:score -> {e}", file=sys.stderr)
+                return 1
+            print(f"POST {base}/v1/models/{args.model}:score -> 200")
             print("ids-only body:", json.dumps(ids))
-            out = r.json()
-            for cand, score in zip(full["candidates"], out.get("scores", [])):
+            for cand, score in zip(full["candidates"], out.scores):
                 print(f"  movie {cand['movie_id']:>5}  {score:.4f}  {' '.join(cand['title_words'])}")
-            print(
-                f"model {out.get('model')} version {out.get('version')}, unknown candidates "
-                f"{out.get('unknown_candidates')}"
-            )
-            r_full = client.post(f"/v1/models/{args.model}:score", json=full)
-            same = r.status_code == 200 and r_full.json().get("scores") == out.get("scores")
+            print(f"model {out.model} version {out.version}, unknown candidates {out.unknown_candidates}")
+            same = client.score(args.model, **full).scores == out.scores
             print(
                 f"the same request with every feature sent ({len(json.dumps(full))} bytes instead of "
                 f"{len(json.dumps(ids))}): {'identical scores' if same else 'DIFFERENT scores'}"
