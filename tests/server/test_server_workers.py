@@ -17,8 +17,9 @@ import numpy as np
 from server_helpers import TOKEN, copy_models, copy_version, free_port, stop_server, wait_for, wait_ready
 from tf_noise import TF_NOISE
 
+import offgraph
+
 REPO = Path(__file__).resolve().parents[2]
-ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def _children(pid: int) -> list[int]:
@@ -87,6 +88,7 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = _serve(models, port)
+    admin = offgraph.Client(url, admin_token=TOKEN)
     sent = 0
     try:
         wait_ready(url, 120, proc)
@@ -113,8 +115,7 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
             np.testing.assert_array_equal(np.asarray(r.json()["scores"], np.float32), want)
 
         # an admin decision taken by one worker: the answer comes once both follow it
-        r = httpx.post(url + "/v1/models/ml:load", json={"version": 1}, headers=ADMIN, timeout=120)
-        assert r.status_code == 200 and r.json()["policy"] == "pinned", r.text
+        assert admin.load("ml", 1).policy == "pinned"
         rs = _fresh(url, body, 30)
         sent += 30
         assert {r.status_code for r in rs} == {200} and {r.json()["version"] for r in rs} == {1}
@@ -145,12 +146,10 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
         sent += 30
         assert {r.status_code for r in rs} == {200} and {r.json()["version"] for r in rs} == {1}
 
-        r = httpx.post(url + "/v1/models/ml:unload", headers=ADMIN, timeout=120)
-        assert r.status_code == 200 and r.json()["state"] == "unloaded", r.text
+        assert admin.unload("ml").state == "unloaded"
         rs = _fresh(url, body, 20)
         assert {r.status_code for r in rs} == {404}
-        r = httpx.post(url + "/v1/models/ml:load", json={}, headers=ADMIN, timeout=120)
-        assert r.status_code == 200 and r.json()["policy"] == "latest", r.text
+        assert admin.load("ml").policy == "latest"  # follow the newest again
         rs = _fresh(url, body, 20)
         sent += 20
         assert {r.status_code for r in rs} == {200} and {r.json()["version"] for r in rs} == {2}
@@ -168,6 +167,7 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
         assert live == {str(p) for p in _children(proc.pid)}, (live, text[-3000:])
         assert re.search(r"^process_cpu_seconds_total [0-9.e+]+$", text, re.M) and "python_info{" in text
     finally:
+        admin.close()
         out = stop_server(proc, 60)
     assert proc.returncode == 0, out[-3000:]
     assert not TF_NOISE.search(out), out[-3000:]  # the workers' TensorFlow start-up lines are hidden too
