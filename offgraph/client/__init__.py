@@ -39,7 +39,16 @@ from offgraph.client.errors import (
     Unauthorized,
     Unavailable,
 )
-from offgraph.client.results import FeatureTable, LoadedVersion, ModelStatus, Readiness, RefusedVersion, ScoreResult
+from offgraph.client.results import (
+    FeatureTable,
+    LoadedVersion,
+    ModelStatus,
+    ModelVersionStatus,
+    Readiness,
+    RefusedVersion,
+    ScoreResult,
+    VersionStatusDetail,
+)
 from offgraph.client.retries import Retries
 from offgraph.client.sync_client import Client
 
@@ -52,6 +61,7 @@ __all__ = [
     "InvalidRequest",
     "LoadedVersion",
     "ModelStatus",
+    "ModelVersionStatus",
     "NotFound",
     "Readiness",
     "RefusedVersion",
@@ -60,4 +70,5 @@ __all__ = [
     "TooLarge",
     "Unauthorized",
     "Unavailable",
+    "VersionStatusDetail",
 ]

@@ -68,6 +68,21 @@ class FeatureTable:
 
 
 @dataclass(frozen=True)
+class VersionStatusDetail:
+    error_code: str = "OK"  # "UNKNOWN" for a refused version
+    error_message: str = ""
+
+
+@dataclass(frozen=True)
+class ModelVersionStatus:
+    """One version's state as TensorFlow Serving words it (``model_version_status``)."""
+
+    version: str
+    state: str  # LOADING, AVAILABLE, END
+    status: VersionStatusDetail
+
+
+@dataclass(frozen=True)
 class ModelStatus:
     """``GET /v1/models/{name}`` (and the answer of the admin calls): what is on disk and what is served."""
 
@@ -84,6 +99,7 @@ class ModelStatus:
     inputs: dict[str, list[str]] = field(default_factory=dict)  # raw input names by scope: request, item
     feature_tables: list[FeatureTable] = field(default_factory=list)
     updater: dict[str, Any] | None = None
+    model_version_status: list[ModelVersionStatus] = field(default_factory=list)  # newest first
 
 
 @dataclass(frozen=True)
@@ -104,4 +120,7 @@ def parse(cls: type[T], data: Mapping[str, Any]) -> T:
         kw["loaded"] = None if loaded is None else parse(LoadedVersion, loaded)
         kw["refused"] = [parse(RefusedVersion, r) for r in kw.get("refused", ())]
         kw["feature_tables"] = [parse(FeatureTable, t) for t in kw.get("feature_tables", ())]
+        kw["model_version_status"] = [parse(ModelVersionStatus, v) for v in kw.get("model_version_status", ())]
+    elif cls is ModelVersionStatus:
+        kw["status"] = parse(VersionStatusDetail, kw.get("status", {}))
     return cls(**kw)

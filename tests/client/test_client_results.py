@@ -23,6 +23,8 @@ PAIRS = [
     (results.LoadedVersion, schemas.LoadedVersion),
     (results.RefusedVersion, schemas.RefusedVersion),
     (results.FeatureTable, schemas.FeatureTableStatus),
+    (results.ModelVersionStatus, schemas.ModelVersionStatus),
+    (results.VersionStatusDetail, schemas.VersionStatusDetail),
     (results.Readiness, schemas.Readiness),
 ]
 

@@ -61,6 +61,10 @@ def test_models_and_model_are_the_raw_status(served, raw):
         assert m.loaded is not None and m.loaded.version == 2 and m.loaded.total_rows == want["loaded"]["total_rows"]
         assert m.loaded.row_counts == want["loaded"]["row_counts"] and m.inputs == want["inputs"]
         assert m.loaded.store["cache_hits"] is not None and m.refused == []
+        assert (m.model_version_status[0].version, m.model_version_status[0].state) == ("2", "AVAILABLE")
+        assert [(v.version, v.state, v.status.error_code) for v in m.model_version_status] == [
+            (v["version"], v["state"], v["status"]["error_code"]) for v in want["model_version_status"]
+        ]
 
 
 def test_errors_carry_the_servers_message(served, raw, requests_):
