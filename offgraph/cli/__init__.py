@@ -13,6 +13,7 @@ from offgraph.cli.settings_flags import Parser  # every parser's help states eac
 
 # subcommand modules, by name; each has register_cli(subparsers) and imports nothing heavy at module level
 # (no TensorFlow, NumPy or PyArrow): `offgraph --help` imports them all (tests/cli/test_cli_startup.py)
+from offgraph.log_format import FORMAT_ENV, FORMATS, configure_logging
 from offgraph.runtime import install_quiet_tensorflow_import, pin_cpus, uninstall_quiet_tensorflow_import  # noqa: F401 (pin_cpus: the subcommands')
 
 COMMANDS = [
@@ -74,7 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
         "-v",
         "--verbose",
         action="store_true",
-        help="debug logging, and TensorFlow's C++ start-up messages (hidden by default)",
+        help="debug logging, and TensorFlow's and absl's messages (hidden by default)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        metavar="FORMAT",
+        help="log lines on stderr: %(choices)s (json: one object per line, with time, level, logger, message "
+        "and the line's extra fields) (default: %(default)s)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for mod in COMMANDS:
@@ -91,10 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["OFFGRAPH_VERBOSE"] = "1"  # offgraph.server.workers.VERBOSE_ENV: spawned workers follow
         else:  # read by TensorFlow when it is imported, and by the server's worker processes
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        logging.basicConfig(
-            level=logging.DEBUG if args.verbose else logging.INFO,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+        os.environ[FORMAT_ENV] = args.log_format  # spawned workers log the same way
+        configure_logging(logging.DEBUG if args.verbose else logging.INFO, args.log_format, verbose=args.verbose)
         try:
             return int(args.func(args) or 0)
         except (ValueError, OSError) as e:  # SpecError, DataError, FeatureValueError are ValueErrors

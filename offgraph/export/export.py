@@ -216,7 +216,7 @@ def export_run(
     )
     total_rows = manifest.store.total_rows
     store_seconds = manifest.export_seconds.store
-    log.info(
+    log.debug(  # the command line prints its own summary
         "exported %s -> %s: %d rows in %d tables, %s x %d shards, %.1fs (%.0f rows/s)",
         run_dir,
         out,

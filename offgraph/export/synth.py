@@ -96,5 +96,5 @@ def synth_version(out: str | Path, config: SynthConfig, progress: bool = True) -
         progress=progress,
         workers=config.workers,
     )
-    log.info("synth %s: %d rows in %.1fs", out, config.rows, time.perf_counter() - t0)
+    log.debug("synth %s: %d rows in %.1fs", out, config.rows, time.perf_counter() - t0)
     return manifest

@@ -223,6 +223,7 @@ def uvicorn_config(app: ASGIApp, limits: HttpLimits, log_level: str, **bind: Any
         http=protocol_class(limits),
         ws="none",
         access_log=False,
+        log_config=None,  # its loggers go through the process's handler (offgraph.log_format)
         log_level=log_level,
         timeout_graceful_shutdown=10,
         timeout_keep_alive=limits.keep_alive_timeout_s,  # type: ignore[arg-type] # uvicorn takes a float too

@@ -1,6 +1,7 @@
-"""`offgraph` start-up: `--help` and `update` load no TensorFlow, TensorFlow's C++ start-up lines are
-hidden unless `-v`, `train` prints each epoch once. Every check runs a fresh Python (the test process
-has TensorFlow loaded by other tests)."""
+"""`offgraph` start-up and output: `--help` and `update` load no TensorFlow, TensorFlow's C++ start-up
+lines and its Python loggers' INFO and WARNING lines are hidden unless `-v`, `train` prints each epoch
+once, `export` and `synth` their summary once, `--log-format json` lines parse. Every check runs a
+fresh Python (the test process has TensorFlow loaded by other tests)."""
 
 import json
 import os
@@ -252,3 +253,59 @@ def test_stream_train_names_a_bad_choice(tmp_path, flag, value, words):
     )
     assert r.returncode == 2 and f"offgraph stream-train: error: {words}" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+# a line of TensorFlow's or absl's Python loggers, in the text format
+TF_PY_LINE = re.compile(r"^\S+ \S+ (INFO|WARNING) (absl|tensorflow): ", re.M)
+SYNTH = ["--rows", "40000", "--shards", "2", "--no-progress"]  # the smallest synth version
+
+
+def _quiet_and_loud(args: list[str], out: Path, summary: str) -> None:
+    env = _env_without_tf_log_level()
+    quiet = _offgraph(*args, "--out", str(out / "q" / "1"), env=env)
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert not TF_NOISE.search(quiet.stderr), quiet.stderr[-3000:]
+    assert not TF_PY_LINE.search(quiet.stderr), quiet.stderr[-3000:]
+    both = quiet.stdout + quiet.stderr
+    assert len(re.findall(summary, both)) == 1, both[-3000:]  # printed, not also logged
+    assert re.search(summary, quiet.stdout), quiet.stdout
+
+    loud = _offgraph("-v", *args, "--out", str(out / "v" / "1"), env=env)
+    assert loud.returncode == 0, loud.stderr[-3000:]
+    assert TF_PY_LINE.search(loud.stderr), loud.stderr[-3000:]  # -v hides nothing
+
+
+@pytest.mark.timeout(600)
+def test_synth_says_its_summary_once_and_no_tensorflow_lines_unless_verbose(tmp_path):
+    _quiet_and_loud(["synth", *SYNTH], tmp_path, r"synth -> \S+: 16 tables")
+
+
+@pytest.mark.timeout(600)
+def test_export_says_its_summary_once_and_no_tensorflow_lines_unless_verbose(tiny_model, tmp_path):
+    run = tiny_model[0].parent / "run"
+    _quiet_and_loud(["export", "--run", str(run), "--shards", "2", "--no-progress"], tmp_path, r"exported \S+ -> ")
+
+
+def test_json_log_lines_parse_and_carry_their_extra_fields():
+    """The JSON format (offgraph.log_format, as `--log-format json` sets it up): a line logged with
+    ``extra`` carries the field, an exception its traceback. Serving's lines: tests/server/test_ops_startup.py."""
+    code = (
+        "import logging\n"
+        "from offgraph.log_format import configure_logging\n"
+        "configure_logging(logging.INFO, 'json')\n"
+        "logging.getLogger('offgraph.x').warning('hello %s', 'there', extra={'request_id': 'r-1'})\n"
+        "try:\n    1 / 0\nexcept ZeroDivisionError:\n    logging.getLogger('offgraph.x').exception('boom')\n"
+    )
+    r = _python(code)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stderr.splitlines()]
+    hello, boom = lines
+    assert hello["level"] == "WARNING" and hello["logger"] == "offgraph.x" and hello["request_id"] == "r-1", hello
+    assert hello["message"] == "hello there"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", hello["time"]), hello
+    assert boom["level"] == "ERROR" and "ZeroDivisionError" in boom["exc_info"], boom
+
+
+def test_a_bad_log_format_is_refused():
+    r = _offgraph("--log-format", "xml", "synth", "--out", "x")
+    assert r.returncode == 2 and "--log-format" in r.stderr and "text" in r.stderr, r.stderr
