@@ -6,8 +6,9 @@
   generation: collections then walk only what the server created since (loaded versions,
   requests), and a swapped-out version's cyclic garbage is still collected.
 * Pauses are measured (``GcPauses``): ``offgraph_gc_pause_seconds{generation}`` on /metrics, and
-  a collection that holds the GIL for ``SLOW_GC_S`` or more is logged, so that a tail caused by
-  the collector is told apart from one caused by the request path.
+  a collection that holds the GIL for ``SLOW_GC_S`` or more is logged (DEBUG; a WARNING from
+  ``STALL_S``, as a stalled event loop), so that a tail caused by the collector is told apart from
+  one caused by the request path.
 * A score request of N candidates holds ~9 objects per candidate alive at once (the
   validated candidates, FG values); with the default generation-0 threshold (700) a
   1000-candidate request runs several young collections. A threshold of 10,000 net
@@ -22,6 +23,8 @@ import logging
 import time
 from collections import deque
 from typing import Any
+
+from offgraph.server.loop_lag import STALL_S
 
 log = logging.getLogger("offgraph.server")
 
@@ -42,7 +45,7 @@ def tune_gc() -> int:
     _, g1, g2 = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, g1, g2)
     n = gc.get_freeze_count()
-    log.info(
+    log.debug(
         "gc: froze %d start-up objects (%.0f ms), generation-0 threshold %d",
         n,
         (time.perf_counter() - t0) * 1e3,
@@ -99,7 +102,8 @@ class GcPauses:
                 return
             self.histogram.labels(str(generation)).observe(seconds)
             if seconds >= SLOW_GC_S:
-                log.info(
+                log.log(
+                    logging.WARNING if seconds >= STALL_S else logging.DEBUG,
                     "gc: generation-%d collection held the GIL for %.0f ms at %s.%03d (%d objects collected)",
                     generation,
                     seconds * 1e3,
