@@ -20,9 +20,10 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from offgraph.modeldir.manifest import ModelDirError, check_model_name, complete_versions
+from offgraph.modeldir.manifest import MANIFEST, ModelDirError, check_model_name, complete_versions
 from offgraph.modeldir.status_file import read_status
 from offgraph.server.config import ServerConfig
 from offgraph.server.control import Control, Policy, load_admin_policy, save_admin_policy
@@ -68,6 +69,15 @@ class ModelRegistry:
         self._closed = False
 
     # -- discovery and polling (loader thread) --------------------------------------------------
+    def check_models_dir(self) -> None:
+        """One WARNING if MODELS is a model's own directory (or a version's), where no model can be
+        found: the habit of TF Serving's ``--model_base_path``. Logged by the first worker only."""
+        if self.config.worker_id != 0:
+            return
+        hint = one_model_dir_hint(self.models_dir)
+        if hint is not None:
+            log.warning("%s", hint)
+
     def discover(self) -> None:
         """Add a holder for every valid model name under MODELS that has a complete version."""
         try:
@@ -365,7 +375,12 @@ class ModelRegistry:
     # -- status ---------------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return self.initial_scan_done and all(h.current is not None or h.policy == "unloaded" for h in self.all())
+        """Every model found is serving (or unloaded by an admin), and there is at least one."""
+        return (
+            self.initial_scan_done
+            and bool(self.holders)
+            and all(h.current is not None or h.policy == "unloaded" for h in self.all())
+        )
 
     def all(self) -> list[ModelHolder]:
         """The holders, by name (a copy: the loader thread may add models meanwhile)."""
@@ -423,6 +438,25 @@ class ModelRegistry:
             "updater": h.updater,
             "model_version_status": version_status(h),
         }
+
+
+def one_model_dir_hint(models_dir: os.PathLike) -> str | None:
+    """What to pass instead when ``models_dir`` is one model's directory (it holds complete versions) or
+    one version's (it holds a manifest); None when it is neither."""
+    d = Path(models_dir)
+    try:
+        if (d / MANIFEST).is_file():
+            what, parent = f"a model version's directory (it holds a {MANIFEST})", d.parent.parent
+        elif versions := complete_versions(d):
+            what, parent = f"one model's directory (it holds versions {', '.join(map(str, versions[-3:]))})", d.parent
+        else:
+            return None
+    except OSError:
+        return None
+    return (
+        f"--models {d} looks like {what}, so no model is found in it: --models names the directory that "
+        f"holds the models, MODELS/NAME/VERSION; pass its parent (--models {parent})"
+    )
 
 
 def _feature_tables(scorer) -> list[dict[str, Any]]:

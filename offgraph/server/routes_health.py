@@ -15,6 +15,11 @@ from offgraph.server.state import ServerState
 
 router = APIRouter(tags=["health"])
 
+NO_MODEL = (
+    "no model found in MODELS: a model is a directory MODELS/NAME holding versions MODELS/NAME/VERSION "
+    "(each with its manifest.json)"
+)
+
 
 @router.get("/healthz", summary="Liveness")
 async def healthz() -> Health:
@@ -25,7 +30,7 @@ async def healthz() -> Health:
 @router.get("/readyz", summary="Readiness", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(state: State, request: Request) -> Readiness | JSONResponse:
     """200 once every model is loaded and warmed up (or unloaded by an admin), in every worker
-    process of the server, 503 before."""
+    process of the server, 503 before, and 503 while MODELS holds no model."""
     ready = await readiness(state, request)
     return ready if ready.ready else JSONResponse(ready.model_dump(), status_code=503)
 
@@ -45,6 +50,8 @@ async def readiness(state: ServerState, request: Request) -> Readiness:
         return Readiness(ready=False, models=models, detail=detail)
     if not state.models.initial_scan_done:
         detail = "the first load of the models is in progress"
+    elif not models:
+        detail = NO_MODEL
     else:
         waiting = [
             f"{h.name} ({h.state}: {h.last_error or 'loading'})"

@@ -43,6 +43,7 @@ class ServerState:
     async def start(self) -> None:
         # the models are known before the first request (one directory listing): a request for a model
         # that is still loading is then a 503 to retry, not a 404
+        await self.models.run_in_loader(self.models.check_models_dir)
         await self.models.run_in_loader(self.models.discover)
         self._gc = GcPauses(self.metrics.gc_pause)
         self._gc.start()

@@ -41,14 +41,32 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
+def _bind(sock: socket.socket, host: str, port: int) -> None:
+    """Bind ``sock`` (SO_REUSEADDR: TIME_WAIT leftovers are fine); OSError naming the address if taken."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        raise OSError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+
+
 def check_port_free(host: str, port: int) -> None:
     """OSError naming the port if anything listens on it (a plain bind, no SO_REUSEPORT)."""
     with socket.socket(_family(host), socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are fine
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise OSError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+        _bind(s, host, port)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The single-process server's socket, bound and listening before anything slow (TensorFlow, the
+    models) starts: a port in use is an error at once. OSError naming the address."""
+    sock = socket.socket(_family(host), socket.SOCK_STREAM)
+    try:
+        _bind(sock, host, port)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:
@@ -61,14 +79,16 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_on(app, sock: socket.socket, log_level: str, limits: HttpLimits = HttpLimits()) -> None:
+def serve_on(app, sock: socket.socket, log_level: str, limits: HttpLimits = HttpLimits()) -> bool:
     """Run ``app`` under uvicorn (uvloop, httptools, the connection ``limits``) on ``sock`` until
-    SIGTERM / SIGINT."""
+    SIGTERM / SIGINT; whether it started (its lifespan's start-up succeeded)."""
     import uvicorn
 
     from offgraph.server.http_limits import uvicorn_config
 
-    uvicorn.Server(uvicorn_config(app, limits, log_level)).run(sockets=[sock])
+    server = uvicorn.Server(uvicorn_config(app, limits, log_level))
+    server.run(sockets=[sock])
+    return server.started
 
 
 def _worker_main(config: ServerConfig, host: str, port: int, log_level: str) -> None:
@@ -78,10 +98,10 @@ def _worker_main(config: ServerConfig, host: str, port: int, log_level: str) -> 
         from offgraph.runtime import install_quiet_tensorflow_import
 
         install_quiet_tensorflow_import()
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper()),
-        format=f"%(asctime)s %(levelname)s %(name)s[w{config.worker_id}]: %(message)s",
-    )
+    from offgraph.log_format import configure_logging
+
+    verbose = bool(os.environ.get(VERBOSE_ENV))
+    configure_logging(getattr(logging, log_level.upper()), verbose=verbose, tag=f"w{config.worker_id}")
     from offgraph.server.tf_threads import configure_tf_threads
 
     configure_tf_threads(config.intra_threads, config.inter_threads)
