@@ -22,8 +22,9 @@ import logging
 import time
 from collections.abc import Callable
 
+from offgraph.streaming.log_limit import REPEAT_S, RepeatLimiter  # other librdkafka messages: once per REPEAT_S
+
 SUMMARY_S = 30.0  # while down: a summary line this often
-REPEAT_S = 60.0  # other librdkafka messages: the same text at most once this often
 
 # librdkafka's words for a connection that failed or dropped (log facilities and error codes)
 _CONN_FACS = {"FAIL", "ERROR", "BROKERFAIL", "CONNECT", "DISCONNECT"}
@@ -44,7 +45,7 @@ class BrokerHealth:
         self._since = clock()
         self._errors_at_change = 0
         self._last_summary = clock()
-        self._said: dict[str, float] = {}  # other messages -> when last logged
+        self._said = RepeatLimiter(log, REPEAT_S, clock=clock)  # other messages
 
     def client_config(self) -> dict:
         """The librdkafka settings that route a client's connection messages here."""
@@ -121,10 +122,4 @@ class BrokerHealth:
         self._errors_at_change = self.errors
 
     def _say(self, level: int, text: str) -> None:
-        now = self.clock()
-        if now - self._said.get(text, -REPEAT_S) < REPEAT_S:
-            return
-        if len(self._said) > 1000:
-            self._said.clear()
-        self._said[text] = now
-        self._log.log(level, "kafka %s: %s", self.bootstrap, text)
+        self._said.log(level, "kafka %s: %s", self.bootstrap, text, key=text)

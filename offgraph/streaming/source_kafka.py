@@ -57,6 +57,7 @@ from offgraph.streaming.kafka_messages import (
     parse_kafka_url,
     read_version_start,
 )
+from offgraph.streaming.log_limit import RepeatLimiter
 from offgraph.streaming.sources import Backlog, DeltaSource, SourceItem
 from offgraph.streaming.updater_config import OFFSET_RESET
 
@@ -178,6 +179,7 @@ class KafkaSource(DeltaSource):
         self._rows_per_message = 0.0
         self._ends: dict[int, int] = {}
         self._stop = threading.Event()
+        self._dead_letter_log = RepeatLimiter(log)  # a broker down fails every dead letter alike
 
     # -- set-up ---------------------------------------------------------------------
     def _wait_for_partitions(self, timeout_s: float) -> list[int]:
@@ -472,7 +474,13 @@ class KafkaSource(DeltaSource):
                 if err.code() in _SIZE_ERRORS:
                     return err
             if attempt == 0:
-                log.warning("%s: a dead letter was not delivered (%s): trying again with a new producer", self.url, err)
+                self._dead_letter_log.log(
+                    logging.WARNING,
+                    "%s: a dead letter was not delivered (%s): trying again with a new producer",
+                    self.url,
+                    err,
+                    key=str(err),
+                )
                 self._producer = None
                 ensure_topic(self.bootstrap, self.dead_topic, 1)
         return err

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from offgraph.streaming.deltas import SUFFIX, count_rows
+from offgraph.streaming.log_limit import RepeatLimiter
 from offgraph.streaming.sources import SPOOL_POSITION_KEY, Backlog, DeltaSource, SourceItem
 from offgraph.streaming.spool_watch import DirWatch
 
@@ -64,6 +65,7 @@ class SpoolSource(DeltaSource):
         self._todo: list[str] = []  # files after the cursor, as of the last poll
         self._rows: dict[str, int] = {}  # rows of files in _todo (a published file never changes)
         self._watch = DirWatch.open(directory, _consumed)
+        self._retire_log = RepeatLimiter(log)  # an unwritable spool fails every file the same way
         self.wakeup = self._watch.mode
 
     # -- DeltaSource ----------------------------------------------------------------
@@ -194,7 +196,9 @@ class SpoolSource(DeltaSource):
         except FileNotFoundError:
             pass
         except OSError as e:  # harmless: the position recorded in the store decides
-            log.warning("spool %s: could not retire %s: %s", self.dir, path.name, e)
+            self._retire_log.log(
+                logging.WARNING, "spool %s: could not retire %s: %s", self.dir, path.name, e, key=(type(e), e.errno)
+            )
 
 
 def _consumed(name: str) -> bool:
