@@ -20,6 +20,7 @@ TEXT = "%(asctime)s %(levelname)s %(name)s%(tag)s: %(message)s"
 # internals, not the user's model
 QUIET_UNLESS_VERBOSE = ("tensorflow", "absl")
 
+HANDLER_NAME = "offgraph"
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
 _RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "tag"}
@@ -67,18 +68,23 @@ class JsonFormatter(logging.Formatter):
 
 def configure_logging(level: int | str, fmt: str | None = None, *, verbose: bool = False, tag: str = "") -> None:
     """The root logger writes ``fmt`` ("text", "json"; None: ``FORMAT_ENV`` or text) to stderr at
-    ``level``; ``tag`` names the process in each line (a server worker). uvicorn's loggers lose their
-    own handlers and go through it (give uvicorn ``log_config=None``)."""
+    ``level``, unless it has handlers of someone else's; ``tag`` names the process in each line (a
+    server worker). uvicorn's loggers lose their own handlers and go through it (give uvicorn
+    ``log_config=None``)."""
     fmt = fmt or os.environ.get(FORMAT_ENV) or "text"
     if fmt not in FORMATS:
         raise ValueError(f"log format {fmt!r}: expected one of {', '.join(FORMATS)}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(tag) if fmt == "json" else TextFormatter(f"[{tag}]" if tag else ""))
+    handler.set_name(HANDLER_NAME)
     root = logging.getLogger()
-    for old in root.handlers[:]:
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(level)
+    # as logging.basicConfig: a process whose logging is set up already (a host app, pytest) keeps it;
+    # a second call replaces the first
+    if all(h.get_name() == HANDLER_NAME for h in root.handlers):
+        for old in root.handlers[:]:
+            root.removeHandler(old)
+        root.addHandler(handler)
+        root.setLevel(level)
     for name in UVICORN_LOGGERS:
         logger = logging.getLogger(name)
         logger.handlers.clear()
