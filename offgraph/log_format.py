@@ -24,6 +24,7 @@ HANDLER_NAME = "offgraph"
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
 _RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "tag"}
+_RECORD_FIELDS.add("color_message")  # uvicorn's coloured copy of the message
 
 
 class TextFormatter(logging.Formatter):
@@ -54,8 +55,8 @@ class JsonFormatter(logging.Formatter):
         }
         if self.tag:
             out["process"] = self.tag
-        for key, value in vars(record).items():
-            if key not in _RECORD_FIELDS and key not in out and not key.startswith("_") and key != "color_message":
+        for key, value in vars(record).items():  # None: a field that is absent here (no request id)
+            if key not in _RECORD_FIELDS and key not in out and value is not None and not key.startswith("_"):
                 out[key] = value
         if record.exc_info:
             out["exc_info"] = self.formatException(record.exc_info)

@@ -295,11 +295,13 @@ def test_json_log_lines_parse_and_carry_their_extra_fields():
         "configure_logging(logging.INFO, 'json')\n"
         "logging.getLogger('offgraph.x').warning('hello %s', 'there', extra={'request_id': 'r-1'})\n"
         "try:\n    1 / 0\nexcept ZeroDivisionError:\n    logging.getLogger('offgraph.x').exception('boom')\n"
+        "logging.getLogger('offgraph.x').info('outside', extra={'request_id': None})\n"
     )
     r = _python(code)
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stderr.splitlines()]
-    hello, boom = lines
+    hello, boom, outside = lines
+    assert "request_id" not in outside, outside  # a field that is None is absent
     assert hello["level"] == "WARNING" and hello["logger"] == "offgraph.x" and hello["request_id"] == "r-1", hello
     assert hello["message"] == "hello there"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", hello["time"]), hello
