@@ -47,11 +47,16 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         t = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        message = record.getMessage()
+        rid = getattr(record, "request_id", None)
+        tail = f" [request_id={rid}]"
+        if rid is not None and message.endswith(tail):  # the text lines' tag: a field of its own here
+            message = message[: -len(tail)]
         out = {
             "time": f"{t}.{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": message,
         }
         if self.tag:
             out["process"] = self.tag

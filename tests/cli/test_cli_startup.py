@@ -311,3 +311,21 @@ def test_json_log_lines_parse_and_carry_their_extra_fields():
 def test_a_bad_log_format_is_refused():
     r = _offgraph("--log-format", "xml", "synth", "--out", "x")
     assert r.returncode == 2 and "--log-format" in r.stderr and "text" in r.stderr, r.stderr
+
+
+def test_json_lines_of_a_request_carry_its_id_once():
+    """A record made during a request (the server's log tag: text lines end with ``[request_id=ID]``) gives a
+    JSON line whose ``request_id`` field holds the id and whose message does not repeat it."""
+    code = (
+        "import logging\n"
+        "from offgraph.log_format import configure_logging\n"
+        "from offgraph.server.request_id import REQUEST_ID, install_log_tag\n"
+        "configure_logging(logging.INFO, 'json')\n"
+        "install_log_tag()\n"
+        "REQUEST_ID.set('r-2')\n"
+        "logging.getLogger('offgraph.x').warning('in a request %d', 7)\n"
+    )
+    r = _python(code)
+    assert r.returncode == 0, r.stderr
+    (line,) = [json.loads(x) for x in r.stderr.splitlines()]
+    assert line["request_id"] == "r-2" and line["message"] == "in a request 7", line
