@@ -78,11 +78,13 @@ _SCALARS = (
 
 # The published schema: JSON types, not the validator's tagged union (whose oneOf of integer and number
 # would make every integer match two branches, i.e. none). An integer literal is a number like any other.
-# The bounds are float64's max written as the integer it is: the float's shortest repr (1.7976931348623157e308)
-# read as a decimal is smaller, and a validator doing exact arithmetic would refuse integers the server takes.
+# The bounds are float64's max as a JSON number (1.7976931348623157e+308), which JSON parsers read as that float.
+# Read as an exact decimal it is a little below the integer the float is, so a validator doing exact arithmetic
+# (jsonschema_rs) refuses the few 309-digit integers between the two, which the server takes: the published
+# bound is at most that much stricter than the server, never looser.
 _SCALAR_SCHEMA = [
     {"type": "string"},
-    {"type": "number", "minimum": -int(MAX_NUMBER), "maximum": int(MAX_NUMBER)},
+    {"type": "number", "minimum": -MAX_NUMBER, "maximum": MAX_NUMBER},
     {"type": "boolean"},
     {"type": "null"},
 ]
