@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,29 @@ def stop_server(proc: subprocess.Popen, timeout: float = 60) -> str:
         proc.kill()
         out, _ = proc.communicate()
     return out
+
+
+def resolve_refs(schema, root):
+    """An OpenAPI ``schema`` with every ``$ref`` into ``root``'s components replaced by what it names."""
+    if isinstance(schema, dict):
+        if "$ref" in schema:
+            return resolve_refs(root["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]], root)
+        return {k: resolve_refs(v, root) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [resolve_refs(v, root) for v in schema]
+    return schema
+
+
+@contextmanager
+def model_server(pristine: Path, tmp: Path, **config):
+    """A ``ThreadServer`` of a copy of the MODELS dir ``pristine`` (under ``tmp``; ``.models`` on the server), with
+    ``server_config(models, **config)``; stopped on exit."""
+    srv = ThreadServer(server_config(copy_models(pristine, tmp / "models"), **config))
+    srv.models = tmp / "models"
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 def server_config(models: Path, **kw):

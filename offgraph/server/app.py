@@ -13,6 +13,7 @@ from offgraph.server.errors import InternalErrorMiddleware, install_error_handle
 from offgraph.server.gc_tuning import tune_gc
 from offgraph.server.http_limits import BodyTimeoutMiddleware
 from offgraph.server.metrics import HttpMetricsMiddleware
+from offgraph.server.openapi_examples import install_model_examples
 from offgraph.server.request_id import RequestIdMiddleware
 from offgraph.server.state import ServerState
 from offgraph.server.tf_threads import configure_tf_threads
@@ -47,6 +48,7 @@ def create_app(config: ServerConfig) -> FastAPI:
             await state.stop()
 
     app = FastAPI(title="offgraph", version="1", description=DESCRIPTION, lifespan=lifespan)
+    install_model_examples(app, state.models, config.max_candidates)
     app.include_router(routes_score.build_router(config))
     app.include_router(routes_tfserving.build_router(config))
     for module in (routes_models, routes_admin, routes_health, routes_kserve):

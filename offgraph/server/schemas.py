@@ -154,18 +154,13 @@ class ScoreRequest(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        # no model's inputs: a model's own examples are added to /openapi.json per served model
+        # (offgraph.server.openapi_examples)
         json_schema_extra={
             "examples": [
                 {
-                    "request": {"user_id": 259, "age": 21, "gender": "M", "occupation": "student", "zip_prefix": "488"},
-                    "candidates": [
-                        {
-                            "movie_id": 255,
-                            "genres": ["Comedy", "Romance"],
-                            "title_words": ["my", "best", "friend", "s", "wedding"],
-                            "release_year": 1997,
-                        }
-                    ],
+                    "request": {"user_id": "u-196", "hour": 14},
+                    "candidates": [{"item_id": "i-242", "tags": ["a", "b"]}, {"item_id": "i-302", "tags": []}],
                 }
             ]
         },

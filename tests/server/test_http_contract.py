@@ -13,7 +13,7 @@ import sys
 import httpx
 import numpy as np
 import pytest
-from server_helpers import TOKEN, ThreadServer, copy_models, copy_version, score, server_config, wait_for
+from server_helpers import TOKEN, ThreadServer, copy_models, copy_version, resolve_refs, score, server_config, wait_for
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 SECRET = "secret-text-of-the-exception"
@@ -343,22 +343,12 @@ def test_a_method_a_route_does_not_take_is_405_with_allow(client):
 
 
 # -- item 9: the published schema ---------------------------------------------------------------------------------
-def _resolve(schema, root):
-    if isinstance(schema, dict):
-        if "$ref" in schema:
-            return _resolve(root["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]], root)
-        return {k: _resolve(v, root) for k, v in schema.items()}
-    if isinstance(schema, list):
-        return [_resolve(v, root) for v in schema]
-    return schema
-
-
 def test_openapi_score_body_accepts_the_documented_example_and_integers(client):
     import jsonschema_rs  # schemathesis' validator
 
     spec = client.get("/openapi.json").json()
     op = spec["paths"]["/v1/models/{name}:score"]["post"]
-    schema = _resolve(op["requestBody"]["content"]["application/json"]["schema"], spec)
+    schema = resolve_refs(op["requestBody"]["content"]["application/json"]["schema"], spec)
     validator = jsonschema_rs.Draft202012Validator(schema)
     example = schema["examples"][0]
     assert list(validator.iter_errors(example)) == []
@@ -403,7 +393,7 @@ def test_openapi_documents_the_error_bodies_the_server_sends(client):
     assert {"400", "404", "413", "415", "422"} <= set(score_op["responses"])
     assert {"401", "403", "413", "415", "422"} <= set(spec["paths"]["/v1/models/{name}:load"]["post"]["responses"])
     # :load's 422 is a string detail, as sent
-    detail = _resolve(
+    detail = resolve_refs(
         spec["paths"]["/v1/models/{name}:load"]["post"]["responses"]["422"]["content"]["application/json"]["schema"],
         spec,
     )["properties"]["detail"]
