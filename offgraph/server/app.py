@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from offgraph.server import routes_admin, routes_health, routes_kserve, routes_models, routes_score, routes_tfserving
 from offgraph.server.body_limit import BodySizeLimitMiddleware
 from offgraph.server.config import ServerConfig
+from offgraph.server.docs_assets import install_docs
 from offgraph.server.errors import InternalErrorMiddleware, install_error_handlers
 from offgraph.server.gc_tuning import tune_gc
 from offgraph.server.http_limits import BodyTimeoutMiddleware
@@ -47,7 +48,11 @@ def create_app(config: ServerConfig) -> FastAPI:
         finally:
             await state.stop()
 
-    app = FastAPI(title="offgraph", version="1", description=DESCRIPTION, lifespan=lifespan)
+    # docs_url/redoc_url None: FastAPI's pages load their assets from a CDN; install_docs serves them locally
+    app = FastAPI(
+        title="offgraph", version="1", description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None
+    )
+    install_docs(app)
     install_model_examples(app, state.models, config.max_candidates)
     app.include_router(routes_score.build_router(config))
     app.include_router(routes_tfserving.build_router(config))
