@@ -11,7 +11,8 @@ alternated over ``--rounds``:
 
 ``overlap = (alone + spin - both) / min(alone, spin)``: 1 when the part never held the GIL (the two ran
 side by side), 0 when it held it throughout (they ran one after the other). A pure-Python part (the FG
-of the same request) is the control, and should read near 0. Needs two free cores to read near 1.
+of the same request) is the control, and should read near 0; ``time.sleep`` reads near 1. Needs two free
+cores to read near 1 (a part that keeps both cores busy reads 0 whatever it does with the GIL).
 
     python -m bench.gil_release --model-dir MODELS/NAME --data movielens.parquet --out bench/results/gil-release
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -54,8 +56,23 @@ def _together(fn, calls: int, units: int) -> float:
     return time.perf_counter() - t0
 
 
+SWITCH_INTERVAL_S = 5e-5
+"""The GIL's switch interval while measuring: with Python's default (5 ms) a part that released the GIL waits
+up to that long to take it back from the spinning thread after each call, and a part that releases it reads
+as one that does not (time.sleep reads ~0.3 instead of ~1)."""
+
+
 def measure(parts: dict, calls: int, rounds: int) -> dict:
     """Per part: median alone / spin / both seconds over ``rounds`` and the overlap they give."""
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        return _measure(parts, calls, rounds)
+    finally:
+        sys.setswitchinterval(old_interval)
+
+
+def _measure(parts: dict, calls: int, rounds: int) -> dict:
     units: dict[str, int] = {}
     for name, fn in parts.items():  # each part's spin is set to take about as long as the part alone
         alone, u = _wall(fn, calls), 20_000
