@@ -103,10 +103,7 @@ class FGBatch:
         """The same batch with every grouped field (``segment_of``) expanded to one row per candidate."""
         if self.segment_of is None:
             return self
-        fields = tuple(
-            rag if seg is None else _ragged_gather(rag.ids, rag.offsets[:-1][seg], rag.lengths[seg])
-            for rag, seg in zip(self.fields, self.segment_of)
-        )
+        fields = tuple(rag if seg is None else _per_row(rag, seg) for rag, seg in zip(self.fields, self.segment_of))
         return FGBatch(self.n, fields, self.broadcast, self.dense, self.ignored_keys)
 
 
@@ -123,6 +120,11 @@ def _ragged_gather(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) ->
         return RaggedIds(flat[starts], offsets)
     idx = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
     return RaggedIds(flat[idx], offsets)
+
+
+def _per_row(groups: RaggedIds, group_of: np.ndarray) -> RaggedIds:
+    """Row i = ``groups`` row ``group_of[i]``: distinct value lists laid out one row per candidate."""
+    return _ragged_gather(groups.ids, groups.offsets[:-1][group_of], groups.lengths[group_of])
 
 
 def _at_request(row: int) -> str:
@@ -473,13 +475,11 @@ class FeatureGenerator:
         groups: dict[str, tuple[np.ndarray, list[list[str]]]] = {}
         for c, f in enumerate(self._cross):
             rag, inv = self._cross_field(c, f, req_vals, entries, vids, groups)
+            bound.spend(int(rag.lengths[inv].sum()))
             if grouped:
                 out[f.name], seg_of[f.name] = rag, inv
-                used = int(rag.lengths[inv].sum()) if n else 0
             else:
-                out[f.name] = _ragged_gather(rag.ids, rag.offsets[:-1][inv], rag.lengths[inv]) if n else rag
-                used = len(out[f.name].ids)
-            bound.spend(used)
+                out[f.name] = _per_row(rag, inv)
         fields = tuple(out[f.name] for f in self._fields)
         dense = self._serving_numeric(request, candidates, n)
         segment_of = tuple(seg_of.get(f.name) for f in self._fields) if seg_of else None
