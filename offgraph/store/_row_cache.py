@@ -234,6 +234,25 @@ class CacheArrays:
         self.entries -= len(hs)
         return len(hs)
 
+    def with_ways(self, ways: int) -> CacheArrays:
+        """A copy with ``ways`` slots a set. The sets stay (so every key stays in its set), and so do the
+        sketch, the epochs and the clocks; with fewer ways, each set keeps its highest-scored slots
+        (the most frequent, or most recent)."""
+        new = CacheArrays(self.sets, ways, self.record_bytes, self.policy, max(len(self.sketch), BLOCK))
+        new.sketch[:] = self.sketch
+        new.set_epoch[:] = self.set_epoch
+        new.epoch, new.tick = self.epoch, self.tick
+        keep = min(ways, self.ways)
+        score = scores(self.keys, self.state).reshape(self.sets, self.ways)
+        first = np.arange(self.sets, dtype=np.int64)[:, None]
+        src = (first * self.ways + np.argsort(-score, axis=1, kind="stable")[:, :keep]).reshape(-1)
+        dst = (first * ways + np.arange(keep, dtype=np.int64)).reshape(-1)
+        new.keys[dst] = self.keys[src]
+        new.records[dst] = self.records[src]
+        new.state[dst] = self.state[src]
+        new.entries = int(np.count_nonzero(new.keys != EMPTY))
+        return new
+
     def clear(self) -> None:
         """Drop every row (the frequencies seen stay: they describe the traffic, not the rows)."""
         self.epoch += 1

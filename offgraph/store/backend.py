@@ -208,6 +208,15 @@ class StoreBackend(abc.ABC):
         """
 
     @abc.abstractmethod
+    def set_cache_mb(self, mb: int) -> None:
+        """Bound the backend's own read cache in this process to ``mb`` MiB from now on (a version
+        whose share of the memory budget changes: ``offgraph.scoring.memory_budget``).
+
+        Args:
+            mb: the new capacity in MiB (>= 1); a backend that keeps no cache ignores it.
+        """
+
+    @abc.abstractmethod
     def block_cache_stats(self) -> dict[str, int] | None:
         """Hits and misses of the backend's read cache since the store opened.
 

@@ -382,6 +382,12 @@ class RocksDBStore(EmbeddingStore):
         """Bytes now held by the shared block cache."""
         return self._cache.get_usage()
 
+    def set_cache_mb(self, mb: int) -> None:
+        """The shared block cache's capacity (RocksDB evicts down to it as blocks are released)."""
+        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+            raise ValueError(f"mb must be an int >= 1, got {mb!r}")
+        self._cache.set_capacity(mb << 20)
+
     def block_cache_stats(self) -> dict[str, int] | None:
         """Block-cache ``hits`` and ``misses`` (data, index and filter blocks) over all shards since
         the store opened; None unless opened with ``StoreConfig.statistics``."""

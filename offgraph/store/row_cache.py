@@ -31,6 +31,7 @@ from offgraph.store._row_cache import (
     hot_keys,
     layout,
     scores,
+    state_bytes,
 )
 from offgraph.store.keys import MAX_TABLE_ID, ROW_LIMIT, combine_keys, split_keys
 from offgraph.store.quant import Codec, check_records
@@ -65,6 +66,7 @@ class RowCache:
             raise ValueError(f"capacity_mb={capacity_mb} cannot hold one set of {ways} rows of {rb} bytes")
         self.capacity_mb = float(capacity_mb)
         self.codec, self.dim, self.ways, self.policy = codec, codec.dim, ways, policy
+        self._sketch_bytes, self._max_ways = float(sketch_bytes), ways
         self._a = CacheArrays(sets, ways, rb, policy, sketch)
         self._lock = threading.Lock()
         self.hits = 0
@@ -132,6 +134,37 @@ class RowCache:
         with self._lock:  # two copies (memcpy) under the lock; the scores and the selection without it
             keys, state = self._a.snapshot()
         return split_keys(hot_keys(keys, scores(keys, state), int(limit)))
+
+    def resize(self, capacity_mb: float) -> int:
+        """Hold at most ``capacity_mb`` from now on: the same sets with as many ways as fit, up to the
+        ways it was made with (each set keeps its most used rows when it shrinks), or, below one way a
+        set, an empty cache laid out afresh.
+        For a model that starts or stops serving a second version (labels) out of the same share.
+        The old arrays are freed once the new ones are built (for a moment both exist). Returns the
+        rows it can hold now."""
+        if isinstance(capacity_mb, bool) or not isinstance(capacity_mb, (int, float)) or not capacity_mb > 0:
+            raise ValueError(f"capacity_mb must be a number > 0, got {capacity_mb!r}")
+        budget = float(capacity_mb) * (1 << 20)
+        rb = self.codec.record_bytes
+        with self._lock:
+            a = self._a
+            per_way = a.sets * (8 + rb + state_bytes(self.policy))
+            # never more ways than it was made with: each lookup compares a key with a whole set
+            ways = min(int((budget - len(a.sketch) - a.sets * 8) // per_way), self._max_ways)
+            if ways >= 1:
+                self._a = a.with_ways(ways)
+            else:
+                sets, sketch = layout(budget, self.ways, rb, self.policy, self._sketch_bytes)
+                if sets < 1:
+                    raise ValueError(f"capacity_mb={capacity_mb} cannot hold one set of {self.ways} rows of {rb} bytes")
+                fresh = CacheArrays(sets, self.ways, rb, self.policy, sketch)
+                fresh.epoch = a.epoch + 1  # inserts of rows looked up before now are refused
+                fresh.set_epoch[:] = fresh.epoch
+                self._a = fresh
+            self.ways = self._a.ways
+            self.capacity_mb = float(capacity_mb)
+            self.bytes_per_row = bytes_per_row(self.ways, rb, self.policy, self._sketch_bytes)
+            return self.capacity_rows
 
     def clear(self) -> None:
         with self._lock:

@@ -334,3 +334,45 @@ def test_hot_key_selection_equals_a_full_sort(limit):
     used = np.flatnonzero(clock >= 0)
     want = keys[sorted(used.tolist(), key=lambda i: (-clock[i], i))[:limit]]
     np.testing.assert_array_equal(hot_keys(keys, clock, limit), want)
+
+
+@pytest.mark.parametrize("policy", ["tinylfu", "lru"])
+def test_resize_keeps_each_sets_most_used_rows_within_the_new_capacity_and_refuses_stale_inserts(policy):
+    c = RowCache(2, FP32, policy=policy)
+    before = c.capacity_rows
+    n = before // 2
+    tids = np.zeros(n, np.uint32)
+    rows = np.arange(n, dtype=np.int64)
+    _, _, _, epoch = c.lookup(tids, rows)
+    c.insert(tids, rows, records_of(rows), epoch)
+    hot = rows[: n // 4]
+    for _ in range(3):  # the hot quarter: used more often (LFU) and last (LRU)
+        c.lookup(tids[: len(hot)], hot)
+    _, _, _, stale_epoch = c.lookup(tids[:1], rows[-1:])  # a reader that will insert after the resize
+    c.invalidate(tids[:1], rows[-1:])
+    assert c.resize(1) < before
+    s = c.stats()
+    assert s["bytes"] <= 1 << 20 and s["entries"] <= c.capacity_rows
+    hit, vec, w, _ = c.lookup(tids[: len(hot)], hot)
+    want_v, want_w = rows_of(hot)
+    # the hot rows a set can hold at its new ways survived, bit for bit
+    assert hit.mean() > 0.9
+    assert np.array_equal(vec[hit], want_v[hit]) and np.array_equal(w[hit], want_w[hit])
+    # an insert of a row read before an invalidation that came before the resize is refused after it
+    c.insert(tids[:1], rows[-1:], records_of(rows[-1:], salt=1.0), stale_epoch)
+    assert not c.lookup(tids[:1], rows[-1:])[0].any()
+    # growing back gives its capacity back (never more ways than it was made with)
+    assert c.resize(2) == before and c.stats()["bytes"] <= 2 << 20
+    assert c.lookup(tids[: len(hot)], hot)[0].mean() > 0.9
+
+
+def test_resize_below_one_way_a_set_starts_afresh_and_refuses_inserts_of_earlier_reads():
+    c = RowCache(4, FP32)
+    tids, rows = np.zeros(100, np.uint32), np.arange(100, dtype=np.int64)
+    _, _, _, epoch = c.lookup(tids, rows)
+    c.insert(tids, rows, records_of(rows), epoch)
+    c.resize(0.05)
+    assert c.stats()["bytes"] <= 0.05 * (1 << 20) and c.stats()["entries"] == 0
+    assert c.insert(tids, rows, records_of(rows), epoch) == 0
+    with pytest.raises(ValueError, match="capacity_mb"):
+        c.resize(0)

@@ -33,6 +33,7 @@ PRIMITIVES = {
     "_catch_up",
     "_shard_info",
     "cache_usage",
+    "set_cache_mb",
     "block_cache_stats",
     "data_files",
     "reads_direct",
