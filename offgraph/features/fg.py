@@ -302,6 +302,14 @@ class FeatureGenerator:
         self._no_values = (None,) * len(self._item)  # the values of an entry no cross reads (shared)
 
     # -- carrying the item cache over to the next version ---------------------------------
+    def resize_item_cache(self, items: int) -> None:
+        """Hold at most ``items`` items in the item cache from now on (the least recently used go at
+        the next miss). A generator made without an item cache keeps none."""
+        if isinstance(items, bool) or not isinstance(items, int) or items < 1:
+            raise ValueError(f"items must be an int >= 1, got {items!r}")
+        if self._cache_size > 0:
+            self._cache_size = items
+
     def item_cache_state(self, limit: int | None = None) -> dict[str, Any]:
         """A copy of the item cache (its ``limit`` newest items at most), for
         :meth:`adopt_item_cache` of a generator of the same spec. Entries are never mutated once

@@ -2,7 +2,9 @@
 
 ``offgraph serve --memory-mb M`` is what one worker process's caches may hold, all models together
 (the process's own memory, Python, TensorFlow and the dense models, comes on top: see
-``DEFAULT_MEMORY_MB``). Each of ``models`` models gets ``M / models``, split in this order:
+``DEFAULT_MEMORY_MB``). Each of ``models`` models gets ``M / models``; a model that serves ``versions``
+versions at once (labels: ``stable`` and ``canary``) gives each ``M / models / versions``. A share is split
+in this order:
 
 - **block cache** (RocksDB, one per store): the index partitions of the version's files, and little
   else. Every row-cache miss reads one data block; with its index partition in the cache that is
@@ -64,6 +66,7 @@ class MemorySplit:
     item_cache_items: int
     feed_mb: float
     index_mb: float  # what the version's index needs (estimated), held by the block cache
+    versions: int = 1  # versions of this model served at once, sharing its share equally
 
     @property
     def model_mb(self) -> float:
@@ -111,11 +114,17 @@ def manifest_index_mb(manifest: Manifest | Mapping[str, Any]) -> float:
 
 
 def split_memory(
-    memory_mb: float = DEFAULT_MEMORY_MB, models: int = 1, *, index_mb: float = 0.0, row_cache_mb: float | None = None
+    memory_mb: float = DEFAULT_MEMORY_MB,
+    models: int = 1,
+    *,
+    index_mb: float = 0.0,
+    row_cache_mb: float | None = None,
+    versions: int = 1,
 ) -> MemorySplit:
-    """One model's share of ``memory_mb`` (a worker's budget, MiB) over ``models`` models; ``index_mb``:
-    what its version's index needs (``manifest_index_mb``). ``row_cache_mb``: the row cache's size
-    instead of the rest of the share (``--cache-mb``); the other parts are as without it."""
+    """One version's share of ``memory_mb`` (a worker's budget, MiB) over ``models`` models, its model
+    serving ``versions`` versions at once; ``index_mb``: what the version's index needs
+    (``manifest_index_mb``). ``row_cache_mb``: the row cache's size instead of the rest of the share
+    (``--cache-mb``); the other parts are as without it."""
     if (
         isinstance(memory_mb, bool)
         or not isinstance(memory_mb, (int, float))
@@ -125,7 +134,9 @@ def split_memory(
         raise ValueError(f"memory_mb must be a finite number > 0, got {memory_mb!r}")
     if isinstance(models, bool) or not isinstance(models, int) or models < 1:
         raise ValueError(f"models must be an int >= 1, got {models!r}")
-    share = memory_mb / models
+    if isinstance(versions, bool) or not isinstance(versions, int) or versions < 1:
+        raise ValueError(f"versions must be an int >= 1, got {versions!r}")
+    share = memory_mb / models / versions
     block = min(
         max(BLOCK_MIN_MB, math.ceil(index_mb * INDEX_HEADROOM + BLOCK_DATA_MB)),
         max(1, math.floor(share * BLOCK_MAX_SHARE)),
@@ -143,4 +154,5 @@ def split_memory(
         item_cache_items=items,
         feed_mb=float(feed),
         index_mb=float(index_mb),
+        versions=versions,
     )

@@ -345,6 +345,16 @@ class Scorer:
             out.update(NOT_FOLLOWING)
         return out
 
+    def resize_memory(self, row_cache_mb: float, block_cache_mb: int, item_cache_items: int) -> None:
+        """Bound the version's caches anew (its share of the memory budget changed: a second version
+        of its model started or stopped serving beside it). The row cache keeps its most used rows
+        (``RowCache.resize``); the block cache and the FG item cache evict down as they are used."""
+        if self.row_cache is not None and row_cache_mb > 0:
+            self.row_cache.resize(row_cache_mb)
+        self.store.set_cache_mb(max(1, int(block_cache_mb)))
+        if item_cache_items > 0:
+            self.fg.resize_item_cache(int(item_cache_items))
+
     def memory_in_use(self) -> dict[str, int]:
         """Bytes each part of the memory budget holds now (``offgraph.scoring.memory_budget``): ``row_cache`` (its
         arena), ``block_cache`` (RocksDB's usage), ``item_cache`` (FG items held, at ``ITEM_BYTES`` each:
