@@ -30,9 +30,15 @@ class AsyncClient(ClientSettings):
         return httpx.AsyncClient(base_url=self.url)
 
     async def score(
-        self, model: str, request: Features, candidates: Sequence[Features], version: int | None = None
+        self,
+        model: str,
+        request: Features,
+        candidates: Sequence[Features],
+        version: int | None = None,
+        *,
+        label: str | None = None,
     ) -> ScoreResult:
-        return await self._run(routes.score(model, request, candidates, version))
+        return await self._run(routes.score(model, request, candidates, version, label))
 
     async def models(self) -> list[ModelStatus]:
         return await self._run(routes.models())
@@ -48,6 +54,12 @@ class AsyncClient(ClientSettings):
 
     async def rollback(self, model: str, *, token: str | None = None) -> ModelStatus:
         return await self._run(routes.admin(model, "rollback", self.token(token)))
+
+    async def set_label(self, model: str, label: str, version: int, *, token: str | None = None) -> ModelStatus:
+        return await self._run(routes.set_label(model, label, version, self.token(token)))
+
+    async def remove_label(self, model: str, label: str, *, token: str | None = None) -> ModelStatus:
+        return await self._run(routes.remove_label(model, label, self.token(token)))
 
     async def ready(self) -> Readiness:
         return await self._run(routes.ready())

@@ -100,6 +100,8 @@ class ModelStatus:
     feature_tables: list[FeatureTable] = field(default_factory=list)
     updater: dict[str, Any] | None = None
     model_version_status: list[ModelVersionStatus] = field(default_factory=list)  # newest first
+    labels: dict[str, int] = field(default_factory=dict)  # label -> version (set_label)
+    served_versions: list[int] = field(default_factory=list)  # the default version first, then the labelled ones
 
 
 @dataclass(frozen=True)

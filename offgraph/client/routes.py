@@ -72,10 +72,14 @@ def _json(obj: Any) -> bytes:
     return json.dumps(obj).encode()
 
 
-def score(model: str, request: Features, candidates: Sequence[Features], version: int | None) -> Call[ScoreResult]:
+def score(
+    model: str, request: Features, candidates: Sequence[Features], version: int | None, label: str | None = None
+) -> Call[ScoreResult]:
     body: dict[str, Any] = {"request": dict(request), "candidates": [dict(c) for c in candidates]}
     if version is not None:
         body["version"] = version
+    if label is not None:
+        body["label"] = label
     return Call(
         "POST",
         f"/v1/models/{_name(model)}:score",
@@ -106,15 +110,22 @@ def model(name: str) -> Call[ModelStatus]:
     )
 
 
-def admin(name: str, action: str, token: str | None, body: dict[str, Any] | None = None) -> Call[ModelStatus]:
-    """``POST /v1/models/{name}:{action}`` (load, unload, rollback) with ``Authorization: Bearer token``
-    (none without a token: the server answers 401)."""
+def admin(
+    name: str,
+    action: str,
+    token: str | None,
+    body: dict[str, Any] | None = None,
+    method: str = "POST",
+    path: str | None = None,
+) -> Call[ModelStatus]:
+    """``POST /v1/models/{name}:{action}`` (load, unload, rollback), or ``method path`` (labels), with
+    ``Authorization: Bearer token`` (none without a token: the server answers 401)."""
     headers = {**JSON} if body is not None else {}
     if token is not None:
         headers["authorization"] = f"Bearer {token}"
     return Call(
-        "POST",
-        f"/v1/models/{_name(name)}:{action}",
+        method,
+        path or f"/v1/models/{_name(name)}:{action}",
         lambda d: parse(ModelStatus, d),
         body=None if body is None else _json(body),
         headers=headers,
@@ -124,6 +135,16 @@ def admin(name: str, action: str, token: str | None, body: dict[str, Any] | None
 
 def load(name: str, version: int | None, token: str | None) -> Call[ModelStatus]:
     return admin(name, "load", token, {} if version is None else {"version": version})
+
+
+def set_label(name: str, label: str, version: int, token: str | None) -> Call[ModelStatus]:
+    path = f"/v1/models/{_name(name)}/labels/{quote(label, safe='')}"
+    return admin(name, "label", token, {"version": version}, method="PUT", path=path)
+
+
+def remove_label(name: str, label: str, token: str | None) -> Call[ModelStatus]:
+    path = f"/v1/models/{_name(name)}/labels/{quote(label, safe='')}"
+    return admin(name, "label", token, None, method="DELETE", path=path)
 
 
 def ready() -> Call[Readiness]:

@@ -37,11 +37,18 @@ class Client(ClientSettings):
         return httpx.Client(base_url=self.url)
 
     def score(
-        self, model: str, request: Features, candidates: Sequence[Features], version: int | None = None
+        self,
+        model: str,
+        request: Features,
+        candidates: Sequence[Features],
+        version: int | None = None,
+        *,
+        label: str | None = None,
     ) -> ScoreResult:
         """Scores of ``candidates`` (raw item features each) for ``request`` (raw request features), in
-        candidate order; ``version``: the version that must score them (404 unless it is served)."""
-        return self._run(routes.score(model, request, candidates, version))
+        candidate order; ``version``: the version that must score them (404 unless it serves), or
+        ``label``: the version that label names (``set_label``)."""
+        return self._run(routes.score(model, request, candidates, version, label))
 
     def models(self) -> list[ModelStatus]:
         """Every model the server knows, with its versions on disk and the one it serves."""
@@ -60,6 +67,15 @@ class Client(ClientSettings):
     def rollback(self, model: str, *, token: str | None = None) -> ModelStatus:
         """Back to the version served before the current one, pinned."""
         return self._run(routes.admin(model, "rollback", self.token(token)))
+
+    def set_label(self, model: str, label: str, version: int, *, token: str | None = None) -> ModelStatus:
+        """Name ``version`` by ``label`` (``stable``, ``canary``), loading it beside the default version if it
+        does not serve; ``score(..., label=label)`` is then scored by it."""
+        return self._run(routes.set_label(model, label, version, self.token(token)))
+
+    def remove_label(self, model: str, label: str, *, token: str | None = None) -> ModelStatus:
+        """Remove the label; its version stops serving unless another label names it or it is the default."""
+        return self._run(routes.remove_label(model, label, self.token(token)))
 
     def ready(self) -> Readiness:
         """``/readyz`` now (its 503 is ``ready=False``, not an error)."""
