@@ -46,6 +46,41 @@ def score(client, body, name="ml", **kw):
     )
 
 
+class ScoreHammer:
+    """Default score requests (cycling through ``requests_``) from ``threads`` threads until ``stop``:
+    ``seen`` holds each answer's (status, version), to check that a swap or a label dropped none."""
+
+    def __init__(self, url: str, requests_, threads: int = 1):
+        self.url, self.requests_ = url, requests_
+        self.seen: list[tuple[int, int | None]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def _run(self) -> None:
+        import httpx
+
+        with httpx.Client(base_url=self.url, timeout=30) as c:
+            i = 0
+            while not self._stop.is_set():
+                req, cands = self.requests_[i % len(self.requests_)]
+                r = score(c, {"request": req, "candidates": cands})
+                self.seen.append((r.status_code, r.json().get("version")))
+                i += 1
+
+    def start(self) -> "ScoreHammer":
+        for t in self._threads:
+            t.start()
+        wait_for(lambda: len(self.seen) > 5, 20, "the first requests")
+        return self
+
+    def stop(self) -> list[tuple[int, int | None]]:
+        self._stop.set()
+        for t in self._threads:
+            if t.ident is not None:  # started
+                t.join(30)
+        return self.seen
+
+
 def serve_process(models: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     """``offgraph serve --models MODELS *flags`` in a subprocess on a free loopback port, its output in
     ``log``: ``(process, base url)``. Stop it with :func:`stop_server`."""

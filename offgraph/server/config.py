@@ -252,12 +252,12 @@ class ServerConfig(ConfigModel, frozen=True):
             raise ValueError("several workers need a control_dir (admin actions are shared there)")
         return self
 
-    def memory_split(self, models: int, index_mb: float = 0.0) -> MemorySplit:
-        """One model's share of this process's memory budget, with ``models`` models served, its version's
-        index needing ``index_mb`` (``offgraph.scoring.memory_budget``)."""
-        models = max(1, models)
-        row = None if self.cache_mb is None else self.cache_mb / models
-        return split_memory(self.memory_mb, models, index_mb=index_mb, row_cache_mb=row)
+    def memory_split(self, models: int, index_mb: float = 0.0, versions: int = 1) -> MemorySplit:
+        """One version's share of this process's memory budget, with ``models`` models served and its model
+        serving ``versions`` versions at once, its index needing ``index_mb`` (``offgraph.scoring.memory_budget``)."""
+        models, versions = max(1, models), max(1, versions)
+        row = None if self.cache_mb is None else self.cache_mb / models / versions
+        return split_memory(self.memory_mb, models, index_mb=index_mb, row_cache_mb=row, versions=versions)
 
     @staticmethod
     def admin_token_from_env() -> str | None:

@@ -9,7 +9,8 @@ after a 200 every worker serves what the admin asked for. A worker that starts (
 restarted) applies the recorded policies before it reports ready.
 
 A record is ``{"policy": "latest" | "pinned" | "unloaded", "version": int | null,
-"generation": int}``; generations are nanosecond timestamps, a later decision wins.
+"labels": {label: version}, "generation": int}``; generations are nanosecond timestamps, a later
+decision wins. A record without ``labels`` (written before labels existed) has none.
 
 Readiness is shared the same way: each worker keeps ``CONTROL/ready/<worker>.json``
 (``{"ready": bool, "pid": int}``) up to date, and ``/readyz`` answers 200 only when every
@@ -25,11 +26,34 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 POLICIES = ("latest", "pinned", "unloaded")
+
+LABEL_PATTERN = "^[a-z][a-z0-9_-]{0,31}$"
+"""A version label: lower-case letters, digits, ``_`` and ``-``, starting with a letter (``stable``, ``canary``)."""
+LABEL = re.compile(LABEL_PATTERN)
+LABEL_RULE = "lower-case letters, digits, _ and -, a letter first, at most 32"
+
+MAX_LABELS = 4
+"""Labels per model: each labelled version holds a share of the model's memory while it serves."""
+
+
+def check_labels(labels: object) -> dict[str, int]:
+    """``labels`` as ``{label: version}``; ValueError naming what is wrong."""
+    if not isinstance(labels, dict):
+        raise ValueError(f"labels must be an object of label -> version, got {type(labels).__name__}")
+    if len(labels) > MAX_LABELS:
+        raise ValueError(f"at most {MAX_LABELS} labels a model, got {len(labels)}")
+    for k, v in labels.items():
+        if not isinstance(k, str) or not LABEL.fullmatch(k):
+            raise ValueError(f"label {k!r} is not a label ({LABEL_RULE})")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"label {k!r}: a version is an int >= 0, got {v!r}")
+    return dict(labels)
 
 
 @dataclass(frozen=True)
@@ -38,6 +62,7 @@ class Policy:
     policy: str
     version: int | None
     generation: int
+    labels: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -95,28 +120,33 @@ def _alive(pid) -> bool:
         return True
 
 
-def save_admin_policy(model_dir: Path, policy: str, version: int | None) -> Path:
-    """Record a model's admin policy under MODELS (durably): a restarted server applies it."""
+def save_admin_policy(model_dir: Path, policy: str, version: int | None, labels: dict[str, int] | None = None) -> Path:
+    """Record a model's admin policy and labels under MODELS (durably): a restarted server applies them."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     path = Path(model_dir) / ADMIN_POLICY_FILE
-    _write_json(path, {"policy": policy, "version": version, "generation": time.time_ns()}, durable=True)
+    record = {"policy": policy, "version": version, "labels": check_labels(labels or {}), "generation": time.time_ns()}
+    _write_json(path, record, durable=True)
     return path
 
 
-def load_admin_policy(model_dir: Path) -> tuple[str, int | None]:
-    """The recorded admin policy of a model: ("latest", None) when there is none; ValueError naming
-    the file if it cannot be used."""
+def load_admin_policy(model_dir: Path) -> tuple[str, int | None, dict[str, int]]:
+    """The recorded admin policy of a model: (policy, pinned version, labels); ("latest", None, {}) when
+    there is none. ValueError naming the file if it cannot be used."""
     path = Path(model_dir) / ADMIN_POLICY_FILE
     if not path.exists():
-        return "latest", None
+        return "latest", None, {}
     d = _read_json(path)
     if not isinstance(d, dict) or d.get("policy") not in POLICIES:
         raise ValueError(f"{path}: not an admin policy record (policy one of {POLICIES})")
     version = d.get("version")
     if d["policy"] == "pinned" and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
         raise ValueError(f"{path}: a pinned policy needs a version >= 0, got {version!r}")
-    return d["policy"], (version if d["policy"] == "pinned" else None)
+    try:
+        labels = check_labels(d.get("labels", {}))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return d["policy"], (version if d["policy"] == "pinned" else None), labels
 
 
 class Control:
@@ -143,12 +173,13 @@ class Control:
                 out.append(w)
         return out
 
-    def record(self, model: str, policy: str, version: int | None) -> Policy:
+    def record(self, model: str, policy: str, version: int | None, labels: dict[str, int] | None = None) -> Policy:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-        p = Policy(model, policy, version, time.time_ns())
+        p = Policy(model, policy, version, time.time_ns(), check_labels(labels or {}))
         _write_json(
-            self.root / "policy" / f"{model}.json", {"policy": policy, "version": version, "generation": p.generation}
+            self.root / "policy" / f"{model}.json",
+            {"policy": policy, "version": version, "labels": p.labels, "generation": p.generation},
         )
         return p
 
@@ -158,7 +189,11 @@ class Control:
             d = _read_json(path)
             if d is None or d.get("policy") not in POLICIES:
                 continue
-            out[path.stem] = Policy(path.stem, d["policy"], d.get("version"), int(d.get("generation", 0)))
+            try:
+                labels = check_labels(d.get("labels", {}))
+            except ValueError:
+                continue
+            out[path.stem] = Policy(path.stem, d["policy"], d.get("version"), int(d.get("generation", 0)), labels)
         return out
 
     def ack(self, p: Policy, ok: bool, detail: str = "") -> None:

@@ -19,6 +19,7 @@ from offgraph.modeldir.manifest import (
     check_model_name,
 )
 from offgraph.server.config import ADMIN_TOKEN_ENV
+from offgraph.server.control import LABEL, LABEL_PATTERN, LABEL_RULE
 from offgraph.server.errors import ApiError
 from offgraph.server.redact import token_matches
 from offgraph.server.served import ModelHolder
@@ -55,6 +56,25 @@ async def model_name(
 
 
 ModelName = Annotated[str, Depends(model_name)]
+
+
+async def label_name(
+    label: Annotated[
+        str,
+        Path(
+            description=f"Version label (`stable`, `canary`): {LABEL_RULE}. Any other label is a 400.",
+            json_schema_extra={"pattern": LABEL_PATTERN},
+        ),
+    ],
+) -> str:
+    """A valid version label (``LABEL_PATTERN``); 400 naming the rule otherwise. Every route taking a label
+    depends on it."""
+    if not LABEL.fullmatch(label):
+        raise ApiError(400, f"invalid label {label[:40]!r}: {LABEL_RULE}")
+    return label
+
+
+LabelName = Annotated[str, Depends(label_name)]
 
 
 async def get_holder(name: ModelName, state: State) -> ModelHolder:

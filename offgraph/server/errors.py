@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from offgraph.features import FeatureValueError
 from offgraph.server.redact import view_for
+from offgraph.server.route_match import allowed_methods
 
 log = logging.getLogger("offgraph.server")
 
@@ -100,14 +101,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        detail = exc.detail
+        detail, headers = exc.detail, exc.headers
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no route {request.method} {request.url.path}"
         elif exc.status_code == 405 and detail == "Method Not Allowed":
             detail = f"method {request.method} is not allowed on {request.url.path}"
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request.scope))}
         else:  # messages from the registry and the scorer may name directories
-            detail = view_for(request)(detail)
-        return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
+            return JSONResponse({"detail": view_for(request)(detail)}, status_code=exc.status_code, headers=headers)
+        # A path no route takes belongs to neither API, so it answers with both one's key and the anchors'
+        # ("error", TF Serving's and KServe's): a client of either reads the reason where it looks.
+        return JSONResponse({"detail": detail, "error": detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(FeatureValueError)
     async def feature_value_error(request: Request, exc: FeatureValueError) -> JSONResponse:

@@ -108,14 +108,14 @@ def start_prefetch(version_dir: Path, config: ServerConfig, serving: bool) -> Pr
     return pf.start()
 
 
-def memory_split(version_dir: Path, config: ServerConfig, models: int) -> MemorySplit:
+def memory_split(version_dir: Path, config: ServerConfig, models: int, versions: int = 1) -> MemorySplit:
     """This version's share of the process's memory budget (``ServerConfig.memory_split``), its block
-    cache sized by the index its manifest's rows need."""
+    cache sized by the index its manifest's rows need; ``versions``: of its model, served at once."""
     try:
         index = manifest_index_mb(load_manifest(version_dir, verify_dense=False))
     except (KeyError, TypeError, ValueError):  # a bad manifest is refused by the Scorer, with the reason
         index = 0.0
-    return config.memory_split(models, index)
+    return config.memory_split(models, index, versions)
 
 
 def open_version(
@@ -125,9 +125,10 @@ def open_version(
     hot: dict | None = None,
     pacer: Pacer | None = None,
     serving: bool = False,
+    versions: int = 1,
 ) -> ServedVersion:
     """Load, warm up and return one version, given its share of the memory budget with ``models``
-    models served (``memory_split``); raises whatever made it unservable. First its store
+    models served and ``versions`` versions of its model (labels: ``memory_split``); raises whatever made it unservable. First its store
     files are read into the page cache when ``config.prefetch_store`` says so (``start_prefetch``,
     waiting at most ``PREFETCH_WAIT_S``). ``hot``: what the serving version used last
     (``Scorer.hot_rows``: its most recently used rows and FG items), read into this version's row
@@ -137,9 +138,14 @@ def open_version(
     to ``config.prefetch_mb_s``; with nothing serving it reads as fast as the disk goes."""
     t0 = time.perf_counter()
     pace = pacer.tick if pacer is not None else None
-    split = memory_split(version_dir, config, models)
+    split = memory_split(version_dir, config, models, versions)
     log.info(
-        "%s: memory budget %.0f MiB over %d model(s): %s", version_dir, split.memory_mb, split.models, split.describe()
+        "%s: memory budget %.0f MiB over %d model(s)%s: %s",
+        version_dir,
+        split.memory_mb,
+        split.models,
+        f", {versions} versions of this one" if versions > 1 else "",
+        split.describe(),
     )
     # The files are read in before the store opens: opening, verification seeks and warm-up reads
     # hold the GIL, and a cold read of a virtual disk can take 100s of ms, which every request of

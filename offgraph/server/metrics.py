@@ -24,6 +24,7 @@ from starlette.routing import Match
 
 from offgraph.scoring.read_metrics import STORE_READ_SECONDS
 from offgraph.server.process_metrics import ProcessPublisher, register_platform_collector, register_process_collectors
+from offgraph.server.route_match import leaf_routes
 
 if TYPE_CHECKING:  # the registry imports the scorer; the library scorer loads no HTTP code
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -201,6 +202,19 @@ def _model_figures(models: ModelRegistry):
         yield h.name, v or 0, counts, ratio, fresh
 
 
+LABEL_VERSION = (
+    "offgraph_model_label_version",
+    "Version a model's label names (PUT /v1/models/{name}/labels/{label}), served beside the default one",
+)
+
+
+def _label_figures(models: ModelRegistry):
+    """Per model and label: (name, label, version)."""
+    for h in models.all():
+        for label, v in sorted(h.labels.copy().items()):
+            yield h.name, label, v
+
+
 MEMORY_BUDGET = (
     "offgraph_memory_budget_bytes",
     "Bytes each part of a model's memory budget may hold in a worker "
@@ -244,6 +258,9 @@ class _ModelCollector:
         for name, part, b, u in _memory_figures(self.models):
             budget.add_metric([name, part], b)
             used.add_metric([name, part], u)
+        labels = GaugeMetricFamily(*LABEL_VERSION, labels=["model", "label"])
+        for name, label, v in _label_figures(self.models):
+            labels.add_metric([name, label], v)
         for name, v, counts, hit_ratio, freshness in _model_figures(self.models):
             version.add_metric([name], v)
             for k, family in counters.items():
@@ -251,7 +268,7 @@ class _ModelCollector:
             ratio.add_metric([name], hit_ratio)
             if freshness is not None:
                 fresh.add_metric([name], freshness)
-        yield from (version, *counters.values(), ratio, fresh, budget, used)
+        yield from (version, *counters.values(), ratio, fresh, budget, used, labels)
 
 
 class _ModelPublisher:
@@ -288,12 +305,21 @@ class _ModelPublisher:
             Gauge(*m, ["model", "part"], multiprocess_mode="livesum", registry=registry)
             for m in (MEMORY_BUDGET, MEMORY_USED)
         )
+        self.label_version = Gauge(*LABEL_VERSION, ["model", "label"], multiprocess_mode="livemax", registry=registry)
+        self._labels: set[tuple[str, str]] = set()  # label series published, to remove the ones that go
         self._done: dict[tuple[str, str], float] = {}  # counts already added, per (model, counter)
 
     def publish(self) -> None:
         for name, part, b, u in _memory_figures(self.models):
             self.budget.labels(name, part).set(b)
             self.used.labels(name, part).set(u)
+        now = set()
+        for name, label, v in _label_figures(self.models):
+            self.label_version.labels(name, label).set(v)
+            now.add((name, label))
+        for gone in self._labels - now:
+            self.label_version.remove(*gone)
+        self._labels = now
         for name, v, counts, hit_ratio, freshness in _model_figures(self.models):
             for k, counter in self.counters.items():
                 delta = counts[k] - self._done.get((name, k), 0.0)
@@ -307,16 +333,6 @@ class _ModelPublisher:
                 self.fresh.labels(name).set(freshness)
 
 
-def _leaf_routes(routes):
-    """The routes that have a path template, through included routers (FastAPI wraps each router it
-    includes in an object that matches the whole router and names no route)."""
-    for route in routes:
-        if isinstance(getattr(route, "path", None), str):
-            yield route
-        else:
-            yield from _leaf_routes(getattr(getattr(route, "original_router", route), "routes", ()))
-
-
 def route_of(scope: Scope) -> tuple[str, str | None]:
     """(route template, model path parameter or None) of a request: the route the router chose, or,
     for an answer given before routing (a body limit's 413), the app's first route that matches;
@@ -324,7 +340,7 @@ def route_of(scope: Scope) -> tuple[str, str | None]:
     route, params = scope.get("route"), scope.get("path_params")
     if route is None:
         partial = None
-        for candidate in _leaf_routes(getattr(scope.get("app"), "routes", ())):
+        for candidate in leaf_routes(getattr(scope.get("app"), "routes", ())):
             match, child = candidate.matches(scope)
             if match is Match.FULL:
                 route, params = candidate, child.get("path_params")

@@ -20,7 +20,11 @@ from offgraph.server.body_examples import example_body, ids_only_body
 from offgraph.server.registry import ModelRegistry
 
 SCORE_PATHS = ("/v1/models/{name}:score",)
-PREDICT_PATHS = ("/v1/models/{name}:predict", "/v1/models/{name}/versions/{version}:predict")
+PREDICT_PATHS = (
+    "/v1/models/{name}:predict",
+    "/v1/models/{name}/versions/{version}:predict",
+    "/v1/models/{name}/labels/{label}:predict",
+)
 
 Served = tuple[tuple[str, int, FeatureSpec], ...]
 

@@ -11,6 +11,10 @@ is loaded in its place (``fall_back``). Admin decisions are saved under MODELS
 With several workers, admin decisions taken by another worker are read from the
 shared control directory (``offgraph.server.control``) and applied by ``sync_control``, in the
 same loader thread.
+
+Labels (``set_label``, ``remove_label``) load a second version beside the default one
+(``offgraph.server.served``); the versions of a model that serve at once share its memory budget
+equally (``_resize``: the ones serving shrink before a newcomer loads, and grow back once it goes).
 """
 
 from __future__ import annotations
@@ -26,7 +30,16 @@ from typing import Any
 from offgraph.modeldir.manifest import MANIFEST, ModelDirError, check_model_name, complete_versions
 from offgraph.modeldir.status_file import read_status
 from offgraph.server.config import ServerConfig
-from offgraph.server.control import Control, Policy, load_admin_policy, save_admin_policy
+from offgraph.server.control import (
+    LABEL,
+    LABEL_RULE,
+    MAX_LABELS,
+    Control,
+    Policy,
+    check_labels,
+    load_admin_policy,
+    save_admin_policy,
+)
 from offgraph.server.loader import open_version
 from offgraph.server.pacing import Pacer
 from offgraph.server.refusals import may_retry, refuse, version_signature
@@ -100,7 +113,7 @@ class ModelRegistry:
                 # must take less of it than the load did
                 h.release_share = min(self.config.load_share, RELEASE_SHARE)
                 try:
-                    h.policy, h.pinned_version = load_admin_policy(h.dir)
+                    h.policy, h.pinned_version, h.labels = load_admin_policy(h.dir)
                 except ValueError as e:
                     h.last_error = f"admin policy ignored (following the newest version): {e}"
                     log.error("model %s: %s", h.name, h.last_error)
@@ -139,6 +152,7 @@ class ModelRegistry:
             for v in self._wanted(holder, versions):
                 if may_retry(holder.refused.get(v), holder.dir / str(v)) and self._load(holder, v):
                     break
+            self._load_labels(holder, versions)
             holder.attempted = True
             holder.updater = read_status(holder.dir)
             holder.scans += 1
@@ -158,7 +172,35 @@ class ModelRegistry:
     def _load(self, holder: ModelHolder, version: int, note: str | None = None) -> bool:
         """Load, warm up and swap in one version; on failure refuse it (logged, reported) and return False.
         ``note``: the model's ``last_error`` once it serves (set before the swap, so that no status shows
-        the new version without it)."""
+        the new version without it). A labelled version already serving becomes the default as it is."""
+        labelled = holder.extra.get(version)
+        if labelled is not None:
+            holder.last_error = note
+            holder.swap(labelled)
+            self._resize(holder)
+            log.info("model %s: serving version %d by default (it served labelled)", holder.name, version)
+            return True
+        cur = holder.current
+        # the versions that serve once it is in: the labelled ones, itself, and the old default if labelled
+        stays = cur is not None and cur.version in holder.labels.values()
+        versions = 1 + len(holder.extra) + int(stays)
+        if stays:  # room for the newcomer first: the ones serving on shrink to their new share
+            self._resize(holder, versions)
+        sv = self._open(holder, version, versions)
+        if sv is None:
+            if stays:
+                self._resize(holder)
+            return False
+        holder.refused.pop(version, None)
+        holder.last_error = note
+        holder.swap(sv)
+        self._resize(holder)
+        log.info("model %s: serving version %d (loaded and warmed up in %.2fs)", holder.name, version, sv.load_seconds)
+        return True
+
+    def _open(self, holder: ModelHolder, version: int, versions: int) -> ServedVersion | None:
+        """Open, verify and warm up one version with its share of the memory budget (``versions`` of its
+        model serving at once); on failure refuse it (logged, reported) and return None."""
         vdir = holder.dir / str(version)
         signature = version_signature(vdir)  # as the try begins: a change during it is retried
         holder.loading_version = version
@@ -170,7 +212,7 @@ class ModelRegistry:
             pacer = Pacer(self.config.load_share if serving else 1.0)
             hot = self._hot_rows(holder)
             pacer.tick()
-            sv = open_version(vdir, self.config, len(self.holders), hot, pacer, serving=serving)
+            return open_version(vdir, self.config, len(self.holders), hot, pacer, serving=serving, versions=versions)
         except Exception as e:  # noqa: BLE001 - whatever it is, this version must not serve
             reason = f"{type(e).__name__}: {e}"
             holder.refused[version] = refuse(holder.refused.get(version), reason, signature, self.config.poll_seconds)
@@ -183,14 +225,98 @@ class ModelRegistry:
                 f"version {holder.current.version}" if holder.current else "nothing",
                 reason,
             )
-            return False
+            return None
         finally:
             holder.loading_version = None
+
+    # -- labels (loader thread) ----------------------------------------------------------------------
+    def _resize(self, holder: ModelHolder, versions: int | None = None) -> None:
+        """Give each version of the model that serves its share of the budget with ``versions`` of them
+        serving (default: as many as serve now)."""
+        served = holder.served()
+        n = versions or len(served) or 1
+        for sv in served:
+            split = self.config.memory_split(len(self.holders), sv.memory.index_mb, n)
+            if split != sv.memory and not sv.closed:
+                sv.resize(split)
+                log.info(
+                    "model %s: version %d now holds 1/%d of the model's memory: %s",
+                    holder.name,
+                    sv.version,
+                    n,
+                    split.describe(),
+                )
+
+    def _load_labelled(self, holder: ModelHolder, version: int) -> bool:
+        """Load a labelled version to serve beside the default one; False (refused, reported) if it does not load."""
+        versions = len(holder.served()) + 1
+        self._resize(holder, versions)
+        sv = self._open(holder, version, versions)
+        if sv is None:
+            self._resize(holder)
+            return False
         holder.refused.pop(version, None)
-        holder.last_error = note
-        holder.swap(sv)
-        log.info("model %s: serving version %d (loaded and warmed up in %.2fs)", holder.name, version, sv.load_seconds)
+        holder.add_labelled(sv)
+        log.info(
+            "model %s: serving version %d beside version %s (labelled %s)",
+            holder.name,
+            version,
+            holder.current.version if holder.current else "none",
+            ", ".join(k for k, v in sorted(holder.labels.items()) if v == version),
+        )
         return True
+
+    def _load_labels(self, holder: ModelHolder, versions: list[int]) -> None:
+        """Load the labelled versions that do not serve (after a restart, or a refusal whose files changed)."""
+        if holder.policy == "unloaded" or holder.current is None:
+            return
+        served = {sv.version for sv in holder.served()}
+        for v in sorted(set(holder.labels.values()) - served):
+            if v in versions and may_retry(holder.refused.get(v), holder.dir / str(v)):
+                self._load_labelled(holder, v)
+
+    def apply_labels(self, name: str, labels: dict[str, int]) -> None:
+        """Make the model's labels ``labels`` (``{label: version}``): load the versions they name that do not
+        serve yet, retire the ones no label names any more. AdminError (the labels stay as they were)
+        if a version is not on disk or does not load."""
+        h = self.holder(name)
+        try:
+            labels = check_labels(labels)
+        except ValueError as e:
+            raise AdminError(422, str(e)) from None
+        if labels and (h.policy == "unloaded" or h.current is None):
+            raise AdminError(409, f"model '{name}' serves no version: load it before labelling versions")
+        versions = h.versions_on_disk = complete_versions(h.dir)
+        missing = sorted({v for v in labels.values() if v not in versions})
+        if missing:
+            raise AdminError(
+                404, f"model '{name}' has no complete version {missing[0]} (complete versions: {versions})"
+            )
+        old = h.labels
+        h.labels = dict(labels)  # one assignment: a request reads the old labels or the new ones
+        served = {sv.version for sv in h.served()}
+        for v in sorted(set(labels.values()) - served):
+            if not self._load_labelled(h, v):
+                h.labels = old
+                h.retire_unlabelled()
+                self._resize(h)
+                raise AdminError(409, f"model '{name}': {h.last_error}")
+        if h.retire_unlabelled():
+            self._resize(h)
+
+    def set_label(self, name: str, label: str, version: int) -> None:
+        h = self.holder(name)
+        _check_label(label)
+        if label not in h.labels and len(h.labels) >= MAX_LABELS:
+            raise AdminError(409, f"model '{name}' has {MAX_LABELS} labels already: remove one first")
+        self.apply_labels(name, {**h.labels, label: version})
+
+    def remove_label(self, name: str, label: str) -> None:
+        h = self.holder(name)
+        _check_label(label)
+        if label not in h.labels:
+            raise AdminError(404, f"model '{name}' has no label '{label[:40]}' (labels: {sorted(h.labels)})")
+        self.apply_labels(name, {k: v for k, v in h.labels.items() if k != label})
 
     # -- admin actions (loader thread) ---------------------------------------------------------
     def holder(self, name: str) -> ModelHolder:
@@ -222,8 +348,9 @@ class ModelRegistry:
         self.load(name, h.previous_version)
 
     def unload(self, name: str) -> None:
+        """Serve nothing of the model: its labels go too."""
         h = self.holder(name)
-        h.policy, h.pinned_version = "unloaded", None
+        h.policy, h.pinned_version, h.labels = "unloaded", None, {}
         h.swap(None)
 
     # -- a store that fails while serving ----------------------------------------------------------
@@ -269,7 +396,7 @@ class ModelRegistry:
         h = self.holder(name)
         version = h.pinned_version if h.policy == "pinned" else None
         try:
-            save_admin_policy(h.dir, h.policy, version)
+            save_admin_policy(h.dir, h.policy, version, h.labels)
         except OSError as e:
             raise AdminError(
                 503,
@@ -278,7 +405,7 @@ class ModelRegistry:
             ) from None
         if self.control is None:
             return None
-        p = self.control.record(name, h.policy, version)
+        p = self.control.record(name, h.policy, version, h.labels)
         self._applied[name] = p.generation
         self.control.ack(p, True)
         return p
@@ -300,6 +427,8 @@ class ModelRegistry:
                     self.load(name, None)
                 else:
                     self.load(name, p.version)
+                if p.policy != "unloaded":
+                    self.apply_labels(name, p.labels)
             except AdminError as e:
                 log.error(
                     "worker %d: model %s: cannot follow the admin decision %s %s: %s",
@@ -433,11 +562,18 @@ class ModelRegistry:
             ],
             "inputs": {s: spec.raw_inputs(s) for s in ("request", "item")} if spec is not None else {},
             "feature_tables": _feature_tables(sv.scorer) if sv is not None else [],
+            "labels": dict(h.labels),
+            "served_versions": [s.version for s in h.served()],
             "last_error": h.last_error,
             "scans": h.scans,
             "updater": h.updater,
             "model_version_status": version_status(h),
         }
+
+
+def _check_label(label: str) -> None:
+    if not isinstance(label, str) or not LABEL.fullmatch(label):
+        raise AdminError(400, f"invalid label {label[:40]!r}: {LABEL_RULE}")
 
 
 def one_model_dir_hint(models_dir: os.PathLike) -> str | None:

@@ -1,4 +1,4 @@
-"""Admin actions (bearer token): :load, :unload, :rollback. They wait for the loader thread, and with
+"""Admin actions (bearer token): :load, :unload, :rollback, and version labels. They wait for the loader thread, and with
 several workers, until every worker has followed the decision (``offgraph.server.control``)."""
 
 from __future__ import annotations
@@ -7,31 +7,44 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
-from offgraph.server.deps import ModelName, State, require_admin
+from offgraph.server import path_convertors  # noqa: F401 - registers the no_colon convertor
+from offgraph.server.deps import LabelName, ModelName, State, require_admin
 from offgraph.server.errors import ApiError
 from offgraph.server.registry import AdminError
-from offgraph.server.schemas import LoadRequest, ModelStatus, error_responses
+from offgraph.server.schemas import LabelRequest, LoadRequest, ModelStatus, error_responses
 from offgraph.server.score_body import JsonBody
 
 router = APIRouter(
     tags=["admin"],
     dependencies=[Depends(require_admin)],
     responses=error_responses(
-        e400="Invalid model name.",
+        e400="Invalid model name or label.",
         e401="Missing or wrong bearer token.",
         e403="No admin token configured: admin actions are disabled.",
-        e404="Unknown model or version.",
-        e409="The version was refused (the reason is given) or there is nothing to roll back to.",
+        e404="Unknown model, version or label.",
+        e409="The version was refused (the reason is given), there is nothing to roll back to, or the model "
+        "serves nothing to label.",
         e504="Several workers: not every worker followed in time.",
     ),
 )
 
 _load_body = JsonBody(LoadRequest, "load body")
+_label_body = JsonBody(LabelRequest, "label body")
+_BODY_ERRORS = error_responses(
+    e413="Body larger than the server's limit.",
+    e415="The body's Content-Type is not JSON.",
+    e422="Invalid body: the message names each problem.",
+)
 
 
 async def load_request(request: Request, _: Annotated[None, Depends(require_admin)]) -> LoadRequest:
     """The :load body, read only once the token is checked: a malformed body without the token is a 401."""
     return await _load_body.parse(request)
+
+
+async def label_request(request: Request, _: Annotated[None, Depends(require_admin)]) -> LabelRequest:
+    """The label body, read once the token is checked (as :load's)."""
+    return await _label_body.parse(request)
 
 
 WORKERS_WAIT_S = 300.0
@@ -54,11 +67,7 @@ async def _run(state, name: str, fn, *args) -> ModelStatus:
     "/v1/models/{name}:load",
     summary="Load and pin a version",
     openapi_extra=_load_body.openapi_extra(),
-    responses=error_responses(
-        e413="Body larger than the server's limit.",
-        e415="The body's Content-Type is not JSON.",
-        e422="Invalid body: the message names each problem.",
-    ),
+    responses=_BODY_ERRORS,
 )
 async def load(name: ModelName, body: Annotated[LoadRequest, Depends(load_request)], state: State) -> ModelStatus:
     """Load `version` in the background, warm it up and swap it in; the model then stays on it (pinned).
@@ -76,3 +85,27 @@ async def unload(name: ModelName, state: State) -> ModelStatus:
 async def rollback(name: ModelName, state: State) -> ModelStatus:
     """Load the version served before the current one and pin it."""
     return await _run(state, name, state.models.rollback)
+
+
+@router.put(
+    "/v1/models/{name}/labels/{label:no_colon}",
+    summary="Label a version (canary)",
+    openapi_extra=_label_body.openapi_extra(),
+    responses=_BODY_ERRORS,
+)
+async def set_label(
+    name: ModelName, label: LabelName, body: Annotated[LabelRequest, Depends(label_request)], state: State
+) -> ModelStatus:
+    """Name `version` by `label` (`stable`, `canary`; at most 4 labels a model). A version that does not serve
+    is loaded, verified and warmed up beside the default one first, and the versions of the model that serve
+    then share its memory budget equally. Requests with `"label"` (`:score`) or to `/labels/{label}:predict`
+    are scored by it; the others still go to the default version (the newest, or the pinned one). Kept
+    under MODELS across restarts."""
+    return await _run(state, name, state.models.set_label, label, body.version)
+
+
+@router.delete("/v1/models/{name}/labels/{label:no_colon}", summary="Remove a label")
+async def remove_label(name: ModelName, label: LabelName, state: State) -> ModelStatus:
+    """Remove the label; a version no label names any more, and that is not the default, stops serving (its
+    in-flight requests finish) and its memory goes back to the others."""
+    return await _run(state, name, state.models.remove_label, label)

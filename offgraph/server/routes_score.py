@@ -22,7 +22,7 @@ from offgraph.server.served import NotServing
 
 _ERRORS = error_responses(
     e400="Invalid model name.",
-    e404="Unknown model, or the version asked for is not loaded.",
+    e404="Unknown model, or the version (or label) asked for does not serve.",
     e413="Body larger than the server's limit.",
     e415="The body's Content-Type is not JSON.",
     e422="Invalid body: the message names each problem (invalid JSON, NaN/Infinity, a number beyond the float64 "
@@ -73,7 +73,7 @@ def build_router(config: ServerConfig) -> APIRouter:
         """
         try:
             version, scores, joined, kind = await state.run_scoring(
-                holder.score, body.request, body.candidates, body.version
+                holder.score, body.request, body.candidates, body.version, body.label
             )
         except NotServing as e:
             raise ApiError(404, str(e)) from None

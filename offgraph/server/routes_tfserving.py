@@ -6,6 +6,7 @@ stands for are scored by the ``:score`` path itself (``ModelHolder.score`` in th
 metrics), so the scores are the same. ``GET /v1/models/{name}/versions/{v}`` is TF Serving's model status
 of one version (``GET /v1/models/{name}`` carries ``model_version_status`` for all of them),
 ``GET /v1/models/{name}[/versions/{v}]/metadata`` the ``serving_default`` signature of the served version.
+``/labels/{label}`` stands in for ``/versions/{v}`` on each of these routes: the version the label names.
 Errors are ``{"error": ...}`` (``offgraph.server.anchor_errors``).
 """
 
@@ -31,7 +32,7 @@ from offgraph.server.anchor_schemas import (
     VersionStatusList,
 )
 from offgraph.server.config import ServerConfig
-from offgraph.server.deps import Holder, State
+from offgraph.server.deps import Holder, LabelName, State
 from offgraph.server.errors import ApiError
 from offgraph.server.metrics import START_KEY
 from offgraph.server.model_inputs import describe_inputs, shape
@@ -80,30 +81,30 @@ async def version_number(
 VersionNumber = Annotated[int, Depends(version_number)]
 
 
-def _score_instances(holder: ModelHolder, body: Any, version: int | None) -> tuple[int, Any]:
-    """Split the instances with the serving version's scopes and score them (in a scoring thread).
+def _score_instances(holder: ModelHolder, body: Any, version: int | None, label: str | None) -> tuple[int, Any]:
+    """Split the instances with the scopes of the version asked for and score them (in a scoring thread).
 
     A swap between the split and the score to a version whose spec moves an input to the other scope
     is refused by the score path's own scope check (a 422), never scored silently wrong."""
-    sv = holder.current
-    if sv is None:  # the score call answers why (loading, unloaded)
+    sv = holder.peek(version, label)
+    if sv is None:  # the score call answers why (loading, unloaded, not served)
         request, candidates = dict(body.context), body.instances
     else:
         spec = sv.scorer.spec
         req_in, item_in = set(spec.raw_inputs("request")), set(spec.raw_inputs("item"))
         request, candidates = split_instances(body.instances, body.context, req_in - item_in, item_in - req_in)
     try:
-        served, scores, _, _ = holder.score(request, candidates, version)
+        served, scores, _, _ = holder.score(request, candidates, version, label)
     except FeatureValueError as e:  # the score path's words, with the instances' name for the candidates
         raise ApiError(422, f"bad feature value: {str(e).replace('candidates[', 'instances[')}") from None
     return served, scores
 
 
 async def _predict(
-    holder: ModelHolder, state: ServerState, request: Request, body: Any, version: int | None
+    holder: ModelHolder, state: ServerState, request: Request, body: Any, version: int | None, label: str | None = None
 ) -> Response:
     try:
-        _, scores = await state.run_scoring(_score_instances, holder, body, version)
+        _, scores = await state.run_scoring(_score_instances, holder, body, version, label)
     except NotServing as e:
         raise ApiError(404, str(e)) from None
     state.metrics.observe_score(
@@ -144,7 +145,7 @@ def build_router(config: ServerConfig) -> APIRouter:
         "/v1/models/{name}/versions/{version}:predict",
         response_model=PredictResponse,
         summary="Predict with a version (TensorFlow Serving)",
-        description=predict_doc + " The version must be the served one (404 otherwise).",
+        description=predict_doc + " The version must serve, by default or labelled (404 otherwise).",
         responses=_PREDICT_ERRORS,
         openapi_extra=parser.openapi_extra(),
     )
@@ -152,6 +153,39 @@ def build_router(config: ServerConfig) -> APIRouter:
         body: Body, holder: Holder, state: State, request: Request, version: VersionNumber
     ) -> Response:
         return await _predict(holder, state, request, body, version)
+
+    @router.post(
+        "/v1/models/{name}/labels/{label}:predict",
+        response_model=PredictResponse,
+        summary="Predict with a labelled version (TensorFlow Serving)",
+        description=predict_doc + " Scored by the version the label names (404 for an unknown label).",
+        responses=_PREDICT_ERRORS,
+        openapi_extra=parser.openapi_extra(),
+    )
+    async def predict_label(body: Body, holder: Holder, state: State, request: Request, label: LabelName) -> Response:
+        return await _predict(holder, state, request, body, None, label)
+
+    @router.get(
+        "/v1/models/{name}/labels/{label:no_colon}",
+        summary="A labelled version's status (TensorFlow Serving)",
+        responses=_STATUS_ERRORS,
+    )
+    async def get_label_status(holder: Holder, label: LabelName, view: PathView) -> VersionStatusList:
+        """TensorFlow Serving's model status of the version the label names (404 for an unknown label)."""
+        version = holder.labels.get(label)
+        found = [s for s in version_status(holder) if version is not None and s["version"] == str(version)]
+        if not found:
+            raise ApiError(404, f"model '{holder.name}' has no label '{label[:40]}' (labels: {sorted(holder.labels)})")
+        return VersionStatusList(model_version_status=view(found))
+
+    @router.get(
+        "/v1/models/{name}/labels/{label}/metadata",
+        summary="A labelled version's metadata (TensorFlow Serving)",
+        responses=_STATUS_ERRORS,
+    )
+    async def get_label_metadata(holder: Holder, label: LabelName) -> ModelMetadata:
+        """As `/v1/models/{name}/metadata`, for the version the label names."""
+        return metadata(holder, None, label)
 
     @router.get(
         "/v1/models/{name}/versions/{version:no_colon}",
@@ -178,7 +212,7 @@ def build_router(config: ServerConfig) -> APIRouter:
         responses=_STATUS_ERRORS,
     )
     async def get_version_metadata(holder: Holder, version: VersionNumber) -> ModelMetadata:
-        """As `/v1/models/{name}/metadata`, for the version that must be the served one (404 otherwise)."""
+        """As `/v1/models/{name}/metadata`, for the version, which must serve (404 otherwise)."""
         return metadata(holder, version)
 
     return router
@@ -189,8 +223,8 @@ def _tensor(name: str, dtype: str, dims: list[int], **extra: Any) -> TensorInfo:
     return TensorInfo(dtype=dtype, tensor_shape=TensorShape(dim=dim), name=name, **extra)  # type: ignore[arg-type]
 
 
-def metadata(holder: ModelHolder, version: int | None) -> ModelMetadata:
-    sv = serving_version(holder, version)
+def metadata(holder: ModelHolder, version: int | None, label: str | None = None) -> ModelMetadata:
+    sv = serving_version(holder, version, label)
     inputs = {
         i.name: _tensor(i.name, "DT_DOUBLE" if i.number else "DT_STRING", shape(i), scope=i.scope)
         for i in describe_inputs(sv.scorer.spec)

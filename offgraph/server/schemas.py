@@ -22,6 +22,7 @@ from pydantic_core import PydanticCustomError
 
 from offgraph.model.train_config import LOSSES
 from offgraph.scoring.calibration import SCORE_KINDS
+from offgraph.server.control import LABEL_PATTERN
 
 MAX_NUMBER = sys.float_info.max
 """Largest magnitude of a numeric feature value: FG reads numbers as float64, so an integer must fit one."""
@@ -132,6 +133,9 @@ def _version(v: Any) -> int:
 Version = Annotated[Any, PlainValidator(_version), WithJsonSchema({"type": "integer", "minimum": 0})]
 """A model version: a non-negative integer (JSON ``2.0`` is the integer 2, as JSON Schema reads it)."""
 
+Label = Annotated[str, Field(pattern=LABEL_PATTERN)]
+"""A version label (``offgraph.server.control.LABEL_PATTERN``)."""
+
 Features = dict[str, FeatureValue]
 
 _FEATURES_DOC = (
@@ -170,8 +174,14 @@ class ScoreRequest(BaseModel):
     candidates: list[Features] = Field(min_length=1, description=CANDIDATES_DOC)
     version: Version | None = Field(
         default=None,
-        description="Model version that must score the request (404 unless it is the one "
-        "served); omitted: the served version.",
+        description="Model version that must score the request (404 unless it serves: by default or "
+        "labelled); omitted: the version `label` names, else the default one.",
+    )
+    label: Label | None = Field(
+        default=None,
+        description="Version label (`stable`, `canary`: `PUT /v1/models/{name}/labels/{label}`) whose version "
+        "must score the request (404 for a label the model does not have; with `version` too, 404 unless the label "
+        "names that version).",
     )
 
 
@@ -202,6 +212,13 @@ class ErrorResponse(BaseModel):
     detail: str = Field(description="What is wrong, in words.")
     errors: list[ErrorItem] | None = Field(
         default=None, description="Validation errors (422): location and message of each problem."
+    )
+
+
+class LabelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: Version = Field(
+        description="The version the label names; loaded beside the default one if it does not serve."
     )
 
 
@@ -252,6 +269,9 @@ class MemoryParts(BaseModel):
 class MemorySplitStatus(BaseModel):
     memory_mb: float = Field(description="The worker process's budget (--memory-mb), all its models together.")
     models: int = Field(description="Models sharing it: each gets memory_mb / models.")
+    versions: int = Field(
+        1, description="Versions of this model served at once (labels): each gets memory_mb / models / versions."
+    )
     row_cache_mb: float
     block_cache_mb: int
     item_cache_items: int
@@ -259,7 +279,7 @@ class MemorySplitStatus(BaseModel):
     index_mb: float = Field(
         description="What the version's index needs (estimated from its manifest), held by the block cache."
     )
-    model_mb: float = Field(description="This model's parts together.")
+    model_mb: float = Field(description="This version's parts together.")
 
 
 class MemoryStatus(BaseModel):
@@ -358,6 +378,16 @@ class ModelStatus(BaseModel):
         default_factory=list,
         description="The loaded version's feature tables (MODELS/NAME/features/): what an "
         "ids-only request may leave out.",
+    )
+    labels: dict[str, int] = Field(
+        default_factory=dict,
+        description="Version labels an admin set (`stable`, `canary`), label -> version: a request with `label` "
+        "is scored by that version.",
+    )
+    served_versions: list[int] = Field(
+        default_factory=list,
+        description="Every version that serves: the default one first (the one `loaded` describes), then the "
+        "labelled ones. They share the model's memory budget equally.",
     )
     last_error: str | None
     updater: dict[str, Any] | None = Field(

@@ -25,6 +25,7 @@ import msgspec
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from offgraph.server.control import LABEL_PATTERN
 from offgraph.server.errors import ApiError, BodyValidationError
 
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
@@ -40,6 +41,7 @@ def fast_model(max_candidates: int) -> type[msgspec.Struct]:
             ("candidates", Annotated[list[dict[str, Value]], msgspec.Meta(min_length=1, max_length=max_candidates)]),
             ("request", dict[str, Value], msgspec.field(default_factory=dict)),
             ("version", Union[Annotated[int, msgspec.Meta(ge=0)], None], None),
+            ("label", Union[Annotated[str, msgspec.Meta(pattern=LABEL_PATTERN)], None], None),
         ],
         forbid_unknown_fields=True,
     )

@@ -3,6 +3,12 @@
 A request takes a reference on the holder's ``current`` version, scores on it and
 drops the reference; a swap replaces ``current`` and retires the old version, which
 is closed once its last in-flight request has finished.
+
+Labels (``stable``, ``canary``...) name versions an admin asked to serve at once. A labelled version
+other than ``current`` is held in ``extra`` and serves the requests that ask for it by label or by
+version; a request that names neither gets ``current`` (the newest version, or the pinned one).
+A swap that replaces a labelled ``current`` moves it to ``extra`` instead of retiring it, and a version
+that loses its last label is retired as a swap would.
 """
 
 from __future__ import annotations
@@ -99,6 +105,11 @@ class ServedVersion:
         self.closed = False
         self.unhealthy: str | None = None  # why, once a score failed on a store read (path-free)
 
+    def resize(self, memory: MemorySplit) -> None:
+        """Take a new share of the memory budget (``Scorer.resize_memory``)."""
+        self.scorer.resize_memory(memory.row_cache_mb, memory.block_cache_mb, memory.item_cache_items)
+        self.memory, self.row_cache_mb = memory, memory.row_cache_mb
+
     def close(self, share: float = 1.0) -> dict[str, Any]:
         """Close the scorer and free its memory a part at a time (``Scorer.release``), taking ``share``
         of the wall clock (``offgraph.server.pacing``); returns its final stats."""
@@ -150,6 +161,8 @@ class ModelHolder:
         self.loading_version: int | None = None
         self.policy = "latest"  # latest | pinned | unloaded
         self.pinned_version: int | None = None  # with policy "pinned"
+        self.labels: dict[str, int] = {}  # label -> version, as an admin set them
+        self.extra: dict[int, ServedVersion] = {}  # labelled versions served beside ``current``
         self.on_store_error: Callable[[ModelHolder, ServedVersion], None] | None = None  # must not block
         self.release_share = (
             1.0  # a retired version's memory is freed in this share of the time (offgraph.server.pacing)
@@ -164,22 +177,51 @@ class ModelHolder:
         self.closed = False
 
     # -- request path ------------------------------------------------------------------------
-    def acquire(self, version: int | None = None) -> ServedVersion:
+    def acquire(self, version: int | None = None, label: str | None = None) -> ServedVersion:
+        """Take a reference on the version a request asks for: the one ``label`` names, else ``version``,
+        else ``current``. ``NotServing`` when it is not loaded, ``ModelLoading`` while nothing serves yet."""
         with self._lock:
-            sv = self.current
-            if sv is None:
-                if self.policy != "unloaded" and (self.loading_version is not None or not self.attempted):
-                    raise ModelLoading(f"model '{self.name}' is loading: no version serves yet")
-                raise NotServing(
-                    f"model '{self.name}' has no loaded version"
-                    + (" (unloaded by an admin)" if self.policy == "unloaded" else "")
-                )
-            if version is not None and version != sv.version:
-                raise NotServing(
-                    f"version {version} of model '{self.name}' is not loaded (it serves version {sv.version})"
-                )
+            sv = self._find(version, label)
             sv.in_flight += 1
             return sv
+
+    def peek(self, version: int | None = None, label: str | None = None) -> ServedVersion | None:
+        """The version ``acquire`` would take now, without a reference (None where it raises)."""
+        with self._lock:
+            try:
+                return self._find(version, label)
+            except LookupError:
+                return None
+
+    def _find(self, version: int | None, label: str | None) -> ServedVersion:
+        if label is not None:
+            if label not in self.labels:
+                known = ", ".join(f"{k}={v}" for k, v in sorted(self.labels.items())) or "none"
+                raise NotServing(f"model '{self.name}' has no label '{label}' (labels: {known})")
+            if version is not None and version != self.labels[label]:
+                raise NotServing(
+                    f"label '{label}' of model '{self.name}' names version {self.labels[label]}, not {version}"
+                )
+            version = self.labels[label]
+            if version not in self.extra and (self.current is None or self.current.version != version):
+                raise NotServing(
+                    f"label '{label}' of model '{self.name}' names version {version}, which is not loaded"
+                    + (f" ({self.last_error})" if self.last_error else "")
+                )
+        sv = self.current
+        if version is not None and version in self.extra:
+            return self.extra[version]
+        if sv is None:
+            if self.policy != "unloaded" and (self.loading_version is not None or not self.attempted):
+                raise ModelLoading(f"model '{self.name}' is loading: no version serves yet")
+            raise NotServing(
+                f"model '{self.name}' has no loaded version"
+                + (" (unloaded by an admin)" if self.policy == "unloaded" else "")
+            )
+        if version is not None and version != sv.version:
+            served = ", ".join(map(str, sorted([sv.version, *self.extra])))
+            raise NotServing(f"version {version} of model '{self.name}' is not loaded (it serves version {served})")
+        return sv
 
     def release(self, sv: ServedVersion) -> None:
         with self._lock:
@@ -188,11 +230,13 @@ class ModelHolder:
         if drained:  # not on this request's thread: closing a store and dropping a model takes milliseconds
             threading.Thread(target=self._close, args=(sv,), name=f"offgraph-close-{self.name}", daemon=True).start()
 
-    def score(self, request: dict, candidates: list[dict], version: int | None) -> tuple[int, np.ndarray, Any, str]:
-        """Score on the current version (or the one asked for); runs in a scoring thread. Returns
-        (version, scores, the feature join's result: ``offgraph.scoring.feature_join.Joined``, what the scores are:
-        the version's ``score_kind``)."""
-        sv = self.acquire(version)
+    def score(
+        self, request: dict, candidates: list[dict], version: int | None, label: str | None = None
+    ) -> tuple[int, np.ndarray, Any, str]:
+        """Score on the current version (or the one asked for, by version or label); runs in a scoring
+        thread. Returns (version, scores, the feature join's result: ``offgraph.scoring.feature_join.Joined``,
+        what the scores are: the version's ``score_kind``)."""
+        sv = self.acquire(version, label)
         try:
             return (sv.version, *sv.scorer.score_joined(request, candidates), sv.scorer.score_kind)
         except StoreReadError as e:
@@ -209,30 +253,83 @@ class ModelHolder:
 
     # -- swaps -------------------------------------------------------------------------------
     def swap(self, new: ServedVersion | None) -> ServedVersion | None:
-        """Make ``new`` current (None: unload); the old version drains, then closes."""
+        """Make ``new`` current (None: unload, labelled versions too); the old version drains, then
+        closes, unless a label names it: it then serves on beside the new one. ``new`` may be one of
+        ``extra`` (a labelled version becoming the default). Returns the version retired, if any."""
+        retire: list[ServedVersion] = []
         with self._lock:
             if self.closed and new is not None:
                 old, new_closed = None, True
             else:
                 old, self.current, new_closed = self.current, new, False
+                if new is not None and self.extra.get(new.version) is new:
+                    del self.extra[new.version]
+                if new is None:  # unloaded: nothing serves, whatever its labels
+                    retire, self.extra = list(self.extra.values()), {}
                 if old is not None:
                     self.previous_version = old.version
-                    old.retired = True
-            drained = old is not None and old.in_flight == 0
+                    if new is not None and old.version in self.labels.values():
+                        self.extra[old.version] = old
+                    else:
+                        retire.append(old)
+            for sv in retire:
+                sv.retired = True
+            drained = [sv for sv in retire if sv.in_flight == 0]
         if new_closed and new is not None:
             self._close(new)
             return None
         if old is not None:
             log.info(
-                "model %s: version %s -> %s (old version drains %d in-flight requests)",
+                "model %s: version %s -> %s (%s)",
                 self.name,
                 old.version,
                 new.version if new else "unloaded",
-                old.in_flight,
+                f"old version drains {old.in_flight} in-flight requests"
+                if old in retire
+                else "old version serves on: labelled "
+                + ", ".join(k for k, v in sorted(self.labels.items()) if v == old.version),
             )
-        if drained and old is not None:
-            self._close(old)
-        return old
+        for sv in drained:
+            self._close(sv)
+        return old if old in retire else None
+
+    def add_labelled(self, sv: ServedVersion) -> None:
+        """Serve ``sv`` beside ``current`` (a label names it); closed at once if it is already served."""
+        with self._lock:
+            dup = (
+                self.closed
+                or sv.version in self.extra
+                or (self.current is not None and self.current.version == sv.version)
+            )
+            if not dup:
+                self.extra[sv.version] = sv
+        if dup:
+            self._close(sv)
+
+    def retire_unlabelled(self) -> list[int]:
+        """Retire the versions of ``extra`` no label names any more (each drains, then closes); returns them."""
+        with self._lock:
+            named = set(self.labels.values())
+            gone = [sv for v, sv in self.extra.items() if v not in named]
+            for sv in gone:
+                del self.extra[sv.version]
+                sv.retired = True
+            drained = [sv for sv in gone if sv.in_flight == 0]
+        for sv in gone:
+            log.info(
+                "model %s: version %d no longer labelled: it drains %d in-flight requests",
+                self.name,
+                sv.version,
+                sv.in_flight,
+            )
+        for sv in drained:
+            self._close(sv)
+        return [sv.version for sv in gone]
+
+    def served(self) -> list[ServedVersion]:
+        """Every version that serves: ``current`` first, then the labelled ones by version."""
+        with self._lock:
+            return ([self.current] if self.current is not None else []) + [self.extra[v] for v in sorted(self.extra)]
 
     def _close(self, sv: ServedVersion) -> None:
         stats = sv.close(1.0 if self.closed else self.release_share)  # shutting down: nothing left to yield to
@@ -249,24 +346,30 @@ class ModelHolder:
 
     # -- reporting ----------------------------------------------------------------------------
     def counters(self) -> tuple[int | None, dict[str, float]]:
-        """(loaded version, cumulative counters over every version this process served)."""
+        """(default version, cumulative counters over every version this process served)."""
         with self._lock:
             sv = self.current
             totals = dict(self.retired_totals)
-        stats = scorer_stats(sv.scorer) if sv is not None and not sv.closed else {}
-        for k in COUNTERS:
-            v = stats.get(k)
-            if isinstance(v, (int, float)):
-                totals[k] = totals.get(k, 0) + v
-        for k in ("last_feed_poll_unix", "last_catch_up_unix"):
-            if k in stats:
-                totals[k] = stats[k]
+        for s in self.served():
+            stats = scorer_stats(s.scorer) if not s.closed else {}
+            for k in COUNTERS:
+                v = stats.get(k)
+                if isinstance(v, (int, float)):
+                    totals[k] = totals.get(k, 0) + v
+            if s is sv:
+                for k in ("last_feed_poll_unix", "last_catch_up_unix"):
+                    if k in stats:
+                        totals[k] = stats[k]
         return (sv.version if sv is not None else None), totals
 
     def memory(self) -> dict[str, Any] | None:
-        """The serving version's ``memory_status``, or None when none serves."""
-        sv = self.current
-        return memory_status(sv) if sv is not None and not sv.closed else None
+        """The serving versions' ``budget_bytes`` and ``used_bytes``, summed over them; None when none serves."""
+        parts = [memory_status(s) for s in self.served() if not s.closed]
+        if not parts:
+            return None
+        return {
+            key: {p: sum(m[key][p] for m in parts) for p in parts[0][key]} for key in ("budget_bytes", "used_bytes")
+        }
 
     @property
     def state(self) -> str:

@@ -1,8 +1,8 @@
 """A model's versions as the clients of TensorFlow Serving and KServe ask about them.
 
 ``version_status``: TF Serving's ``model_version_status`` (``GET /v1/models/{name}``, ``/versions/{v}``): the
-serving version (AVAILABLE), the one being loaded (LOADING), the one served before it and the refused ones
-(END; a refused one with its reason). ``serving_version``: the version whose spec the metadata routes describe.
+serving versions, default and labelled (AVAILABLE), the one being loaded (LOADING), the one served before it
+and the refused ones (END; a refused one with its reason). ``serving_version``: the version whose spec the metadata routes describe.
 """
 
 from __future__ import annotations
@@ -34,17 +34,16 @@ def version_status(holder: ModelHolder) -> list[dict[str, Any]]:
     loading = holder.loading_version
     if loading is not None:
         out[loading] = _entry(loading, "LOADING")
-    sv = holder.current
-    if sv is not None:  # an unhealthy version that still serves (nothing to fall back to) keeps its reason
+    for sv in holder.served():  # an unhealthy version that still serves (nothing to fall back to) keeps its reason
         out[sv.version] = _entry(sv.version, "AVAILABLE", refused.get(sv.version))
     return [out[v] for v in sorted(out, reverse=True)]
 
 
-def serving_version(holder: ModelHolder, version: int | None = None) -> ServedVersion:
-    """The version that serves (``version``: that one): ``ModelLoading`` (a 503) while the model's first load
-    runs, an ``ApiError`` 404 when none serves or another one does."""
+def serving_version(holder: ModelHolder, version: int | None = None, label: str | None = None) -> ServedVersion:
+    """The version that serves (``version`` or ``label``: that one): ``ModelLoading`` (a 503) while the model's
+    first load runs, an ``ApiError`` 404 when none serves or not the one asked for."""
     try:
-        sv = holder.acquire(version)
+        sv = holder.acquire(version, label)
     except NotServing as e:
         raise ApiError(404, str(e)) from None
     holder.release(sv)  # its spec and score kind stay readable once it is closed

@@ -157,6 +157,14 @@ def test_unknown_models_and_versions_are_404_with_an_error_key(client):
     r = client.get("/v1/models/nope")
     assert r.status_code == 404 and "detail" in r.json() and "error" not in r.json(), r.text
     assert client.get("/v1/models/ml/versions/1:predict").status_code == 405
+    # unknown labels as unknown versions; a label outside the rule is a 400; a path no route takes (a ':' in
+    # a label) belongs to neither API and carries both keys
+    _error(predict(client, body, "/v1/models/ml/labels/canary:predict"), 404, "no label 'canary'")
+    _error(client.get("/v1/models/ml/labels/canary"), 404, "no label 'canary'")
+    _error(client.get("/v1/models/ml/labels/canary/metadata"), 404, "no label 'canary'")
+    _error(client.get("/v1/models/ml/labels/Canary"), 400, "invalid label 'Canary'")
+    r = client.get("/v1/models/ml/labels/a:b")
+    assert r.status_code == 404 and r.json()["error"] == r.json()["detail"] == "no route GET /v1/models/ml/labels/a:b"
 
 
 # -- model status and metadata ---------------------------------------------------------------------------------
@@ -280,6 +288,9 @@ NEW_ROUTES = {
     "/v1/models/{name}/versions/{version}": ("get", "VersionStatusList"),
     "/v1/models/{name}/metadata": ("get", "ModelMetadata"),
     "/v1/models/{name}/versions/{version}/metadata": ("get", "ModelMetadata"),
+    "/v1/models/{name}/labels/{label}:predict": ("post", "PredictResponse"),
+    "/v1/models/{name}/labels/{label}": ("get", "VersionStatusList"),
+    "/v1/models/{name}/labels/{label}/metadata": ("get", "ModelMetadata"),
     "/v2": ("get", "ServerMetadata"),
     "/v2/health/live": ("get", "ServerLive"),
     "/v2/health/ready": ("get", "ServerReady"),

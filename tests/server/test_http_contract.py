@@ -283,7 +283,7 @@ def test_admin_load_without_a_body_follows_the_newest_version(client):
             "/v1/models/ml:score",
             {"candidates": [{}], "canddiates": []},
             {},
-            "canddiates: unknown field 'canddiates' in the score body; expected 'request', 'candidates' or 'version'",
+            "canddiates: unknown field 'canddiates' in the score body; expected 'request', 'candidates', 'version' or 'label'",
         ),
     ],
 )

@@ -30,7 +30,7 @@ def server(tiny_model, tmp_path_factory):
 
 
 # Model names drawn from the pattern are almost never 'ml' (404s that test routing only): most cases get the
-# served model's name, so scoring and the admin actions run for real; likewise the served version.
+# served model's name, so scoring and the admin actions run for real; likewise the served version and a label.
 CONFIG = """
 [dictionaries.models]
 values = ["ml"]
@@ -38,11 +38,15 @@ values = ["ml"]
 [dictionaries.versions]
 values = ["1"]
 
+[dictionaries.labels]
+values = ["canary"]
+
 [parameters]
 "path.name" = { dictionary = "models", probability = 0.8 }
 "path.version" = { dictionary = "versions", probability = 0.8 }
+"path.label" = { dictionary = "labels", probability = 0.8 }
 """
-OPERATIONS = 21
+OPERATIONS = 26
 """Every operation of /openapi.json: offgraph's own, TensorFlow Serving's and KServe v2's."""
 
 

@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 from server_helpers import (
     TOKEN,
+    ScoreHammer,
     ThreadServer,
     copy_models,
     copy_version,
@@ -329,31 +329,16 @@ def test_hot_swap_under_load_refusals_and_rollback(tiny_model, requests_, tmp_pa
     models = copy_models(tiny_model[0], tmp_path / "models")
     srv = ThreadServer(_config(models))
     admin = {"Authorization": f"Bearer {TOKEN}"}
-    stop = threading.Event()
-    seen: list[tuple[int, int | None]] = []
-
-    def hammer():
-        with httpx.Client(base_url=srv.url, timeout=30) as c:
-            i = 0
-            while not stop.is_set():
-                req, cands = requests_[i % len(requests_)]
-                r = score(c, {"request": req, "candidates": cands})
-                seen.append((r.status_code, r.json().get("version")))
-                i += 1
-
+    hammer = ScoreHammer(srv.url, requests_, threads=2)
+    seen = hammer.seen
     try:
         with httpx.Client(base_url=srv.url, timeout=30) as c:
-            threads = [threading.Thread(target=hammer) for _ in range(2)]
-            for t in threads:
-                t.start()
-            wait_for(lambda: len(seen) > 5, 20, "the first requests")
+            hammer.start()
             copy_version(models / "ml" / "1", models / "ml" / "2")
             wait_for(lambda: c.get("/v1/models/ml").json()["loaded"]["version"] == 2, 30, "version 2 served")
             n_swap = len(seen)
             wait_for(lambda: len(seen) > n_swap + 10, 20, "requests after the swap")
-            stop.set()
-            for t in threads:
-                t.join(30)
+            hammer.stop()
             assert {s for s, _ in seen} == {200}, [x for x in seen if x[0] != 200][:5]
             assert {v for _, v in seen} == {1, 2} and seen[-1][1] == 2
             st = c.get("/v1/models/ml").json()
@@ -405,7 +390,7 @@ def test_hot_swap_under_load_refusals_and_rollback(tiny_model, requests_, tmp_pa
             assert r.status_code == 200 and r.json()["loaded"]["version"] == 2 and r.json()["policy"] == "latest"
             assert 'code="5' not in c.get("/metrics").text
     finally:
-        stop.set()
+        hammer.stop()
         srv.stop()
 
 

@@ -154,6 +154,13 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
         sent += 20
         assert {r.status_code for r in rs} == {200} and {r.json()["version"] for r in rs} == {2}
 
+        # a label set through one worker: both serve its version beside the default one
+        assert admin.set_label("ml", "stable", 1).served_versions == [2, 1]
+        rs = _fresh(url, {**body, "label": "stable"}, 20) + _fresh(url, body, 10)
+        sent += 30
+        assert {r.status_code for r in rs} == {200}
+        assert [r.json()["version"] for r in rs] == [1] * 20 + [2] * 10
+
         # metrics are summed over the workers, the killed one's samples included
         text = httpx.get(url + "/metrics", timeout=10).text
         count = re.search(r'offgraph_request_latency_seconds_count\{model="ml"\} ([0-9.e+]+)', text)
@@ -162,6 +169,7 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
             r'offgraph_http_errors_total\{code="404",model="ml",route="/v1/models/\{name\}:score"\} 20\.0', text
         ), text[-3000:]
         assert 'offgraph_model_loaded_version{model="ml"} 2.0' in text
+        assert 'offgraph_model_label_version{label="stable",model="ml"} 1.0' in text
         # each live worker's process figures (the killed one's gone), CPU seconds summed over all of them
         live = set(re.findall(r'^process_resident_memory_bytes\{pid="(\d+)"\} [0-9.e+]+$', text, re.M))
         assert live == {str(p) for p in _children(proc.pid)}, (live, text[-3000:])
