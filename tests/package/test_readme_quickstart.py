@@ -34,7 +34,16 @@ def test_the_quickstart_has_the_steps_it_promises():
     blocks = quickstart_blocks((REPO / "README.md").read_text())
     text = "\n".join(blocks)
     assert len(blocks) >= 4
-    for step in ("offgraph serve", ":score", '"user_id": 196}', ":load", "offgraph update", "offgraph stream-train"):
+    steps = (
+        "offgraph serve",
+        ":score",
+        '"user_id": 196}',
+        ":load",
+        "/labels/canary",
+        "offgraph update",
+        "offgraph stream-train",
+    )
+    for step in steps:
         assert step in text, step
 
 
@@ -79,10 +88,12 @@ def test_the_readme_quickstart_runs_top_to_bottom(demo_dir):
     )
     assert proc.returncode == 0, out[-4000:] + logs
     scores = [json.loads(m) for m in re.findall(r'^\{"model".*\}$', out, flags=re.M)]
-    assert len(scores) == 3, out
-    full, ids, after = scores
-    assert [s["model"] for s in scores] == ["movielens"] * 3 and all(len(s["scores"]) == 2 for s in scores)
+    assert len(scores) == 4, out
+    full, ids, canary, after = scores
+    assert [s["model"] for s in scores] == ["movielens"] * 4
+    assert all(len(s["scores"]) == 2 for s in (full, ids, after)) and len(canary["scores"]) == 1
     assert full["version"] == 2 and ids["version"] == 2  # the newest version serves until one is pinned
     assert "serving 1" in out  # the swap to version 1 took
+    assert canary["version"] == 1  # the label's version answered, beside the default one
     assert after["version"] == 2 and after["scores"] != ids["scores"], "the streamed rows did not reach the scores"
     assert any((demo_dir / "out" / "demo" / "spool-quickstart" / "applied").iterdir())
