@@ -34,6 +34,7 @@ SLOW_NAMES = frozenset(
         "get_context",
         "Process",  # a multiprocessing child
         "uvicorn",  # a server
+        "redis_cluster",  # redis-server processes
     }
 )
 

@@ -18,6 +18,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="version directory MODELS/NAME/VERSION")
     p.add_argument("--shards", type=int, default=8)
     p.add_argument(
+        "--backend",
+        default="rocksdb",
+        help="where the rows live: rocksdb (files in the version directory; default) or redis://HOST:PORT "
+        "(a Redis Cluster shared by every server; give it at least 2 shards per master)",
+    )
+    p.add_argument(
         "--quant",
         choices=LazyChoices("offgraph.store.quant", "CODECS"),
         metavar="QUANT",
@@ -85,15 +91,24 @@ def run_export(args) -> int:
         feature_data=feature_data,
         feature_source=args.feature_data or "<data>",
         feature_rows=args.feature_rows,
+        backend=args.backend,
     )
     assert m.export_seconds is not None and m.store.bytes_on_disk is not None  # a fresh export records both
     rows, secs = m.store.total_rows, m.export_seconds.store
     print(
         f"exported {args.run} -> {args.out}: {len(m.fields)} tables, {rows:,} rows, {m.store.quant} "
-        f"x {m.store.shards} shards, {m.store.bytes_on_disk / 2**20:.1f} MiB on disk, "
+        f"x {m.store.shards} shards, {_where(m)}, "
         f"store {secs:.1f}s ({rows / max(secs, 1e-9):,.0f} rows/s)"
     )
     return 0
+
+
+def _where(m) -> str:
+    """Where a version's rows are, for the export's summary line."""
+    rec = m.store.to_dict()
+    if rec.get("backend", "rocksdb") != "rocksdb":
+        return f"in {rec['backend']} at {rec.get('url')} (namespace {rec.get('namespace')})"
+    return f"{(m.store.bytes_on_disk or 0) / 2**20:.1f} MiB on disk"
 
 
 def run_check_cli(args) -> int:

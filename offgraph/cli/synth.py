@@ -33,8 +33,13 @@ def run(args) -> int:
     m = synth_version(args.out, config, progress=not args.no_progress)
     assert m.export_seconds is not None and m.store.bytes_on_disk is not None  # a fresh export records both
     secs, disk = m.export_seconds.store, m.store.bytes_on_disk
+    where = (
+        f"{disk / 2**20:.1f} MiB on disk ({disk / config.rows:.1f} B/row)"
+        if config.backend == "rocksdb"
+        else f"in {config.backend} (namespace {m.store.to_dict().get('namespace')})"
+    )
     print(
-        f"synth -> {args.out}: {len(m.fields)} tables, {config.rows:,} rows, {disk / 2**20:.1f} MiB on disk "
-        f"({disk / config.rows:.1f} B/row), store {secs:.1f}s ({config.rows / max(secs, 1e-9):,.0f} rows/s)"
+        f"synth -> {args.out}: {len(m.fields)} tables, {config.rows:,} rows, {where}, "
+        f"store {secs:.1f}s ({config.rows / max(secs, 1e-9):,.0f} rows/s)"
     )
     return 0

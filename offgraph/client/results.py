@@ -49,6 +49,8 @@ class LoadedVersion:
     memory: dict[str, Any] | None = None
     training_loss: str = "pointwise"
     score_kind: str = "ctr"
+    backend: str = "rocksdb"
+    rows_at: str | None = None
 
 
 @dataclass(frozen=True)

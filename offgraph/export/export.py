@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import shutil
 import time
 from datetime import UTC, datetime
@@ -31,6 +33,8 @@ from offgraph.modeldir.manifest import (
 from offgraph.modeldir.manifest_model import Manifest
 from offgraph.scoring.calibration import score_kind
 from offgraph.store import StoreConfig, open_store
+from offgraph.store.open import backend_location
+from offgraph.store.store_file import read_store_file
 
 log = logging.getLogger("offgraph.export")
 
@@ -78,6 +82,26 @@ def _run_config(run_dir: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return config if isinstance(config, dict) else None
+
+
+def version_store_config(out: Path, backend: str = "rocksdb", **settings) -> StoreConfig:
+    """The store settings of a new version ``out`` on ``backend`` (``offgraph.store.open.backend_location``),
+    to be called before :func:`prepare_version_dir`. A remote backend's rows are keyed by a namespace,
+    ``NAME/VERSION/`` and a random suffix; an export interrupted in ``out`` left one, which is taken
+    again when its layout matches (the rows are rewritten in place: nothing is left in the cluster),
+    else its rows are deleted first."""
+    location = backend_location(backend)
+    config = StoreConfig(**settings, **location)
+    if location["backend"] == "rocksdb":
+        return config
+    prior = read_store_file(os.fspath(out / STORE_DIR)) if (out / STORE_DIR).is_dir() else None
+    if prior is not None and prior.backend == config.backend and prior.namespace:
+        if prior.replace(url=config.url).layout() == config.replace(namespace=prior.namespace).layout():
+            log.info("%s: resuming the interrupted export into namespace %s", out, prior.namespace)
+            return config.replace(namespace=prior.namespace)
+        with open_store(out / STORE_DIR, prior.replace(url=config.url), mode="w") as old:
+            old.delete_rows()
+    return config.replace(namespace=f"{out.parent.name}/{out.name}/{secrets.token_hex(4)}")
 
 
 def prepare_version_dir(out: Path) -> None:
@@ -171,8 +195,11 @@ def export_run(
     feature_data=None,
     feature_source: str = "<data>",
     feature_rows: str = "training",
+    backend: str = "rocksdb",
 ) -> Manifest:
-    """Export RUN into a version directory MODELS/NAME/VERSION; returns the manifest.
+    """Export RUN into a version directory MODELS/NAME/VERSION; returns the manifest. ``backend``: where
+    the store's rows live, ``"rocksdb"`` (the version directory) or ``"redis://HOST:PORT"`` (a Redis
+    Cluster; the directory holds the store's settings).
 
     The spec's feature tables (MODELS/NAME/features/, shared by versions) are created before the
     manifest is written; with ``feature_data`` (a pyarrow table: the run's training file) they are
@@ -180,18 +207,21 @@ def export_run(
     rows: what was known before the held-out cut) or "all"."""
     run_dir, out = Path(run_dir), Path(out_dir)
     check_version_dir(out)  # before the run is read
+    backend_location(backend)  # likewise
     model, spec, metrics = load_run(run_dir)
     _check_run(model, spec, metrics, run_dir)
     check_segmenters(spec, metrics.get("segmenters"), f"run {run_dir}")
     if feature_rows not in ("training", "all"):
         raise ValueError(f"feature_rows must be 'training' or 'all', got {feature_rows!r}")
+    config = version_store_config(
+        out, backend, dim=spec.model.embedding_dim, quant=quant, shards=shards, block_cache_mb=block_cache_mb
+    )
     prepare_version_dir(out)
     if spec.tables:
         mask = None
         if feature_data is not None and feature_rows == "training":
             mask = ~run_held_out_mask(run_dir, spec, feature_data)
         build_feature_tables(out.parent, spec, feature_data, mask, source=feature_source, progress=progress)
-    config = StoreConfig(dim=spec.model.embedding_dim, quant=quant, shards=shards, block_cache_mb=block_cache_mb)
     tables = [
         _chunks(model.front.emb_tables[i].embeddings.value, model.front.w_tables[i].embeddings.value, f.rows)
         for i, f in enumerate(spec.fields)

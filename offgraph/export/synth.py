@@ -73,17 +73,21 @@ def synth_version(out: str | Path, config: SynthConfig, progress: bool = True) -
     out = Path(out)
     check_version_dir(out)  # before TensorFlow is imported: a bad --out is refused at once
     check_disk(out, config)
-    from offgraph.export.export import prepare_version_dir, write_version
+    from offgraph.export.export import prepare_version_dir, version_store_config, write_version
     from offgraph.export.synth_spec import synth_spec
     from offgraph.features.spec import parse_spec
-    from offgraph.store import StoreConfig
 
     spec = parse_spec(synth_spec(config.rows, config.dim), source="offgraph synth")
     head = build_head(len(spec.fields), config.dim, spec.model.mlp, config.seed)
-    prepare_version_dir(out)
-    store_config = StoreConfig(
-        dim=config.dim, quant=config.quant, shards=config.shards, block_cache_mb=config.block_cache_mb
+    store_config = version_store_config(
+        out,
+        config.backend,
+        dim=config.dim,
+        quant=config.quant,
+        shards=config.shards,
+        block_cache_mb=config.block_cache_mb,
     )
+    prepare_version_dir(out)
     tables = [table_chunks(config.seed, i, f.rows, config.dim) for i, f in enumerate(spec.fields)]
     t0 = time.perf_counter()
     manifest = write_version(

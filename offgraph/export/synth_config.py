@@ -6,7 +6,7 @@ import argparse
 import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from offgraph.config import ConfigModel, option
 
@@ -32,6 +32,7 @@ class SynthConfig(ConfigModel, frozen=True):
     seed: seeds the tables and the dense head's weights.
     dim, quant, shards, block_cache_mb: as `offgraph export` (int8, D=16 by default).
     workers: SST writer processes of the bulk load (None: the store's default).
+    backend: as `offgraph export --backend`.
     """
 
     rows: int = option(
@@ -47,6 +48,19 @@ class SynthConfig(ConfigModel, frozen=True):
     shards: int = option(8, ge=1, le=256, flag="--shards", description="store shards")
     block_cache_mb: int = Field(64, ge=1)
     workers: int | None = option(None, ge=1, flag="--workers", shown="the store's", description="SST writer processes")
+    backend: str = option(
+        "rocksdb",
+        flag="--backend",
+        description="where the rows live: rocksdb (the version directory) or redis://HOST:PORT (a Redis Cluster)",
+    )
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        from offgraph.store.open import backend_location
+
+        backend_location(v)  # ValueError naming the forms
+        return v
 
     @model_validator(mode="after")
     def _enough_rows(self) -> SynthConfig:
@@ -56,5 +70,8 @@ class SynthConfig(ConfigModel, frozen=True):
         return self
 
     def disk_bytes(self) -> int:
-        """Estimated bytes on disk of the version (the store; the dense head is ~1 MB)."""
+        """Estimated bytes on disk of the version (the store; the dense head is ~1 MB; a remote backend's
+        rows take none)."""
+        if self.backend != "rocksdb":
+            return 1 << 20
         return int(self.rows * BYTES_PER_ROW[self.quant] * (self.dim + 5) / 21) + (1 << 20)

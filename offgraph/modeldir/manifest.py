@@ -259,7 +259,8 @@ def load_manifest(version_dir: str | Path, verify_dense: bool = True, verify_sto
                 f"{version_dir}: dense model checksum mismatch ({changed[0][0]} and {len(changed) - 1} more differ)"
             )
     store = version_dir / STORE_DIR
-    for s in range(manifest.store.shards):
+    local_shards = manifest.store.backend == "rocksdb"  # a remote backend's rows are not in the directory
+    for s in range(manifest.store.shards if local_shards else 0):
         if not (store / f"shard-{s:03d}").is_dir():
             raise ModelDirError(f"{version_dir}: missing store shard {s} ({STORE_DIR}/shard-{s:03d})")
     if verify_dense if verify_store is None else verify_store:

@@ -38,6 +38,7 @@ class StoreRecord(_Record):
 
     quant: str
     shards: int
+    backend: str = "rocksdb"
     dim: int | None = None
     block_size_kb: int = 16
     path: str = "store"

@@ -20,8 +20,9 @@ from typing import Any
 from fastapi import Request
 
 _PATH_CHARS = r"[^\s'\"`,;:()\[\]{}<>]"
-_ABS_PATH = re.compile(r"(?<![\w./~-])/" + _PATH_CHARS + "*")
-"""An absolute path: a '/' that does not continue a word or a relative path, up to a delimiter."""
+_ABS_PATH = re.compile(r"(?<![\w./~-])(?!(?<=:)//[^/])/" + _PATH_CHARS + "*")
+"""An absolute path: a '/' that does not continue a word or a relative path, nor start a URL's
+``scheme://`` authority (a remote store's ``redis://HOST:PORT``), up to a delimiter."""
 
 
 def token_matches(expected: str | None, given: str | None) -> bool:

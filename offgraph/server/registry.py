@@ -537,6 +537,7 @@ class ModelRegistry:
                 "in_flight": sv.in_flight,
                 "quantization": store.quant,
                 "shards": store.shards,
+                **_rows_at(store.to_dict()),
                 "embedding_dim": m.embedding_dim,
                 "row_counts": row_counts,
                 "total_rows": sum(row_counts.values()),
@@ -569,6 +570,16 @@ class ModelRegistry:
             "updater": h.updater,
             "model_version_status": version_status(h),
         }
+
+
+def _rows_at(record: dict) -> dict[str, str | None]:
+    """A manifest's store record as the status shows where its rows live."""
+    backend = record.get("backend", "rocksdb")
+    remote = backend != "rocksdb"
+    return {
+        "backend": backend,
+        "rows_at": f"{record.get('url')} namespace {record.get('namespace')}" if remote else None,
+    }
 
 
 def _check_label(label: str) -> None:

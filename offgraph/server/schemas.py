@@ -304,6 +304,11 @@ class LoadedVersion(BaseModel):
     in_flight: int
     quantization: str | None
     shards: int | None
+    backend: str = Field("rocksdb", description="Where the rows live: `rocksdb` (the version's directory) or `redis`.")
+    rows_at: str | None = Field(
+        None,
+        description="A remote backend's rows: its URL and namespace (`redis://HOST:PORT namespace NAME/VERSION/ID`).",
+    )
     embedding_dim: int | None
     row_counts: dict[str, int]
     total_rows: int

@@ -26,7 +26,7 @@ import numpy as np
 
 from offgraph.scoring.memory_budget import MemorySplit
 from offgraph.server.pacing import Pacer
-from offgraph.store import StoreReadError
+from offgraph.store import StoreReadError, StoreUnavailable
 
 log = logging.getLogger("offgraph.server")
 
@@ -62,6 +62,15 @@ class StoreFailure(Exception):
     def __init__(self, model: str, version: int, cause: StoreReadError):
         super().__init__(f"model '{model}' version {version}: store read failed ({cause.kind})")
         self.model, self.version, self.cause, self.kind = model, version, cause, cause.kind
+
+
+class StoreOutage(Exception):
+    """A score failed because the version's remote store did not answer in its timeout (answered 503
+    with Retry-After; the version stays healthy and serves again once the backend answers)."""
+
+    def __init__(self, model: str, version: int, cause: StoreUnavailable):
+        super().__init__(f"model '{model}' version {version}: the store did not answer ({cause})")
+        self.model, self.version, self.cause = model, version, cause
 
 
 def scorer_stats(scorer) -> dict[str, Any]:
@@ -239,6 +248,8 @@ class ModelHolder:
         sv = self.acquire(version, label)
         try:
             return (sv.version, *sv.scorer.score_joined(request, candidates), sv.scorer.score_kind)
+        except StoreUnavailable as e:  # the backend did not answer: nothing wrong with the version
+            raise StoreOutage(self.name, sv.version, e) from e
         except StoreReadError as e:
             with self._lock:
                 first, sv.unhealthy = (

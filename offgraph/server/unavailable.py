@@ -1,26 +1,32 @@
-"""503 answers: a model whose first load is under way, a score that failed on a store read, and one
-whose fresh rows kept changing while it read them from the write feed.
+"""503 answers: a model whose first load is under way, a score that failed on a store read, one whose
+remote store did not answer, and one whose fresh rows kept changing while it read them from the write feed.
 
 A store read error (a corrupt block, an I/O error) is answered with a generic message; the
 backend's detail, which names files, goes to the log. ``offgraph_store_errors_total{model}``
 counts these answers; the holder has already marked the version unhealthy and asked the
-registry to fall back to the previous version (``ModelRegistry.fall_back``).
+registry to fall back to the previous version (``ModelRegistry.fall_back``). A remote store that does
+not answer (a Redis Cluster down or failing over) says nothing about the version: it stays healthy, the
+answer says to retry in a second, ``offgraph_store_unavailable_total{model}`` counts them, and the log
+says so at most once every ``OUTAGE_LOG_S`` per model.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter
 
-from offgraph.server.served import ModelLoading, StoreFailure
+from offgraph.server.served import ModelLoading, StoreFailure, StoreOutage
 from offgraph.server.state import ServerState
 from offgraph.store.feed import FeedTornRead
 
 log = logging.getLogger("offgraph.server")
+
+OUTAGE_LOG_S = 10.0
 
 
 def install_unavailable_handlers(app: FastAPI, state: ServerState) -> None:
@@ -31,6 +37,29 @@ def install_unavailable_handlers(app: FastAPI, state: ServerState) -> None:
         ["model"],
         registry=state.metrics.registry,
     )
+
+    outages = Counter(
+        "offgraph_store_unavailable",
+        "Score requests answered 503 because the version's remote store did not answer in its timeout",
+        ["model"],
+        registry=state.metrics.registry,
+    )
+    last_logged: dict[str, float] = {}
+
+    @app.exception_handler(StoreOutage)
+    async def store_outage(request: Request, exc: StoreOutage) -> JSONResponse:
+        outages.labels(exc.model).inc()
+        now = time.monotonic()
+        if now - last_logged.get(exc.model, -math.inf) >= OUTAGE_LOG_S:
+            last_logged[exc.model] = now
+            log.warning(
+                "model %s version %d: %s (logged once every %.0fs)", exc.model, exc.version, exc.cause, OUTAGE_LOG_S
+            )
+        return JSONResponse(
+            {"detail": f"model '{exc.model}' version {exc.version}: the embedding store did not answer: retry"},
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )
 
     @app.exception_handler(ModelLoading)
     async def model_loading(request: Request, exc: ModelLoading) -> JSONResponse:

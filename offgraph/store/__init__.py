@@ -10,7 +10,7 @@ quantized, on disk (RocksDB through rocksdict).
 
 from offgraph.store.base import EmbeddingStore, ReadResult, WriteResult
 from offgraph.store.config import StoreConfig
-from offgraph.store.errors import StoreReadError
+from offgraph.store.errors import StoreReadError, StoreUnavailable
 from offgraph.store.keys import SHARD_FN, decode_keys, encode_keys, shard_of
 from offgraph.store.open import open_store
 from offgraph.store.quant import codec_names, get_codec
@@ -25,6 +25,7 @@ __all__ = [
     "ReadResult",
     "WriteResult",
     "StoreReadError",
+    "StoreUnavailable",
     "RowCache",
     "encode_keys",
     "decode_keys",

@@ -22,7 +22,7 @@ COMPRESSIONS = ("none", "lz4", "lz4hc", "zstd", "snappy")
 SHARD_FNS = ("splitmix64-v1",)
 KEY_FORMATS = ("u32be-table+u64be-row",)
 
-LAYOUT_FIELDS = ("dim", "quant", "shards", "shard_fn", "key_format", "backend")
+LAYOUT_FIELDS = ("dim", "quant", "shards", "shard_fn", "key_format", "backend", "namespace")
 
 DEFAULT_READ_THREADS = 8
 """Where the gain of more threads reading a store's misses flattens (``bench.read_threads``; figures in
@@ -78,6 +78,14 @@ class StoreConfig(ConfigModel, frozen=True):
     block_restart_interval: keys between restart points of a data block (delta-encoded
         keys in between).
     shard_fn / key_format / backend: named, versioned choices recorded with the store.
+    url: where a remote backend's rows live (``redis``: ``redis://HOST:PORT`` of any node of the
+        cluster); None for a local backend. A tuning setting: a store may be opened through another
+        node of the same cluster.
+    namespace: a remote backend's key prefix for this store's rows (``redis``: each shard is one hash,
+        ``offgraph:{NAMESPACE/s}``), chosen when the store is created (``MODEL/VERSION/`` and a random
+        suffix), so that two versions, or two exports of one, never share keys.
+    remote_timeout_ms: a remote backend's bound on one call (connect, read or write); a cluster that
+        does not answer in it is a ``StoreUnavailable`` error (the server's 503), never a hang.
     """
 
     dim: int = Field(ge=1)
@@ -99,6 +107,9 @@ class StoreConfig(ConfigModel, frozen=True):
     shard_fn: Literal[SHARD_FNS] = "splitmix64-v1"
     key_format: Literal[KEY_FORMATS] = "u32be-table+u64be-row"
     backend: str = Field("rocksdb", min_length=1)
+    url: str | None = None
+    namespace: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._/:-]+$")
+    remote_timeout_ms: int = Field(1000, ge=1)
 
     @field_validator("read_threads")
     @classmethod

@@ -11,3 +11,12 @@ class StoreReadError(RuntimeError):
     def __init__(self, message: str, kind: str = "read error"):
         super().__init__(message)
         self.kind = kind
+
+
+class StoreUnavailable(StoreReadError):
+    """A remote backend did not answer in its timeout (a cluster down, a failover under way): nothing
+    is wrong with the store, so the version stays healthy and a retry may succeed (the server answers
+    503 with Retry-After, and serves again by itself once the backend answers)."""
+
+    def __init__(self, message: str, kind: str = "unavailable"):
+        super().__init__(message, kind)

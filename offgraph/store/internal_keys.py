@@ -6,6 +6,8 @@ reject keys starting with byte 0x00), so they collide neither with rows nor with
 
     seq of a row       0xFF 0x00 's' + 12-byte row key     -> i64 big-endian
     seq watermark      0xFF 0x00 'w'                        -> i64 big-endian (one per shard)
+    shard created      0xFF 0x00 'r'                        -> b"1" (remote backends: the shard exists)
+    write fence        0xFF 0x00 'f'                        -> the token of the shard's last batch (redis)
 
 A seq is written in the same atomic WriteBatch as the row it describes, and so is the
 shard's watermark: the highest seq the shard holds. A new seq above it cannot be stale,
@@ -26,6 +28,8 @@ INTERNAL_PREFIX = META_PREFIX + RESERVED_META
 SEQ_PREFIX = INTERNAL_PREFIX + b"s"
 SEQ_END = INTERNAL_PREFIX + b"t"  # upper bound of the seq records
 SEQ_WATERMARK_KEY = INTERNAL_PREFIX + b"w"
+SHARD_CREATED_KEY = INTERNAL_PREFIX + b"r"
+WRITE_FENCE_KEY = INTERNAL_PREFIX + b"f"
 
 SEQ_BYTES = 8
 _SEQ_KEY_DTYPE = np.dtype([("p", "V3"), ("k", f"V{KEY_BYTES}")])

@@ -6,10 +6,11 @@ import os
 
 from offgraph.store.base import MODES, EmbeddingStore
 from offgraph.store.config import StoreConfig
+from offgraph.store.redis_store import RedisStore
 from offgraph.store.rocksdb_store import RocksDBStore
 from offgraph.store.store_file import STORE_FILE, read_store_file, write_store_file
 
-BACKENDS: dict[str, type[EmbeddingStore]] = {RocksDBStore.backend: RocksDBStore}
+BACKENDS: dict[str, type[EmbeddingStore]] = {RocksDBStore.backend: RocksDBStore, RedisStore.backend: RedisStore}
 """The backends by ``StoreConfig.backend`` (a ``store.json`` that names none means ``"rocksdb"``)."""
 
 
@@ -19,6 +20,19 @@ def backend_class(name: str) -> type[EmbeddingStore]:
         return BACKENDS[name]
     except KeyError:
         raise ValueError(f"unknown backend {name!r}; known: {sorted(BACKENDS)!r}") from None
+
+
+def backend_location(uri: str) -> dict[str, str]:
+    """The ``StoreConfig`` settings of a backend URI: ``"rocksdb"`` (local files, the default) ->
+    ``{"backend": "rocksdb"}``; ``"redis://HOST:PORT"`` (any node of a Redis Cluster) ->
+    ``{"backend": "redis", "url": ...}``. ValueError naming the forms otherwise."""
+    if uri == RocksDBStore.backend:
+        return {"backend": RocksDBStore.backend}
+    scheme, sep, rest = uri.partition("://")
+    host, colon, port = rest.partition(":")
+    if scheme == RedisStore.backend and sep and host and colon and port.isdigit() and "/" not in rest:
+        return {"backend": RedisStore.backend, "url": uri}
+    raise ValueError(f"backend must be 'rocksdb' or 'redis://HOST:PORT' (a node of a Redis Cluster), got {uri!r}")
 
 
 def store_backend(path: str | os.PathLike) -> type[EmbeddingStore]:

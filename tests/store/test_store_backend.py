@@ -13,6 +13,7 @@ from offgraph.store import EmbeddingStore, StoreConfig, open_store
 from offgraph.store.backend import StoreBackend
 from offgraph.store.open import BACKENDS, backend_class, store_backend
 from offgraph.store.prefetch import store_files
+from offgraph.store.redis_store import RedisStore
 from offgraph.store.rocksdb_store import RocksDBStore
 
 STORE_PACKAGE = Path(__file__).resolve().parents[2] / "offgraph" / "store"
@@ -49,15 +50,19 @@ def test_the_primitives_are_the_abstract_methods_and_documented():
     assert EmbeddingStore.__abstractmethods__ == PRIMITIVES  # generic: no backend of its own
 
 
-def test_rocksdb_backend_implements_every_primitive():
-    assert issubclass(RocksDBStore, StoreBackend)
-    assert not RocksDBStore.__abstractmethods__
+@pytest.mark.parametrize("cls", [RocksDBStore, RedisStore])
+def test_each_backend_implements_every_primitive(cls):
+    assert issubclass(cls, StoreBackend)
+    assert not cls.__abstractmethods__
     for name in PRIMITIVES:
-        assert name in vars(RocksDBStore), f"RocksDBStore does not define {name}"
-    assert BACKENDS == {"rocksdb": RocksDBStore}
-    assert backend_class("rocksdb") is RocksDBStore
-    with pytest.raises(ValueError, match="unknown backend 'redis'"):
-        backend_class("redis")
+        assert name in vars(cls), f"{cls.__name__} does not define {name}"
+    assert backend_class(cls.backend) is cls
+
+
+def test_backends_are_chosen_by_name():
+    assert BACKENDS == {"rocksdb": RocksDBStore, "redis": RedisStore}
+    with pytest.raises(ValueError, match="unknown backend 'lmdb'"):
+        backend_class("lmdb")
 
 
 @pytest.mark.parametrize("missing", sorted(PRIMITIVES))

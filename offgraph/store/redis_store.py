@@ -1,0 +1,313 @@
+"""Redis Cluster backend (``backend.StoreBackend`` over redis-py's cluster client): the rows live in a
+cluster that every replica of a server shares, the store directory holds only ``store.json``.
+
+Shard ``s`` of a store is ONE Redis hash, ``offgraph:{NAMESPACE/s}``: its fields are the store's
+encoded keys (rows, their seq records, the shard's watermark and meta records, the updater's source
+positions among them), its values the same quantized records as in RocksDB. The braces are a hash
+tag: the whole shard is one slot, so a write batch, however many rows and positions it holds, is one
+MULTI/EXEC on one master, applied all or nothing (``docs/DESIGN.md``, "A store beyond one machine").
+A cluster spreads the shards over its masters by the tag's CRC16: give a store at least twice as many
+shards as the cluster has masters.
+
+Writes chain (mode ``"w"``): each batch also sets the shard's fence record to a token of this writer and
+applies only if the fence still holds the token its previous batch set (one Lua script: checked and
+written atomically). A failover that lost acknowledged batches (replication is asynchronous) leaves an
+older token, and so does a second writer: the next batch is refused with :class:`StoreFenced`, nothing
+written, and the updater restarts from the positions the shard really holds (``docs/DESIGN.md``).
+
+Reads are one HMGET per (shard, piece) of a request's misses, issued in parallel by the store's read
+threads (``store_reads``), each bounded by ``StoreConfig.remote_timeout_ms``: a cluster that does
+not answer is a :class:`~offgraph.store.errors.StoreUnavailable` (a 503), never a hang. Nothing is
+cached here (``cache_usage`` is 0): the row cache in front of the store is the process's memory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import errno
+import logging
+import os
+import secrets
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from offgraph.store.base import EmbeddingStore
+from offgraph.store.config import StoreConfig
+from offgraph.store.errors import StoreUnavailable
+from offgraph.store.internal_keys import SHARD_CREATED_KEY, WRITE_FENCE_KEY
+from offgraph.store.keys import META_PREFIX
+from offgraph.store.sst_run import SstWriter
+
+log = logging.getLogger("offgraph.store")
+
+SCAN_COUNT = 2000
+"""Fields an HSCAN step returns (stats and seeks of keys that are absent only: never the request path)."""
+
+WRITE_PAIRS = 20_000
+"""Fields one HSET of a bulk load carries."""
+
+BULK_PIPELINE = 8
+"""HSETs of a bulk load in flight on one pipeline (not a transaction: a version is not served until its
+manifest is written, after every row)."""
+
+
+SCRIPT_PAIRS = 1000
+"""Fields one HSET inside the fenced-write script sets (Lua's ``unpack`` has a stack limit)."""
+
+# KEYS[1]: the shard; ARGV: fence key, expected token ('' = none yet), new token, then field, value...
+FENCED_WRITE = f"""
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if ARGV[2] == '' then
+  if cur then return redis.error_reply('FENCED') end
+elseif cur ~= ARGV[2] then
+  return redis.error_reply('FENCED')
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+for i = 4, #ARGV, {2 * SCRIPT_PAIRS} do
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + {2 * SCRIPT_PAIRS - 1}, #ARGV)))
+end
+return 1
+"""
+
+
+class StoreFenced(OSError):
+    """A shard no longer holds what this writer's last batch left there (a failover lost acknowledged
+    writes, or another process writes the store): the batch was not written. Restart the writer: it
+    then reads the positions the store really holds."""
+
+
+def shard_key(namespace: str, shard: int) -> bytes:
+    """The hash of one shard: ``offgraph:{NAMESPACE/s}`` (the braces: one slot for the whole shard)."""
+    return f"offgraph:{{{namespace}/{shard}}}".encode()
+
+
+def _redis_errors() -> tuple[type[BaseException], ...]:
+    from redis.exceptions import RedisClusterException, RedisError
+
+    return (RedisError, RedisClusterException, OSError)
+
+
+def connect(url: str, timeout_ms: int):
+    """A cluster client of ``url`` whose every call is bounded by ``timeout_ms`` (one retry after a
+    topology change: a failover's MOVED is followed, a dead cluster fails fast)."""
+    from redis.backoff import NoBackoff
+    from redis.cluster import RedisCluster
+    from redis.retry import Retry
+
+    t = timeout_ms / 1000
+    return RedisCluster.from_url(
+        url,
+        socket_timeout=t,
+        socket_connect_timeout=t,
+        retry=Retry(NoBackoff(), 1),
+        require_full_coverage=False,  # a shard whose master is down fails alone; the others serve
+    )
+
+
+def _unavailable(what: str, url: str, e: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(f"redis {what} at {url}: {type(e).__name__}: {e}", "unavailable")
+
+
+@dataclasses.dataclass(frozen=True)
+class _BulkWriterFactory:
+    """Picklable ``(shard, path) -> SstWriter`` of a bulk load: each writer sends its shard's rows
+    straight to the cluster (``path``, the SST file RocksDB's writers would write, is not used)."""
+
+    url: str
+    namespace: str
+    timeout_ms: int
+
+    def __call__(self, shard: int, path: str) -> SstWriter:
+        return _BulkWriter(connect(self.url, self.timeout_ms), shard_key(self.namespace, shard), self.url)
+
+
+class _BulkWriter(SstWriter):
+    def __init__(self, client, key: bytes, url: str) -> None:
+        self.client, self.key, self.url = client, key, url
+        self.pipe = client.pipeline(transaction=False)
+        self.queued = 0
+
+    def add(self, keys: list[bytes], values: list[bytes]) -> None:
+        for i in range(0, len(keys), WRITE_PAIRS):
+            self.pipe.hset(self.key, mapping=dict(zip(keys[i : i + WRITE_PAIRS], values[i : i + WRITE_PAIRS])))
+            self.queued += 1
+            if self.queued >= BULK_PIPELINE:
+                self._send()
+
+    def _send(self) -> None:
+        try:
+            self.pipe.execute()
+        except _redis_errors() as e:
+            raise OSError(errno.EIO, f"redis bulk write at {self.url}: {type(e).__name__}: {e}") from None
+        self.queued = 0
+
+    def finish(self) -> None:
+        if self.queued:
+            self._send()
+        self.client.close()
+
+
+class RedisStore(EmbeddingStore):
+    """The ``"redis"`` backend: one hash per shard in a Redis Cluster (``StoreConfig.url``,
+    ``StoreConfig.namespace``)."""
+
+    backend = "redis"
+    io_mode = "remote"
+
+    def _open(self, **options: Any) -> None:
+        config = self.config
+        if not config.url or not config.namespace:
+            raise ValueError(
+                f"store {self.path!r}: the redis backend needs StoreConfig.url (redis://HOST:PORT) and "
+                f"namespace, got url={config.url!r}, namespace={config.namespace!r}"
+            )
+        self.url = config.url
+        self._keys = [shard_key(config.namespace, s) for s in range(config.shards)]
+        try:
+            self._client = connect(config.url, config.remote_timeout_ms)
+        except _redis_errors() as e:
+            raise OSError(errno.ECONNREFUSED, f"cannot reach the Redis Cluster at {config.url}: {e}") from None
+        self._fence: list[bytes] = []  # mode w: the token each shard's fence holds since our last batch
+        self._writer = secrets.token_hex(6)
+        self._batches = 0
+        try:
+            if self.mode == "w":
+                for k in self._keys:
+                    self._client.hsetnx(k, SHARD_CREATED_KEY, b"1")
+                self._fence = [self._client.hget(k, WRITE_FENCE_KEY) or b"" for k in self._keys]
+                self._script = self._client.register_script(FENCED_WRITE)
+            else:
+                missing = [s for s, k in enumerate(self._keys) if not self._client.hexists(k, SHARD_CREATED_KEY)]
+                if missing:
+                    raise ValueError(
+                        f"store {self.path!r}: the Redis Cluster at {config.url} holds no shard {missing[0]} of "
+                        f"namespace {config.namespace!r} ({len(missing)} of {config.shards} shards missing)"
+                    )
+        except _redis_errors() as e:
+            self._client.close()
+            raise OSError(errno.EIO, f"store {self.path!r}: Redis Cluster at {config.url}: {e}") from None
+        except BaseException:
+            self._client.close()
+            raise
+
+    def _close(self) -> None:
+        self._client.close()
+
+    # ------------------------------------------------------------------ reads
+    def _multi_get(self, shard: int, keys: list[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        try:
+            return self._client.hmget(self._keys[shard], keys)
+        except _redis_errors() as e:
+            raise _unavailable(f"read of shard {shard}", self.url, e) from e
+
+    def _scan(self, shard: int) -> Iterator[tuple[bytes, bytes]]:
+        try:
+            yield from self._client.hscan_iter(self._keys[shard], count=SCAN_COUNT)
+        except _redis_errors() as e:
+            raise _unavailable(f"scan of shard {shard}", self.url, e) from e
+
+    def _seek_first(self, shard: int, lowers: list[bytes]) -> list[tuple[bytes, bytes] | None]:
+        """Exact reads first (an export's seeks land on stored rows); only where one misses is the
+        shard's key set scanned, once, to find the next key (a hash keeps no order)."""
+        values = self._multi_get(shard, lowers)
+        out: list[tuple[bytes, bytes] | None] = [(k, v) if v is not None else None for k, v in zip(lowers, values)]
+        if all(x is not None for x in out):
+            return out
+        ordered = sorted(self._scan(shard))
+        keys = [k for k, _ in ordered]
+        for i, (lower, got) in enumerate(zip(lowers, out)):
+            if got is None:
+                j = bisect.bisect_left(keys, lower)
+                out[i] = ordered[j] if j < len(ordered) else None
+        return out
+
+    def _iter_row_keys(self, shard: int) -> Iterable[bytes]:
+        return sorted(k for k, _ in self._scan(shard) if k < META_PREFIX)
+
+    def _iter_values(self, shard: int, lower: bytes, upper: bytes) -> Iterable[bytes]:
+        return [v for _, v in sorted((k, v) for k, v in self._scan(shard) if lower <= k < upper)]
+
+    # ------------------------------------------------------------------ writes
+    def _write_batch(self, shard: int, keys: list[bytes], values: list[bytes], sync: bool, wal: bool = True) -> None:
+        """One script on the shard's slot: every record of the batch, or none, and only on the state
+        this writer's previous batch left (the fence; :class:`StoreFenced` otherwise). ``sync`` and
+        ``wal`` are the cluster's own business (its AOF and replicas): what a failover loses, it loses
+        with the source positions written in the same batch, and the fence tells the writer so."""
+        if not keys:
+            return
+        pairs = dict(zip(keys, values))  # a repeated key: the last one wins
+        self._batches += 1
+        token = f"{self._writer}:{self._batches}".encode()
+        args: list[bytes] = [WRITE_FENCE_KEY, self._fence[shard], token]
+        for k, v in pairs.items():
+            args += (k, v)
+        try:
+            self._script(keys=[self._keys[shard]], args=args)
+        except _redis_errors() as e:
+            if "FENCED" in str(e):
+                raise StoreFenced(
+                    errno.ESTALE,
+                    f"redis shard {shard} at {self.url} no longer holds this writer's last batch (a failover "
+                    "lost acknowledged writes, or another process writes this store): restart to replay "
+                    "from the positions it holds",
+                ) from None
+            raise OSError(errno.EIO, f"redis write of shard {shard} at {self.url}: {type(e).__name__}: {e}") from None
+        self._fence[shard] = token
+
+    def _flush(self, shard: int) -> None:
+        """Nothing to do: a write is in the cluster when it returns."""
+
+    def _sst_writer_factory(self):
+        return _BulkWriterFactory(self.url, self.config.namespace or "", self.config.remote_timeout_ms)
+
+    def _ingest(self, shard: int, paths: list[str]) -> None:
+        """The bulk writers wrote the rows already; their ``paths`` were never created."""
+        for p in paths:
+            if os.path.exists(p):
+                os.unlink(p)
+
+    def _catch_up(self, shard: int) -> None:
+        """Nothing to do: every read asks the cluster, which holds the writer's rows once written."""
+
+    # ------------------------------------------------------------------ stats
+    def _shard_info(self, shard: int) -> dict[str, Any]:
+        try:
+            n = int(self._client.hlen(self._keys[shard]))
+            used = self._client.memory_usage(self._keys[shard], samples=5) or 0
+        except _redis_errors() as e:
+            raise _unavailable(f"stats of shard {shard}", self.url, e) from e
+        return {"bytes_on_disk": 0, "estimated_keys": n, "cluster_bytes": int(used)}
+
+    def cache_usage(self) -> int:
+        return 0
+
+    def set_cache_mb(self, mb: int) -> None:
+        """No cache of its own to bound."""
+
+    def block_cache_stats(self) -> dict[str, int] | None:
+        return None
+
+    @classmethod
+    def data_files(cls, store_dir: str | os.PathLike) -> list[Path]:
+        return []
+
+    @classmethod
+    def reads_direct(cls, store_dir: str | os.PathLike, config: StoreConfig) -> bool:
+        """No local file is read: the page cache has nothing to hold for it."""
+        return True
+
+    # backend-specific
+    def delete_rows(self) -> int:
+        """Delete every key of this store from the cluster (an old version's clean-up), a shard at a
+        time with UNLINK (freed in the cluster's background thread, never blocking it). Returns the
+        shards deleted."""
+        try:
+            for k in self._keys:
+                self._client.unlink(k)
+        except _redis_errors() as e:
+            raise _unavailable("delete", self.url, e) from e
+        return len(self._keys)

@@ -1,0 +1,180 @@
+"""The ``redis`` store backend against a real Redis Cluster (3 masters, 3 replicas on loopback): the same
+calls give the same answers as the RocksDB backend, batches are atomic per shard with their meta, and a
+cluster that does not answer is a StoreUnavailable within the timeout, after which reads recover."""
+
+import time
+
+import numpy as np
+import pytest
+from redis_helpers import cluster, redis_config  # noqa: F401 (cluster: the module's fixture)
+
+from offgraph.store import StoreConfig, StoreUnavailable, open_store
+from offgraph.store.internal_keys import WRITE_FENCE_KEY
+from offgraph.store.keys import shard_of
+from offgraph.store.open import backend_location
+from offgraph.store.redis_store import RedisStore, StoreFenced, connect, shard_key
+from offgraph.store.store_file import write_store_file
+
+
+def _data(n, dim=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, dim)).astype(np.float32), rng.normal(size=n).astype(np.float32)
+
+
+def _both(tmp_path, cluster, name, **kw):  # noqa: F811
+    """A RocksDB store and a redis store of the same layout, open for writing."""
+    local = open_store(tmp_path / f"{name}-rocks", StoreConfig(**{"dim": 4, "shards": 6, **kw}), mode="w")
+    remote = open_store(tmp_path / f"{name}-redis", redis_config(cluster, f"test/{name}", **kw), mode="w")
+    return local, remote
+
+
+@pytest.mark.parametrize("quant", ["fp32", "fp16", "int8"])
+def test_same_calls_same_answers_as_rocksdb(tmp_path, cluster, quant):  # noqa: F811
+    local, remote = _both(tmp_path, cluster, f"same-{quant}", quant=quant)
+    v, w = _data(5000)
+    try:
+        for st in (local, remote):
+            assert isinstance(st, RedisStore) == (st is remote)
+            st.bulk_load_tables([(0, [(np.arange(3000), v[:3000], w[:3000])]), (3, [(np.arange(50), v[:50], w[:50])])])
+            st.write(0, np.arange(100, 110), v[3000:3010], w[3000:3010], seqs=np.arange(10) + 5)
+            st.write(0, [100, 101], v[4000:4002], w[4000:4002], seqs=[3, 99])  # 100: stale, 101: newer
+            st.write([3, 3], [7, 7], v[4100:4102], w[4100:4102])  # duplicates in one call: the last wins
+            st.write(0, np.arange(2), v[4200:4202], w[4200:4202], meta={b"offset": b"41"})
+        tables = np.array([0, 0, 0, 0, 3, 3, 5])
+        rows = np.array([0, 100, 101, 2999, 7, 49, 1])  # table 5: absent (zeros)
+        a, b = local.read(tables, rows), remote.read(tables, rows)
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+        assert not b[0][-1].any()
+        np.testing.assert_array_equal(
+            local.row_seqs([0, 0, 0], [100, 101, 5]), remote.row_seqs([0, 0, 0], [100, 101, 5])
+        )
+        assert remote.row_seqs([0, 0], [100, 101]).tolist() == [5, 99]
+        assert remote.get_meta_per_shard(b"offset") == local.get_meta_per_shard(b"offset") == [b"41"] * 6
+        assert (
+            remote.stats(exact=True)["rows_per_table"] == local.stats(exact=True)["rows_per_table"] == {0: 3000, 3: 50}
+        )
+        assert remote.verify_sample({0: 3000, 3: 50})["rows_read"] > 0
+    finally:
+        local.close()
+        remote.close()
+    # a reader of the same namespace (another replica, another process) sees the same rows
+    with open_store(tmp_path / f"same-{quant}-redis") as r:
+        np.testing.assert_array_equal(r.read(tables, rows)[0], b[0])
+        with pytest.raises(ValueError, match="read-only"):
+            r.write(0, [0], v[:1], w[:1])
+
+
+def test_a_batch_and_its_meta_are_one_transaction_on_one_slot(tmp_path, cluster):  # noqa: F811
+    """Each shard is one hash whose braces name one slot: rows, seqs and positions of a batch go to one
+    master in one MULTI/EXEC, whatever their number."""
+    cfg = redis_config(cluster, "test/atomic", shards=6)
+    with open_store(tmp_path / "s", cfg, mode="w") as st:
+        v, w = _data(60_000)
+        rows = np.arange(60_000)
+        st.write(1, rows, v, w, seqs=rows, meta={b"offset": b"7"})  # > WRITE_PAIRS fields in some shards
+        raw = connect(cluster.url, 2000)
+        for s in range(6):
+            n = int(raw.hlen(shard_key("test/atomic", s)))
+            k = int(np.sum(shard_of(1, rows, 6) == s))
+            assert n == 2 * k + 4, (s, n, k)  # a row and its seq each; the watermark, offset, marker, fence
+        raw.close()
+        np.testing.assert_array_equal(st.read(1, rows[-5:])[0], st.codec.decode(st.codec.encode(v[-5:], w[-5:]))[0])
+
+
+def test_writes_chain_a_second_writer_or_a_lost_batch_is_fenced(tmp_path, cluster):  # noqa: F811
+    """A batch applies only on what this writer's previous batch left in the shard: a second writer of the
+    namespace, or a failover that lost acknowledged batches (simulated: the fence put back as it was),
+    makes the next batch fail with nothing written."""
+    cfg = redis_config(cluster, "test/fence", shards=2)
+    v, w = _data(10)
+    first = open_store(tmp_path / "s", cfg, mode="w")
+    second = None
+    try:
+        first.write(1, np.arange(4), v[:4], w[:4], meta={b"offset": b"1"})
+        second = open_store(tmp_path / "s", mode="w")  # reads the fences as the first left them
+        second.write(1, np.arange(4), v[4:8], w[4:8], meta={b"offset": b"2"})
+        with pytest.raises(StoreFenced, match="no longer holds this writer's last batch"):
+            first.write(1, np.arange(4), v[:4], w[:4], meta={b"offset": b"3"})
+        assert second.get_meta_per_shard(b"offset") == [b"2", b"2"]  # the refused batch wrote nothing
+        np.testing.assert_array_equal(second.read(1, np.arange(4))[0], v[4:8])  # fp32: as written
+        # a "lost" batch: the shards' fences back to what they held before second's last write
+        raw = connect(cluster.url, 2000)
+        before = [raw.hget(shard_key("test/fence", s), WRITE_FENCE_KEY) for s in range(2)]
+        second.write(1, np.arange(4), v[6:10], w[6:10], meta={b"offset": b"4"})
+        for s in range(2):
+            raw.hset(shard_key("test/fence", s), WRITE_FENCE_KEY, before[s])
+        raw.close()
+        with pytest.raises(StoreFenced):
+            second.write(1, np.arange(4), v[:4], w[:4], meta={b"offset": b"5"})
+        # a writer that starts again takes the shards as they are
+        second.close()
+        second = open_store(tmp_path / "s", mode="w")
+        second.write(1, np.arange(4), v[:4], w[:4], meta={b"offset": b"6"})
+        assert second.get_meta_per_shard(b"offset") == [b"6", b"6"]
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+
+
+def test_opening_errors_name_what_is_wrong(tmp_path, cluster):  # noqa: F811
+    (tmp_path / "a").mkdir()
+    write_store_file(str(tmp_path / "a"), redis_config(cluster, "test/never-written"))  # no row in the cluster
+    with pytest.raises(ValueError, match="holds no shard 0 of namespace 'test/never-written'"):
+        open_store(tmp_path / "a", mode="r")
+    with open_store(tmp_path / "b", redis_config(cluster, "test/exists"), mode="w"):
+        pass
+    # a second namespace in a store of another layout: refused as RocksDB refuses a layout change
+    with pytest.raises(ValueError, match="namespace"):
+        open_store(tmp_path / "b", redis_config(cluster, "test/other"), mode="r")
+    with pytest.raises(ValueError, match="needs StoreConfig.url"):
+        open_store(tmp_path / "c", StoreConfig(dim=4, backend="redis"), mode="w")
+    for bad in ("redis://", "redis://host", "redis://h:p", "mysql://h:1", "redis://h:1/x", "rocks"):
+        with pytest.raises(ValueError, match="redis://HOST:PORT"):
+            backend_location(bad)
+    assert backend_location("redis://127.0.0.1:7000") == {"backend": "redis", "url": "redis://127.0.0.1:7000"}
+    with pytest.raises(OSError, match="cannot reach the Redis Cluster"):
+        open_store(
+            tmp_path / "d", StoreConfig(dim=4, backend="redis", url="redis://127.0.0.1:1", namespace="x"), mode="w"
+        )
+
+
+def test_a_cluster_down_is_unavailable_within_the_timeout_then_reads_recover(tmp_path, cluster):  # noqa: F811
+    cfg = redis_config(cluster, "test/outage", remote_timeout_ms=300)
+    v, w = _data(100)
+    with open_store(tmp_path / "s", cfg, mode="w") as st:
+        st.write(1, np.arange(100), v, w)
+        before = st.read(1, np.arange(100))[0]
+        cluster.stop_all()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(StoreUnavailable) as e:
+                st.read(1, np.arange(100))
+            took = time.monotonic() - t0
+            assert e.value.kind == "unavailable"
+            assert took < 5.0, took  # bounded by the timeout (and one retry), never a hang
+        finally:
+            cluster.start_all()  # a whole-cluster restart: each node reads back its AOF
+        # the same store object reads again by itself once the cluster answers
+        got = None
+        t_end = time.monotonic() + 30
+        while got is None and time.monotonic() < t_end:
+            try:
+                got = st.read(1, np.arange(100))[0]
+            except StoreUnavailable:
+                time.sleep(0.2)
+        assert got is not None, "reads did not recover after the cluster came back"
+        np.testing.assert_array_equal(got, before)  # and nothing acknowledged was lost
+
+
+def test_delete_rows_frees_the_namespace(tmp_path, cluster):  # noqa: F811
+    cfg = redis_config(cluster, "test/delete")
+    v, w = _data(1000)
+    with open_store(tmp_path / "s", cfg, mode="w") as st:
+        st.write(1, np.arange(1000), v, w)
+        raw = connect(cluster.url, 2000)
+        assert sum(raw.exists(shard_key("test/delete", s)) for s in range(6)) == 6
+        assert st.delete_rows() == 6
+        assert sum(raw.exists(shard_key("test/delete", s)) for s in range(6)) == 0
+        raw.close()
