@@ -83,7 +83,8 @@ def run_update(args) -> int:
     metrics = UpdaterMetrics(args.model, port=args.metrics_port, log_every_s=args.log_every)
     up = Updater(args.models, args.model, source, config, metrics=metrics)
     watchdog.on_stop(up.stop)
-    up.start()
+    # run() starts it: a setup error (no complete version) exits at once; a remote store that does not
+    # answer yet (a cluster still starting or failing over) is waited for
     summary = up.run(once=args.once, max_seconds=args.max_seconds)
     print(json.dumps({"update": summary}), flush=True)
     return 0

@@ -34,6 +34,7 @@ from offgraph.modeldir.manifest_model import Manifest
 from offgraph.scoring.calibration import score_kind
 from offgraph.store import StoreConfig, open_store
 from offgraph.store.open import backend_location
+from offgraph.store.redis_store import cluster_url
 from offgraph.store.store_file import read_store_file
 
 log = logging.getLogger("offgraph.export")
@@ -91,9 +92,13 @@ def version_store_config(out: Path, backend: str = "rocksdb", **settings) -> Sto
     again when its layout matches (the rows are rewritten in place: nothing is left in the cluster),
     else its rows are deleted first."""
     location = backend_location(backend)
-    config = StoreConfig(**settings, **location)
     if location["backend"] == "rocksdb":
-        return config
+        return StoreConfig(**settings, **location)
+    try:  # every node as a seed: the version's readers and writers start while any node answers
+        location["url"] = cluster_url(location["url"])
+    except Exception as e:  # noqa: BLE001 - redis-py's errors: say which cluster did not answer
+        raise OSError(f"cannot reach the Redis Cluster at {backend}: {e}") from None
+    config = StoreConfig(**settings, **location)
     prior = read_store_file(os.fspath(out / STORE_DIR)) if (out / STORE_DIR).is_dir() else None
     if prior is not None and prior.backend == config.backend and prior.namespace:
         if prior.replace(url=config.url).layout() == config.replace(namespace=prior.namespace).layout():

@@ -10,7 +10,7 @@ quantized, on disk (RocksDB through rocksdict).
 
 from offgraph.store.base import EmbeddingStore, ReadResult, WriteResult
 from offgraph.store.config import StoreConfig
-from offgraph.store.errors import StoreReadError, StoreUnavailable
+from offgraph.store.errors import StoreReadError, StoreRemoteError, StoreUnavailable
 from offgraph.store.keys import SHARD_FN, decode_keys, encode_keys, shard_of
 from offgraph.store.open import open_store
 from offgraph.store.quant import codec_names, get_codec
@@ -26,6 +26,7 @@ __all__ = [
     "WriteResult",
     "StoreReadError",
     "StoreUnavailable",
+    "StoreRemoteError",
     "RowCache",
     "encode_keys",
     "decode_keys",

@@ -20,3 +20,10 @@ class StoreUnavailable(StoreReadError):
 
     def __init__(self, message: str, kind: str = "unavailable"):
         super().__init__(message, kind)
+
+
+class StoreRemoteError(OSError):
+    """A remote backend's write or open did not go through: the cluster did not answer (down, failing
+    over), or a shard changed under the writer (:class:`~offgraph.store.redis_store.StoreFenced`).
+    Nothing of the failed batch was applied, and the store is not at fault: a writer reopens it and goes
+    on from the positions it holds (the updater does, with a backoff), where a local disk error stops it."""

@@ -24,15 +24,19 @@ def backend_class(name: str) -> type[EmbeddingStore]:
 
 def backend_location(uri: str) -> dict[str, str]:
     """The ``StoreConfig`` settings of a backend URI: ``"rocksdb"`` (local files, the default) ->
-    ``{"backend": "rocksdb"}``; ``"redis://HOST:PORT"`` (any node of a Redis Cluster) ->
+    ``{"backend": "rocksdb"}``; ``"redis://HOST:PORT[,HOST:PORT...]"`` (nodes of a Redis Cluster) ->
     ``{"backend": "redis", "url": ...}``. ValueError naming the forms otherwise."""
+    from offgraph.store.redis_store import seed_nodes
+
     if uri == RocksDBStore.backend:
         return {"backend": RocksDBStore.backend}
-    scheme, sep, rest = uri.partition("://")
-    host, colon, port = rest.partition(":")
-    if scheme == RedisStore.backend and sep and host and colon and port.isdigit() and "/" not in rest:
-        return {"backend": RedisStore.backend, "url": uri}
-    raise ValueError(f"backend must be 'rocksdb' or 'redis://HOST:PORT' (a node of a Redis Cluster), got {uri!r}")
+    try:
+        seed_nodes(uri)
+    except ValueError:
+        raise ValueError(
+            f"backend must be 'rocksdb' or 'redis://HOST:PORT' (nodes of a Redis Cluster), got {uri!r}"
+        ) from None
+    return {"backend": RedisStore.backend, "url": uri}
 
 
 def store_backend(path: str | os.PathLike) -> type[EmbeddingStore]:

@@ -33,14 +33,20 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from offgraph.store.base import EmbeddingStore
 from offgraph.store.config import StoreConfig
-from offgraph.store.errors import StoreUnavailable
+from offgraph.store.errors import StoreRemoteError, StoreUnavailable
 from offgraph.store.internal_keys import SHARD_CREATED_KEY, WRITE_FENCE_KEY
-from offgraph.store.keys import META_PREFIX
+from offgraph.store.keys import KEY_BYTES, META_PREFIX, decode_keys, encode_keys, shard_of
 from offgraph.store.sst_run import SstWriter
 
 log = logging.getLogger("offgraph.store")
+
+SEEK_SPAN = 8
+"""A seek reads the next ``SEEK_SPAN * shards`` rows' keys of its shard (about ``SEEK_SPAN`` of them: the
+chance that none is this shard's is about e^-SEEK_SPAN)."""
 
 SCAN_COUNT = 2000
 """Fields an HSCAN step returns (stats and seeks of keys that are absent only: never the request path)."""
@@ -72,7 +78,7 @@ return 1
 """
 
 
-class StoreFenced(OSError):
+class StoreFenced(StoreRemoteError):
     """A shard no longer holds what this writer's last batch left there (a failover lost acknowledged
     writes, or another process writes the store): the batch was not written. Restart the writer: it
     then reads the positions the store really holds."""
@@ -89,21 +95,49 @@ def _redis_errors() -> tuple[type[BaseException], ...]:
     return (RedisError, RedisClusterException, OSError)
 
 
+def seed_nodes(url: str) -> list[tuple[str, int]]:
+    """``redis://H1:P1[,H2:P2...]`` -> ``[(H1, P1), ...]`` (ValueError naming the form otherwise)."""
+    scheme, sep, rest = url.partition("://")
+    nodes = []
+    for part in rest.split(",") if scheme == "redis" and sep else []:
+        host, colon, port = part.partition(":")
+        if not host or not colon or not port.isdigit() or "/" in part:
+            break
+        nodes.append((host, int(port)))
+    else:
+        if nodes:
+            return nodes
+    raise ValueError(f"a Redis Cluster URL is redis://HOST:PORT[,HOST:PORT...], got {url!r}")
+
+
 def connect(url: str, timeout_ms: int):
-    """A cluster client of ``url`` whose every call is bounded by ``timeout_ms`` (one retry after a
-    topology change: a failover's MOVED is followed, a dead cluster fails fast)."""
+    """A cluster client of the seed nodes of ``url`` (any that answers will do) whose every call is
+    bounded by ``timeout_ms`` (one retry after a topology change: a failover's MOVED is followed, a dead
+    cluster fails fast)."""
     from redis.backoff import NoBackoff
-    from redis.cluster import RedisCluster
+    from redis.cluster import ClusterNode, RedisCluster
     from redis.retry import Retry
 
     t = timeout_ms / 1000
-    return RedisCluster.from_url(
-        url,
+    return RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in seed_nodes(url)],
         socket_timeout=t,
         socket_connect_timeout=t,
         retry=Retry(NoBackoff(), 1),
         require_full_coverage=False,  # a shard whose master is down fails alone; the others serve
     )
+
+
+def cluster_url(url: str, timeout_ms: int = 5000) -> str:
+    """``url`` with every node of its cluster as a seed (what a version records: a client then starts
+    while any of them answers, not only the one node an export was given)."""
+    client = connect(url, timeout_ms)
+    try:
+        # CLUSTER NODES, replicas included: one of them is the master after a failover
+        nodes = sorted({(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for a in client.cluster_nodes()})
+    finally:
+        client.close()
+    return "redis://" + ",".join(f"{h}:{p}" for h, p in nodes)
 
 
 def _unavailable(what: str, url: str, e: BaseException) -> StoreUnavailable:
@@ -168,7 +202,7 @@ class RedisStore(EmbeddingStore):
         try:
             self._client = connect(config.url, config.remote_timeout_ms)
         except _redis_errors() as e:
-            raise OSError(errno.ECONNREFUSED, f"cannot reach the Redis Cluster at {config.url}: {e}") from None
+            raise StoreRemoteError(errno.ECONNREFUSED, f"cannot reach the Redis Cluster at {config.url}: {e}") from None
         self._fence: list[bytes] = []  # mode w: the token each shard's fence holds since our last batch
         self._writer = secrets.token_hex(6)
         self._batches = 0
@@ -187,7 +221,7 @@ class RedisStore(EmbeddingStore):
                     )
         except _redis_errors() as e:
             self._client.close()
-            raise OSError(errno.EIO, f"store {self.path!r}: Redis Cluster at {config.url}: {e}") from None
+            raise StoreRemoteError(errno.EIO, f"store {self.path!r}: Redis Cluster at {config.url}: {e}") from None
         except BaseException:
             self._client.close()
             raise
@@ -211,17 +245,32 @@ class RedisStore(EmbeddingStore):
             raise _unavailable(f"scan of shard {shard}", self.url, e) from e
 
     def _seek_first(self, shard: int, lowers: list[bytes]) -> list[tuple[bytes, bytes] | None]:
-        """Exact reads first (an export's seeks land on stored rows); only where one misses is the
-        shard's key set scanned, once, to find the next key (a hash keeps no order)."""
-        values = self._multi_get(shard, lowers)
-        out: list[tuple[bytes, bytes] | None] = [(k, v) if v is not None else None for k, v in zip(lowers, values)]
-        if all(x is not None for x in out):
-            return out
-        ordered = sorted(self._scan(shard))
-        keys = [k for k, _ in ordered]
-        for i, (lower, got) in enumerate(zip(lowers, out)):
-            if got is None:
-                j = bisect.bisect_left(keys, lower)
+        """A hash keeps no order, but the shard function says which rows a shard holds: for a row key
+        ``(t, r)`` the answer is the first of ``(t, r), (t, r + 1), ...`` that hashes to this shard and
+        is stored, so the next ``SEEK_SPAN`` rows' keys of this shard are read in one HMGET for all the
+        lowers (None past them: past a table's last row). A meta key's seek scans the shard."""
+        rows_part = [i for i, k in enumerate(lowers) if len(k) == KEY_BYTES and k < META_PREFIX]
+        out: list[tuple[bytes, bytes] | None] = [None] * len(lowers)
+        if rows_part:
+            t, r = decode_keys([lowers[i] for i in rows_part])
+            span = np.arange(SEEK_SPAN * self.config.shards, dtype=np.uint64)
+            ct = np.repeat(t.astype(np.int64), len(span))
+            cr = (r[:, None] + span[None, :]).ravel()
+            mine = shard_of(ct, cr.astype(np.int64), self.config.shards) == shard
+            owner = np.repeat(np.arange(len(rows_part)), len(span))[mine]
+            cand = encode_keys(ct[mine], cr[mine].astype(np.int64))
+            values = self._multi_get(shard, cand)
+            for o, k, v in zip(owner.tolist(), cand, values):
+                i = rows_part[o]
+                if v is not None and out[i] is None:
+                    out[i] = (k, v)
+        taken = set(rows_part)
+        meta_part = [i for i in range(len(lowers)) if i not in taken]
+        if meta_part:
+            ordered = sorted(self._scan(shard))
+            keys = [k for k, _ in ordered]
+            for i in meta_part:
+                j = bisect.bisect_left(keys, lowers[i])
                 out[i] = ordered[j] if j < len(ordered) else None
         return out
 
@@ -255,7 +304,9 @@ class RedisStore(EmbeddingStore):
                     "lost acknowledged writes, or another process writes this store): restart to replay "
                     "from the positions it holds",
                 ) from None
-            raise OSError(errno.EIO, f"redis write of shard {shard} at {self.url}: {type(e).__name__}: {e}") from None
+            raise StoreRemoteError(
+                errno.EIO, f"redis write of shard {shard} at {self.url}: {type(e).__name__}: {e}"
+            ) from None
         self._fence[shard] = token
 
     def _flush(self, shard: int) -> None:

@@ -21,16 +21,23 @@ from pathlib import Path
 import numpy as np
 
 from offgraph.modeldir.status_file import write_status
+from offgraph.store.errors import StoreRemoteError
 from offgraph.store.feature_db import FeatureTableError
 from offgraph.streaming._updater import check_batch, concat, lagging_shards, positions_from_meta, shard_subset
 from offgraph.streaming.deltas import DeltaBatch, DeltaFormatError, FeatureDeltaBatch
 from offgraph.streaming.feature_apply import FeatureTables
 from offgraph.streaming.live_version import LiveModel
+from offgraph.streaming.log_limit import RepeatLimiter
 from offgraph.streaming.metrics import UpdaterMetrics
 from offgraph.streaming.sources import DeltaSource, SourceItem
 from offgraph.streaming.updater_config import UpdaterConfig
 
 log = logging.getLogger("offgraph.update")
+
+REMOTE_RETRY_S = (0.2, 5.0)
+"""The wait before reopening a remote store after an error: doubled each time, from the first to the last."""
+REMOTE_LOG_S = 10.0
+"""A remote store's errors are logged at most once this often (a cluster down fails every attempt)."""
 
 APPLY, WAIT, SWITCH = "apply", "wait", "switch"
 
@@ -61,6 +68,9 @@ class Updater:
         self._last_version_check = 0.0
         self._first_seen: dict[tuple[bytes, str], float] = {}  # waiting item -> when this process first saw it
         self.features = FeatureTables(self.live.model_dir)  # feature-row deltas (shared by the versions)
+        self.remote_errors = 0  # remote store errors gone through (_reopen_after)
+        self._remote_delay = REMOTE_RETRY_S[0]
+        self._remote_log = RepeatLimiter(log, REMOTE_LOG_S)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -88,14 +98,20 @@ class Updater:
 
     def run(self, once: bool = False, max_seconds: float | None = None) -> dict:
         """Apply until :meth:`stop` (or, with ``once``, until nothing more can be applied now)."""
-        if self.live.store is None:
-            self.start()
         t_end = None if max_seconds is None else time.monotonic() + max_seconds
         try:
             while not self._stop.is_set():
                 if t_end is not None and time.monotonic() > t_end:
                     break
-                if self.step() == 0:
+                try:
+                    if self.live.store is None:
+                        self.start()
+                    n = self.step()
+                except StoreRemoteError as e:  # a cluster down or failing over, or a fenced batch
+                    self._reopen_after(e)
+                    continue
+                self._remote_delay = REMOTE_RETRY_S[0]
+                if n == 0:
                     self.source.wait(self.config.poll_interval_s)  # a new file ends it (inotify, a message)
                     if once and self.step() == 0:  # nothing came in that wait either: drained
                         break
@@ -114,6 +130,28 @@ class Updater:
         self._tick(force=True)
         self.close()
         return self.metrics.summary()
+
+    def _reopen_after(self, e: StoreRemoteError) -> None:
+        """A remote store's write or open did not go through: nothing of the batch was applied, and
+        what the store holds may be older than what this process wrote (a failover loses the batches a
+        master had not replicated, with their positions). Drop what was gathered, close the store,
+        wait (a backoff, up to ``REMOTE_RETRY_S[1]``) and start again: :meth:`start` reads the positions
+        the shards hold and seeks the source back to them, so the lost batches are applied again."""
+        self.remote_errors += 1
+        self._remote_log.log(
+            logging.WARNING,
+            "the store's cluster: %s; reopening it in %.1fs and going on from the positions it holds",
+            e,
+            self._remote_delay,
+            key=type(e).__name__,
+        )
+        self._pending, self._pending_rows, self._gather_t0 = [], 0, time.monotonic()
+        try:
+            self.live.close()
+        except Exception:  # noqa: BLE001 - a store whose cluster is gone may fail to close; it is dropped
+            self.live.store = None
+        self._stop.wait(self._remote_delay)
+        self._remote_delay = min(2 * self._remote_delay, REMOTE_RETRY_S[1])
 
     def _close_after_error(self) -> None:
         """Close without hiding the error in flight behind one of closing (a store that hit

@@ -4,7 +4,7 @@ replica each on loopback, every node its own process in its own directory, stopp
     with redis_cluster(tmp / "redis", masters=3) as cluster:
         url = cluster.url                       # "redis://127.0.0.1:PORT" (any node seeds a client)
         node = cluster.master_of(b"offgraph:{x}")
-        cluster.kill(node)                      # kill -9; its replica takes over (cluster.wait_ok())
+        cluster.kill(node)                      # kill -9; its replica takes over (cluster.wait_failover)
         cluster.start(node)                     # back, as a replica of the new master
 """
 
@@ -189,6 +189,48 @@ class RedisCluster:
                         if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
                             return n
         raise RuntimeError(f"no live master holds slot {slot}")
+
+    def node_id(self, node: RedisNode) -> str:
+        return node.cli("cluster", "myid").strip()
+
+    def replicas_of(self, master: RedisNode) -> list[RedisNode]:
+        """The live nodes that replicate ``master``."""
+        mid = self.node_id(master)
+        ports = set()
+        for line in master.cli("cluster", "nodes").splitlines():
+            parts = line.split()
+            if len(parts) > 3 and "slave" in parts[2] and parts[3] == mid:
+                ports.add(int(parts[1].split("@")[0].rsplit(":", 1)[1]))
+        return [n for n in self.live() if n.port in ports]
+
+    def pause(self, node: RedisNode) -> None:
+        """SIGSTOP: the node takes no part (a replica stops replicating) until :meth:`resume`."""
+        assert node.proc is not None
+        node.proc.send_signal(signal.SIGSTOP)
+
+    def cut_replication(self, master: RedisNode) -> None:
+        """Close ``master``'s connections to its replicas (a paused replica cannot reconnect): what the
+        master acknowledges from now on is on the master alone."""
+        master.cli("client", "kill", "type", "replica")
+
+    def resume(self, node: RedisNode) -> None:
+        assert node.proc is not None
+        node.proc.send_signal(signal.SIGCONT)
+
+    def wait_failover(self, key: bytes | str, old: RedisNode, timeout_s: float = 60.0) -> RedisNode:
+        """Until a live node other than ``old`` (killed) serves ``key``'s slot as its master; that node."""
+        t_end = time.monotonic() + timeout_s
+        while True:
+            try:
+                now = self.master_of(key)
+                if now is not old and now.port != old.port:
+                    self.wait_ok(max(1.0, t_end - time.monotonic()))
+                    return now
+            except (RuntimeError, subprocess.TimeoutExpired):
+                pass
+            if time.monotonic() > t_end:
+                raise RuntimeError(f"no replica took over {key!r} from port {old.port} in {timeout_s}s")
+            time.sleep(0.1)
 
     def wait_ok(self, timeout_s: float = 60.0) -> None:
         """Until every live node says ``cluster_state:ok`` and every slot is served."""

@@ -10,7 +10,7 @@ from redis_helpers import cluster, redis_config  # noqa: F401 (cluster: the modu
 
 from offgraph.store import StoreConfig, StoreUnavailable, open_store
 from offgraph.store.internal_keys import WRITE_FENCE_KEY
-from offgraph.store.keys import shard_of
+from offgraph.store.keys import encode_keys, shard_of
 from offgraph.store.open import backend_location
 from offgraph.store.redis_store import RedisStore, StoreFenced, connect, shard_key
 from offgraph.store.store_file import write_store_file
@@ -55,6 +55,10 @@ def test_same_calls_same_answers_as_rocksdb(tmp_path, cluster, quant):  # noqa: 
             remote.stats(exact=True)["rows_per_table"] == local.stats(exact=True)["rows_per_table"] == {0: 3000, 3: 50}
         )
         assert remote.verify_sample({0: 3000, 3: 50})["rows_read"] > 0
+        # seeks (verify's): the first stored key at or after each bound, in every shard, as RocksDB finds it
+        lowers = encode_keys(np.zeros(5, np.int64), np.array([0, 10, 500, 1500, 2500]))
+        for s in range(6):
+            assert remote._seek_first(s, lowers) == local._seek_first(s, lowers), s
     finally:
         local.close()
         remote.close()
@@ -130,10 +134,11 @@ def test_opening_errors_name_what_is_wrong(tmp_path, cluster):  # noqa: F811
         open_store(tmp_path / "b", redis_config(cluster, "test/other"), mode="r")
     with pytest.raises(ValueError, match="needs StoreConfig.url"):
         open_store(tmp_path / "c", StoreConfig(dim=4, backend="redis"), mode="w")
-    for bad in ("redis://", "redis://host", "redis://h:p", "mysql://h:1", "redis://h:1/x", "rocks"):
+    for bad in ("redis://", "redis://host", "redis://h:p", "mysql://h:1", "redis://h:1/x", "rocks", "redis://h:1,h"):
         with pytest.raises(ValueError, match="redis://HOST:PORT"):
             backend_location(bad)
     assert backend_location("redis://127.0.0.1:7000") == {"backend": "redis", "url": "redis://127.0.0.1:7000"}
+    assert backend_location("redis://a:1,b:2")["url"] == "redis://a:1,b:2"  # several seeds
     with pytest.raises(OSError, match="cannot reach the Redis Cluster"):
         open_store(
             tmp_path / "d", StoreConfig(dim=4, backend="redis", url="redis://127.0.0.1:1", namespace="x"), mode="w"
