@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar
+
+import numpy as np
 
 from offgraph.store.config import StoreConfig
 from offgraph.store.sst_run import WriterFactory
@@ -224,6 +226,25 @@ class StoreBackend(abc.ABC):
             ``{"hits": int, "misses": int}``, or None where not counted (RocksDB: unless opened with
             ``StoreConfig.statistics``).
         """
+
+    def watch_changes(
+        self,
+        on_rows: Callable[[np.ndarray, np.ndarray], None],
+        on_lost: Callable[[], None],
+    ) -> bool:
+        """Tell a reader of rows other processes write (a backend shared over machines, whose
+        readers cannot follow the writer's local feed); not abstract: a local backend does not.
+
+        Args:
+            on_rows: called with ``(table_ids, rows)`` (int64 arrays) of each batch written, from a
+                thread of the backend's, soon after the write.
+            on_lost: called when changes may have been missed (a lost connection): forget every
+                row read so far.
+
+        Returns:
+            Whether the backend will call them (False: this backend tells of no change).
+        """
+        return False
 
     @classmethod
     @abc.abstractmethod

@@ -120,8 +120,21 @@ class Follower:
         self._clear_cache = False
         self._catch_up_now = False
         self._stop = threading.Event()
+        # a store shared over machines tells of the rows its writer writes (the feed is the writer's
+        # machine's): they leave the row cache, and the next request reads them fresh
+        self.watching = cache is not None and store.watch_changes(self._rows_changed, self._changes_lost)
         self._thread = threading.Thread(target=self._run, name="offgraph-follow", daemon=True)
         self._thread.start()
+
+    def _rows_changed(self, tids: np.ndarray, rows: np.ndarray) -> None:
+        assert self.cache is not None
+        self.cache.invalidate(tids, rows)
+        with self._lock:
+            self._n["changes_applied"] += len(rows)
+
+    def _changes_lost(self) -> None:
+        assert self.cache is not None
+        self.cache.clear()
 
     # ------------------------------------------------------------------ request path
     def lookup(self, keys: np.ndarray):

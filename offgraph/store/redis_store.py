@@ -13,7 +13,9 @@ Writes chain (mode ``"w"``): each batch also sets the shard's fence record to a 
 applies only if the fence still holds the token its previous batch set (one Lua script: checked and
 written atomically). A failover that lost acknowledged batches (replication is asynchronous) leaves an
 older token, and so does a second writer: the next batch is refused with :class:`StoreFenced`, nothing
-written, and the updater restarts from the positions the shard really holds (``docs/DESIGN.md``).
+written, and the updater restarts from the positions the shard really holds (``docs/DESIGN.md``). The
+same script publishes the batch's row keys on the shard's sharded pub/sub channel: servers on other
+machines drop them from their row caches (:meth:`RedisStore.watch_changes`).
 
 Reads are one HMGET per (shard, piece) of a request's misses, issued in parallel by the store's read
 threads (``store_reads``), each bounded by ``StoreConfig.remote_timeout_ms``: a cluster that does
@@ -29,6 +31,7 @@ import errno
 import logging
 import os
 import secrets
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +42,7 @@ from offgraph.store.base import EmbeddingStore
 from offgraph.store.config import StoreConfig
 from offgraph.store.errors import StoreRemoteError, StoreUnavailable
 from offgraph.store.internal_keys import SHARD_CREATED_KEY, WRITE_FENCE_KEY
-from offgraph.store.keys import KEY_BYTES, META_PREFIX, decode_keys, encode_keys, shard_of
+from offgraph.store.keys import KEY_BYTES, KEY_DTYPE, META_PREFIX, decode_keys, encode_keys, shard_of
 from offgraph.store.sst_run import SstWriter
 
 log = logging.getLogger("offgraph.store")
@@ -62,7 +65,8 @@ manifest is written, after every row)."""
 SCRIPT_PAIRS = 1000
 """Fields one HSET inside the fenced-write script sets (Lua's ``unpack`` has a stack limit)."""
 
-# KEYS[1]: the shard; ARGV: fence key, expected token ('' = none yet), new token, then field, value...
+# KEYS[1]: the shard; ARGV: fence key, expected token ('' = none yet), new token, the shard's change
+# channel, the batch's row keys (packed; '' = none), then field, value...
 FENCED_WRITE = f"""
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if ARGV[2] == '' then
@@ -71,9 +75,10 @@ elseif cur ~= ARGV[2] then
   return redis.error_reply('FENCED')
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-for i = 4, #ARGV, {2 * SCRIPT_PAIRS} do
+for i = 6, #ARGV, {2 * SCRIPT_PAIRS} do
   redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + {2 * SCRIPT_PAIRS - 1}, #ARGV)))
 end
+if ARGV[5] ~= '' then redis.call('SPUBLISH', ARGV[4], ARGV[5]) end
 return 1
 """
 
@@ -87,6 +92,11 @@ class StoreFenced(StoreRemoteError):
 def shard_key(namespace: str, shard: int) -> bytes:
     """The hash of one shard: ``offgraph:{NAMESPACE/s}`` (the braces: one slot for the whole shard)."""
     return f"offgraph:{{{namespace}/{shard}}}".encode()
+
+
+def change_channel(namespace: str, shard: int) -> bytes:
+    """The sharded pub/sub channel of one shard's written rows, on the shard's own slot."""
+    return f"offgraph:{{{namespace}/{shard}}}:rows".encode()
 
 
 def _redis_errors() -> tuple[type[BaseException], ...]:
@@ -199,6 +209,9 @@ class RedisStore(EmbeddingStore):
             )
         self.url = config.url
         self._keys = [shard_key(config.namespace, s) for s in range(config.shards)]
+        self._channels = [change_channel(config.namespace, s) for s in range(config.shards)]
+        self._watch_stop = threading.Event()
+        self._watcher: threading.Thread | None = None
         try:
             self._client = connect(config.url, config.remote_timeout_ms)
         except _redis_errors() as e:
@@ -227,7 +240,54 @@ class RedisStore(EmbeddingStore):
             raise
 
     def _close(self) -> None:
+        self._watch_stop.set()
+        if self._watcher is not None:
+            self._watcher.join(5)
         self._client.close()
+
+    def watch_changes(self, on_rows, on_lost) -> bool:
+        """Every batch a writer applies is published, in the same script, on its shard's sharded
+        pub/sub channel (its row keys): a reader on any machine calls ``on_rows`` with them (its row
+        cache drops them). Pub/sub is at most once, so after a lost connection (and each time it
+        subscribes again) ``on_lost`` is called: the reader forgets every cached row."""
+        pubsub = self._client.pubsub()
+        try:
+            pubsub.ssubscribe(*self._channels)
+        except _redis_errors() as e:
+            pubsub.close()
+            raise StoreRemoteError(errno.EIO, f"redis subscribe at {self.url}: {e}") from None
+        self._watcher = threading.Thread(
+            target=self._watch, args=(pubsub, on_rows, on_lost), name="offgraph-redis-watch", daemon=True
+        )
+        self._watcher.start()
+        return True
+
+    def _watch(self, pubsub, on_rows, on_lost) -> None:
+        while not self._watch_stop.is_set():
+            try:
+                if pubsub is None:
+                    pubsub = self._client.pubsub()
+                    pubsub.ssubscribe(*self._channels)
+                    on_lost()  # what was published while unsubscribed is not known
+                m = pubsub.get_sharded_message(ignore_subscribe_messages=True, timeout=0.5)
+                if m is not None and m.get("type") == "smessage" and m.get("data"):
+                    keys = np.frombuffer(m["data"], dtype=KEY_DTYPE)
+                    on_rows(keys["table"].astype(np.int64), keys["row"].astype(np.int64))
+            except _redis_errors() as e:
+                log.debug("redis change stream of %s: %s; subscribing again", self.path, e)
+                on_lost()
+                try:
+                    if pubsub is not None:
+                        pubsub.close()
+                except _redis_errors():
+                    pass
+                pubsub = None
+                self._watch_stop.wait(0.5)
+        if pubsub is not None:
+            try:
+                pubsub.close()
+            except _redis_errors():
+                pass
 
     # ------------------------------------------------------------------ reads
     def _multi_get(self, shard: int, keys: list[bytes]) -> list[bytes | None]:
@@ -291,7 +351,8 @@ class RedisStore(EmbeddingStore):
         pairs = dict(zip(keys, values))  # a repeated key: the last one wins
         self._batches += 1
         token = f"{self._writer}:{self._batches}".encode()
-        args: list[bytes] = [WRITE_FENCE_KEY, self._fence[shard], token]
+        rows = b"".join(k for k in pairs if len(k) == KEY_BYTES and k < META_PREFIX)
+        args: list[bytes] = [WRITE_FENCE_KEY, self._fence[shard], token, self._channels[shard], rows]
         for k, v in pairs.items():
             args += (k, v)
         try:

@@ -221,7 +221,9 @@ class KafkaSource(DeltaSource):
                 if fp:  # read the recorded message again: is it still the one applied?
                     self._verify[p] = (off, fp)
                 assign.append(TopicPartition(self.topic, p, off if fp else off + 1))
-            else:
+            else:  # from the start, as if new: what this source read before (a seek back) is forgotten
+                for known in (self._cursor, self._cursor_pos, self._seen, self._verify):
+                    known.pop(p, None)
                 assign.append(TopicPartition(self.topic, p, OFFSET_BEGINNING))
         self._buf.clear()
         self._buf_bytes = 0

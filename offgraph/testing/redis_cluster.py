@@ -103,6 +103,10 @@ class RedisCluster:
             "nodes.conf",
             "--cluster-node-timeout",
             str(NODE_TIMEOUT_MS),
+            # a replica may take over however long it was cut off: the fault tests make stale replicas
+            # masters on purpose (what a failover that loses acknowledged writes looks like)
+            "--cluster-replica-validity-factor",
+            "0",
             "--appendonly",
             "yes",
             "--appendfsync",

@@ -3,6 +3,7 @@ equal the RocksDB export's of the same run exactly (fp32 and int8), a server ser
 rows live, a cluster that goes down gets 503s with Retry-After within the timeout (the version stays
 healthy), and the server serves again by itself when the cluster is back."""
 
+import json
 import time
 
 import httpx
@@ -13,6 +14,7 @@ from server_helpers import ThreadServer, score, server_config, wait_for
 
 from offgraph.export.export import export_run
 from offgraph.scoring.scorer import Scorer
+from offgraph.store import open_store
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +88,45 @@ def test_served_from_the_cluster_then_503_while_it_is_down_and_back_by_itself(ex
             assert ok.json()["version"] == 1
     finally:
         srv.stop()
+
+
+def test_two_servers_drop_a_written_row_from_their_caches_within_a_second(exports, requests_):
+    """Two servers of one redis version (each its own row cache and change subscription) and a writer
+    that writes no feed: every write of a table's rows reaches both servers' scores through the
+    cluster's change stream alone; p99 of write -> both serve it, over 200 probes, under 1 s."""
+    vdir = exports["redis", "fp32"] / "ml" / "1"
+    manifest = json.loads((vdir / "manifest.json").read_text())
+    field = manifest["fields"][0]  # every row of its table is rewritten: any request reads one of them
+    rows = np.arange(field["rows"])
+    req, cands = requests_[0]
+    body = {"request": req, "candidates": cands[:3]}
+    servers = [ThreadServer(server_config(exports["redis", "fp32"])) for _ in range(2)]
+    rng = np.random.default_rng(3)
+    took: list[float] = []
+    try:
+        clients = [httpx.Client(base_url=s.url, timeout=30) for s in servers]
+        with open_store(vdir / "store", mode="w") as writer:
+            before = [score(c, body).json()["scores"] for c in clients]  # now the rows are cached
+            for probe in range(200):
+                v = rng.normal(size=(len(rows), writer.config.dim)).astype(np.float32)
+                w = rng.normal(size=len(rows)).astype(np.float32)
+                t0 = time.perf_counter()
+                writer.write(field["table_id"], rows, v, w, seqs=np.full(len(rows), 10**6 + probe))
+                pending = set(range(2))
+                while pending:
+                    for i in list(pending):
+                        got = score(clients[i], body).json()["scores"]
+                        if got != before[i]:
+                            before[i] = got
+                            pending.discard(i)
+                    assert time.perf_counter() - t0 < 10, f"probe {probe}: servers {pending} still serve the old row"
+                took.append(time.perf_counter() - t0)
+        for c in clients:
+            assert "offgraph_store_changes_applied_total" in c.get("/metrics").text
+            c.close()
+    finally:
+        for s in servers:
+            s.stop()
+    p50, p99 = np.percentile(took, 50), np.percentile(took, 99)
+    print(f"redis change stream: write -> both servers serve it, p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms")
+    assert p99 < 1.0, (p50, p99)
