@@ -57,38 +57,17 @@ def cell(models: Path, backend: str, bodies: list[bytes], args, logs: Path, k: i
     try:
         ready_s = server.wait_ready()
         loop = asyncio.new_event_loop()
+
+        def measure(some: list[bytes], conc: int, most: int, seconds: float, warmup: int) -> dict:
+            cell_ = run_cell(
+                "127.0.0.1", server.port, path, some, conc, most, seconds, warmup, args.candidates, server.pid
+            )
+            return loop.run_until_complete(cell_)
+
         try:
-            warm = bodies[:n_warm]
-            run = loop.run_until_complete
-            run(run_cell("127.0.0.1", server.port, path, warm, 8, len(warm), 600, 1, args.candidates, server.pid))
-            c1 = run(
-                run_cell(
-                    "127.0.0.1",
-                    server.port,
-                    path,
-                    bodies[n_warm : n_warm + n_c1],
-                    1,
-                    n_c1,
-                    args.seconds,
-                    1,
-                    args.candidates,
-                    server.pid,
-                )
-            )
-            c8 = run(
-                run_cell(
-                    "127.0.0.1",
-                    server.port,
-                    path,
-                    bodies[n_warm + n_c1 :],
-                    8,
-                    args.c8_requests,
-                    args.seconds,
-                    8,
-                    args.candidates,
-                    server.pid,
-                )
-            )
+            measure(bodies[:n_warm], 8, n_warm, 600, 1)  # warm-up: the row cache, TF, connections
+            c1 = measure(bodies[n_warm : n_warm + n_c1], 1, n_c1, args.seconds, 1)
+            c8 = measure(bodies[n_warm + n_c1 :], 8, args.c8_requests, args.seconds, 8)
         finally:
             loop.close()
         counters = server.counters()

@@ -2,10 +2,16 @@
 calls give the same answers as the RocksDB backend, batches are atomic per shard with their meta, and a
 cluster that does not answer is a StoreUnavailable within the timeout, after which reads recover."""
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
+from redis.cluster import RedisCluster
 from redis_helpers import cluster, redis_config  # noqa: F401 (cluster: the module's fixture)
 
 from offgraph.store import StoreConfig, StoreUnavailable, open_store
@@ -183,3 +189,49 @@ def test_delete_rows_frees_the_namespace(tmp_path, cluster):  # noqa: F811
         assert st.delete_rows() == 6
         assert sum(raw.exists(shard_key("test/delete", s)) for s in range(6)) == 0
         raw.close()
+
+
+def test_an_export_killed_midway_is_resumed_into_the_same_namespace(tmp_path, cluster):  # noqa: F811
+    """`offgraph synth --backend redis://...` killed -9 during its bulk load, then run again: the second run
+    takes the first's namespace (its rows are rewritten in place), the version completes and verifies, and
+    the cluster holds no row of any other namespace of it."""
+    out = tmp_path / "models" / "s" / "1"
+    cmd = [sys.executable, "-m", "offgraph.cli", "synth", "--out", str(out), "--rows", "3e5", "--shards", "6"]
+    cmd += ["--backend", cluster.url, "--no-progress"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    raw = connect(cluster.url, 2000)
+    try:
+        t_end = time.monotonic() + 120
+        store_json = out / "store" / "store.json"
+        while not (store_json.exists() and raw.dbsize() > 0 and _hlen_sum(raw, store_json) > 1000):
+            assert proc.poll() is None and time.monotonic() < t_end, "the synth ended before it could be killed"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        first = json.loads(store_json.read_text())["config"]["namespace"]
+        assert not (out / "manifest.json").exists()
+        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+        again = json.loads(store_json.read_text())["config"]["namespace"]
+        assert again == first
+        with open_store(out / "store", mode="r") as st:
+            manifest = json.loads((out / "manifest.json").read_text())
+            counts = {f["table_id"]: f["rows"] for f in manifest["fields"]}
+            assert st.verify_sample(counts)["rows_read"] > 0
+            assert sum(int(s["estimated_keys"]) for s in st.stats()["shards"]) >= sum(counts.values())
+        # every key of the cluster that belongs to this version is one of its 6 shards
+        keys = {k for k in raw.scan_iter(match=b"offgraph:{s/1/*", target_nodes=RedisCluster.ALL_NODES)}
+        assert keys == {shard_key(first, s) for s in range(6)}, keys
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        raw.close()
+
+
+def _hlen_sum(raw, store_json) -> int:
+    """Fields the cluster holds so far of the store whose settings are ``store_json`` (0 while unreadable)."""
+    try:
+        ns = json.loads(store_json.read_text())["config"]["namespace"]
+    except (OSError, ValueError, KeyError):
+        return 0
+    return sum(int(raw.hlen(shard_key(ns, s))) for s in range(6))
