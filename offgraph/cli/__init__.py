@@ -27,6 +27,7 @@ COMMANDS = [
     "offgraph.cli.plan",
     "offgraph.cli.update",
     "offgraph.cli.stream_train",
+    "offgraph.cli.prune",
 ]
 
 

@@ -413,12 +413,14 @@ class RedisStore(EmbeddingStore):
         return True
 
     # backend-specific
-    def delete_rows(self) -> int:
-        """Delete every key of this store from the cluster (an old version's clean-up), a shard at a
-        time with UNLINK (freed in the cluster's background thread, never blocking it). Returns the
-        shards deleted."""
+    def delete_rows(self, pause_s: float = 0.05) -> int:
+        """Delete every key of this store from the cluster (an old version's clean-up): a shard at a
+        time with UNLINK (the memory is freed in the cluster's background thread: no master blocks on a
+        big hash), ``pause_s`` between shards. Returns the shards deleted."""
         try:
-            for k in self._keys:
+            for i, k in enumerate(self._keys):
+                if i and pause_s > 0:
+                    self._watch_stop.wait(pause_s)
                 self._client.unlink(k)
         except _redis_errors() as e:
             raise _unavailable("delete", self.url, e) from e

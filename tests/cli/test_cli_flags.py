@@ -61,6 +61,7 @@ def test_the_subcommands_are_all_there():
         "plan",
         "update",
         "stream-train",
+        "prune",
     }
 
 

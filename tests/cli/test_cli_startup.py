@@ -64,6 +64,7 @@ def test_help_builds_every_subcommand_without_heavy_imports():
         "plan",
         "update",
         "stream-train",
+        "prune",
     ], r.stdout[:1000]
 
 
