@@ -46,13 +46,10 @@ def kept_versions(model_dir: Path, keep: int) -> tuple[list[int], list[int]]:
 
 def delete_version_dir(path: Path, pause_s: float) -> None:
     """Delete one renamed version: its remote rows first (when its store is remote), then the directory."""
-    from offgraph.store import open_store
-    from offgraph.store.open import store_backend
+    from offgraph.store.open import delete_remote_rows
 
-    store = path / "store"
-    if (store / "store.json").is_file() and store_backend(store).backend != "rocksdb":
-        with open_store(store, mode="w") as st:
-            st.delete_rows(pause_s)  # type: ignore[attr-defined] # a remote backend's own
+    if (path / "store" / "store.json").is_file():
+        delete_remote_rows(path / "store", pause_s=pause_s)
     shutil.rmtree(path)
 
 

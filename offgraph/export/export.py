@@ -33,7 +33,7 @@ from offgraph.modeldir.manifest import (
 from offgraph.modeldir.manifest_model import Manifest
 from offgraph.scoring.calibration import score_kind
 from offgraph.store import StoreConfig, open_store
-from offgraph.store.open import backend_location
+from offgraph.store.open import backend_location, delete_remote_rows
 from offgraph.store.redis_store import cluster_url
 from offgraph.store.store_file import read_store_file
 
@@ -104,8 +104,7 @@ def version_store_config(out: Path, backend: str = "rocksdb", **settings) -> Sto
         if prior.replace(url=config.url).layout() == config.replace(namespace=prior.namespace).layout():
             log.info("%s: resuming the interrupted export into namespace %s", out, prior.namespace)
             return config.replace(namespace=prior.namespace)
-        with open_store(out / STORE_DIR, prior.replace(url=config.url), mode="w") as old:
-            old.delete_rows()
+        delete_remote_rows(out / STORE_DIR, prior.replace(url=config.url))
     return config.replace(namespace=f"{out.parent.name}/{out.name}/{secrets.token_hex(4)}")
 
 

@@ -86,3 +86,16 @@ def open_store(
         effective = config or stored
     kwargs = {"secondary_dir": secondary_dir} if mode == "follow" else {}
     return backend_class(effective.backend)(path, effective, mode, **kwargs)
+
+
+def delete_remote_rows(path: str | os.PathLike, config: StoreConfig | None = None, pause_s: float = 0.05) -> bool:
+    """Delete the rows a remote backend holds for the store at ``path`` (``config``: the settings to open
+    it with; default the stored ones), a shard at a time with ``pause_s`` between them. False, and nothing
+    done, for a local backend: its rows are the directory's files."""
+    cls = backend_class(config.backend) if config is not None else store_backend(path)
+    if not issubclass(cls, RedisStore):
+        return False
+    with open_store(path, config, mode="w") as st:
+        assert isinstance(st, RedisStore)
+        st.delete_rows(pause_s)
+    return True
