@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from bench.disk_probe import describe, settle
-from bench.scale_server import ScaleServer, find_key, hit_ratios
+from bench.scale_server import ScaleServer, cli_module, find_key, hit_ratios
 from bench.scale_swap import run_swap, summarize
 from bench.scale_traffic import POPULARITIES, build_requests
 from bench.scale_traffic import bodies as to_bodies
@@ -88,7 +88,18 @@ def synth(out: Path, rows: int, seed: int, log_path: Path, code: Path = REPO) ->
             return m
         raise SystemExit(f"{out} holds another version ({syn}); remove it or choose another --workdir")
     _log(f"synth {rows:,} rows -> {out}")
-    cmd = [sys.executable, "-m", "offgraph.cli", "synth", "--out", str(out), "--rows", str(rows), "--seed", str(seed)]
+    cmd = [
+        sys.executable,
+        "-m",
+        cli_module(None if code == REPO else code),
+        "synth",
+        "--out",
+        str(out),
+        "--rows",
+        str(rows),
+        "--seed",
+        str(seed),
+    ]
     with open(log_path, "w") as log:
         r = subprocess.run(cmd, cwd=code, stdout=log, stderr=subprocess.STDOUT)
     if r.returncode != 0:
@@ -980,8 +991,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(e))
     swap_size = args.swap_size or None
     baseline = Path(args.baseline_repo).resolve() if args.baseline_repo else None
-    if baseline and not (baseline / "offgraph/cli.py").exists():
-        p.error(f"--baseline-repo {baseline}: no offgraph/cli.py there (extract the old code's `git archive`)")
+    if baseline:
+        cli_module(baseline)  # a checkout with neither layout's entry point ends the run here
     baseline_sizes = {count(x) for x in args.baseline_sizes.split(",") if x.strip()} if baseline else set()
     # absolute: the old code's servers run in their own directory
     work, out = Path(args.workdir).resolve(), Path(args.out).resolve()

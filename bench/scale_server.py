@@ -29,6 +29,17 @@ CACHE_METRICS = {  # what the hit ratios are made of: /metrics counters, summed 
 }
 
 
+def cli_module(code: Path | None) -> str:
+    """The module that runs ``offgraph`` in checkout ``code`` (None: this one). A checkout from before the
+    one-package layout has ``offgraph_cli.py`` at its top; ``-m offgraph.cli`` started there would import
+    this checkout's installed package instead, and so measure the new code under the old one's name."""
+    if code is None or (Path(code) / "offgraph" / "cli").is_dir():
+        return "offgraph.cli"
+    if (Path(code) / "offgraph_cli.py").exists():
+        return "offgraph_cli"
+    raise SystemExit(f"{code}: neither offgraph/cli/ nor offgraph_cli.py (extract the old code's `git archive`)")
+
+
 class ScaleServer:
     """``offgraph serve --models MODELS --workers W`` with the default cache sizes, on a free port."""
 
@@ -41,7 +52,7 @@ class ScaleServer:
         cmd = [
             sys.executable,
             "-m",
-            "offgraph.cli",
+            cli_module(code),
             "serve",
             "--models",
             str(models),

@@ -33,7 +33,7 @@ from offgraph.modeldir.manifest_model import Manifest, StoreRecord
 
 MiB = 1 << 20
 
-DEFAULT_MEMORY_MB = 384.0
+DEFAULT_MEMORY_MB = 288.0
 """Default ``--memory-mb``: with a worker's own memory (Python, TensorFlow, the dense model, the stores) on
 top, its total PSS stays within 1 GB, with room for a swap's second version while it loads (``bench.scale``
 measures it: bench/results/scale/)."""
