@@ -112,7 +112,7 @@ class ServerConfig(ConfigModel, frozen=True):
         yet the prefetch reads as fast as the disk goes.
     verify: check the dense model's checksums when a version loads.
     tune_gc: ``gc.freeze()`` the objects alive when the app is built (TF's ~400k), raise the
-        young-generation threshold and collect the young generation every 50 ms (see
+        young-generation threshold and collect the young generation every 250 ms (see
         ``offgraph.server.gc_tuning``).
     workers / worker_id / control_dir: set by ``offgraph.server.workers`` when several worker processes
         share the port: admin actions are recorded in ``control_dir`` and every worker follows

@@ -30,8 +30,11 @@ log = logging.getLogger("offgraph.server")
 
 GEN0_THRESHOLD = 10_000
 SLOW_GC_S = 0.05
-YOUNG_INTERVAL_S = 0.05
-"""How often the server collects the young generation itself (``collect_young_forever``)."""
+YOUNG_INTERVAL_S = 0.25
+"""How often the server collects the young generation itself (``collect_young_forever``). Each collection
+walks every young object alive at that moment, and under load that is mostly the requests in flight,
+whatever the interval: collecting more often than this costs the GIL more than the items it saves from
+piling up (``bench/results/scale/README.md``)."""
 
 
 def tune_gc() -> int:
@@ -61,8 +64,8 @@ async def collect_young_forever(interval_s: float = YOUNG_INTERVAL_S) -> None:
     A full FG item cache evicts an old item for each new one, so the count stays flat while the new
     items (tracked until a collection sees them) pile up in generation 0, and the collection that
     some burst of allocations finally sets off walks them all (bench/results/scale-swap/README.md).
-    Collected every 50 ms, the young generation holds what 50 ms of
-    traffic made (a millisecond or two to walk), and a cached item is untracked the first time.
+    Collected every ``YOUNG_INTERVAL_S``, the young generation holds what that much traffic made
+    (a few milliseconds to walk), and a cached item is untracked the first time.
     """
     while True:
         await asyncio.sleep(interval_s)
