@@ -34,7 +34,7 @@ YOUNG_INTERVAL_S = 0.25
 """How often the server collects the young generation itself (``collect_young_forever``). Each collection
 walks every young object alive at that moment, and under load that is mostly the requests in flight,
 whatever the interval: collecting more often than this costs the GIL more than the items it saves from
-piling up (``bench/results/scale/README.md``)."""
+piling up (``bench/results/scale-baseline-gc/README.md``)."""
 
 
 def tune_gc() -> int:
