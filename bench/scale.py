@@ -91,7 +91,7 @@ def synth(out: Path, rows: int, seed: int, log_path: Path, code: Path = REPO) ->
     cmd = [
         sys.executable,
         "-m",
-        cli_module(None if code == REPO else code),
+        cli_module(code),
         "synth",
         "--out",
         str(out),
