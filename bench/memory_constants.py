@@ -2,7 +2,7 @@
 
 ``offgraph.scoring.memory_budget`` sizes a worker's block cache from the index a version needs
 (``INDEX_BYTES_PER_BLOCK`` per data block) and its FG item cache from what an item holds
-(``ITEM_BYTES``). This bench measures both here, so the constants can be checked whenever RocksDB,
+(``FG_ITEM_BYTES``). This bench measures both here, so the constants can be checked whenever RocksDB,
 the key format, the store's options or the FG's cache entry change:
 
 * index: a synthetic version (``offgraph synth``'s own writer) is written to a temporary directory and
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from offgraph.scoring.memory_budget import INDEX_BYTES_PER_BLOCK, ITEM_BYTES
+from offgraph.scoring.memory_budget import FG_ITEM_BYTES, INDEX_BYTES_PER_BLOCK
 
 ROWS = 1_000_000
 ITEMS = 20_000
@@ -141,10 +141,10 @@ def summary(index: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
             "measured": index["index_bytes_per_block"],
             "ratio": index["index_bytes_per_block"] / INDEX_BYTES_PER_BLOCK,
         },
-        "ITEM_BYTES": {
-            "constant": ITEM_BYTES,
+        "FG_ITEM_BYTES": {
+            "constant": FG_ITEM_BYTES,
             "measured": item["item_bytes"],
-            "ratio": item["item_bytes"] / ITEM_BYTES,
+            "ratio": item["item_bytes"] / FG_ITEM_BYTES,
         },
     }
 
@@ -170,7 +170,7 @@ README = """# The memory budget's two sizes, measured
     {command}
 
 `offgraph/scoring/memory_budget.py` counts the block cache's index at `INDEX_BYTES_PER_BLOCK` bytes per
-data block and the FG item cache at `ITEM_BYTES` bytes per item. `bench/memory_constants.py` measures
+data block and the FG item cache at `FG_ITEM_BYTES` bytes per item. `bench/memory_constants.py` measures
 both (how: its docstring); `result.json` holds the figures and the constants they are checked against.
 
 | constant | in use | measured | measured / constant |

@@ -54,6 +54,7 @@ import msgspec
 from offgraph.features.fg import FeatureValueError
 from offgraph.features.spec import FeatureSpec
 from offgraph.features.value_limits import value_errors
+from offgraph.scoring.record_cache import RecordCache
 from offgraph.store.feature_db import (
     TABLE_FILE,
     FeatureDB,
@@ -135,8 +136,15 @@ class FeatureJoin:
     background)."""
 
     def __init__(
-        self, version_dir: str | Path, spec: FeatureSpec, mode: str = "r", catch_up_s: float = FOLLOW_CATCH_UP_S
+        self,
+        version_dir: str | Path,
+        spec: FeatureSpec,
+        mode: str = "r",
+        catch_up_s: float = FOLLOW_CATCH_UP_S,
+        record_cache_bytes: int = 0,
     ):
+        """``record_cache_bytes``: what the item tables' records held in process may count, all tables together
+        (``offgraph.scoring.record_cache``; 0: every request reads its candidates' records)."""
         self.spec = spec
         self._stop = threading.Event()
         self._thread = None
@@ -153,6 +161,10 @@ class FeatureJoin:
             raise
         self.request_tables = [t for t in spec.tables if t.scope == "request"]
         self.item_tables = [t for t in spec.tables if t.scope == "item"]
+        # the item tables' records held (a request table is read once a request: nothing to gain)
+        self._caches = {t.name: RecordCache(0) for t in self.item_tables}
+        self.resize_cache(record_cache_bytes)
+        self._marks = {name: db.change_mark() for name, db in self.dbs.items() if db is not None}
         self.catch_ups = 0
         self._logged: dict[str, tuple[float, int]] = {}  # table -> (last log time, rows left out since)
         self._bad: dict[str, dict[bytes, tuple[int, str, str]]] = {}  # table -> record key -> (hash, key, why)
@@ -185,9 +197,30 @@ class FeatureJoin:
         self._whole[t.name] = set(db.info["columns"]) <= set(t.columns)
 
     def _records(self, name: str, keys: list) -> list:
-        """The stored records of record ``keys``, undecoded (one multi_get); None for no row."""
+        """The stored records of record ``keys`` (None: no lookup), undecoded; None for no row. Those an item
+        table's record cache holds come from it, the rest in one multi_get."""
         db = self.dbs.get(name)
-        return [None] * len(keys) if db is None else db.get_raw(keys)
+        if db is None:
+            return [None] * len(keys)
+        cache = self._caches.get(name)
+        if cache is None or cache.max_bytes == 0:
+            return db.get_raw(keys)
+        if None not in keys:
+            return cache.read(keys, db.get_raw)
+        got = iter(cache.read([k for k in keys if k is not None], db.get_raw))
+        return [None if k is None else next(got) for k in keys]
+
+    def resize_cache(self, record_cache_bytes: int) -> None:
+        """Bound the item tables' record caches anew (``record_cache_bytes`` all together, shared equally)."""
+        if isinstance(record_cache_bytes, bool) or not isinstance(record_cache_bytes, int) or record_cache_bytes < 0:
+            raise ValueError(f"record_cache_bytes must be an int >= 0, got {record_cache_bytes!r}")
+        for c in self._caches.values():
+            c.resize(record_cache_bytes // len(self._caches))
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes the record caches count now (``offgraph.scoring.record_cache``)."""
+        return sum(c.nbytes for c in self._caches.values())
 
     def _rows(self, name: str, keys: list, records: list, found: list) -> list:
         """The rows of ``records`` (those of record ``keys``), None for a row known to be unusable (:meth:`screen`
@@ -342,6 +375,10 @@ class FeatureJoin:
                         self._open(tables[name])
                     else:
                         db.catch_up()
+                        mark = db.change_mark()
+                        if mark != self._marks.get(name) and name in self._caches:
+                            self._caches[name].clear()  # after the catch-up: a read from now on is of the new state
+                        self._marks[name] = mark
                 except Exception as e:  # noqa: BLE001 - keep following; the next round retries
                     log.warning("feature table %s: catch-up failed: %s", name, e)
             self.catch_ups += 1

@@ -14,9 +14,12 @@ in this order:
   read; at least ``BLOCK_MIN_MB``, at most ``BLOCK_MAX_SHARE`` of the model's share. (The bottommost
   level, where bulk-loaded rows live, has no filter: ``StoreConfig.optimize_filters_for_hits``.)
 - **feed** (the live writer's mapped epochs): ``FEED_SHARE`` of the share, at most ``FEED_MAX_MB``.
-- **FG item cache**: ``ITEM_SHARE`` of the share, at most ``ITEM_MAX`` items, counted at
-  ``ITEM_BYTES`` an item (its key with the raw values it keeps alive, and the entry: the ids and
-  their counts; ``bench.memory_constants`` measures it: bench/results/memory-constants/).
+- **item cache**: ``ITEM_SHARE`` of the share, at most ``ITEM_MAX`` items, counted at ``ITEM_BYTES`` an
+  item: ``FG_ITEM_BYTES`` for its entry in the FG item cache (its key with the raw values it keeps
+  alive, and the entry: the ids and their counts; ``bench.memory_constants`` measures it:
+  bench/results/memory-constants/) and ``JOIN_RECORD_BYTES`` for its record in the feature join's
+  record cache (``offgraph.scoring.record_cache``, which counts its entries' bytes and evicts past
+  items x ``JOIN_RECORD_BYTES``).
 - **row cache**: the rest, the big share: it is what spares reads from disk.
 
 Pure (no FastAPI, no TensorFlow): the planner (``offgraph plan``) imports it too.
@@ -51,7 +54,11 @@ FEED_SHARE = 0.05
 FEED_MAX_MB = 32.0
 ITEM_SHARE = 0.10
 ITEM_MAX = 100_000
-ITEM_BYTES = 850
+FG_ITEM_BYTES = 850
+JOIN_RECORD_BYTES = 256
+"""What the feature join's record cache may count per item of the item cache (a catalog record of a few
+columns, as stored, with ``record_cache.ENTRY_OVERHEAD``; longer records: fewer held)."""
+ITEM_BYTES = FG_ITEM_BYTES + JOIN_RECORD_BYTES
 PARTS = ("row_cache", "block_cache", "item_cache", "feed")
 
 
@@ -70,7 +77,7 @@ class MemorySplit:
 
     @property
     def model_mb(self) -> float:
-        """This model's parts together (the FG item cache counted at ``ITEM_BYTES`` an item)."""
+        """This model's parts together (the item cache counted at ``ITEM_BYTES`` an item)."""
         return self.row_cache_mb + self.block_cache_mb + self.item_cache_items * ITEM_BYTES / MiB + self.feed_mb
 
     def budget_bytes(self) -> dict[str, int]:
@@ -88,7 +95,7 @@ class MemorySplit:
     def describe(self) -> str:
         return (
             f"row cache {self.row_cache_mb:.1f} MiB, block cache {self.block_cache_mb} MiB (index "
-            f"{self.index_mb:.1f} MiB), FG item cache {self.item_cache_items} items "
+            f"{self.index_mb:.1f} MiB), item cache {self.item_cache_items} items "
             f"(~{self.item_cache_items * ITEM_BYTES / MiB:.1f} MiB), feed {self.feed_mb:.1f} MiB"
         )
 

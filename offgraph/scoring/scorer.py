@@ -35,7 +35,7 @@ from offgraph.modeldir.version import ModelVersion
 from offgraph.scoring import batch as scorer_impl
 from offgraph.scoring.calibration import calibrate, score_kind
 from offgraph.scoring.feature_join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
-from offgraph.scoring.memory_budget import ITEM_BYTES
+from offgraph.scoring.memory_budget import FG_ITEM_BYTES, JOIN_RECORD_BYTES
 from offgraph.scoring.read_metrics import STORE_READ_SECONDS
 from offgraph.store import RowCache
 from offgraph.store.feed import file_bytes as feed_file_bytes
@@ -124,7 +124,9 @@ class Scorer:
         self.activity = Activity()
         try:
             if self.spec.tables:
-                self.join = FeatureJoin(self.version_dir, self.spec, store_mode)
+                self.join = FeatureJoin(
+                    self.version_dir, self.spec, store_mode, record_cache_bytes=item_cache_size * JOIN_RECORD_BYTES
+                )
             self._loaded, self._serve = mv.dense
             self._split = self._split_signature()
             pace()
@@ -354,16 +356,20 @@ class Scorer:
         self.store.set_cache_mb(max(1, int(block_cache_mb)))
         if item_cache_items > 0:
             self.fg.resize_item_cache(int(item_cache_items))
+            if self.join is not None:
+                self.join.resize_cache(int(item_cache_items) * JOIN_RECORD_BYTES)
 
     def memory_in_use(self) -> dict[str, int]:
         """Bytes each part of the memory budget holds now (``offgraph.scoring.memory_budget``): ``row_cache`` (its
-        arena), ``block_cache`` (RocksDB's usage), ``item_cache`` (FG items held, at ``ITEM_BYTES`` each:
-        an estimate) and ``feed`` (the write feed's epochs mapped)."""
+        arena), ``block_cache`` (RocksDB's usage), ``item_cache`` (FG items held, at ``FG_ITEM_BYTES`` each: an
+        estimate; and the bytes the feature join's record cache counts) and ``feed`` (the write feed's epochs
+        mapped)."""
         feed = self._follower.feed.epochs if self._follower is not None else []
         return {
             "row_cache": int(self.row_cache.stats()["bytes"]) if self.row_cache is not None else 0,
             "block_cache": int(self.store.cache_usage()),
-            "item_cache": len(self.fg._cache) * ITEM_BYTES,  # noqa: SLF001 - the FG's own bounded cache
+            "item_cache": len(self.fg._cache) * FG_ITEM_BYTES  # noqa: SLF001 - the FG's own bounded cache
+            + (self.join.cache_bytes if self.join is not None else 0),
             "feed": sum(feed_file_bytes(ep.slots, ep.rb) for ep in feed),
         }
 

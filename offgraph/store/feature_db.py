@@ -245,6 +245,12 @@ class FeatureDB:
             raise ValueError(f"catch_up needs mode='follow', not {self.mode!r}")
         self._db.try_catch_up_with_primary()
 
+    def change_mark(self) -> tuple[int, int]:
+        """What moves whenever what the table holds may have changed: RocksDB's latest sequence number (a
+        write) and its super-version number (a flush, a compaction, and an ingested file, which takes no
+        sequence number when its keys are new)."""
+        return self._db.latest_sequence_number(), self._db.property_int_value("rocksdb.current-super-version-number")
+
     def close(self) -> None:
         db = getattr(self, "_db", None)
         if db is not None:
