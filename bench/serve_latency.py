@@ -325,6 +325,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the old code (`git archive REV | tar -x -C DIR`): its `offgraph serve` is measured beside the new",
     )
     ap.add_argument(
+        "--baseline-models",
+        default=None,
+        help="the old code's MODELS directory (default: --models): its own export of the same run, where the old "
+        "code cannot read a version the new code wrote",
+    )
+    ap.add_argument(
         "--alternations",
         type=int,
         default=3,
@@ -399,10 +405,15 @@ def main(argv: list[str] | None = None) -> int:
 
         ids_bodies = {IDS_N: ids_only_bodies(spec, bodies[IDS_N])}
 
+    old_src = Path(args.baseline_models).resolve() if args.baseline_models else models_src
+    for n in names if args.baseline_repo is not None else []:
+        if not (old_src / n).is_dir():
+            raise SystemExit(f"--baseline-models {old_src}: no model '{n}'")
     work = Path(tempfile.mkdtemp(prefix="serve-latency-"))
-    (work / "models").mkdir()
-    for n in names:
-        os.symlink(models_src / n, work / "models" / n)
+    for sub, src in (("models", models_src), ("old-models", old_src)):
+        (work / sub).mkdir()
+        for n in names:
+            os.symlink(src / n, work / sub / n)
     threads = [
         "--intra-threads",
         str(args.intra_threads),
@@ -416,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def offgraph_proc(tag: str, repo: Path) -> Proc:
         port = free_port()
-        cmd = [sys.executable, "-m", serve_module(repo), "serve", "--models", str(work / "models"), "--port", str(port)]
+        models = work / ("models" if repo == REPO else "old-models")
+        cmd = [sys.executable, "-m", serve_module(repo), "serve", "--models", str(models), "--port", str(port)]
         cmd += ["--cache-mb", str(args.cache_mb), "--log-level", "warning", *threads]
         cmd += ["--follow-seconds", str(args.follow_seconds)] if args.follow_seconds else []
         return Proc(tag, cmd, port, out / f"{tag}_server.log", cwd=repo, pythonpath=None if repo == REPO else repo)
@@ -532,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     breakdown[key] = run_breakdown(
                         repo,
-                        models_src / names[0],
+                        (models_src if repo == REPO else old_src) / names[0],
                         bs,
                         100,
                         args.cache_mb / max(1, len(names)),
