@@ -47,14 +47,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
 from offgraph.features.fg import FeatureValueError
 from offgraph.features.spec import FeatureSpec
 from offgraph.features.value_limits import value_errors
-from offgraph.scoring.record_cache import RecordCache
+from offgraph.scoring.record_cache import NO_ROW, Entry, RecordCache, decode_entries
 from offgraph.store.feature_db import (
     TABLE_FILE,
     FeatureDB,
@@ -197,18 +197,25 @@ class FeatureJoin:
         self._whole[t.name] = set(db.info["columns"]) <= set(t.columns)
 
     def _records(self, name: str, keys: list) -> list:
-        """The stored records of record ``keys`` (None: no lookup), undecoded; None for no row. Those an item
-        table's record cache holds come from it, the rest in one multi_get."""
+        """The stored records of record ``keys``, undecoded (one multi_get); None for no row."""
+        db = self.dbs.get(name)
+        return [None] * len(keys) if db is None else db.get_raw(keys)
+
+    def _item_entries(self, name: str, keys: list) -> list[Entry]:
+        """An ``Entry`` (record, decoded row) per record key of item table ``name`` (``NO_ROW`` for a key of None
+        or without a row): those its record cache holds, the rest read in one multi_get and decoded."""
         db = self.dbs.get(name)
         if db is None:
-            return [None] * len(keys)
-        cache = self._caches.get(name)
-        if cache is None or cache.max_bytes == 0:
-            return db.get_raw(keys)
+            return [NO_ROW] * len(keys)
+
+        def fetch(ks: list) -> list[Entry]:
+            return decode_entries(db.get_raw(ks), decode_row)
+
+        cache = self._caches[name]
         if None not in keys:
-            return cache.read(keys, db.get_raw)
-        got = iter(cache.read([k for k in keys if k is not None], db.get_raw))
-        return [None if k is None else next(got) for k in keys]
+            return cache.read(keys, fetch)
+        got = iter(cache.read([k for k in keys if k is not None], fetch))
+        return [NO_ROW if k is None else next(got) for k in keys]
 
     def resize_cache(self, record_cache_bytes: int) -> None:
         """Bound the item tables' record caches anew (``record_cache_bytes`` all together, shared equally)."""
@@ -275,25 +282,30 @@ class FeatureJoin:
             lacking = [False] * len(out)
             for t in self.item_tables:
                 keys = row_keys([c.get(t.key) for c in candidates])  # None where the key is absent: no lookup
-                records = self._records(t.name, keys)  # one multi_get for all candidates
+                entries = self._item_entries(t.name, keys)
                 cols = self._columns[t.name]
-                read = []  # the candidates that have a row and lack some of its columns
-                for i, (k, v) in enumerate(zip(keys, records)):
+                whole = self._whole.get(t.name, False)
+                bad = self._bad.get(t.name)  # rows known to be unusable, by their record's hash (screen)
+                for i, (k, (v, row)) in enumerate(zip(keys, entries)):
                     if v is None:
                         if k is not None:
                             lacking[i] = True
-                    elif not cols <= out[i].keys():
-                        read.append(i)
-                rows = self._rows(t.name, [keys[i] for i in read], [records[i] for i in read], found)
-                whole = self._whole.get(t.name, False)
-                for i, row in zip(read, rows):
-                    if row is None:
+                        continue
+                    cand = out[i]
+                    if cols <= cand.keys():  # the body carries every column: nothing to read
+                        continue
+                    if type(row) is str:  # the record cannot be decoded: scored as an unknown key, counted, logged
+                        found.append((t.name, _key_text(cast(bytes, k)), row))
                         lacking[i] = True
-                    elif whole:
-                        row.update(out[i])  # the body's values win
-                        out[i] = row
+                        continue
+                    if bad and (known := bad.get(cast(bytes, k))) is not None and known[0] == hash(v):
+                        found.append((t.name, known[1], known[2]))
+                        lacking[i] = True
+                        continue
+                    if whole:
+                        out[i] = {**row, **cand}  # the body's values win; the held row is never changed
                     else:
-                        merged = out[i] = dict(out[i])  # never the caller's dict
+                        merged = out[i] = dict(cand)  # never the caller's dict
                         for col in t.columns:
                             if col not in merged and col in row:
                                 merged[col] = row[col]

@@ -14,12 +14,12 @@ in this order:
   read; at least ``BLOCK_MIN_MB``, at most ``BLOCK_MAX_SHARE`` of the model's share. (The bottommost
   level, where bulk-loaded rows live, has no filter: ``StoreConfig.optimize_filters_for_hits``.)
 - **feed** (the live writer's mapped epochs): ``FEED_SHARE`` of the share, at most ``FEED_MAX_MB``.
-- **item cache**: ``ITEM_SHARE`` of the share, at most ``ITEM_MAX`` items, counted at ``ITEM_BYTES`` an
-  item: ``FG_ITEM_BYTES`` for its entry in the FG item cache (its key with the raw values it keeps
-  alive, and the entry: the ids and their counts; ``bench.memory_constants`` measures it:
-  bench/results/memory-constants/) and ``JOIN_RECORD_BYTES`` for its record in the feature join's
-  record cache (``offgraph.scoring.record_cache``, which counts its entries' bytes and evicts past
-  items x ``JOIN_RECORD_BYTES``).
+- **item cache**: ``ITEM_SHARE`` of the share, at most ``ITEM_MAX`` items, each counted at
+  ``FG_ITEM_BYTES`` for its entry in the FG item cache (its key with the raw values it keeps alive, and
+  the entry: the ids and their counts; ``bench.memory_constants`` measures it:
+  bench/results/memory-constants/) and, for a version with item feature tables, ``JOIN_RECORD_BYTES``
+  more for its record in the feature join's record cache (``offgraph.scoring.record_cache``, which counts
+  its entries' bytes and evicts past items x ``JOIN_RECORD_BYTES``).
 - **row cache**: the rest, the big share: it is what spares reads from disk.
 
 Pure (no FastAPI, no TensorFlow): the planner (``offgraph plan``) imports it too.
@@ -55,10 +55,10 @@ FEED_MAX_MB = 32.0
 ITEM_SHARE = 0.10
 ITEM_MAX = 100_000
 FG_ITEM_BYTES = 850
-JOIN_RECORD_BYTES = 256
-"""What the feature join's record cache may count per item of the item cache (a catalog record of a few
-columns, as stored, with ``record_cache.ENTRY_OVERHEAD``; longer records: fewer held)."""
-ITEM_BYTES = FG_ITEM_BYTES + JOIN_RECORD_BYTES
+JOIN_RECORD_BYTES = 1152
+"""What the feature join's record cache may count per item of the item cache: a catalog record of a few
+columns, as stored and decoded (the MovieLens catalog's are counted at about 1.1 KiB:
+``tests/scoring/test_record_cache.py``); longer records, fewer held."""
 PARTS = ("row_cache", "block_cache", "item_cache", "feed")
 
 
@@ -74,18 +74,19 @@ class MemorySplit:
     feed_mb: float
     index_mb: float  # what the version's index needs (estimated), held by the block cache
     versions: int = 1  # versions of this model served at once, sharing its share equally
+    item_bytes: int = FG_ITEM_BYTES  # what an item is counted at (JOIN_RECORD_BYTES more with item tables)
 
     @property
     def model_mb(self) -> float:
-        """This model's parts together (the item cache counted at ``ITEM_BYTES`` an item)."""
-        return self.row_cache_mb + self.block_cache_mb + self.item_cache_items * ITEM_BYTES / MiB + self.feed_mb
+        """This model's parts together (the item cache counted at ``item_bytes`` an item)."""
+        return self.row_cache_mb + self.block_cache_mb + self.item_cache_items * self.item_bytes / MiB + self.feed_mb
 
     def budget_bytes(self) -> dict[str, int]:
         """Bytes each part may hold: ``row_cache``, ``block_cache``, ``item_cache``, ``feed``."""
         return {
             "row_cache": int(self.row_cache_mb * MiB),
             "block_cache": self.block_cache_mb * MiB,
-            "item_cache": self.item_cache_items * ITEM_BYTES,
+            "item_cache": self.item_cache_items * self.item_bytes,
             "feed": int(self.feed_mb * MiB),
         }
 
@@ -96,7 +97,7 @@ class MemorySplit:
         return (
             f"row cache {self.row_cache_mb:.1f} MiB, block cache {self.block_cache_mb} MiB (index "
             f"{self.index_mb:.1f} MiB), item cache {self.item_cache_items} items "
-            f"(~{self.item_cache_items * ITEM_BYTES / MiB:.1f} MiB), feed {self.feed_mb:.1f} MiB"
+            f"(~{self.item_cache_items * self.item_bytes / MiB:.1f} MiB), feed {self.feed_mb:.1f} MiB"
         )
 
 
@@ -127,11 +128,13 @@ def split_memory(
     index_mb: float = 0.0,
     row_cache_mb: float | None = None,
     versions: int = 1,
+    item_tables: bool = False,
 ) -> MemorySplit:
     """One version's share of ``memory_mb`` (a worker's budget, MiB) over ``models`` models, its model
     serving ``versions`` versions at once; ``index_mb``: what the version's index needs
     (``manifest_index_mb``). ``row_cache_mb``: the row cache's size instead of the rest of the share
-    (``--cache-mb``); the other parts are as without it."""
+    (``--cache-mb``); the other parts are as without it. ``item_tables``: the version has item feature tables
+    (its items are counted with their join records)."""
     if (
         isinstance(memory_mb, bool)
         or not isinstance(memory_mb, (int, float))
@@ -149,8 +152,9 @@ def split_memory(
         max(1, math.floor(share * BLOCK_MAX_SHARE)),
     )
     feed = min(FEED_MAX_MB, share * FEED_SHARE)
-    items = int(min(ITEM_MAX, share * ITEM_SHARE * MiB // ITEM_BYTES))
-    rest = share - block - feed - items * ITEM_BYTES / MiB
+    item_bytes = FG_ITEM_BYTES + (JOIN_RECORD_BYTES if item_tables else 0)
+    items = int(min(ITEM_MAX, share * ITEM_SHARE * MiB // item_bytes))
+    rest = share - block - feed - items * item_bytes / MiB
     if row_cache_mb is None:
         row_cache_mb = max(0.0, rest)
     return MemorySplit(
@@ -162,4 +166,5 @@ def split_memory(
         feed_mb=float(feed),
         index_mb=float(index_mb),
         versions=versions,
+        item_bytes=item_bytes,
     )

@@ -252,12 +252,17 @@ class ServerConfig(ConfigModel, frozen=True):
             raise ValueError("several workers need a control_dir (admin actions are shared there)")
         return self
 
-    def memory_split(self, models: int, index_mb: float = 0.0, versions: int = 1) -> MemorySplit:
+    def memory_split(
+        self, models: int, index_mb: float = 0.0, versions: int = 1, item_tables: bool = False
+    ) -> MemorySplit:
         """One version's share of this process's memory budget, with ``models`` models served and its model
-        serving ``versions`` versions at once, its index needing ``index_mb`` (``offgraph.scoring.memory_budget``)."""
+        serving ``versions`` versions at once, its index needing ``index_mb``, ``item_tables``: whether it has
+        item feature tables (``offgraph.scoring.memory_budget``)."""
         models, versions = max(1, models), max(1, versions)
         row = None if self.cache_mb is None else self.cache_mb / models / versions
-        return split_memory(self.memory_mb, models, index_mb=index_mb, row_cache_mb=row, versions=versions)
+        return split_memory(
+            self.memory_mb, models, index_mb=index_mb, row_cache_mb=row, versions=versions, item_tables=item_tables
+        )
 
     @staticmethod
     def admin_token_from_env() -> str | None:

@@ -112,10 +112,12 @@ def memory_split(version_dir: Path, config: ServerConfig, models: int, versions:
     """This version's share of the process's memory budget (``ServerConfig.memory_split``), its block
     cache sized by the index its manifest's rows need; ``versions``: of its model, served at once."""
     try:
-        index = manifest_index_mb(load_manifest(version_dir, verify_dense=False))
-    except (KeyError, TypeError, ValueError):  # a bad manifest is refused by the Scorer, with the reason
-        index = 0.0
-    return config.memory_split(models, index, versions)
+        manifest = load_manifest(version_dir, verify_dense=False)
+        index = manifest_index_mb(manifest)
+        item_tables = any(t.get("scope") == "item" for t in manifest.feature_tables or ())
+    except (KeyError, TypeError, ValueError, AttributeError):  # a bad manifest is refused by the Scorer, with why
+        index, item_tables = 0.0, False
+    return config.memory_split(models, index, versions, item_tables)
 
 
 def open_version(

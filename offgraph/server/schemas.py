@@ -275,6 +275,9 @@ class MemorySplitStatus(BaseModel):
     row_cache_mb: float
     block_cache_mb: int
     item_cache_items: int
+    item_bytes: int = Field(
+        850, description="What an item is counted at: its FG item cache entry, and its join record with item tables."
+    )
     feed_mb: float
     index_mb: float = Field(
         description="What the version's index needs (estimated from its manifest), held by the block cache."

@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from offgraph.scoring.memory_budget import ITEM_BYTES, MiB, index_mb, manifest_index_mb, split_memory
+from offgraph.scoring.memory_budget import (
+    FG_ITEM_BYTES,
+    JOIN_RECORD_BYTES,
+    MiB,
+    index_mb,
+    manifest_index_mb,
+    split_memory,
+)
 
 
 @pytest.mark.parametrize("memory_mb", [4.0, 16.0, 64.0, 384.0, 1024.0, 8192.0])
@@ -27,7 +34,7 @@ def test_the_row_cache_is_the_big_share_and_the_block_cache_holds_the_index():
     assert 30 < idx < 100
     s = split_memory(384, 1, index_mb=idx)
     assert s.block_cache_mb >= idx  # all of the index stays in memory
-    assert s.row_cache_mb > max(s.block_cache_mb, s.feed_mb, s.item_cache_items * ITEM_BYTES / MiB)
+    assert s.row_cache_mb > max(s.block_cache_mb, s.feed_mb, s.item_cache_items * FG_ITEM_BYTES / MiB)
     # a small version's index needs little: the block cache stays at its floor
     small = split_memory(384, 1, index_mb=index_mb(10**6, 21, 16))
     assert small.block_cache_mb < s.block_cache_mb and small.row_cache_mb > s.row_cache_mb
@@ -64,3 +71,12 @@ def test_a_bad_budget_is_refused(bad):
 def test_a_bad_model_count_is_refused():
     with pytest.raises(ValueError, match="models"):
         split_memory(64, 0)
+
+
+def test_items_of_a_version_with_item_tables_are_counted_with_their_join_records():
+    plain, joined = split_memory(288), split_memory(288, item_tables=True)
+    assert plain.item_bytes == FG_ITEM_BYTES and joined.item_bytes == FG_ITEM_BYTES + JOIN_RECORD_BYTES
+    # the item share is the same bytes: fewer items, each counted with its record
+    assert joined.item_cache_items < plain.item_cache_items
+    assert abs(joined.budget_bytes()["item_cache"] - plain.budget_bytes()["item_cache"]) <= joined.item_bytes
+    assert joined.model_mb == pytest.approx(288) and plain.model_mb == pytest.approx(288)  # the rest: the row cache

@@ -11,9 +11,9 @@ from server_helpers import copy_models
 
 from offgraph.export.feature_build import build_feature_tables
 from offgraph.scoring.memory_budget import JOIN_RECORD_BYTES
-from offgraph.scoring.record_cache import MISS, RecordCache
+from offgraph.scoring.record_cache import NO_ROW, Entry, RecordCache, decode_entries
 from offgraph.scoring.scorer import Scorer
-from offgraph.store.feature_db import FeatureDB, encode_row, row_key, table_dir
+from offgraph.store.feature_db import FeatureDB, decode_row, encode_row, row_key, table_dir
 
 
 @pytest.fixture()
@@ -27,12 +27,12 @@ def models(tiny_model, tmp_path):
     return models
 
 
-def _records(n: int, size: int) -> dict[bytes, bytes | None]:
-    return {b"k%07d" % i: (None if i % 5 == 0 else bytes([i % 251]) * size) for i in range(n)}
+def _entries(n: int, size: int) -> dict[bytes, Entry]:
+    return {b"k%07d" % i: (NO_ROW if i % 5 == 0 else (bytes([i % 251]) * size, {"x": i})) for i in range(n)}
 
 
 def test_reads_only_what_it_does_not_hold_and_keeps_the_answers():
-    stored = _records(100, 40)
+    stored = _entries(100, 40)
     asked: list[list[bytes]] = []
 
     def fetch(keys):
@@ -45,38 +45,49 @@ def test_reads_only_what_it_does_not_hold_and_keeps_the_answers():
     assert c.read(list(stored), fetch) == list(stored.values())  # the 40 not held, in order, in one call
     assert asked == [keys, list(stored)[60:]]
     assert c.read(list(reversed(stored)), fetch) == list(reversed(stored.values())) and len(asked) == 2
-    assert c.hits == 60 + 100 and c.misses == 100  # a key with no row (None) is held as well
+    assert c.hits == 60 + 100 and c.misses == 100  # a key with no row is held as well
 
 
 def test_the_bytes_counted_stay_within_the_bound_oldest_out_first():
-    stored = _records(1000, 100)
-    c = RecordCache(20_000)
+    stored = _entries(1000, 100)
+    c = RecordCache(40_000)
     c.read(list(stored), lambda ks: [stored[k] for k in ks])
-    assert 0 < c.nbytes <= 20_000 and 0 < len(c) < 1000
+    assert 0 < c.nbytes <= 40_000 and 0 < len(c) < 1000
     last = list(stored)[-len(c) :]  # FIFO: the newest ones are held
     assert c.read(last, lambda ks: pytest.fail(f"read again: {ks[:3]}")) == [stored[k] for k in last]
     c.resize(5_000)
     assert c.nbytes <= 5_000 and len(c) > 0
     c.clear()
     assert c.nbytes == 0 and len(c) == 0
-    assert RecordCache(0).read([b"a"], lambda ks: [b"x"]) == [b"x"]  # 0: holds nothing
+    assert RecordCache(0).read([b"a"], lambda ks: [(b"x", {})]) == [(b"x", {})]  # 0: holds nothing
     with pytest.raises(ValueError, match="max_bytes"):
         RecordCache(-1)
 
 
-def test_the_bytes_counted_are_at_least_what_python_holds():
-    """ENTRY_OVERHEAD covers the entry: tracemalloc of 20,000 entries of a catalog record's size."""
-    stored = {b"k%d" % i: bytes(range(60)) + b"%d" % i for i in range(20_000)}
+def test_entries_are_decoded_once_and_an_undecodable_record_says_why():
+    rec = encode_row(3, {"genres": ["a", "b"], "release_year": 1995})
+    assert decode_entries([rec, None, b"\xc1"], decode_row)[:2] == [(rec, decode_row(rec)), NO_ROW]
+    v, why = decode_entries([b"\xc1"], decode_row)[0]
+    assert v == b"\xc1" and isinstance(why, str) and "cannot be decoded" in why
+
+
+def test_the_bytes_counted_are_at_least_what_python_holds(models):
+    """What an entry is counted covers what it holds: tracemalloc of the real catalog's records, decoded."""
+    with FeatureDB(table_dir(models / "ml", "item"), "r") as db:
+        stored = [k for k, _ in db.rows()]
+        raw = db.get_raw(stored)
+    assert len(stored) > 20
+    keys = [bytes(k) for k in stored]  # fresh objects: held by the cache alone
     c = RecordCache(1 << 30)
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    c.read(list(stored), lambda ks: [bytes(stored[k]) for k in ks])  # fresh copies: held by the cache alone
+    c.read(keys, lambda ks: decode_entries([bytes(r) for r in raw], decode_row))
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    assert held <= c.nbytes, (held, c.nbytes)
-    assert MISS is not None
+    assert len(c) == len(keys) and held <= c.nbytes, (held, c.nbytes)
+    assert c.nbytes / len(c) <= JOIN_RECORD_BYTES  # the budget counts an item of this catalog at no less
 
 
 def test_a_followed_table_is_served_fresh_a_new_key_by_an_ingested_file_too(models, requests_):
