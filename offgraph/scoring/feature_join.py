@@ -2,7 +2,9 @@
 
 ``{"request": {"user_id": 196}, "candidates": [{"movie_id": 242}, ...]}`` becomes the full
 request: the request-scope tables (a user profile) are read once, with the request's key; the
-item-scope tables (the catalog) in ONE batched multi_get for all candidates' keys.
+item-scope tables (the catalog) from the table's record cache (``offgraph.scoring.record_cache``: records
+held decoded, cleared by a catch-up that brought a change) and ONE batched multi_get of the keys it does
+not hold.
 
 Rules (offgraph/server/README.md, "Request forms"):
 
