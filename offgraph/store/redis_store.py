@@ -32,7 +32,9 @@ import itertools
 import logging
 import os
 import secrets
+import select
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,13 @@ chance that none is this shard's is about e^-SEEK_SPAN)."""
 
 SCAN_COUNT = 2000
 """Fields an HSCAN step returns (stats and seeks of keys that are absent only: never the request path)."""
+
+WATCH_WAIT_S = 0.5
+"""The change watcher sleeps at most this long between checks that it should stop (it wakes at once
+on a message), and waits this long before subscribing again after an error."""
+
+WATCH_DRAIN = 1000
+"""Messages the watcher reads from one node before it turns to the next."""
 
 WRITE_PAIRS = 20_000
 """Fields one HSET of a bulk load carries."""
@@ -151,6 +160,22 @@ def cluster_url(url: str, timeout_ms: int = 5000) -> str:
     return "redis://" + ",".join(f"{h}:{p}" for h, p in nodes)
 
 
+def _wait_readable(pubsub, timeout_s: float) -> None:
+    """Waits until one of a cluster subscription's node connections has bytes to read, or
+    ``timeout_s``. redis-py gives no public wait over several connections, so this polls their
+    sockets (``poll``, not ``select``: a serving process's descriptors pass 1024); where one has no
+    socket (being reconnected) it waits a short while instead and the next read reconnects it."""
+    poller = select.poll()
+    for node_pubsub in list(pubsub.node_pubsub_mapping.values()):
+        sock = getattr(getattr(node_pubsub, "connection", None), "_sock", None)
+        try:
+            poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        except (AttributeError, ValueError, OSError):
+            time.sleep(min(timeout_s, 0.05))
+            return
+    poller.poll(timeout_s * 1e3)
+
+
 def _unavailable(what: str, url: str, e: BaseException) -> StoreUnavailable:
     return StoreUnavailable(f"redis {what} at {url}: {type(e).__name__}: {e}", "unavailable")
 
@@ -213,6 +238,7 @@ class RedisStore(EmbeddingStore):
         self._channels = [change_channel(config.namespace, s) for s in range(config.shards)]
         self._watch_stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._subscription: Any = None  # the watcher's current ClusterPubSub (tests break its connections)
         try:
             self._client = connect(config.url, config.remote_timeout_ms)
         except _redis_errors() as e:
@@ -249,8 +275,10 @@ class RedisStore(EmbeddingStore):
     def watch_changes(self, on_rows, on_lost) -> bool:
         """Every batch a writer applies is published, in the same script, on its shard's sharded
         pub/sub channel (its row keys): a reader on any machine calls ``on_rows`` with them (its row
-        cache drops them). Pub/sub is at most once, so after a lost connection (and each time it
-        subscribes again) ``on_lost`` is called: the reader forgets every cached row."""
+        cache drops them). Pub/sub is at most once, so whenever the subscription may have missed a
+        message ``on_lost`` is called and the reader forgets every cached row: after a lost
+        connection, and after any subscription confirmed past the first ones (redis-py reconnects a
+        dropped subscription by itself and subscribes again, a gap it does not report otherwise)."""
         pubsub = self._client.pubsub()
         try:
             pubsub.ssubscribe(*self._channels)
@@ -264,31 +292,60 @@ class RedisStore(EmbeddingStore):
         return True
 
     def _watch(self, pubsub, on_rows, on_lost) -> None:
+        expected = len(set(self._channels))  # the confirmations of one subscription
+        confirmed = 0
+        self._subscription = pubsub
         while not self._watch_stop.is_set():
             try:
                 if pubsub is None:
-                    pubsub = self._client.pubsub()
+                    pubsub, confirmed = self._client.pubsub(), 0
                     pubsub.ssubscribe(*self._channels)
+                    self._subscription = pubsub
                     on_lost()  # what was published while unsubscribed is not known
-                m = pubsub.get_sharded_message(ignore_subscribe_messages=True, timeout=0.5)
-                if m is not None and m.get("type") == "smessage" and m.get("data"):
-                    keys = np.frombuffer(m["data"], dtype=KEY_DTYPE)
-                    on_rows(keys["table"].astype(np.int64), keys["row"].astype(np.int64))
-            except _redis_errors() as e:
-                log.debug("redis change stream of %s: %s; subscribing again", self.path, e)
+                got = gap = False
+                for m in self._pending_messages(pubsub):
+                    got = True
+                    kind = m.get("type")
+                    if kind in ("ssubscribe", b"ssubscribe"):
+                        confirmed += 1
+                        gap |= confirmed > expected  # subscribed again: a gap in the stream
+                    elif kind in ("smessage", b"smessage") and m.get("data"):
+                        keys = np.frombuffer(m["data"], dtype=KEY_DTYPE)
+                        on_rows(keys["table"].astype(np.int64), keys["row"].astype(np.int64))
+                if gap:
+                    on_lost()
+                if not got:
+                    _wait_readable(pubsub, WATCH_WAIT_S)
+            except Exception as e:  # noqa: BLE001 (the watcher must outlive any error: a dead one leaves stale rows)
+                level = logging.DEBUG if isinstance(e, _redis_errors()) else logging.WARNING
+                log.log(level, "redis change stream of %s: %r; subscribing again", self.path, e)
                 on_lost()
                 try:
                     if pubsub is not None:
                         pubsub.close()
-                except _redis_errors():
+                except Exception:  # noqa: BLE001 (closing a broken subscription: nothing to save)
                     pass
                 pubsub = None
-                self._watch_stop.wait(0.5)
+                self._watch_stop.wait(WATCH_WAIT_S)
         if pubsub is not None:
             try:
                 pubsub.close()
-            except _redis_errors():
+            except Exception:  # noqa: BLE001
                 pass
+
+    def _pending_messages(self, pubsub) -> Iterator[dict]:
+        """Every message the node subscriptions hold now, none of the reads waiting. (redis-py's own
+        ``get_sharded_message(timeout=t)`` visits the nodes in turn and waits up to ``t`` on each:
+        a message on one node would sit behind the other nodes' quiet connections.)"""
+        for name in list(pubsub.node_pubsub_mapping):
+            node = self._client.get_node(node_name=name)
+            if node is None:  # left the cluster: redis-py moves its channels to their new owner
+                continue
+            for _ in range(WATCH_DRAIN):
+                m = pubsub.get_sharded_message(timeout=0.0, target_node=node)
+                if m is None:
+                    break
+                yield m
 
     # ------------------------------------------------------------------ reads
     def _multi_get(self, shard: int, keys: list[bytes]) -> list[bytes | None]:

@@ -235,3 +235,71 @@ def _hlen_sum(raw, store_json) -> int:
     except (OSError, ValueError, KeyError):
         return 0
     return sum(int(raw.hlen(shard_key(ns, s))) for s in range(6))
+
+
+def test_a_one_row_write_on_any_node_reaches_a_watcher_at_once(tmp_path, cluster):  # noqa: F811
+    """The change stream's latency must not depend on which node a shard's channel lives on: a write
+    of one row publishes on one node only, and the watcher (one subscription per node) must not sit
+    waiting on the other nodes' quiet connections before it reads that one."""
+    cfg = redis_config(cluster, "test/watch-one")
+    arrived: dict[int, float] = {}
+    lost: list[float] = []
+    with open_store(tmp_path / "s", cfg, mode="w") as writer:
+        writer.write(1, np.arange(64), *_data(64))
+        with open_store(tmp_path / "s", mode="r") as reader:
+
+            def on_rows(tables, rows):
+                for t, r in zip(tables.tolist(), rows.tolist()):
+                    if t == 1:
+                        arrived.setdefault(r, time.perf_counter())
+
+            assert reader.watch_changes(on_rows, lambda: lost.append(time.perf_counter()))
+            took = []
+            nodes = set()
+            for probe in range(36):  # rows cycle through every shard, so through every node's channels
+                row = probe % 12
+                arrived.pop(row, None)
+                nodes.add(int(shard_of(np.array([1]), np.array([row]), 6)[0]))
+                t0 = time.perf_counter()
+                writer.write(1, np.array([row]), *_data(1, seed=probe))
+                deadline = t0 + 10
+                while row not in arrived and time.perf_counter() < deadline:
+                    time.sleep(0.001)
+                assert row in arrived, f"probe {probe}: the write of row {row} never reached the watcher"
+                took.append(arrived[row] - t0)
+    assert nodes == set(range(6)), nodes  # the probes did cover every shard
+    assert not lost, "the subscription was lost during the probes"
+    p50, worst = np.percentile(took, 50), max(took)
+    assert worst < 0.25, f"one-row write -> watcher: p50 {p50 * 1e3:.1f} ms, worst {worst * 1e3:.1f} ms"
+
+
+def test_a_subscription_broken_under_the_watcher_forgets_the_cache_and_keeps_delivering(tmp_path, cluster):  # noqa: F811
+    """A subscription's connections dropped on the client side (redis-py then reconnects and subscribes
+    again by itself, on the next read): the watcher reports the gap (``on_lost``: what was published
+    meanwhile is unknown) and later writes still reach it; the watcher thread never dies of it."""
+    cfg = redis_config(cluster, "test/watch-broken")
+    arrived: set[int] = set()
+    lost: list[float] = []
+    with open_store(tmp_path / "s", cfg, mode="w") as writer:
+        writer.write(1, np.arange(12), *_data(12))
+        with open_store(tmp_path / "s", mode="r") as reader:
+            assert reader.watch_changes(lambda t, r: arrived.update(r.tolist()), lambda: lost.append(1.0))
+            writer.write(1, np.array([0]), *_data(1))
+            deadline = time.monotonic() + 10
+            while 0 not in arrived and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert 0 in arrived and not lost
+            for node_pubsub in list(reader._subscription.node_pubsub_mapping.values()):
+                node_pubsub.connection.disconnect()
+            deadline = time.monotonic() + 10
+            while not lost and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert lost, "the broken subscription was not reported: cached rows would stay stale"
+            arrived.clear()
+            for row in range(12):  # every shard
+                writer.write(1, np.array([row]), *_data(1, seed=row))
+            deadline = time.monotonic() + 10
+            while len(arrived) < 12 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert arrived == set(range(12)), sorted(arrived)
+            assert reader._watcher is not None and reader._watcher.is_alive()
