@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -158,6 +158,14 @@ def cluster_url(url: str, timeout_ms: int = 5000) -> str:
     finally:
         client.close()
     return "redis://" + ",".join(f"{h}:{p}" for h, p in nodes)
+
+
+class _NodeName(NamedTuple):
+    """What ``ClusterPubSub.get_sharded_message(target_node=...)`` reads of a node: its name, the key of
+    the node's subscription (a node that left the cluster has none in the client, its subscription
+    still has to be drained, or ``_wait_readable`` would wake for it at once, forever)."""
+
+    name: str
 
 
 def _wait_readable(pubsub, timeout_s: float) -> None:
@@ -327,20 +335,28 @@ class RedisStore(EmbeddingStore):
                     pass
                 pubsub = None
                 self._watch_stop.wait(WATCH_WAIT_S)
+                self._refresh_topology()
         if pubsub is not None:
             try:
                 pubsub.close()
             except Exception:  # noqa: BLE001
                 pass
 
+    def _refresh_topology(self) -> None:
+        """Reads the cluster's slot map again. A subscription goes to each channel's master as the
+        client's map has it, and only commands refresh that map: a process whose store is read by
+        nobody else (or not yet) would subscribe to a dead master again and again after a failover."""
+        try:
+            self._client.nodes_manager.initialize()
+        except Exception as e:  # noqa: BLE001 (the cluster still down: the next try refreshes again)
+            log.debug("redis slot map of %s not refreshed: %r", self.path, e)
+
     def _pending_messages(self, pubsub) -> Iterator[dict]:
         """Every message the node subscriptions hold now, none of the reads waiting. (redis-py's own
         ``get_sharded_message(timeout=t)`` visits the nodes in turn and waits up to ``t`` on each:
         a message on one node would sit behind the other nodes' quiet connections.)"""
         for name in list(pubsub.node_pubsub_mapping):
-            node = self._client.get_node(node_name=name)
-            if node is None:  # left the cluster: redis-py moves its channels to their new owner
-                continue
+            node = _NodeName(name)  # every subscription is drained, its node still in the cluster or not
             for _ in range(WATCH_DRAIN):
                 m = pubsub.get_sharded_message(timeout=0.0, target_node=node)
                 if m is None:

@@ -303,3 +303,68 @@ def test_a_subscription_broken_under_the_watcher_forgets_the_cache_and_keeps_del
                 time.sleep(0.005)
             assert arrived == set(range(12)), sorted(arrived)
             assert reader._watcher is not None and reader._watcher.is_alive()
+
+
+def test_a_master_failover_under_the_watcher_is_a_gap_and_later_writes_still_arrive(tmp_path, cluster):  # noqa: F811
+    """kill -9 of the master that holds a shard: its replica is promoted, redis-py moves that node's
+    channels to it. The watcher reports the gap (``on_lost``), delivers later one-row writes on every
+    shard, and does not spin on the dead node's connection meanwhile (its CPU stays small)."""
+    cfg = redis_config(cluster, "test/watch-failover")
+    arrived: set[int] = set()
+    lost: list[int] = []
+    with open_store(tmp_path / "s", cfg, mode="w") as writer:
+        writer.write(1, np.arange(12), *_data(12))
+        with open_store(tmp_path / "s", mode="r") as reader:
+            assert reader.watch_changes(lambda t, r: arrived.update(r.tolist()), lambda: lost.append(1))
+            seed = cluster.url.removeprefix("redis://")  # the store's url: kept alive, so a new writer can open
+            key = next(
+                k
+                for k in (shard_key("test/watch-failover", s) for s in range(6))
+                if cluster.master_of(k).address != seed
+            )
+            master = cluster.master_of(key)
+            t_end = time.monotonic() + 30  # the rows written so far replicated: a failover then loses none of them
+
+            def replicated() -> bool:
+                offset = int(cluster.info(master, "replication")["master_repl_offset"])
+                replicas = cluster.replicas_of(master)  # a new cluster's gossip may not list it yet
+                return bool(replicas) and all(
+                    int(cluster.info(r, "replication").get("slave_repl_offset", -1)) >= offset for r in replicas
+                )
+
+            while not replicated():
+                assert time.monotonic() < t_end, "no replica caught up with the master"
+                time.sleep(0.05)
+            cpu0, wall0 = time.process_time(), time.monotonic()
+            cluster.kill(master)
+            try:
+                cluster.wait_failover(key, master)
+                t_end = time.monotonic() + 30
+                while not lost and time.monotonic() < t_end:
+                    time.sleep(0.01)
+                assert lost, "a failover of a subscribed node was not reported"
+                # this process's CPU (the watcher, this test's polls) while the node was down: a watcher
+                # spinning on the dead connection would take the whole wall time
+                spent, wall = time.process_time() - cpu0, time.monotonic() - wall0
+                arrived.clear()
+                pending = set(range(12))
+                t_end = time.monotonic() + 60
+                while pending and time.monotonic() < t_end:  # the writer may need a retry while the map settles
+                    try:
+                        writer.write(1, np.array(sorted(pending)), *_data(len(pending)))
+                    except StoreUnavailable:
+                        time.sleep(0.2)
+                        continue
+                    except StoreFenced:  # the failover lost its last batch (async replication): a new writer
+                        writer.close()
+                        writer = open_store(tmp_path / "s", mode="w")
+                        continue
+                    poll_end = time.monotonic() + 2
+                    while not pending <= arrived and time.monotonic() < poll_end:
+                        time.sleep(0.01)
+                    pending -= arrived
+                assert not pending, f"rows {sorted(pending)} written after the failover never reached the watcher"
+            finally:
+                cluster.start(master)  # back, as a replica of the new master
+                cluster.wait_ok()
+    assert spent < 0.3 * wall + 0.2, f"{spent:.2f} s of CPU over the {wall:.1f} s the node was down"
