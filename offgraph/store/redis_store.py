@@ -26,6 +26,7 @@ cached here (``cache_usage`` is 0): the row cache in front of the store is the p
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import errno
 import itertools
@@ -184,6 +185,13 @@ def _wait_readable(pubsub, timeout_s: float) -> None:
     poller.poll(timeout_s * 1e3)
 
 
+def _close_quietly(pubsub) -> None:
+    """Closes a subscription that may be broken already: nothing in it is left to save."""
+    if pubsub is not None:
+        with contextlib.suppress(Exception):
+            pubsub.close()
+
+
 def _unavailable(what: str, url: str, e: BaseException) -> StoreUnavailable:
     return StoreUnavailable(f"redis {what} at {url}: {type(e).__name__}: {e}", "unavailable")
 
@@ -328,19 +336,11 @@ class RedisStore(EmbeddingStore):
                 level = logging.DEBUG if isinstance(e, _redis_errors()) else logging.WARNING
                 log.log(level, "redis change stream of %s: %r; subscribing again", self.path, e)
                 on_lost()
-                try:
-                    if pubsub is not None:
-                        pubsub.close()
-                except Exception:  # noqa: BLE001 (closing a broken subscription: nothing to save)
-                    pass
+                _close_quietly(pubsub)
                 pubsub = None
                 self._watch_stop.wait(WATCH_WAIT_S)
                 self._refresh_topology()
-        if pubsub is not None:
-            try:
-                pubsub.close()
-            except Exception:  # noqa: BLE001
-                pass
+        _close_quietly(pubsub)
 
     def _refresh_topology(self) -> None:
         """Reads the cluster's slot map again. A subscription goes to each channel's master as the

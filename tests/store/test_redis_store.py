@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from polling import wait_for
 from redis.cluster import RedisCluster
 from redis_helpers import cluster, redis_config  # noqa: F401 (cluster: the module's fixture)
 
@@ -262,10 +263,7 @@ def test_a_one_row_write_on_any_node_reaches_a_watcher_at_once(tmp_path, cluster
                 nodes.add(int(shard_of(np.array([1]), np.array([row]), 6)[0]))
                 t0 = time.perf_counter()
                 writer.write(1, np.array([row]), *_data(1, seed=probe))
-                deadline = t0 + 10
-                while row not in arrived and time.perf_counter() < deadline:
-                    time.sleep(0.001)
-                assert row in arrived, f"probe {probe}: the write of row {row} never reached the watcher"
+                wait_for(lambda: row in arrived, 10, f"probe {probe}: the write of row {row} at the watcher", 0.001)
                 took.append(arrived[row] - t0)
     assert nodes == set(range(6)), nodes  # the probes did cover every shard
     assert not lost, "the subscription was lost during the probes"
@@ -285,22 +283,15 @@ def test_a_subscription_broken_under_the_watcher_forgets_the_cache_and_keeps_del
         with open_store(tmp_path / "s", mode="r") as reader:
             assert reader.watch_changes(lambda t, r: arrived.update(r.tolist()), lambda: lost.append(1.0))
             writer.write(1, np.array([0]), *_data(1))
-            deadline = time.monotonic() + 10
-            while 0 not in arrived and time.monotonic() < deadline:
-                time.sleep(0.005)
-            assert 0 in arrived and not lost
+            wait_for(lambda: 0 in arrived, 10, "row 0's write at the watcher")
+            assert not lost
             for node_pubsub in list(reader._subscription.node_pubsub_mapping.values()):
                 node_pubsub.connection.disconnect()
-            deadline = time.monotonic() + 10
-            while not lost and time.monotonic() < deadline:
-                time.sleep(0.005)
-            assert lost, "the broken subscription was not reported: cached rows would stay stale"
+            wait_for(lambda: lost, 10, "the broken subscription reported (else cached rows stay stale)")
             arrived.clear()
             for row in range(12):  # every shard
                 writer.write(1, np.array([row]), *_data(1, seed=row))
-            deadline = time.monotonic() + 10
-            while len(arrived) < 12 and time.monotonic() < deadline:
-                time.sleep(0.005)
+            wait_for(lambda: len(arrived) >= 12, 10, "the writes of rows 0-11 at the watcher")
             assert arrived == set(range(12)), sorted(arrived)
             assert reader._watcher is not None and reader._watcher.is_alive()
 
@@ -323,7 +314,6 @@ def test_a_master_failover_under_the_watcher_is_a_gap_and_later_writes_still_arr
                 if cluster.master_of(k).address != seed
             )
             master = cluster.master_of(key)
-            t_end = time.monotonic() + 30  # the rows written so far replicated: a failover then loses none of them
 
             def replicated() -> bool:
                 offset = int(cluster.info(master, "replication")["master_repl_offset"])
@@ -332,17 +322,13 @@ def test_a_master_failover_under_the_watcher_is_a_gap_and_later_writes_still_arr
                     int(cluster.info(r, "replication").get("slave_repl_offset", -1)) >= offset for r in replicas
                 )
 
-            while not replicated():
-                assert time.monotonic() < t_end, "no replica caught up with the master"
-                time.sleep(0.05)
+            # the rows written so far replicated: a failover then loses none of them
+            wait_for(replicated, 30, "a replica caught up with the master", 0.05)
             cpu0, wall0 = time.process_time(), time.monotonic()
             cluster.kill(master)
             try:
                 cluster.wait_failover(key, master)
-                t_end = time.monotonic() + 30
-                while not lost and time.monotonic() < t_end:
-                    time.sleep(0.01)
-                assert lost, "a failover of a subscribed node was not reported"
+                wait_for(lambda: lost, 30, "the failover of a subscribed node reported")
                 # this process's CPU (the watcher, this test's polls) while the node was down: a watcher
                 # spinning on the dead connection would take the whole wall time
                 spent, wall = time.process_time() - cpu0, time.monotonic() - wall0
