@@ -301,6 +301,11 @@ class FeatureGenerator:
         self._item_crossed = frozenset(int(j) for _, cols in self._cross_deps for j in cols)
         self._no_values = (None,) * len(self._item)  # the values of an entry no cross reads (shared)
 
+    @property
+    def crossed_item_fields(self) -> tuple[int, ...]:
+        """Positions among the item fields of those a cross reads (their values are kept in item-cache entries)."""
+        return tuple(sorted(self._item_crossed))
+
     # -- carrying the item cache over to the next version ---------------------------------
     def resize_item_cache(self, items: int) -> None:
         """Hold at most ``items`` items in the item cache from now on (the least recently used go at
@@ -455,15 +460,76 @@ class FeatureGenerator:
         n = len(candidates)
         ignored = self.check_scopes(request, candidates)
         bound = Bound(self.max_request_values, _at_request)
+        req_vals, out, req_used = self._request_part(request, bound)
+        entries = self._entries(candidates, bound) if self._item else []
+        dense = self._serving_numeric(request, candidates, n)
+        return self._assemble(req_vals, out, req_used, entries, n, bound, grouped, dense, ignored)
+
+    def transform_entries(
+        self,
+        request: Mapping[str, Any],
+        entries: Sequence[tuple],
+        item_numeric: np.ndarray | None,
+        candidate_ignored: int,
+        grouped: bool = False,
+    ) -> FGBatch:
+        """``transform`` of one request and candidates given as their :meth:`candidate_entries` (held by the
+        caller between requests, keyed by the candidate as sent: ``offgraph.scoring.candidate_cache``), with
+        ``item_numeric`` [n, k_item] (the entries' item-scope numeric values, stacked) and
+        ``candidate_ignored`` (their ignored keys, summed): the same batch, and the same refusals of the
+        request's own values and of the request's value budget."""
+        n = len(entries)
+        ignored = self.check_scopes(request, ()) + candidate_ignored
+        bound = Bound(self.max_request_values, _at_request)
+        req_vals, out, req_used = self._request_part(request, bound)
+        dense = np.zeros((n, len(self._numeric)), np.float32)
+        for k, (j, _) in enumerate(self._request_numeric(request, dense)):
+            if item_numeric is not None:  # the entries carry one column per item-scope numeric field
+                dense[:, j] = item_numeric[:, k]
+        return self._assemble(req_vals, out, req_used, entries, n, bound, grouped, dense, ignored)
+
+    def candidate_entries(self, candidates: Sequence[Mapping[str, Any]]) -> list[tuple]:
+        """What :meth:`transform_entries` needs of each candidate, computed once: its item-cache entry (through
+        the item cache), then the keys the spec does not read, then its item-scope numeric values (float32
+        bytes, in ``spec.numeric`` order). Raises what ``transform`` raises for such a candidate (a
+        ``ScopeError``, a value FG refuses, a row over a field's ``max_values``)."""
+        self.check_scopes({}, candidates)
+        keys = self._item_keys
+        ignored = [len(c.keys() - keys) for c in candidates]
+        bound = Bound(None, lambda r: f"candidates[{r}]")
+        entries = self._entries(candidates, bound) if self._item else [((), b"", b"")] * len(candidates)
+        item_num = [f for f in self._numeric if f.scope != "request"]
+        num = np.zeros((len(candidates), len(item_num)), np.float32)
+        for j, f in enumerate(item_num):
+            num[:, j] = numeric_values(f, [c.get(cast(str, f.input)) for c in candidates])
+        return [(*e, ig, num[i].tobytes()) for i, (e, ig) in enumerate(zip(entries, ignored))]
+
+    def _request_part(self, request: Mapping[str, Any], bound: Bound) -> tuple[dict[str, Values], dict, int]:
+        """(values, ids per request field, values counted) of the request-scope fields, computed once."""
         req_cols = {cast(str, f.input): [request.get(cast(str, f.input))] for f in self._request}
         req_vals = self._values(self._request, req_cols, 1, {}, bound)
         out: dict[str, RaggedIds] = {f.name: self._ragged(f, req_vals[f.name]) for f in self._request}
         req_used = sum(len(out[f.name].ids) for f in self._request)
         bound.count(req_used)
+        return req_vals, out, req_used
+
+    def _assemble(
+        self,
+        req_vals: dict[str, Values],
+        out: dict[str, RaggedIds],
+        req_used: int,
+        entries: Sequence[tuple],
+        n: int,
+        bound: Bound,
+        grouped: bool,
+        dense: np.ndarray,
+        ignored: int,
+    ) -> FGBatch:
+        """The batch of a request's fields from its request part and one item-cache entry per candidate
+        (their first three parts: the values a cross reads, the ids, their counts and value-set ids)."""
         Fi = len(self._item)
         seg_of: dict[str, np.ndarray] = {}
         if Fi:
-            entries = self._entries(candidates, bound)
             meta = np.frombuffer(b"".join([e[2] for e in entries]), dtype=np.int64).reshape(n, 2 * Fi)
             lengths, vids = meta[:, :Fi], meta[:, Fi:]
             bound.count(req_used + int(lengths.sum()))  # the misses were counted on their own: now all
@@ -479,7 +545,7 @@ class FeatureGenerator:
                 else:
                     out[f.name] = _ragged_gather(flat, starts[:, j], lengths[:, j])
         else:
-            entries, vids = [], np.zeros((n, 0), np.int64)
+            vids = np.zeros((n, 0), np.int64)
         groups: dict[str, tuple[np.ndarray, list[list[str]]]] = {}
         for c, f in enumerate(self._cross):
             rag, inv = self._cross_field(c, f, req_vals, entries, vids, groups)
@@ -489,21 +555,31 @@ class FeatureGenerator:
             else:
                 out[f.name] = _per_row(rag, inv)
         fields = tuple(out[f.name] for f in self._fields)
-        dense = self._serving_numeric(request, candidates, n)
         segment_of = tuple(seg_of.get(f.name) for f in self._fields) if seg_of else None
         return FGBatch(n, fields, tuple(f.scope == "request" for f in self._fields), dense, ignored, segment_of)
 
     def _serving_numeric(self, request, candidates, n: int) -> np.ndarray:
         dense = np.zeros((n, len(self._numeric)), np.float32)
-        for j, f in enumerate(self._numeric):
+        for j, f in self._request_numeric(request, dense):
             try:
-                if f.scope == "request":
-                    dense[:, j] = numeric_values(f, [request.get(f.input)])[0]
-                else:
-                    dense[:, j] = numeric_values(f, [c.get(f.input) for c in candidates])
+                dense[:, j] = numeric_values(f, [c.get(f.input) for c in candidates])
             except FeatureValueError as e:
-                raise e.at("request" if f.scope == "request" else f"candidates[{e.row}]") from None
+                raise e.at(f"candidates[{e.row}]") from None
         return dense
+
+    def _request_numeric(self, request: Mapping[str, Any], dense: np.ndarray) -> list[tuple[int, FieldSpec]]:
+        """Fill ``dense``'s request-scope numeric columns from ``request``; returns the item-scope ones
+        (column, field), in ``spec.numeric`` order."""
+        item = []
+        for j, f in enumerate(self._numeric):
+            if f.scope != "request":
+                item.append((j, f))
+                continue
+            try:
+                dense[:, j] = numeric_values(f, [request.get(cast(str, f.input))])[0]
+            except FeatureValueError as e:
+                raise e.at("request") from None
+        return item
 
     def check_scopes(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> int:
         """Refuse (ScopeError) a request-only input inside a candidate, or an item-only input in the request
@@ -531,7 +607,7 @@ class FeatureGenerator:
         c: int,
         f: FieldSpec,
         req_vals: dict[str, Values],
-        entries: list,
+        entries: Sequence[tuple],
         vids: np.ndarray,
         groups: dict[str, tuple[np.ndarray, list[list[str]]]],
     ) -> tuple[RaggedIds, np.ndarray]:

@@ -92,6 +92,7 @@ class Joined:
     unknown_candidates: int = 0
     unknown_request: bool = False
     unusable: int = 0  # stored rows left out because FG refuses their values (FeatureJoin.screen)
+    lacking: Sequence[bool] = ()  # per candidate (with item tables): its key was looked up and has no row
 
 
 def ids_only_checks(spec: FeatureSpec) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
@@ -168,6 +169,9 @@ class FeatureJoin:
         self.resize_cache(record_cache_bytes)
         self._marks = {name: db.change_mark() for name, db in self.dbs.items() if db is not None}
         self.catch_ups = 0
+        # moves after every catch-up that changed an item table (its record cache cleared first) and when a missing
+        # one appears: what a request joined under another generation may be older (offgraph.scoring.candidate_cache)
+        self.generation = 0
         self._logged: dict[str, tuple[float, int]] = {}  # table -> (last log time, rows left out since)
         self._bad: dict[str, dict[bytes, tuple[int, str, str]]] = {}  # table -> record key -> (hash, key, why)
         self._log_lock = threading.Lock()
@@ -279,6 +283,7 @@ class FeatureJoin:
                     if c not in request and c in row:
                         request[c] = row[c]
         unknown = 0
+        lacking: list[bool] = []
         if self.item_tables:
             out = list(candidates)  # a candidate is copied only when a row is merged into it
             lacking = [False] * len(out)
@@ -315,7 +320,7 @@ class FeatureJoin:
             candidates = out
         if found:
             self._log_unusable(found)
-        return Joined(request, candidates, unknown, unknown_request, len(found))
+        return Joined(request, candidates, unknown, unknown_request, len(found), lacking)
 
     def screen(
         self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]], joined: Joined
@@ -387,11 +392,14 @@ class FeatureJoin:
                 try:
                     if db is None:
                         self._open(tables[name])
+                        if self.dbs.get(name) is not None and name in self._caches:
+                            self.generation += 1
                     else:
                         db.catch_up()
                         mark = db.change_mark()
                         if mark != self._marks.get(name) and name in self._caches:
                             self._caches[name].clear()  # after the catch-up: a read from now on is of the new state
+                            self.generation += 1
                         self._marks[name] = mark
                 except Exception as e:  # noqa: BLE001 - keep following; the next round retries
                     log.warning("feature table %s: catch-up failed: %s", name, e)

@@ -19,7 +19,9 @@ in this order:
   the entry: the ids and their counts; ``bench.memory_constants`` measures it:
   bench/results/memory-constants/) and, for a version with item feature tables, ``JOIN_RECORD_BYTES``
   more for its record in the feature join's record cache (``offgraph.scoring.record_cache``, which counts
-  its entries' bytes and evicts past items x ``JOIN_RECORD_BYTES``).
+  its entries' bytes and evicts past items x ``JOIN_RECORD_BYTES``), and ``CANDIDATE_BYTES`` for its entry in
+  the candidate cache (``offgraph.scoring.candidate_cache``: a candidate's bytes as sent and what they make,
+  counted and evicted the same way).
 - **row cache**: the rest, the big share: it is what spares reads from disk.
 
 Pure (no FastAPI, no TensorFlow): the planner (``offgraph plan``) imports it too.
@@ -59,6 +61,9 @@ JOIN_RECORD_BYTES = 1152
 """What the feature join's record cache may count per item of the item cache: a catalog record of a few
 columns, as stored and decoded (the MovieLens catalog's are counted at about 1.1 KiB:
 ``tests/scoring/test_record_cache.py``); longer records, fewer held."""
+CANDIDATE_BYTES = 1024
+"""What the candidate cache may count per item: a candidate's JSON as sent (a MovieLens candidate with every
+column: about 150 bytes), its ids and ``candidate_cache.ENTRY_OVERHEAD``."""
 PARTS = ("row_cache", "block_cache", "item_cache", "feed")
 
 
@@ -74,7 +79,9 @@ class MemorySplit:
     feed_mb: float
     index_mb: float  # what the version's index needs (estimated), held by the block cache
     versions: int = 1  # versions of this model served at once, sharing its share equally
-    item_bytes: int = FG_ITEM_BYTES  # what an item is counted at (JOIN_RECORD_BYTES more with item tables)
+    item_bytes: int = (
+        FG_ITEM_BYTES + CANDIDATE_BYTES
+    )  # what an item is counted at (JOIN_RECORD_BYTES more with item tables)
 
     @property
     def model_mb(self) -> float:
@@ -152,7 +159,7 @@ def split_memory(
         max(1, math.floor(share * BLOCK_MAX_SHARE)),
     )
     feed = min(FEED_MAX_MB, share * FEED_SHARE)
-    item_bytes = FG_ITEM_BYTES + (JOIN_RECORD_BYTES if item_tables else 0)
+    item_bytes = FG_ITEM_BYTES + CANDIDATE_BYTES + (JOIN_RECORD_BYTES if item_tables else 0)
     items = int(min(ITEM_MAX, share * ITEM_SHARE * MiB // item_bytes))
     rest = share - block - feed - items * item_bytes / MiB
     if row_cache_mb is None:

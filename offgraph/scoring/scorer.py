@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,10 @@ from offgraph.modeldir.manifest import ModelDirError, complete_versions, trainin
 from offgraph.modeldir.version import ModelVersion
 from offgraph.scoring import batch as scorer_impl
 from offgraph.scoring.calibration import calibrate, score_kind
+from offgraph.scoring.candidate_cache import LACKING, ONLY_KEY, CandidateCache
 from offgraph.scoring.feature_join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
-from offgraph.scoring.memory_budget import FG_ITEM_BYTES, JOIN_RECORD_BYTES
+from offgraph.scoring.memory_budget import CANDIDATE_BYTES, FG_ITEM_BYTES, JOIN_RECORD_BYTES
+from offgraph.scoring.raw_candidates import RawCandidates
 from offgraph.scoring.read_metrics import STORE_READ_SECONDS
 from offgraph.store import RowCache
 from offgraph.store.feed import file_bytes as feed_file_bytes
@@ -121,12 +124,22 @@ class Scorer:
         self._follower: Follower | None = None
         self.join: FeatureJoin | None = None  # the spec's feature tables (offgraph/scoring/feature_join.py)
         self._ids_only_checks = ids_only_checks(self.spec)
+        # the item-scope check of a scope no table fills: (item key, its other inputs), or None
+        self._item_key_only = next(((k, o) for sc, k, o in self._ids_only_checks if sc == "item"), None)
+        self._item_numeric = sum(1 for f in self.spec.numeric if f.scope != "request")
         self.activity = Activity()
         try:
             if self.spec.tables:
                 self.join = FeatureJoin(
                     self.version_dir, self.spec, store_mode, record_cache_bytes=item_cache_size * JOIN_RECORD_BYTES
                 )
+            join = self.join
+            # what each candidate sent as bytes makes (offgraph/scoring/candidate_cache.py), one entry per item
+            self.candidates = CandidateCache(
+                item_cache_size * CANDIDATE_BYTES,
+                (lambda: join.generation) if join is not None else (lambda: 0),
+                self.fg.crossed_item_fields,
+            )
             self._loaded, self._serve = mv.dense
             self._split = self._split_signature()
             pace()
@@ -159,7 +172,10 @@ class Scorer:
     def _segments(self, request, candidates) -> tuple[scorer_impl.Segments, dict]:
         """:meth:`pooled` before the pooled segments are laid out as [N, F, D]. The lookups and pooling run
         once per distinct value list of a field (a request field's one, a cross's groups)."""
-        batch = self.features(request, candidates, grouped=True)
+        return self._segments_of(self.features(request, candidates, grouped=True))
+
+    def _segments_of(self, batch) -> tuple[scorer_impl.Segments, dict]:
+        """:meth:`_segments` of a request's FG batch (grouped)."""
         keys = scorer_impl.batch_keys(batch)
         feed = self._follower  # fresh rows from the writer's feed, looked up first
         timing: dict = {}
@@ -244,7 +260,13 @@ class Scorer:
         self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]
     ) -> tuple[np.ndarray, Joined]:
         """Scores, and the join's result (the filled request and candidates, unknown counts): the
-        feature tables fill what the body did not send (offgraph/scoring/feature_join.py)."""
+        feature tables fill what the body did not send (offgraph/scoring/feature_join.py). Candidates given as
+        ``RawCandidates`` (the server's score route) go through the candidate cache (:meth:`_score_raw`)."""
+        if isinstance(candidates, RawCandidates) and self.candidates.worth_it():
+            done = self._score_raw(request, candidates)
+            if done is not None:
+                return done
+            candidates = candidates.dicts()
         # a scope no table fills must not be sent ids-only (a model may have an item table and no user table)
         check_not_ids_only(self._ids_only_checks, self.version_dir.parent.name, request, candidates)
         joined = self.join.fill(request, candidates) if self.join is not None else Joined(request, candidates)
@@ -264,6 +286,62 @@ class Scorer:
             finally:
                 self._count_join(joined)
             return calibrate(self._dense_segments(segments, st["dense"]), self.calibration), joined
+
+    def _score_raw(self, request: Mapping[str, Any], cands: RawCandidates) -> tuple[np.ndarray, Joined] | None:
+        """:meth:`score_joined` of candidates as sent, through the candidate cache: the candidates it holds are
+        neither decoded nor joined nor keyed, and the others are, then held. The same scores and counts
+        as the dict path. None when this path cannot say what the dict path would (a candidate the
+        candidate decoder refuses, a value FG refuses, a stored row the join leaves out, a request sent
+        ids-only where no table fills it): the caller then takes the dict path, which scores or refuses."""
+        raws = cands.raws
+        cache = self.candidates
+        gen, got = cache.lookup(raws)
+        try:
+            check_not_ids_only(self._ids_only_checks, self.version_dir.parent.name, request, ())
+            if None in got:
+                miss: dict[bytes, int] = {}  # a candidate sent twice is made once
+                for i, e in enumerate(got):
+                    if e is None:
+                        miss.setdefault(raws[i], i)
+                dicts = cands.decode(list(miss.values()))
+                if dicts is None:
+                    return None
+                joined = self.join.fill(request, dicts) if self.join is not None else Joined(request, dicts)
+                if joined.unusable:
+                    return None  # the dict path screens it (FeatureJoin.screen)
+                lacking = joined.lacking or (False,) * len(dicts)
+                with self._fg_lock:
+                    made = self.fg.candidate_entries(joined.candidates)
+                only = self._item_key_only
+                made = [
+                    (*e, lack, only is not None and only[0] in c and not any(x in c for x in only[1]))
+                    for e, lack, c in zip(made, lacking, dicts)
+                ]
+                cache.put(gen, list(miss), made)
+                by_raw = dict(zip(miss, made))
+                entries = [e if e is not None else by_raw[r] for e, r in zip(got, raws)]
+            else:
+                joined = self.join.fill(request, ()) if self.join is not None else Joined(request, ())
+                entries = got  # type: ignore[assignment]
+            if self._item_key_only is not None and all(map(itemgetter(ONLY_KEY), entries)):
+                return None  # IdsOnlyError, from the dict path
+            n = len(entries)
+            numeric = None
+            if self._item_numeric:
+                numeric = np.frombuffer(b"".join(map(itemgetter(4), entries)), np.float32).reshape(n, -1)
+            with self._fg_lock:
+                batch = self.fg.transform_entries(
+                    joined.request, entries, numeric, sum(map(itemgetter(3), entries)), grouped=True
+                )
+        except FeatureValueError:
+            return None
+        done = Joined(joined.request, cands, sum(map(itemgetter(LACKING), entries)), joined.unknown_request)
+        with self.activity:
+            try:
+                segments, st = self._segments_of(batch)
+            finally:
+                self._count_join(done)
+            return calibrate(self._dense_segments(segments, st["dense"]), self.calibration), done
 
     def _count_join(self, joined: Joined) -> None:
         if joined.unknown_candidates or joined.unusable:
@@ -321,7 +399,8 @@ class Scorer:
 
     def stats(self) -> dict[str, Any]:
         """Cumulative counters (ints) and freshness of this scorer: ``store_rows_read``,
-        ``cache_hits``, ``cache_misses``, ``cache_entries``, ``block_cache_hits`` / ``block_cache_misses``
+        ``cache_hits``, ``cache_misses``, ``cache_entries``, ``candidate_cache_hits`` / ``candidate_cache_misses``
+        (candidates looked up in the candidate cache: ``offgraph.scoring.candidate_cache``), ``block_cache_hits`` / ``block_cache_misses``
         (RocksDB's block cache, with ``store_statistics``; else 0); when following:
         ``last_feed_poll_unix`` (when the follower last read the write feed: rows the writer
         fed before it are served; 0.0 before its first step), ``last_catch_up_unix`` (when
@@ -335,6 +414,7 @@ class Scorer:
         with self._counts_lock:
             out: dict[str, Any] = dict(self._counts)
         cs = self.row_cache.stats() if self.row_cache is not None else None
+        out["candidate_cache_hits"], out["candidate_cache_misses"] = self.candidates.hits, self.candidates.misses
         out["cache_entries"] = cs["entries"] if cs else 0
         out["cache_capacity_rows"] = cs["capacity_rows"] if cs else 0
         out["cache_bytes"] = cs["bytes"] if cs else 0
@@ -356,6 +436,7 @@ class Scorer:
         self.store.set_cache_mb(max(1, int(block_cache_mb)))
         if item_cache_items > 0:
             self.fg.resize_item_cache(int(item_cache_items))
+            self.candidates.resize(int(item_cache_items) * CANDIDATE_BYTES)
             if self.join is not None:
                 self.join.resize_cache(int(item_cache_items) * JOIN_RECORD_BYTES)
 
@@ -369,7 +450,8 @@ class Scorer:
             "row_cache": int(self.row_cache.stats()["bytes"]) if self.row_cache is not None else 0,
             "block_cache": int(self.store.cache_usage()),
             "item_cache": len(self.fg._cache) * FG_ITEM_BYTES  # noqa: SLF001 - the FG's own bounded cache
-            + (self.join.cache_bytes if self.join is not None else 0),
+            + (self.join.cache_bytes if self.join is not None else 0)
+            + self.candidates.nbytes,
             "feed": sum(feed_file_bytes(ep.slots, ep.rb) for ep in feed),
         }
 
@@ -388,6 +470,7 @@ class Scorer:
         The scorer cannot score afterwards."""
         pace = pace or _no_pause
         self.fg.release(pace)
+        self.candidates.release(pace)
         pace()
         for attr in ("_follower", "row_cache", "_serve", "_split", "_loaded", "join"):
             setattr(self, attr, None)

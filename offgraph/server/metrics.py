@@ -186,6 +186,14 @@ MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) 
         "candidate) that FG refuses, scored as unknown keys (offgraph/scoring/feature_join.py; the log "
         "names them)",
     ),
+    "candidate_cache_hits": (
+        "offgraph_candidate_cache_hits",
+        "Candidates scored from the candidate cache (held from their bytes as sent: not decoded, joined or keyed again)",
+    ),
+    "candidate_cache_misses": (
+        "offgraph_candidate_cache_misses",
+        "Candidates the candidate cache did not hold when a request looked them up",
+    ),
 }
 
 

@@ -17,7 +17,7 @@ from offgraph.server.deps import Holder, State
 from offgraph.server.errors import ApiError
 from offgraph.server.metrics import START_KEY
 from offgraph.server.schemas import CANDIDATES_DOC, Features, ScoreRequest, ScoreResponse, error_responses
-from offgraph.server.score_body import ScoreBodyParser
+from offgraph.server.score_body import RawScoreBodyParser
 from offgraph.server.served import NotServing
 
 _ERRORS = error_responses(
@@ -39,7 +39,7 @@ def build_router(config: ServerConfig) -> APIRouter:
         __doc__=ScoreRequest.__doc__,
         candidates=(list[Features], Field(min_length=1, max_length=config.max_candidates, description=CANDIDATES_DOC)),
     )
-    parser = ScoreBodyParser(Body, config.max_candidates)
+    parser = RawScoreBodyParser(Body, config.max_candidates)
 
     async def score_body(request: Request) -> Any:
         return await parser.parse(request)

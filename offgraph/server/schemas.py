@@ -276,7 +276,9 @@ class MemorySplitStatus(BaseModel):
     block_cache_mb: int
     item_cache_items: int
     item_bytes: int = Field(
-        850, description="What an item is counted at: its FG item cache entry, and its join record with item tables."
+        1874,
+        description="What an item is counted at: its FG item cache entry, its candidate cache entry, and its join "
+        "record with item tables.",
     )
     feed_mb: float
     index_mb: float = Field(

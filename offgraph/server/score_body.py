@@ -14,6 +14,9 @@ it either raises the 422 that names each problem or (where the two would disagre
 body. The msgspec twin is stricter only where that is cheap to leave to the model: integers
 beyond 64 bits (the model takes any integer that fits a float64) and integral floats as versions.
 ``tests/server/test_score_body.py`` checks that both accept and refuse the same bodies.
+
+The score route parses with ``RawScoreBodyParser``: the same checks of the body, its candidates left as
+their JSON bytes for the scorer's candidate cache (``offgraph.scoring.candidate_cache``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import msgspec
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from offgraph.scoring.raw_candidates import RawCandidates
 from offgraph.server.control import LABEL_PATTERN
 from offgraph.server.errors import ApiError, BodyValidationError
 
@@ -39,6 +43,20 @@ def fast_model(max_candidates: int) -> type[msgspec.Struct]:
         "ScoreRequestFast",
         [
             ("candidates", Annotated[list[dict[str, Value]], msgspec.Meta(min_length=1, max_length=max_candidates)]),
+            ("request", dict[str, Value], msgspec.field(default_factory=dict)),
+            ("version", Union[Annotated[int, msgspec.Meta(ge=0)], None], None),
+            ("label", Union[Annotated[str, msgspec.Meta(pattern=LABEL_PATTERN)], None], None),
+        ],
+        forbid_unknown_fields=True,
+    )
+
+
+def raw_model(max_candidates: int) -> type[msgspec.Struct]:
+    """``fast_model`` with each candidate left as its JSON bytes (``msgspec.Raw``: checked as JSON, not decoded)."""
+    return msgspec.defstruct(
+        "ScoreRequestRaw",
+        [
+            ("candidates", Annotated[list[msgspec.Raw], msgspec.Meta(min_length=1, max_length=max_candidates)]),
             ("request", dict[str, Value], msgspec.field(default_factory=dict)),
             ("version", Union[Annotated[int, msgspec.Meta(ge=0)], None], None),
             ("label", Union[Annotated[str, msgspec.Meta(pattern=LABEL_PATTERN)], None], None),
@@ -111,3 +129,26 @@ class ScoreBodyParser(JsonBody):
             return self._decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return super().validate(raw)
+
+
+class RawScoreBodyParser(ScoreBodyParser):
+    """``ScoreBodyParser`` whose bodies carry their candidates as sent (``offgraph.scoring.raw_candidates``): the
+    request, version and label are decoded and checked here; each candidate's bytes go to the scorer, which
+    decodes only those its candidate cache does not hold, in one call. A candidate that decoder refuses makes the scorer validate the whole body as :class:`ScoreBodyParser` does, in the scoring thread:
+    the same 422, naming each problem, or the body accepted by the documented model."""
+
+    def __init__(self, model: type[BaseModel], max_candidates: int):
+        super().__init__(model, max_candidates)
+        self._raw = msgspec.json.Decoder(raw_model(max_candidates))
+        self._list = msgspec.json.Decoder(list[dict[str, Value]])
+
+    def validate(self, raw: bytes) -> Any:
+        try:
+            body: Any = self._raw.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return super().validate(raw)
+        whole = super().validate
+        body.candidates = RawCandidates(
+            list(map(bytes, body.candidates)), self._list.decode, lambda: whole(raw).candidates
+        )
+        return body

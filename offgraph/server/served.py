@@ -44,6 +44,8 @@ COUNTERS = (
     "ignored_keys",
     "unknown_candidates",
     "unusable_feature_rows",
+    "candidate_cache_hits",
+    "candidate_cache_misses",
 )
 
 

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from offgraph.scoring.memory_budget import (
+    CANDIDATE_BYTES,
     FG_ITEM_BYTES,
     JOIN_RECORD_BYTES,
     MiB,
@@ -75,7 +76,9 @@ def test_a_bad_model_count_is_refused():
 
 def test_items_of_a_version_with_item_tables_are_counted_with_their_join_records():
     plain, joined = split_memory(288), split_memory(288, item_tables=True)
-    assert plain.item_bytes == FG_ITEM_BYTES and joined.item_bytes == FG_ITEM_BYTES + JOIN_RECORD_BYTES
+    # every item: its FG item-cache entry and its candidate-cache entry; with item tables its join record too
+    assert plain.item_bytes == FG_ITEM_BYTES + CANDIDATE_BYTES
+    assert joined.item_bytes == FG_ITEM_BYTES + CANDIDATE_BYTES + JOIN_RECORD_BYTES
     # the item share is the same bytes: fewer items, each counted with its record
     assert joined.item_cache_items < plain.item_cache_items
     assert abs(joined.budget_bytes()["item_cache"] - plain.budget_bytes()["item_cache"]) <= joined.item_bytes

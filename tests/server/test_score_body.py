@@ -7,8 +7,9 @@ import sys
 import pytest
 from pydantic import Field, ValidationError, create_model
 
+from offgraph.scoring.raw_candidates import RawCandidates
 from offgraph.server.schemas import Features, ScoreRequest
-from offgraph.server.score_body import ScoreBodyParser, fast_model
+from offgraph.server.score_body import RawScoreBodyParser, ScoreBodyParser, fast_model
 
 MAX = 3
 Body = create_model(
@@ -129,3 +130,35 @@ def test_openapi_documents_the_pydantic_schema():
     schema = ScoreBodyParser(Body, MAX).openapi_extra()["requestBody"]["content"]["application/json"]["schema"]
     assert schema["properties"]["candidates"]["maxItems"] == MAX
     assert schema["required"] == ["candidates"] and schema["additionalProperties"] is False
+
+
+def _raw_parsed(raw: bytes) -> dict:
+    """What the score route's parser gives, its candidates decoded as the scorer decodes them: in one call where
+    the candidate decoder takes them all, else the whole body validated (which may raise the 422)."""
+    body = RawScoreBodyParser(Body, MAX).validate(raw)
+    cands = body.candidates
+    if isinstance(cands, RawCandidates):
+        one = cands.decode(range(len(cands)))
+        cands = one if one is not None else cands.dicts()
+    return {"request": body.request, "candidates": list(cands), "version": body.version}
+
+
+@pytest.mark.parametrize("raw", GOOD + MODEL_ONLY)
+def test_the_route_parser_gives_the_same_bodies_with_candidates_as_sent(raw):
+    want = _as_dict(ScoreBodyParser(Body, MAX).validate(raw))
+    got = _raw_parsed(raw)
+    assert repr(got) == repr(want), raw  # types too
+    body = RawScoreBodyParser(Body, MAX).validate(raw)
+    if isinstance(body.candidates, RawCandidates):  # each candidate's bytes, exactly as sent
+        assert all(r.strip()[:1] == b"{" and r in raw for r in body.candidates.raws)
+
+
+@pytest.mark.parametrize("raw", BAD)
+def test_the_route_parser_refuses_the_same_bodies_with_the_same_422(raw):
+    from fastapi.exceptions import RequestValidationError
+
+    with pytest.raises(RequestValidationError) as want:
+        ScoreBodyParser(Body, MAX).validate(raw)
+    with pytest.raises(RequestValidationError) as got:  # at parse time, or once its candidates are decoded
+        _raw_parsed(raw)
+    assert repr(got.value.errors()) == repr(want.value.errors())  # repr: a NaN input is not equal to itself
