@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 from offgraph.features.fg import FeatureGenerator, FeatureValueError
 from offgraph.features.segment import check_segmenters
 from offgraph.modeldir.manifest import ModelDirError, complete_versions, training_loss
 from offgraph.modeldir.version import ModelVersion
 from offgraph.scoring import batch as scorer_impl
+from offgraph.scoring._signature_call import SignatureCall
 from offgraph.scoring.calibration import calibrate, score_kind
 from offgraph.scoring.candidate_cache import LACKING, ONLY_KEY, CandidateCache
 from offgraph.scoring.feature_join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
@@ -140,7 +140,8 @@ class Scorer:
                 (lambda: join.generation) if join is not None else (lambda: 0),
                 self.fg.crossed_item_fields,
             )
-            self._loaded, self._serve = mv.dense
+            self._loaded, serve = mv.dense
+            self._serve = SignatureCall(serve)
             self._split = self._split_signature()
             pace()
             if store_mode == "follow":
@@ -217,7 +218,11 @@ class Scorer:
             serve = self._loaded.signatures[split.name]
         except KeyError:
             raise ModelDirError(f"{self.version_dir}: the dense head has no signature {split.name!r}") from None
-        return serve, np.asarray(split.request_fields, np.int64), np.asarray(split.candidate_fields, np.int64)
+        return (
+            SignatureCall(serve),
+            np.asarray(split.request_fields, np.int64),
+            np.asarray(split.candidate_fields, np.int64),
+        )
 
     def dense(
         self, emb: np.ndarray, first_order: np.ndarray, dense: np.ndarray | None = None, split: bool = False
@@ -246,12 +251,14 @@ class Scorer:
         return self._call_whole(*segments.whole(), dense)
 
     def _call_split(self, parts: dict[str, np.ndarray], dense: np.ndarray | None) -> np.ndarray:
-        extra = {"dense": tf.constant(dense)} if self.num_dense else {}
-        return self._split[0](**{k: tf.constant(v) for k, v in parts.items()}, **extra)["ctr"].numpy()
+        inputs: dict[str, Any] = {**parts, "dense": dense} if self.num_dense else parts
+        return self._split[0](inputs)["ctr"].numpy()
 
     def _call_whole(self, emb: np.ndarray, first_order: np.ndarray, dense: np.ndarray | None) -> np.ndarray:
-        extra = {"dense": tf.constant(dense)} if self.num_dense else {}
-        return self._serve(emb=tf.constant(emb), first_order=tf.constant(first_order), **extra)["ctr"].numpy()
+        inputs: dict[str, Any] = {"emb": emb, "first_order": first_order}
+        if self.num_dense:
+            inputs["dense"] = dense
+        return self._serve(inputs)["ctr"].numpy()
 
     def score(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> np.ndarray:
         return self.score_joined(request, candidates)[0]
