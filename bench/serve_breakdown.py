@@ -1,8 +1,10 @@
 """Where one request's time goes inside a server process: the phases of the library scorer, in process.
 
-The bodies are decoded as the server decodes them (``ScoreBodyParser``), then scored by
-``Scorer.score_joined`` (the feature join, FG, keys, store/cache reads, pooling, the TensorFlow call,
-calibration). Each body of a list is scored in turn (distinct requests, as the HTTP cells send). The
+Each body is parsed before each call as the checkout's score route parses it (``RawScoreBodyParser``:
+the candidates as sent, through the scorer's candidate cache; in a checkout without it, decoded by
+``ScoreBodyParser``), then scored by ``Scorer.score_joined`` (the candidate cache, the feature join, FG,
+keys, store/cache reads, pooling, the TensorFlow call, calibration); the parse is timed apart (``decode``).
+Each body of a list is scored in turn (distinct requests, as the HTTP cells send), after two warm passes. The
 phases are attributed with cProfile, by the cumulative time of the functions that carry them, matched
 by file and function name so that a phase the scorer no longer has reads as absent rather than failing;
 the profiled total and the unprofiled median are both given (cProfile adds per-call overhead, so the
@@ -34,8 +36,9 @@ import numpy as np
 
 # phase -> (file names, function name) of the calls whose cumulative time is that phase
 PHASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "candidate_cache": (("candidate_cache.py",), ("lookup",)),
     "feature_join": (("feature_join.py",), ("fill",)),
-    "fg": (("fg.py",), ("transform",)),
+    "fg": (("fg.py",), ("transform", "transform_entries", "candidate_entries")),
     "keys": (("batch.py", "scorer_impl.py"), ("batch_keys",)),
     "store_read": (("batch.py", "scorer_impl.py"), ("read_through_cache",)),
     "pool": (("batch.py", "scorer_impl.py"), ("pool_batch", "pool_segments")),
@@ -69,11 +72,16 @@ def _cumulative(stats: pstats.Stats, where: tuple[tuple[str, ...], tuple[str, ..
     return sum(found) if found else None
 
 
+def route_parser(bodies: list[bytes], code: str = "package"):
+    """The parser of the checkout's score route: ``RawScoreBodyParser`` where it has one, else ``ScoreBodyParser``."""
+    mod = _module("score_body", code)
+    cls = getattr(mod, "RawScoreBodyParser", None) or mod.ScoreBodyParser
+    return cls(_module("schemas", code).ScoreRequest, max(len(json.loads(b)["candidates"]) for b in bodies))
+
+
 def decode_ms(bodies: list[bytes], repeats: int, code: str = "package") -> float:
-    """Median ms of decoding a body as the server does."""
-    parser = _module("score_body", code).ScoreBodyParser(
-        _module("schemas", code).ScoreRequest, max(len(json.loads(b)["candidates"]) for b in bodies)
-    )
+    """Median ms of parsing a body as the checkout's score route does."""
+    parser = route_parser(bodies, code)
     ts = []
     for i in range(repeats):
         t0 = time.perf_counter()
@@ -94,23 +102,25 @@ def breakdown(
     """Phases (ms per request) of ``repeats`` requests cycling through ``bodies``, after one warm pass."""
     _module("tf_threads", code).configure_tf_threads(intra, inter)  # as the servers
     load = _module("scorer", code).load
-    reqs = [json.loads(b) for b in bodies]
+    parse = route_parser(bodies, code).validate
     s = load(model_dir, row_cache_mb=row_cache_mb)
     try:
-        for r in reqs:  # warm: item cache, row cache, TF
-            s.score_joined(r["request"], r["candidates"])
+        for _ in range(2):  # warm: candidate cache, item cache, row cache, TF
+            for raw in bodies:
+                r = parse(raw)
+                s.score_joined(r.request, r.candidates)
         wall = []
         for i in range(repeats):
-            r = reqs[i % len(reqs)]
+            r = parse(bodies[i % len(bodies)])
             t0 = time.perf_counter()
-            s.score_joined(r["request"], r["candidates"])
+            s.score_joined(r.request, r.candidates)
             wall.append(time.perf_counter() - t0)
         prof = cProfile.Profile()
-        prof.enable()
         for i in range(repeats):
-            r = reqs[i % len(reqs)]
-            s.score_joined(r["request"], r["candidates"])
-        prof.disable()
+            r = parse(bodies[i % len(bodies)])
+            prof.enable()
+            s.score_joined(r.request, r.candidates)
+            prof.disable()
     finally:
         s.close()
     stats = pstats.Stats(prof)
