@@ -84,6 +84,11 @@ class MemorySplit:
     )  # what an item is counted at (JOIN_RECORD_BYTES more with item tables)
 
     @property
+    def item_tables(self) -> bool:
+        """Whether the version's items are counted with their join records (it has item feature tables)."""
+        return self.item_bytes > FG_ITEM_BYTES + CANDIDATE_BYTES
+
+    @property
     def model_mb(self) -> float:
         """This model's parts together (the item cache counted at ``item_bytes`` an item)."""
         return self.row_cache_mb + self.block_cache_mb + self.item_cache_items * self.item_bytes / MiB + self.feed_mb
@@ -136,12 +141,14 @@ def split_memory(
     row_cache_mb: float | None = None,
     versions: int = 1,
     item_tables: bool = False,
+    item_cache_items: int | None = None,
 ) -> MemorySplit:
     """One version's share of ``memory_mb`` (a worker's budget, MiB) over ``models`` models, its model
     serving ``versions`` versions at once; ``index_mb``: what the version's index needs
     (``manifest_index_mb``). ``row_cache_mb``: the row cache's size instead of the rest of the share
     (``--cache-mb``); the other parts are as without it. ``item_tables``: the version has item feature tables
-    (its items are counted with their join records)."""
+    (its items are counted with their join records). ``item_cache_items``: the item cache's items instead of its
+    share (``--item-cache-size``); the row cache then takes the rest of the share as before."""
     if (
         isinstance(memory_mb, bool)
         or not isinstance(memory_mb, (int, float))
@@ -160,7 +167,7 @@ def split_memory(
     )
     feed = min(FEED_MAX_MB, share * FEED_SHARE)
     item_bytes = FG_ITEM_BYTES + CANDIDATE_BYTES + (JOIN_RECORD_BYTES if item_tables else 0)
-    items = int(min(ITEM_MAX, share * ITEM_SHARE * MiB // item_bytes))
+    items = int(min(ITEM_MAX, share * ITEM_SHARE * MiB // item_bytes)) if item_cache_items is None else item_cache_items
     rest = share - block - feed - items * item_bytes / MiB
     if row_cache_mb is None:
         row_cache_mb = max(0.0, rest)

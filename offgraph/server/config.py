@@ -261,7 +261,13 @@ class ServerConfig(ConfigModel, frozen=True):
         models, versions = max(1, models), max(1, versions)
         row = None if self.cache_mb is None else self.cache_mb / models / versions
         return split_memory(
-            self.memory_mb, models, index_mb=index_mb, row_cache_mb=row, versions=versions, item_tables=item_tables
+            self.memory_mb,
+            models,
+            index_mb=index_mb,
+            row_cache_mb=row,
+            versions=versions,
+            item_tables=item_tables,
+            item_cache_items=self.item_cache_size,
         )
 
     @staticmethod

@@ -166,13 +166,12 @@ def open_version(
             )
         if pacer is not None:
             pacer.skip()  # waiting for the disk took no CPU: the load's first step owes no pause for it
-        item_cache = split.item_cache_items if config.item_cache_size is None else config.item_cache_size
         scorer = Scorer(
             version_dir,
             store_mode="follow",
             row_cache_mb=split.row_cache_mb,
             block_cache_mb=split.block_cache_mb,
-            item_cache_size=item_cache,
+            item_cache_size=split.item_cache_items,
             follow_interval_s=config.follow_interval_s,
             catch_up_s=config.catch_up_s,
             max_request_values=config.max_request_values,

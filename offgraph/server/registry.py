@@ -236,7 +236,7 @@ class ModelRegistry:
         served = holder.served()
         n = versions or len(served) or 1
         for sv in served:
-            split = self.config.memory_split(len(self.holders), sv.memory.index_mb, n)
+            split = self.config.memory_split(len(self.holders), sv.memory.index_mb, n, sv.memory.item_tables)
             if split != sv.memory and not sv.closed:
                 sv.resize(split)
                 log.info(

@@ -83,3 +83,22 @@ def test_items_of_a_version_with_item_tables_are_counted_with_their_join_records
     assert joined.item_cache_items < plain.item_cache_items
     assert abs(joined.budget_bytes()["item_cache"] - plain.budget_bytes()["item_cache"]) <= joined.item_bytes
     assert joined.model_mb == pytest.approx(288) and plain.model_mb == pytest.approx(288)  # the rest: the row cache
+    assert joined.item_tables and not plain.item_tables
+
+
+def test_an_item_cache_size_given_replaces_the_item_share_and_the_row_cache_takes_the_rest():
+    share, fixed = split_memory(288, item_tables=True), split_memory(288, item_tables=True, item_cache_items=40)
+    assert fixed.item_cache_items == 40 and fixed.budget_bytes()["item_cache"] == 40 * fixed.item_bytes
+    assert fixed.block_cache_mb == share.block_cache_mb and fixed.feed_mb == share.feed_mb
+    assert fixed.row_cache_mb > share.row_cache_mb and fixed.model_mb == pytest.approx(288)
+
+
+def test_a_servers_item_cache_size_holds_when_a_versions_share_is_computed_again(tmp_path):
+    """ServerConfig.memory_split, which the registry calls again whenever a model's versions change."""
+    from offgraph.server import ServerConfig
+
+    cfg = ServerConfig(models_dir=tmp_path, item_cache_size=40)
+    for versions in (1, 2):
+        split = cfg.memory_split(1, 1.0, versions, item_tables=True)
+        assert split.item_cache_items == 40 and split.item_tables
+    assert ServerConfig(models_dir=tmp_path).memory_split(1, 1.0, 2).item_cache_items > 40
