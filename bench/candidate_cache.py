@@ -1,7 +1,8 @@
 """The candidate cache in process (offgraph/scoring/candidate_cache.py): one scorer, N = 1000 MovieLens bodies parsed
 as the score route parses them, alternated between the dict path (``ScoreBodyParser``: every candidate decoded,
-joined and keyed, as before the cache) and the cache path (``RawScoreBodyParser``); then bodies whose candidates
-never repeat (each carries a per-request value), once the cache is full. Medians over the bodies, each round.
+joined and keyed, as before the cache) and the route's path (``RawScoreBodyParser`` while ``Scorer.takes_raw``, the
+cache's gate, says so, else the dict path); then bodies whose candidates never repeat (each carries a per-request
+value), once the cache is full. Medians over the bodies, each round.
 
     python -m bench.candidate_cache --model MODELS/NAME/VERSION --data movielens.parquet --out OUT
 """
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     s = Scorer(args.model, row_cache_mb=256, item_cache_size=10_000)
 
     def run(parser, body):
+        if parser is raw and not s.takes_raw():  # as the score route: decoded when the cache's gate says skip
+            parser = plain
         b = parser.validate(body)
         return s.score(b.request, b.candidates)
 

@@ -268,8 +268,9 @@ class Scorer:
     ) -> tuple[np.ndarray, Joined]:
         """Scores, and the join's result (the filled request and candidates, unknown counts): the
         feature tables fill what the body did not send (offgraph/scoring/feature_join.py). Candidates given as
-        ``RawCandidates`` (the server's score route) go through the candidate cache (:meth:`_score_raw`)."""
-        if isinstance(candidates, RawCandidates) and self.candidates.worth_it():
+        ``RawCandidates`` (the server's score route, when :meth:`takes_raw` says so) go through the candidate
+        cache (:meth:`_score_raw`)."""
+        if isinstance(candidates, RawCandidates):
             done = self._score_raw(request, candidates)
             if done is not None:
                 return done
@@ -293,6 +294,13 @@ class Scorer:
             finally:
                 self._count_join(joined)
             return calibrate(self._dense_segments(segments, st["dense"]), self.calibration), joined
+
+    def takes_raw(self) -> bool:
+        """Whether the next request's candidates should come as sent (``RawCandidates``) rather than decoded:
+        the candidate cache's gate (``CandidateCache.worth_it``), asked once a request by the score route
+        before it parses the body. Either way the scores are the same; a request that skips the cache then
+        costs one decode of its body, not a parse of its candidates as bytes and then a decode."""
+        return self.candidates.worth_it()
 
     def _score_raw(self, request: Mapping[str, Any], cands: RawCandidates) -> tuple[np.ndarray, Joined] | None:
         """:meth:`score_joined` of candidates as sent, through the candidate cache: the candidates it holds are

@@ -17,7 +17,7 @@ from offgraph.server.deps import Holder, State
 from offgraph.server.errors import ApiError
 from offgraph.server.metrics import START_KEY
 from offgraph.server.schemas import CANDIDATES_DOC, Features, ScoreRequest, ScoreResponse, error_responses
-from offgraph.server.score_body import RawScoreBodyParser
+from offgraph.server.score_body import RawScoreBodyParser, ScoreBodyParser
 from offgraph.server.served import NotServing
 
 _ERRORS = error_responses(
@@ -40,9 +40,13 @@ def build_router(config: ServerConfig) -> APIRouter:
         candidates=(list[Features], Field(min_length=1, max_length=config.max_candidates, description=CANDIDATES_DOC)),
     )
     parser = RawScoreBodyParser(Body, config.max_candidates)
+    plain = ScoreBodyParser(Body, config.max_candidates)
 
-    async def score_body(request: Request) -> Any:
-        return await parser.parse(request)
+    async def score_body(request: Request, state: State) -> Any:
+        # the candidates as sent where the serving version's candidate cache will look them up, else decoded
+        # (Scorer.takes_raw); the same checks and 422s either way. An unknown model is the route's 404, later.
+        holder = state.models.holders.get(request.path_params.get("name", ""))
+        return await (parser if holder is not None and holder.takes_raw() else plain).parse(request)
 
     @router.post(
         "/v1/models/{name}:score",

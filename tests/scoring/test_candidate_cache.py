@@ -229,3 +229,54 @@ def test_the_score_route_serves_from_the_cache_as_the_library_scores(models, req
         assert hits and float(hits[0].split()[-1]) >= sum(len(c) for _, c in requests_[:10]), metrics[-2000:]
     finally:
         srv.stop()
+
+
+def _metric(text: str, name: str) -> float:
+    line = [ln for ln in text.splitlines() if ln.startswith(f'{name}{{model="ml"}}')]
+    assert line, text[-2000:]
+    return float(line[0].split()[-1])
+
+
+def test_the_score_route_decodes_the_bodies_a_full_cache_skips_and_scores_them_alike(models, requests_):
+    """Candidates that never come back (a per-request key the model ignores) fill a small cache; then the route
+    parses most bodies as plain dicts (its gate says skip), which neither look up nor count, and scores them as
+    the library does; bodies that carry the held candidates again are looked up again."""
+    import httpx
+    from server_helpers import ThreadServer, score, server_config
+
+    srv = ThreadServer(server_config(models, item_cache_size=40))
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as client, Scorer(models / "ml" / "1") as lib:
+
+            def looked() -> float:
+                text = client.get("/metrics").text
+                return _metric(text, "offgraph_candidate_cache_hits_total") + _metric(
+                    text, "offgraph_candidate_cache_misses_total"
+                )
+
+            k = 0
+            for request, cands in (requests_ * 4)[:64]:  # new candidates each request: the cache fills
+                k += 1
+                body = [{**c, "nonce": f"{k}-{i}"} for i, c in enumerate(cands)]
+                got = score(client, {"request": request, "candidates": body})
+                assert got.status_code == 200, got.text
+            before, sent = looked(), 0
+            for request, cands in (requests_ * 4)[:48]:
+                k += 1
+                body = [{**c, "nonce": f"{k}-{i}"} for i, c in enumerate(cands)]
+                got = score(client, {"request": request, "candidates": body})
+                assert got.status_code == 200, got.text
+                assert got.json()["scores"] == lib.score(request, cands).tolist()
+                sent += len(body)
+            skipped = looked() - before
+            assert skipped <= sent / 4, (skipped, sent)  # one request in PROBE_EVERY looks its candidates up
+            request, cands = requests_[0]
+            for _ in range(40):  # the same candidates again and again: probes find them held, lookups resume
+                got = score(client, {"request": request, "candidates": cands})
+                assert got.status_code == 200, got.text
+            before = looked()
+            got = score(client, {"request": request, "candidates": cands})
+            assert got.json()["scores"] == lib.score(request, cands).tolist()
+            assert looked() - before == len(cands)
+    finally:
+        srv.stop()
