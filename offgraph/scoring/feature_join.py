@@ -37,8 +37,9 @@ FG's item cache is keyed by the candidate's raw values AFTER the join, so a chan
 a new cache key: its hashed rows are recomputed, nothing to invalidate.
 
 Follow mode: the tables are RocksDB secondaries, caught up by one daemon thread every
-``catch_up_s`` (0.2 s: a catch-up of such a small DB costs well under a millisecond), so a streamed
-feature row is served within that bound (plus the updater's own latency).
+``catch_up_s`` (0.2 s: a catch-up of such a small DB costs about a millisecond, and runs only when the writer's
+files moved: ``FeatureDB.catch_up``), so a streamed feature row is served within that bound (plus the
+updater's own latency).
 """
 
 from __future__ import annotations

@@ -123,6 +123,7 @@ class FeatureDB:
                 f"{self.info.get('format_version')!r}, expected {FORMAT!r} v{FORMAT_VERSION}"
             )
         self._secondary: str | None = None
+        self._caught_up: tuple | None = None  # follow: the files' mark at the last catch-up (_files_mark)
         self._opts = _options()
         db = str(self.path / "db")
         try:
@@ -240,10 +241,33 @@ class FeatureDB:
         self._db.flush()
 
     # ------------------------------------------------------------------ following
-    def catch_up(self) -> None:
+    def catch_up(self) -> bool:
+        """Catch the secondary up with the writer; False, doing nothing, when none of the files a write or an
+        ingested file changes (the WALs, the MANIFESTs, CURRENT) moved since the last catch-up began.
+        ``try_catch_up_with_primary`` holds the GIL while it reads them, a millisecond even when nothing
+        changed, and every worker follows each table several times a second."""
         if self.mode != "follow":
             raise ValueError(f"catch_up needs mode='follow', not {self.mode!r}")
+        mark = self._files_mark()  # before: a write racing the catch-up moves it again, and the next one runs
+        if mark == self._caught_up:
+            return False
         self._db.try_catch_up_with_primary()
+        self._caught_up = mark
+        return True
+
+    def _files_mark(self) -> tuple[tuple[str, int, int], ...]:
+        """(name, size, mtime) of the writer's WALs, MANIFESTs and CURRENT: what every write, flush, compaction
+        and ingestion appends to or replaces."""
+        out = []
+        with os.scandir(self.path / "db") as entries:
+            for e in entries:
+                if e.name.endswith(".log") or e.name.startswith("MANIFEST-") or e.name == "CURRENT":
+                    try:
+                        st = e.stat()
+                    except FileNotFoundError:  # removed by the writer meanwhile: its removal moved the mark
+                        continue
+                    out.append((e.name, st.st_size, st.st_mtime_ns))
+        return tuple(sorted(out))
 
     def change_mark(self) -> tuple[int, int]:
         """What moves whenever what the table holds may have changed: RocksDB's latest sequence number (a

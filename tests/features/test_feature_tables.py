@@ -11,7 +11,7 @@ from conftest import REPO
 
 from offgraph.features import parse_spec
 from offgraph.features.spec import SpecError, load_spec
-from offgraph.store.feature_db import FeatureDB, FeatureTableError, row_key, table_dir
+from offgraph.store.feature_db import FeatureDB, FeatureTableError, encode_row, row_key, table_dir
 from offgraph.store.feature_load import latest_per_key, load_table
 
 
@@ -111,6 +111,31 @@ def test_write_last_wins_by_seq_with_positions_in_the_batch(tmp_path):
         follower.catch_up()
         assert follower.get([k]) == [{"release_year": 3}]
         follower.close()
+
+
+def test_a_follower_catches_up_only_when_the_writer_changed_its_files_and_sees_every_change(tmp_path):
+    """A write (the WAL), a flush (a new SST and the MANIFEST) and an ingested file of a new key (the MANIFEST
+    only: it takes no sequence number) each make the next catch-up run and be seen; with nothing new it is
+    skipped."""
+    spec = load_spec(REPO / "examples" / "movielens.yaml")
+    with FeatureDB.create(tmp_path / "item", spec.tables[1]) as db:
+        db.write([row_key(1)], [{"release_year": 1}], [1])
+        follower = FeatureDB(tmp_path / "item", "follow")
+        try:
+            assert follower.catch_up() is True  # the first one always runs
+            assert follower.catch_up() is False and follower.catch_up() is False
+            db.write([row_key(1)], [{"release_year": 2}], [2])
+            assert follower.catch_up() is True and follower.get([row_key(1)]) == [{"release_year": 2}]
+            assert follower.catch_up() is False
+            db.flush()
+            assert follower.catch_up() is True and follower.get([row_key(1)]) == [{"release_year": 2}]
+            seq = db.change_mark()[0]
+            assert db.ingest_sorted([(row_key(7), encode_row(1, {"release_year": 7}))], tmp_path) == 1
+            assert db.change_mark()[0] == seq  # no sequence number taken: only the MANIFEST moved
+            assert follower.catch_up() is True and follower.get([row_key(7)]) == [{"release_year": 7}]
+            assert follower.catch_up() is False
+        finally:
+            follower.close()
 
 
 def test_a_second_writer_is_refused_clearly(tmp_path):
