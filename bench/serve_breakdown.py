@@ -99,7 +99,7 @@ def breakdown(
     inter: int,
     code: str = "package",
 ) -> dict:
-    """Phases (ms per request) of ``repeats`` requests cycling through ``bodies``, after one warm pass."""
+    """Phases (ms per request) of ``repeats`` requests cycling through ``bodies``, after two warm passes."""
     _module("tf_threads", code).configure_tf_threads(intra, inter)  # as the servers
     load = _module("scorer", code).load
     parse = route_parser(bodies, code).validate

@@ -148,7 +148,7 @@ def split_memory(
     (``manifest_index_mb``). ``row_cache_mb``: the row cache's size instead of the rest of the share
     (``--cache-mb``); the other parts are as without it. ``item_tables``: the version has item feature tables
     (its items are counted with their join records). ``item_cache_items``: the item cache's items instead of its
-    share (``--item-cache-size``); the row cache then takes the rest of the share as before."""
+    share (``ServerConfig.item_cache_size``); the row cache then takes the rest of the share as before."""
     if (
         isinstance(memory_mb, bool)
         or not isinstance(memory_mb, (int, float))
