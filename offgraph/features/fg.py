@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
+from operator import itemgetter
 from typing import Any, cast
 
 import numpy as np
@@ -125,6 +126,30 @@ def _ragged_gather(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) ->
 def _per_row(groups: RaggedIds, group_of: np.ndarray) -> RaggedIds:
     """Row i = ``groups`` row ``group_of[i]``: distinct value lists laid out one row per candidate."""
     return _ragged_gather(groups.ids, groups.offsets[:-1][group_of], groups.lengths[group_of])
+
+
+class _ValueSets:
+    """One request's value-set ids [n, item fields] (``FeatureGenerator._new_entries``), and their distinct
+    groups per set of columns, computed once a request: an item field and every cross that reads only it
+    (MovieLens' genres and its three crosses) share one sort."""
+
+    def __init__(self, vids: np.ndarray):
+        self.vids = vids
+        self._memo: dict[tuple[int, ...], tuple[list, np.ndarray, np.ndarray]] = {}
+
+    def distinct(self, cols: tuple[int, ...]) -> tuple[list, np.ndarray, np.ndarray]:
+        """(each group's key: a value-set id, or a tuple of them for several columns; a candidate of each group
+        [G]; the group of each candidate [n])."""
+        got = self._memo.get(cols)
+        if got is None:
+            if len(cols) == 1:
+                ukeys, rep, inv = np.unique(self.vids[:, cols[0]], return_index=True, return_inverse=True)
+                keys: list = ukeys.tolist()
+            else:
+                ukeys, rep, inv = np.unique(self.vids[:, cols], axis=0, return_index=True, return_inverse=True)
+                keys = [tuple(k) for k in ukeys.tolist()]
+            got = self._memo[cols] = (keys, rep, inv.reshape(-1))
+        return got
 
 
 def _at_request(row: int) -> str:
@@ -529,26 +554,26 @@ class FeatureGenerator:
         (their first three parts: the values a cross reads, the ids, their counts and value-set ids)."""
         Fi = len(self._item)
         seg_of: dict[str, np.ndarray] = {}
+        vsets = _ValueSets(np.zeros((n, 0), np.int64))
         if Fi:
-            meta = np.frombuffer(b"".join([e[2] for e in entries]), dtype=np.int64).reshape(n, 2 * Fi)
-            lengths, vids = meta[:, :Fi], meta[:, Fi:]
+            meta = np.frombuffer(b"".join(map(itemgetter(2), entries)), dtype=np.int64).reshape(n, 2 * Fi)
+            lengths = meta[:, :Fi]
+            vsets = _ValueSets(meta[:, Fi:])
             bound.count(req_used + int(lengths.sum()))  # the misses were counted on their own: now all
-            flat = np.frombuffer(b"".join([e[1] for e in entries]), dtype=np.int64)
+            flat = np.frombuffer(b"".join(map(itemgetter(1), entries)), dtype=np.int64)
             starts = np.zeros((n, Fi), dtype=np.int64)
             if n:  # start of each (candidate, field) in flat: exclusive cumsum in row-major order
                 np.cumsum(lengths.reshape(-1)[:-1], out=starts.reshape(-1)[1:])
             for j, f in enumerate(self._item):
                 if grouped and j in self._item_crossed and n:  # its value set has an id: one segment per set
-                    _, rep, inv = np.unique(vids[:, j], return_index=True, return_inverse=True)
+                    _, rep, inv = vsets.distinct((j,))
                     out[f.name] = _ragged_gather(flat, starts[rep, j], lengths[rep, j])
-                    seg_of[f.name] = inv.reshape(-1)
+                    seg_of[f.name] = inv
                 else:
                     out[f.name] = _ragged_gather(flat, starts[:, j], lengths[:, j])
-        else:
-            vids = np.zeros((n, 0), np.int64)
-        groups: dict[str, tuple[np.ndarray, list[list[str]]]] = {}
+        groups: dict[str, tuple[np.ndarray, list[tuple]]] = {}
         for c, f in enumerate(self._cross):
-            rag, inv = self._cross_field(c, f, req_vals, entries, vids, groups)
+            rag, inv = self._cross_field(c, f, req_vals, entries, vsets, groups)
             bound.spend(int(rag.lengths[inv].sum()))
             if grouped:
                 out[f.name], seg_of[f.name] = rag, inv
@@ -608,21 +633,15 @@ class FeatureGenerator:
         f: FieldSpec,
         req_vals: dict[str, Values],
         entries: Sequence[tuple],
-        vids: np.ndarray,
-        groups: dict[str, tuple[np.ndarray, list[list[str]]]],
+        vsets: _ValueSets,
+        groups: dict[str, tuple[np.ndarray, list[tuple]]],
     ) -> tuple[RaggedIds, np.ndarray]:
         """Cross field ``f`` for all candidates: one computation per distinct group of
         the value sets it depends on, through the memo. Returns (the ids of each group, the group of
-        each candidate [n]); ``groups[f.name]`` gets (group of each candidate, values of each group)
-        for crosses built on ``f``."""
+        each candidate [n]); ``groups[f.name]`` gets (group of each candidate, each group's memo entry: its
+        values, then its ids) for crosses built on ``f``."""
         req_names, item_cols = self._cross_deps[c]
-        if len(item_cols) == 1:
-            ukeys, rep, inv = np.unique(vids[:, item_cols[0]], return_index=True, return_inverse=True)
-            gkeys = ukeys.tolist()
-        else:
-            ukeys, rep, inv = np.unique(vids[:, item_cols], axis=0, return_index=True, return_inverse=True)
-            gkeys = [tuple(k) for k in ukeys.tolist()]
-        inv = inv.reshape(-1)
+        gkeys, rep, inv = vsets.distinct(tuple(item_cols.tolist()))
         req_key = tuple(tuple(req_vals[x][0]) for x in req_names)
         table = self._cross_memo[c]
         memo = table.get(req_key)
@@ -642,7 +661,7 @@ class FeatureGenerator:
             for x in f.inputs:
                 if x in groups:
                     ginv, gvals = groups[x]
-                    parts.append([gvals[ginv[i]] for i in reps])
+                    parts.append([gvals[ginv[i]][:-1] for i in reps])
                 elif x in self._item_pos:
                     j = self._item_pos[x]
                     parts.append([entries[i][0][j] for i in reps])
@@ -662,9 +681,10 @@ class FeatureGenerator:
                 results[g] = (*vals[m], rag.ids[rag.offsets[m] : rag.offsets[m + 1]])
                 memo[gkeys[g]] = results[g]
             self._cross_memo_len[c] += len(missing) if self._memo_size > 0 else 0
-        groups[f.name] = (inv, [r[:-1] for r in results])
-        glen = np.fromiter((len(r[-1]) for r in results), dtype=np.int64, count=len(results))
-        gflat = np.concatenate([r[-1] for r in results]) if results else np.zeros(0, np.int64)
+        groups[f.name] = (inv, results)
+        ids = list(map(itemgetter(-1), results))
+        glen = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        gflat = np.concatenate(ids) if ids else np.zeros(0, np.int64)
         return RaggedIds(gflat, _offsets(glen)), inv
 
     def _entries(self, candidates: Sequence[Mapping[str, Any]], bound: Bound) -> list[tuple]:

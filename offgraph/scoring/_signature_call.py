@@ -9,6 +9,13 @@ so it is used only where the signature's placeholders carry the keyword names in
 anything else (another TensorFlow, a signature whose tensor names differ from its keywords) takes the
 keyword call. Either way the tensors are built with the signature's dtypes, and a missing or extra input
 is a TypeError naming it.
+
+One step further (``direct``): ``_call_flat`` itself checks for a gradient tape, resolves the captured
+variables and packs the outputs on every call; a serving call records no gradient and its variables never
+change, so the function's inference entry is called with the captures resolved once, and the flat outputs
+named by the signature's output keys in sorted order (``tf.nest``'s order). That is taken only when a probe
+at construction gives exactly what ``_call_flat`` gives; else every call goes through ``_call_flat``
+(``bench/results/serve-latency-lean/``).
 """
 
 from __future__ import annotations
@@ -16,7 +23,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
+
+PROBE_ROWS = 3
+"""Rows of the probe that checks the direct entry against ``_call_flat`` (a dimension the signature leaves open)."""
 
 
 class SignatureCall:
@@ -30,12 +41,46 @@ class SignatureCall:
         n = len(fn.inputs) - len(fn.captured_inputs)
         placeholders = [t.name.split(":")[0] for t in fn.inputs[:n]]
         self.flat = not args and hasattr(fn, "_call_flat") and placeholders == self._names
+        self.direct = False
+        self.direct = self.flat and self._probe_direct()
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, tf.Tensor]:
         if inputs.keys() != self._specs.keys():
             missing, extra = sorted(self._specs.keys() - inputs.keys()), sorted(inputs.keys() - self._specs.keys())
             raise TypeError(f"signature inputs: missing {missing}, unexpected {extra}")
-        tensors = {k: tf.constant(v, dtype=self._specs[k].dtype) for k, v in inputs.items()}
+        specs = self._specs
+        tensors = [tf.constant(inputs[k], dtype=specs[k].dtype) for k in self._names]
+        if self.direct:
+            return dict(zip(self._outputs, self._entry(*tensors, *self._captures)))
         if not self.flat:
-            return self._fn(**tensors)
-        return self._fn._call_flat([tensors[k] for k in self._names], self._fn.captured_inputs)
+            return self._fn(**dict(zip(self._names, tensors)))
+        return self._fn._call_flat(tensors, self._fn.captured_inputs)
+
+    def _probe_direct(self) -> bool:
+        """Set up the direct entry, and whether a probe through it gives exactly what ``_call_flat`` gives."""
+        entry = getattr(self._fn, "_inference_function", None)
+        outputs = getattr(self._fn, "structured_outputs", None)
+        if entry is None or not hasattr(entry, "call_flat") or not isinstance(outputs, dict):
+            return False
+        if not all(s.dtype.is_floating for s in self._specs.values()):
+            return False  # the probe draws floats: a head with other inputs keeps _call_flat
+        self._entry, self._outputs = entry.call_flat, sorted(outputs)
+        self._captures = list(self._fn.captured_inputs)
+        if not all(isinstance(c, tf.Tensor) for c in self._captures):
+            return False  # a distributed variable: _call_flat resolves its handle on every call
+        rng = np.random.default_rng(0)
+        probe = {
+            k: rng.normal(size=[PROBE_ROWS if d is None else d for d in s.shape.as_list()]).astype(
+                s.dtype.as_numpy_dtype
+            )
+            for k, s in self._specs.items()
+        }
+        want = self(probe)  # through _call_flat (self.direct is False until this returns)
+        try:
+            self.direct = True
+            got = self(probe)
+        except Exception:  # noqa: BLE001 - any failure of the private entry means: do not use it
+            return False
+        finally:
+            self.direct = False
+        return want.keys() == got.keys() and all(np.array_equal(want[k].numpy(), got[k].numpy()) for k in want)

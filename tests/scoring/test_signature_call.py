@@ -114,3 +114,38 @@ def test_without_the_flat_entry_the_keyword_call_is_taken(loaded):
     assert not call.flat
     x = _inputs(6)
     np.testing.assert_array_equal(call(x)["ctr"].numpy(), SignatureCall(fn)(x)["ctr"].numpy())
+
+
+def test_the_direct_entry_is_taken_and_equals_the_flat_call(loaded):
+    fn = loaded.signatures["named"]
+    call = SignatureCall(fn)
+    assert call.direct  # this TensorFlow's loaded signatures pass the probe
+    for n in (1, 5, 257):
+        x = _inputs(n, seed=10 + n)
+        got = call(x)
+        want = fn._call_flat([tf.constant(x[k]) for k in sorted(x)], fn.captured_inputs)
+        assert set(got) == set(want) == {"ctr", "logit"}
+        for k in want:
+            np.testing.assert_array_equal(got[k].numpy(), want[k].numpy())
+
+
+class _WrongOutputs:
+    """A loaded signature whose inference entry answers its outputs in another order than their sorted keys."""
+
+    def __init__(self, fn):
+        self._fn = fn
+        self.inputs, self.captured_inputs = fn.inputs, fn.captured_inputs
+        self.structured_input_signature, self.structured_outputs = fn.structured_input_signature, fn.structured_outputs
+        self._inference_function = self
+        self._call_flat = fn._call_flat
+
+    def call_flat(self, *args):
+        return list(reversed(self._fn._inference_function.call_flat(*args)))
+
+
+def test_a_direct_entry_that_disagrees_with_the_flat_call_is_not_taken(loaded):
+    fn = loaded.signatures["named"]
+    call = SignatureCall(_WrongOutputs(fn))
+    assert call.flat and not call.direct
+    x = _inputs(4)
+    np.testing.assert_array_equal(call(x)["ctr"].numpy(), SignatureCall(fn)(x)["ctr"].numpy())
