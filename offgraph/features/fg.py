@@ -554,7 +554,6 @@ class FeatureGenerator:
         (their first three parts: the values a cross reads, the ids, their counts and value-set ids)."""
         Fi = len(self._item)
         seg_of: dict[str, np.ndarray] = {}
-        vsets = _ValueSets(np.zeros((n, 0), np.int64))
         if Fi:
             meta = np.frombuffer(b"".join(map(itemgetter(2), entries)), dtype=np.int64).reshape(n, 2 * Fi)
             lengths = meta[:, :Fi]
@@ -571,6 +570,8 @@ class FeatureGenerator:
                     seg_of[f.name] = inv
                 else:
                     out[f.name] = _ragged_gather(flat, starts[:, j], lengths[:, j])
+        else:
+            vsets = _ValueSets(np.zeros((n, 0), np.int64))
         groups: dict[str, tuple[np.ndarray, list[tuple]]] = {}
         for c, f in enumerate(self._cross):
             rag, inv = self._cross_field(c, f, req_vals, entries, vsets, groups)

@@ -41,7 +41,6 @@ class SignatureCall:
         n = len(fn.inputs) - len(fn.captured_inputs)
         placeholders = [t.name.split(":")[0] for t in fn.inputs[:n]]
         self.flat = not args and hasattr(fn, "_call_flat") and placeholders == self._names
-        self.direct = False
         self.direct = self.flat and self._probe_direct()
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, tf.Tensor]:
@@ -49,8 +48,11 @@ class SignatureCall:
             missing, extra = sorted(self._specs.keys() - inputs.keys()), sorted(inputs.keys() - self._specs.keys())
             raise TypeError(f"signature inputs: missing {missing}, unexpected {extra}")
         specs = self._specs
-        tensors = [tf.constant(inputs[k], dtype=specs[k].dtype) for k in self._names]
-        if self.direct:
+        return self._run([tf.constant(inputs[k], dtype=specs[k].dtype) for k in self._names], self.direct)
+
+    def _run(self, tensors: list[tf.Tensor], direct: bool) -> dict[str, tf.Tensor]:
+        """The call of the inputs as tensors in sorted keyword order: the direct entry, the flat one or the keywords."""
+        if direct:
             return dict(zip(self._outputs, self._entry(*tensors, *self._captures)))
         if not self.flat:
             return self._fn(**dict(zip(self._names, tensors)))
@@ -75,12 +77,10 @@ class SignatureCall:
             )
             for k, s in self._specs.items()
         }
-        want = self(probe)  # through _call_flat (self.direct is False until this returns)
+        tensors = [tf.constant(probe[k]) for k in self._names]
+        want = self._run(tensors, direct=False)
         try:
-            self.direct = True
-            got = self(probe)
+            got = self._run(tensors, direct=True)
         except Exception:  # noqa: BLE001 - any failure of the private entry means: do not use it
             return False
-        finally:
-            self.direct = False
         return want.keys() == got.keys() and all(np.array_equal(want[k].numpy(), got[k].numpy()) for k in want)
