@@ -4,6 +4,12 @@ The router is built per app: its request model carries the app's --max-candidate
 list's max_length, so an oversized candidate list is refused before its items are validated.
 The body is parsed by ``offgraph.server.score_body`` (msgspec for valid bodies, the pydantic model,
 which OpenAPI publishes, for the 422s).
+
+The route is served twice over: ``build_router``'s FastAPI route is the documented one (OpenAPI, the 405 of
+another method), and ``lean_route`` answers its POSTs first, without FastAPI's dependency solving and
+request handler, which cost a fixed share of every request on the event loop's one core
+(bench/results/serve-latency-lean/README.md). Both call ``_answer``: the same checks in the same order
+(body, then model name, then model), the same errors and the same answer.
 """
 
 import time
@@ -11,9 +17,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import Field, create_model
+from starlette.routing import Match, Route
+from starlette.types import Scope
 
 from offgraph.server.config import ServerConfig
-from offgraph.server.deps import Holder, State
+from offgraph.server.deps import Holder, State, get_holder, model_name
 from offgraph.server.errors import ApiError
 from offgraph.server.metrics import START_KEY
 from offgraph.server.schemas import CANDIDATES_DOC, Features, ScoreRequest, ScoreResponse, error_responses
@@ -31,25 +39,91 @@ _ERRORS = error_responses(
 )
 
 
-def build_router(config: ServerConfig) -> APIRouter:
-    router = APIRouter(tags=["scoring"])
-    Body = create_model(  # noqa: N806 - a class
-        "ScoreRequest",
-        __base__=ScoreRequest,
-        __doc__=ScoreRequest.__doc__,
-        candidates=(list[Features], Field(min_length=1, max_length=config.max_candidates, description=CANDIDATES_DOC)),
-    )
-    parser = RawScoreBodyParser(Body, config.max_candidates)
-    plain = ScoreBodyParser(Body, config.max_candidates)
+PATH = "/v1/models/{name}:score"
 
-    async def score_body(request: Request, state: State) -> Any:
+
+class ScoreParsers:
+    """The score body's documented model (with the app's --max-candidates) and its two parsers."""
+
+    def __init__(self, config: ServerConfig):
+        self.model = create_model(
+            "ScoreRequest",
+            __base__=ScoreRequest,
+            __doc__=ScoreRequest.__doc__,
+            candidates=(
+                list[Features],
+                Field(min_length=1, max_length=config.max_candidates, description=CANDIDATES_DOC),
+            ),
+        )
+        self.raw = RawScoreBodyParser(self.model, config.max_candidates)
+        self.plain = ScoreBodyParser(self.model, config.max_candidates)
+
+    async def parse(self, request: Request, state: Any) -> Any:
         # the candidates as sent where the serving version's candidate cache will look them up, else decoded
         # (Scorer.takes_raw); the same checks and 422s either way. An unknown model is the route's 404, later.
         holder = state.models.holders.get(request.path_params.get("name", ""))
-        return await (parser if holder is not None and holder.takes_raw() else plain).parse(request)
+        return await (self.raw if holder is not None and holder.takes_raw() else self.plain).parse(request)
+
+
+async def _answer(body: Any, holder: Any, state: Any, request: Request) -> Response:
+    """Score a parsed body on ``holder``'s serving version (in the scoring pool) and answer."""
+    try:
+        version, scores, joined, kind = await state.run_scoring(
+            holder.score, body.request, body.candidates, body.version, body.label
+        )
+    except NotServing as e:
+        raise ApiError(404, str(e)) from None
+    n = len(body.candidates)
+    state.metrics.observe_score(holder.name, n, time.perf_counter() - request.scope.get(START_KEY, 0.0))
+    out = ScoreResponse(
+        model=holder.name,
+        version=version,
+        scores=scores.tolist(),
+        score_kind=kind,
+        unknown_candidates=joined.unknown_candidates,
+        unknown_request=joined.unknown_request,
+    )
+    # serialized by pydantic's own encoder: the default path re-validates the model and renders it with
+    # json.dumps, which costs a float's repr per candidate in Python
+    return Response(out.model_dump_json(), media_type="application/json")
+
+
+class _LeanRoute(Route):
+    """A Starlette route that takes only what it answers in full (a POST to its path) and records itself as
+    the request's route, as FastAPI's routes do (the error counters' route label, ``metrics.route_of``).
+    Any other method falls through to the documented route, whose 405 names the allowed ones."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is not Match.FULL:
+            return Match.NONE, {}
+        child["route"] = self
+        return match, child
+
+
+def lean_route(config: ServerConfig) -> Route:
+    """The score route without FastAPI's request handling, for the app's router to try first."""
+    parsers = ScoreParsers(config)
+
+    async def score(request: Request) -> Response:
+        state = request.state.server
+        body = await parsers.parse(request, state)
+        holder = await get_holder(await model_name(request.path_params["name"]), state)
+        return await _answer(body, holder, state, request)
+
+    return _LeanRoute(PATH, score, methods=["POST"], include_in_schema=False)
+
+
+def build_router(config: ServerConfig) -> APIRouter:
+    router = APIRouter(tags=["scoring"])
+    parsers = ScoreParsers(config)
+    parser = parsers.raw
+
+    async def score_body(request: Request, state: State) -> Any:
+        return await parsers.parse(request, state)
 
     @router.post(
-        "/v1/models/{name}:score",
+        PATH,
         response_model=ScoreResponse,
         responses=_ERRORS,
         summary="Score candidates",
@@ -75,24 +149,6 @@ def build_router(config: ServerConfig) -> APIRouter:
         fill nothing: `unknown_candidates` counts them. A request that sends only a key in a scope no table of the
         model fills (a model without tables) is a 422.
         """
-        try:
-            version, scores, joined, kind = await state.run_scoring(
-                holder.score, body.request, body.candidates, body.version, body.label
-            )
-        except NotServing as e:
-            raise ApiError(404, str(e)) from None
-        n = len(body.candidates)
-        state.metrics.observe_score(holder.name, n, time.perf_counter() - request.scope.get(START_KEY, 0.0))
-        out = ScoreResponse(
-            model=holder.name,
-            version=version,
-            scores=scores.tolist(),
-            score_kind=kind,
-            unknown_candidates=joined.unknown_candidates,
-            unknown_request=joined.unknown_request,
-        )
-        # serialized by pydantic's own encoder: the default path re-validates the model and renders it with
-        # json.dumps, which costs a float's repr per candidate in Python
-        return Response(out.model_dump_json(), media_type="application/json")
+        return await _answer(body, holder, state, request)
 
     return router
