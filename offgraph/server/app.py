@@ -54,8 +54,9 @@ def create_app(config: ServerConfig) -> FastAPI:
     )
     install_docs(app)
     install_model_examples(app, state.models, config.max_candidates)
-    app.include_router(routes_score.build_router(config))
-    app.router.routes.insert(0, routes_score.lean_route(config))  # answers the score route's POSTs first
+    score_parsers = routes_score.ScoreParsers(config)
+    app.include_router(routes_score.build_router(config, score_parsers))
+    app.router.routes.insert(0, routes_score.lean_route(config, score_parsers))  # answers the route's POSTs first
     app.include_router(routes_tfserving.build_router(config))
     for module in (routes_models, routes_admin, routes_health, routes_kserve):
         app.include_router(module.router)

@@ -101,9 +101,10 @@ class _LeanRoute(Route):
         return match, child
 
 
-def lean_route(config: ServerConfig) -> Route:
-    """The score route without FastAPI's request handling, for the app's router to try first."""
-    parsers = ScoreParsers(config)
+def lean_route(config: ServerConfig, parsers: ScoreParsers | None = None) -> Route:
+    """The score route without FastAPI's request handling, for the app's router to try first (``parsers``:
+    the documented route's, so that the app builds the body model and its decoders once)."""
+    parsers = parsers or ScoreParsers(config)
 
     async def score(request: Request) -> Response:
         state = request.state.server
@@ -114,9 +115,9 @@ def lean_route(config: ServerConfig) -> Route:
     return _LeanRoute(PATH, score, methods=["POST"], include_in_schema=False)
 
 
-def build_router(config: ServerConfig) -> APIRouter:
+def build_router(config: ServerConfig, parsers: ScoreParsers | None = None) -> APIRouter:
     router = APIRouter(tags=["scoring"])
-    parsers = ScoreParsers(config)
+    parsers = parsers or ScoreParsers(config)
     parser = parsers.raw
 
     async def score_body(request: Request, state: State) -> Any:
