@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from offgraph.features.fg import FGBatch
-from offgraph.store.keys import combine_keys, split_keys
+from offgraph.store.keys import combine_keys, split_keys, unique_inverse
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,9 @@ def batch_keys(batch: FGBatch) -> Keys:
     np.cumsum(sizes, out=bounds[1:])
     tables = np.repeat(np.arange(len(sizes), dtype=np.uint32), sizes)
     rows = np.concatenate([r.ids for r in batch.fields]) if bounds[-1] else np.zeros(0, np.int64)
-    uniq, inverse = np.unique(combine_keys(tables, rows), return_inverse=True)
+    uniq, inverse = unique_inverse(combine_keys(tables, rows))
     ut, ur = split_keys(uniq)
-    return Keys(ut, ur, inverse.astype(np.int64), uniq, bounds)
+    return Keys(ut, ur, inverse.astype(np.int64, copy=False), uniq, bounds)
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,16 @@ def pool_batch(
 def pool_segments(
     batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.ndarray, poolings: list[str], dim: int
 ) -> Segments:
-    """Unique rows' vectors [U, D] / weights [U] -> the pooled segments of every (field, row).
+    """Unique rows' vectors [U, D] / weights [U] -> the pooled segments of every (field, row) (:func:`pool_rows`)."""
+    table = np.empty((len(vectors), dim + 1), dtype=np.float32)
+    table[:, :dim] = vectors
+    table[:, dim] = first_order
+    return pool_rows(batch, keys, table, poolings)
+
+
+def pool_rows(batch: FGBatch, keys: Keys, table: np.ndarray, poolings: list[str]) -> Segments:
+    """Unique rows [U, D+1] (each vector, then its weight: ``read_rows_through_cache``) -> the pooled
+    segments of every (field, row).
 
     All fields at once, vectors and weights together as [U, D+1]. The lookups are in
     (field, row) order, so each (field, row) segment is contiguous: the segments' first
@@ -93,9 +102,7 @@ def pool_segments(
     bad = set(poolings) - {"mean", "sum"}
     if bad:
         raise ValueError(f"unknown pooling {sorted(bad)[0]!r}: expected 'mean' or 'sum'")
-    table = np.empty((len(vectors), dim + 1), dtype=np.float32)
-    table[:, :dim] = vectors
-    table[:, dim] = first_order
+    dim = table.shape[1] - 1
     inverse = keys.inverse  # lookup k's row of ``table``: gathered straight into the sums, no [K, D+1] copy
     if F:
         lengths = np.concatenate([r.offsets[1:] - r.offsets[:-1] for r in batch.fields])
@@ -128,8 +135,8 @@ def pool_segments(
             c = longer[j]
             sums[:c] += table[inverse[st[:c] + j]]
         mean = np.repeat(np.array([p == "mean" for p in poolings]), nseg)[order] & (sl > 1)
-        if mean.any():
-            sums[mean] /= sl[mean, None].astype(np.float32)
+        if mean.any():  # one pass over all segments (dividing by 1 is exact): cheaper than a masked gather+scatter
+            np.divide(sums, np.where(mean, sl, 1).astype(np.float32)[:, None], out=sums)
         rank = np.empty(len(order), dtype=np.int64)
         rank[order] = np.arange(len(order))
         seg = rank[seg]
@@ -146,32 +153,52 @@ def read_through_cache(
     parallel: bool = True,
     timing: dict | None = None,
 ):
+    """:func:`read_rows_through_cache` with the rows apart: ``(vectors [U, D], first_order [U], cache hits,
+    rows read from the store, of which found)``."""
+    got, hits, read, found = read_rows_through_cache(cache, store, tables, rows, feed, keys, parallel, timing)
+    d = got.shape[1] - 1
+    return np.ascontiguousarray(got[:, :d]), got[:, d].copy(), hits, read, found
+
+
+def read_rows_through_cache(
+    cache,
+    store,
+    tables: np.ndarray,
+    rows: np.ndarray,
+    feed=None,
+    keys=None,
+    parallel: bool = True,
+    timing: dict | None = None,
+):
     """Rows ``(tables, rows)`` (unique): the write feed's fresh rows first (``feed``: the follower, if
     any; ``keys``: their combined keys, computed when not given), then the row
     cache, then a store read of the misses, inserted into the cache with the epoch
     taken BEFORE the feed lookup (so a row the writer puts in the feed
-    meanwhile can never be cached at its older store value). Returns ``(vectors [U, D],
-    first_order [U], cache hits, rows read from the store, of which found)``. ``parallel``: see
-    ``EmbeddingStore.read_unique``. ``timing``: a dict that gets ``store_read_seconds``, the wall time of
-    the store read, when there was one."""
+    meanwhile can never be cached at its older store value). Returns ``(rows float32 [U, D+1]: each
+    vector then its weight, as :func:`pool_rows` takes them; cache hits, rows read from the store, of which
+    found)``. ``parallel``: see ``EmbeddingStore.read_unique``. ``timing``: a dict that gets
+    ``store_read_seconds``, the wall time of the store read, when there was one."""
     epoch = cache.epoch if cache is not None else 0
     found = None
     if feed is not None:
-        found = feed.lookup(combine_keys(tables, rows) if keys is None else keys)
+        keys = combine_keys(tables, rows) if keys is None else keys
+        found = feed.lookup(keys)
     if found is None:
-        return _cache_then_store(cache, store, tables, rows, epoch, parallel, timing)
+        return _cache_then_store(cache, store, tables, rows, keys, epoch, parallel, timing)
     idx, ov_vec, ov_w = found
-    vec = np.empty((len(rows), ov_vec.shape[1]), dtype=np.float32)
-    w = np.empty(len(rows), dtype=np.float32)
-    vec[idx], w[idx] = ov_vec, ov_w
+    d = ov_vec.shape[1]
+    out = np.empty((len(rows), d + 1), dtype=np.float32)
+    out[idx, :d], out[idx, d] = ov_vec, ov_w
     if len(idx) == len(rows):
-        return vec, w, 0, 0, 0
+        return out, 0, 0, 0
     rest = np.ones(len(rows), dtype=bool)
     rest[idx] = False
     rest = np.flatnonzero(rest)
-    rv, rw, hits, read, n_found = _cache_then_store(cache, store, tables[rest], rows[rest], epoch, parallel, timing)
-    vec[rest], w[rest] = rv, rw
-    return vec, w, hits, read, n_found
+    got, hits, read, n_found = _cache_then_store(
+        cache, store, tables[rest], rows[rest], keys[rest], epoch, parallel, timing
+    )
+    out[rest] = got
+    return out, hits, read, n_found
 
 
 def _timed_read(
@@ -185,22 +212,29 @@ def _timed_read(
 
 
 def _cache_then_store(
-    cache, store, tables: np.ndarray, rows: np.ndarray, epoch: int, parallel: bool = True, timing: dict | None = None
+    cache,
+    store,
+    tables: np.ndarray,
+    rows: np.ndarray,
+    keys: np.ndarray | None,
+    epoch: int,
+    parallel: bool = True,
+    timing: dict | None = None,
 ):
     if cache is None:
         vec, w, found = _timed_read(store, tables, rows, parallel, timing)
-        return vec, w, 0, len(rows), int(found.sum())
+        out = np.empty((len(rows), vec.shape[1] + 1), dtype=np.float32)
+        out[:, :-1], out[:, -1] = vec, w
+        return out, 0, len(rows), int(found.sum())
     # the cache holds the store's records: hits and the misses' records are decoded together, once
-    hit, hit_records, _ = cache.lookup_records(tables, rows)
+    hit, hit_records, _ = cache.lookup_records(tables, rows, keys)
     miss = np.flatnonzero(~hit)
     if len(miss) == 0:
-        vec, w = store.codec.decode(hit_records)
-        return vec, w, len(rows), 0, 0
+        return store.codec.decode_rows(hit_records), len(rows), 0, 0
     mt, mr = tables[miss], rows[miss]
     miss_records, found = _timed_read(store, mt, mr, parallel, timing, records=True)
     records = np.empty((len(rows), store.codec.record_bytes), dtype=np.uint8)
     records[hit] = hit_records
     records[miss] = miss_records  # an absent row's record is all zeros: it decodes to zeros, as read_unique's
-    vec, w = store.codec.decode(records)
     cache.insert(mt, mr, miss_records, epoch)
-    return vec, w, len(rows) - len(miss), len(miss), int(found.sum())
+    return store.codec.decode_rows(records), len(rows) - len(miss), len(miss), int(found.sum())

@@ -180,7 +180,7 @@ class Scorer:
         keys = scorer_impl.batch_keys(batch)
         feed = self._follower  # fresh rows from the writer's feed, looked up first
         timing: dict = {}
-        vec, w, hits, read, found = scorer_impl.read_through_cache(
+        rows, hits, read, found = scorer_impl.read_rows_through_cache(
             self.row_cache, self.store, keys.unique_tables, keys.unique_rows, feed, keys.unique_keys, timing=timing
         )
         read_s = timing.get("store_read_seconds")
@@ -193,7 +193,7 @@ class Scorer:
             if self.row_cache is not None:
                 c["cache_hits"] += hits
                 c["cache_misses"] += read
-        segments = scorer_impl.pool_segments(batch, keys, vec, w, self.poolings, self.dim)
+        segments = scorer_impl.pool_rows(batch, keys, rows, self.poolings)
         stats = {
             "lookups": int(len(keys.inverse)),
             "unique_rows": int(len(keys.unique_rows)),

@@ -127,6 +127,15 @@ class Codec:
     def _problem(self, v: np.ndarray, w: np.ndarray) -> str | None:
         raise NotImplementedError
 
+    def decode_rows(self, records) -> np.ndarray:
+        """float32 ``[K, D+1]``: each record's vector, then its weight (what pooling sums, in one array)."""
+        raise NotImplementedError
+
+    def decode(self, records) -> tuple[np.ndarray, np.ndarray]:
+        """float32 vectors ``[K, D]`` and weights ``[K]``, each contiguous (:meth:`decode_rows` split)."""
+        x = self.decode_rows(records)
+        return np.ascontiguousarray(x[:, : self.dim]), x[:, self.dim].copy()
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(dim={self.dim}, record_bytes={self.record_bytes})"
 
@@ -151,10 +160,9 @@ class FloatCodec(Codec):
         out[:, self.dim] = w
         return out.view(np.uint8)
 
-    def decode(self, records) -> tuple[np.ndarray, np.ndarray]:
+    def decode_rows(self, records) -> np.ndarray:
         r = check_records(records, self.record_bytes)
-        f = np.ascontiguousarray(r).view(self._dtype)
-        return f[:, : self.dim].astype(np.float32), f[:, self.dim].astype(np.float32)
+        return np.ascontiguousarray(r).view(self._dtype).astype(np.float32)
 
     def __repr__(self) -> str:
         return f"FloatCodec({self.name!r}, dim={self.dim}, record_bytes={self.record_bytes})"
@@ -220,11 +228,11 @@ class Int8RowwiseCodec(Codec):
         meta[:, 1] = offset16
         return out
 
-    def decode(self, records) -> tuple[np.ndarray, np.ndarray]:
+    def decode_rows(self, records) -> np.ndarray:
         r = check_records(records, self.record_bytes)
         d = self.dim
         meta = np.ascontiguousarray(r[:, d + 1 :]).view(_LE_F16).astype(np.float32)
         x = r[:, : d + 1].astype(np.float32)
         x *= meta[:, 0:1]
         x += meta[:, 1:2]
-        return np.ascontiguousarray(x[:, :d]), x[:, d].copy()
+        return x

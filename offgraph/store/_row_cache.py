@@ -99,14 +99,13 @@ class CacheArrays:
         return sum(a.nbytes for a in (self.keys, self.records, self.state, self.set_epoch, self.sketch))
 
     def _find(self, k: np.ndarray):
-        """(set [K], slots [K, W], hit bool [K], slot of the hit [K] (garbage where miss), hash [K])."""
+        """(set [K], hit bool [K], slot of the hit [K] (garbage where miss), hash [K])."""
         h = splitmix64(k)
         s = (h % np.uint64(self.sets)).astype(np.int64)
-        slots = s[:, None] * self.ways + self._way
-        m = self.keys[slots] == k[:, None]
-        hit = m.any(axis=1)
-        slot = s * self.ways + m.argmax(axis=1)
-        return s, slots, hit, slot, h
+        # each key's set as one row of a [sets, ways] view: a row gather, no [K, W] slot index to build
+        way = (np.take(self.keys.reshape(self.sets, self.ways), s, axis=0) == k[:, None]).argmax(axis=1)
+        slot = s * self.ways + way
+        return s, self.keys[slot] == k, slot, h
 
     # -- the frequency sketch ---------------------------------------------------------------------------
     def _cells(self, h: np.ndarray) -> np.ndarray:
@@ -159,7 +158,7 @@ class CacheArrays:
         """``(hit bool [K], records uint8 [H, rb] of the hits)``; counts the sighting of every key."""
         if len(k) == 0:
             return np.zeros(0, bool), np.zeros((0, self.record_bytes), np.uint8)
-        _, _, hit, slot, h = self._find(k)
+        _, hit, slot, h = self._find(k)
         hs = slot[hit]
         self.tick += 1
         if self.lfu:
@@ -176,7 +175,7 @@ class CacheArrays:
         if len(k) == 0:
             return 0
         k, first = np.unique(k, return_index=True)
-        s, slots, hit, slot, hash_ = self._find(k)
+        s, hit, slot, hash_ = self._find(k)
         ok = self.set_epoch[s] <= epoch
         self.tick += 1
         # keys already cached: overwrite in place (a newer read of the same row)
@@ -226,7 +225,7 @@ class CacheArrays:
         self.epoch += 1
         if len(k) == 0:
             return 0
-        s, _, hit, slot, _ = self._find(k)
+        s, hit, slot, _ = self._find(k)
         self.set_epoch[s] = self.epoch
         hs = np.unique(slot[hit])
         self.keys[hs] = EMPTY

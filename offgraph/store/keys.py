@@ -155,14 +155,30 @@ def shard_of(table_ids, rows, shards: int) -> np.ndarray:
     return (splitmix64(x) % np.uint64(shards)).astype(np.int64)
 
 
+def unique_inverse(k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(k, return_inverse=True)`` of a 1-D array: the same two arrays, by a stable sort. A
+    request's keys come field by field with the tables ascending, so they are sorted runs, which a stable
+    (merging) sort takes in a few passes where ``np.unique``'s quicksort starts over."""
+    if len(k) == 0:
+        return k[:0].copy(), np.zeros(0, dtype=np.intp)
+    order = np.argsort(k, kind="stable")
+    sk = k[order]
+    new = np.empty(len(sk), dtype=bool)
+    new[0] = True
+    np.not_equal(sk[1:], sk[:-1], out=new[1:])
+    inverse = np.empty(len(sk), dtype=np.intp)
+    inverse[order] = np.cumsum(new) - 1
+    return sk[new], inverse
+
+
 def unique_keys(t: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """De-duplicate ``(t, r)`` pairs: ``(unique t, unique r, inverse)`` with
     ``t == ut[inverse]`` and ``r == ur[inverse]``; uniques sorted by (table, row)."""
     if len(r) == 0:
         return t[:0], r[:0], np.zeros(0, dtype=np.intp)
     if int(r.max()) < ROW_LIMIT:  # table ids always fit the combined key
-        u, inv = np.unique(combine_keys(t, r), return_inverse=True)
+        u, inv = unique_inverse(combine_keys(t, r))
         ut, ur = split_keys(u)
-        return ut, ur.astype(np.uint64), inv.reshape(-1)
+        return ut, ur.astype(np.uint64), inv
     u, inv = np.unique(key_array(t, r), return_inverse=True)
     return u["table"].astype(np.uint32), u["row"].astype(np.uint64), inv.reshape(-1)

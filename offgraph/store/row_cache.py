@@ -76,10 +76,10 @@ class RowCache:
     def capacity_rows(self) -> int:
         return self._a.sets * self.ways
 
-    def lookup_records(self, table_ids, rows) -> tuple[np.ndarray, np.ndarray, int]:
+    def lookup_records(self, table_ids, rows, keys=None) -> tuple[np.ndarray, np.ndarray, int]:
         """``(hit bool [U], records uint8 [H, rb] of the hits in order, epoch)``. Pass ``epoch`` to the
-        :meth:`insert` of the rows read after."""
-        k = combine_keys(table_ids, rows)
+        :meth:`insert` of the rows read after. ``keys``: the rows' combined keys, when the caller has them."""
+        k = combine_keys(table_ids, rows) if keys is None else keys
         with self._lock:
             hit, recs = self._a.lookup(k)
             self.hits += len(recs)

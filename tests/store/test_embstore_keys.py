@@ -16,6 +16,7 @@ from offgraph.store.keys import (
     shard_of,
     split_keys,
     splitmix64,
+    unique_inverse,
     unique_keys,
 )
 
@@ -112,6 +113,25 @@ def test_tables_do_not_share_one_shard_pattern():
     rows = np.arange(10_000)
     same = (shard_of(1, rows, 8) == shard_of(2, rows, 8)).mean()
     assert 0.09 < same < 0.16  # about 1/8 by chance
+
+
+@pytest.mark.parametrize("shape", ["empty", "one", "all_same", "runs", "random", "descending"])
+def test_unique_inverse_is_np_unique(shape):
+    rng = np.random.default_rng(7)
+    k = {
+        "empty": np.zeros(0, np.uint64),
+        "one": np.array([5], np.uint64),
+        "all_same": np.full(50, 2**63 + 3, np.uint64),
+        # a request's keys: per table a block of rows with repeats, tables ascending
+        "runs": np.concatenate([combine_keys(np.full(300, t, np.uint32), rng.integers(0, 40, 300)) for t in range(6)]),
+        "random": rng.integers(0, 2**64 - 1, 5000, dtype=np.uint64),
+        "descending": np.arange(1000, 0, -1).astype(np.uint64).repeat(3),
+    }[shape]
+    want_u, want_inv = np.unique(k, return_inverse=True)
+    u, inv = unique_inverse(k)
+    assert u.dtype == k.dtype and np.array_equal(u, want_u)
+    assert np.array_equal(inv, want_inv.reshape(-1))
+    assert np.array_equal(u[inv], k)
 
 
 def test_unique_keys_both_paths():

@@ -168,3 +168,20 @@ def test_beyond_fp16_range_rejected(name):
     v[1, 1] = 70000.0
     with pytest.raises(ValueError, match="fp16 range"):
         c.encode(v, w)
+
+
+@pytest.mark.parametrize("name", ["fp32", "fp16", "int8"])
+def test_decode_rows_is_vector_then_weight(name):
+    """The request path pools ``decode_rows``' [K, D+1]; it must hold exactly what ``decode`` gives apart."""
+    c = get_codec(name, D)
+    v, w = sample(64)
+    if name == "fp16":
+        v, w = np.clip(v, -60000, 60000), np.clip(w, -60000, 60000)
+    rec = c.encode(v, w)
+    rows = c.decode_rows(rec)
+    dv, dw = c.decode(rec)
+    assert rows.dtype == np.float32 and rows.shape == (64, D + 1)
+    assert np.array_equal(rows[:, :D], dv) and np.array_equal(rows[:, D], dw)
+    assert dv.flags.c_contiguous and dw.flags.c_contiguous
+    rows[:] = -1  # a fresh array: writing it changes neither the records nor another decode
+    assert np.array_equal(c.decode(rec)[0], dv)
