@@ -59,6 +59,10 @@ def test_acceptance_checks_pass_and_fail_on_the_limits():
     # CPU: median over alternations of 0.1 * N / 50 + k: 3.0 at N=1000 (<= 5), 5.0 at N=2000 (<= 5), both pass
     assert checks["N=1000 c=1: server CPU per request (ms)"]["value"] == pytest.approx(3.0)
     assert checks["N=2000 c=8: server CPU per request (ms)"]["ok"] is True
+    # N = 2000 is held to the same CPU per candidate as N = 1000: twice the limit a request
+    assert checks["N=2000 c=8: server CPU per request (ms)"]["limit"] == pytest.approx(
+        2 * checks["N=1000 c=8: server CPU per request (ms)"]["limit"]
+    )
     assert checks["N=1000 c=8: throughput new/in-graph"]["value"] == pytest.approx(2.5)
     assert checks["N=1000 c=8: throughput new/in-graph"]["ok"] is True
     assert checks["N=1000 c=1: p50 new/in-graph"]["ok"] is True  # 0.4 <= 0.7
