@@ -40,8 +40,8 @@ PHASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "feature_join": (("feature_join.py",), ("fill",)),
     "fg": (("fg.py",), ("transform", "transform_entries", "candidate_entries")),
     "keys": (("batch.py", "scorer_impl.py"), ("batch_keys",)),
-    # the request path calls one of each (the later name is the newer code's, which calls no older one)
-    "store_read": (("batch.py", "scorer_impl.py"), ("read_through_cache", "read_rows_through_cache")),
+    "store_read": (("batch.py", "scorer_impl.py"), ("read_through_cache",)),
+    # the request path calls one of the pool functions (the later name is the newer code's, which calls no older one)
     "pool": (("batch.py", "scorer_impl.py"), ("pool_batch", "pool_segments", "pool_rows")),
     "dense_tf": (("scorer.py",), ("dense", "_dense_segments")),
     "calibrate": (("calibration.py",), ("calibrate",)),

@@ -85,7 +85,7 @@ def pool_segments(
 
 
 def pool_rows(batch: FGBatch, keys: Keys, table: np.ndarray, poolings: list[str]) -> Segments:
-    """Unique rows [U, D+1] (each vector, then its weight: ``read_rows_through_cache``) -> the pooled
+    """Unique rows [U, D+1] (each vector, then its weight: ``read_through_cache``) -> the pooled
     segments of every (field, row).
 
     All fields at once, vectors and weights together as [U, D+1]. The lookups are in
@@ -144,23 +144,6 @@ def pool_rows(batch: FGBatch, keys: Keys, table: np.ndarray, poolings: list[str]
 
 
 def read_through_cache(
-    cache,
-    store,
-    tables: np.ndarray,
-    rows: np.ndarray,
-    feed=None,
-    keys=None,
-    parallel: bool = True,
-    timing: dict | None = None,
-):
-    """:func:`read_rows_through_cache` with the rows apart: ``(vectors [U, D], first_order [U], cache hits,
-    rows read from the store, of which found)``."""
-    got, hits, read, found = read_rows_through_cache(cache, store, tables, rows, feed, keys, parallel, timing)
-    d = got.shape[1] - 1
-    return np.ascontiguousarray(got[:, :d]), got[:, d].copy(), hits, read, found
-
-
-def read_rows_through_cache(
     cache,
     store,
     tables: np.ndarray,

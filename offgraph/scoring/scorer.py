@@ -180,7 +180,7 @@ class Scorer:
         keys = scorer_impl.batch_keys(batch)
         feed = self._follower  # fresh rows from the writer's feed, looked up first
         timing: dict = {}
-        rows, hits, read, found = scorer_impl.read_rows_through_cache(
+        rows, hits, read, found = scorer_impl.read_through_cache(
             self.row_cache, self.store, keys.unique_tables, keys.unique_rows, feed, keys.unique_keys, timing=timing
         )
         read_s = timing.get("store_read_seconds")
