@@ -4,16 +4,16 @@ bit-identical to a store read, in every record format."""
 import numpy as np
 import pytest
 
-from offgraph.scoring.batch import read_through_cache as read_rows
+from offgraph.scoring.batch import read_through_cache
 from offgraph.store import RowCache, StoreConfig, open_store
 
 D = 16
 N = 4000
 
 
-def read_through_cache(*args):
+def read_apart(*args):
     """The rows read, apart: vectors [U, D] (C order) and weights [U], then the counts."""
-    got, *counts = read_rows(*args)
+    got, *counts = read_through_cache(*args)
     return (np.ascontiguousarray(got[:, :-1]), got[:, -1].copy(), *counts)
 
 
@@ -32,10 +32,10 @@ def test_hits_decode_bit_identical_to_a_store_read(tmp_path, quant):
         want_v, want_w, found = st.read_unique(tables, rows)
         assert found[:-2].all() and not found[-2:].any()
         # first pass: every row a miss, read from the store and its record cached
-        v1, w1, hits, read, n_found = read_through_cache(cache, st, tables, rows)
+        v1, w1, hits, read, n_found = read_apart(cache, st, tables, rows)
         assert (hits, read, n_found) == (0, len(rows), len(rows) - 2)
         # second pass: every row a hit, decoded from the cached record
-        v2, w2, hits, read, _ = read_through_cache(cache, st, tables, rows)
+        v2, w2, hits, read, _ = read_apart(cache, st, tables, rows)
         assert (hits, read) == (len(rows), 0)
         for got_v, got_w in ((v1, w1), (v2, w2)):
             assert got_v.tobytes() == want_v.tobytes() and got_w.tobytes() == want_w.tobytes()
@@ -45,7 +45,7 @@ def test_hits_decode_bit_identical_to_a_store_read(tmp_path, quant):
         assert hit.all() and np.array_equal(recs, store_recs)
         # a mixed request (some hits, some misses) too
         more = np.concatenate([rows[:100], np.setdiff1d(np.arange(N), rows)[:100]])
-        v3, w3, hits, read, _ = read_through_cache(cache, st, np.full(200, 2, np.uint32), more)
+        v3, w3, hits, read, _ = read_apart(cache, st, np.full(200, 2, np.uint32), more)
         mv, mw, _ = st.read_unique(np.full(200, 2, np.uint32), more)
         assert (hits, read) == (100, 100) and v3.tobytes() == mv.tobytes() and w3.tobytes() == mw.tobytes()
 
