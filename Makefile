@@ -22,7 +22,8 @@ demo: setup
 	$(VENV)/bin/offgraph export --run $(DEMO)/run --out $(DEMO)/models/movielens/1 --quant fp32 --shards 4 \
 	    --feature-data $(DEMO)/data/movielens.parquet --feature-rows all
 	$(VENV)/bin/offgraph check --model $(DEMO)/models/movielens/1 --run $(DEMO)/run --data $(DEMO)/data/movielens.parquet --limit 20000 --ids-only
-	$(VENV)/bin/offgraph export --run $(DEMO)/run --out $(DEMO)/models/movielens/2 --quant int8 --shards 4
+	$(VENV)/bin/offgraph export --run $(DEMO)/run --out $(DEMO)/models/movielens/2 --quant int8 --shards 4 \
+	    --hot-set-data $(DEMO)/data/movielens.parquet
 	$(VENV)/bin/offgraph check --model $(DEMO)/models/movielens/2 --run $(DEMO)/run --data $(DEMO)/data/movielens.parquet --limit 20000
 	$(PY) examples/demo_request.py --models $(DEMO)/models --data $(DEMO)/data/movielens.parquet
 	$(PY) examples/demo_freshness_auc.py --out $(DEMO)/stream

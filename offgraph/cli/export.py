@@ -10,6 +10,7 @@ from offgraph.cli import LazyChoices
 
 # `offgraph --help` imports this module: nothing heavy here (the exporter is imported in run_export)
 from offgraph.cli.table_args import add_table_args, read_table_args
+from offgraph.modeldir.layout import DEFAULT_HOT_SET_ROWS
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +42,17 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         default="training",
         help="rows of --feature-data the tables are built from: the run's training rows (the values "
         "known before the held-out cut; default) or all",
+    )
+    p.add_argument(
+        "--hot-set-data",
+        help="the run's training file: record in the version the rows its training rows look up most "
+        "(the static hot set a server seeds its row cache with when it starts; default: --feature-data's file)",
+    )
+    p.add_argument(
+        "--hot-set-rows",
+        type=int,
+        default=DEFAULT_HOT_SET_ROWS,
+        help="rows of the hot set (default %(default)s; 0: none)",
     )
     add_table_args(p)
     p.add_argument("--no-progress", action="store_true")
@@ -78,10 +90,17 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def run_export(args) -> int:
     from offgraph.export.export import export_run
 
-    feature_data = None
+    feature_data = hot_set_data = None
+    if args.hot_set_rows < 0:
+        print(f"offgraph export: error: --hot-set-rows must be >= 0, got {args.hot_set_rows}", file=sys.stderr)
+        return 2
     if args.feature_data:
         args.data = args.feature_data
-        feature_data = read_table_args(args)
+        feature_data = hot_set_data = read_table_args(args)
+    hot_source = args.hot_set_data or args.feature_data
+    if args.hot_set_data and args.hot_set_data != args.feature_data:
+        args.data = args.hot_set_data
+        hot_set_data = read_table_args(args)
     m = export_run(
         args.run,
         args.out,
@@ -92,6 +111,9 @@ def run_export(args) -> int:
         feature_source=args.feature_data or "<data>",
         feature_rows=args.feature_rows,
         backend=args.backend,
+        hot_set_data=hot_set_data,
+        hot_set_source=hot_source or "<data>",
+        hot_set_rows=args.hot_set_rows,
     )
     assert m.export_seconds is not None and m.store.bytes_on_disk is not None  # a fresh export records both
     rows, secs = m.store.total_rows, m.export_seconds.store
@@ -99,6 +121,7 @@ def run_export(args) -> int:
         f"exported {args.run} -> {args.out}: {len(m.fields)} tables, {rows:,} rows, {m.store.quant} "
         f"x {m.store.shards} shards, {_where(m)}, "
         f"store {secs:.1f}s ({rows / max(secs, 1e-9):,.0f} rows/s)"
+        + (f"; hot set {m.hot_set.rows:,} rows of {m.hot_set.source}" if m.hot_set else "")
     )
     return 0
 

@@ -15,9 +15,12 @@ import numpy as np
 
 from offgraph.export.dense_saved_model import save_dense
 from offgraph.export.feature_build import build_feature_tables, manifest_record, run_held_out_mask
+from offgraph.export.hot_set import HotSet, count_lookups
 from offgraph.features.segment import check_segmenters, segmenters_of
 from offgraph.features.spec import FG_VERSION
 from offgraph.model.model import CONFIG_FILE, load_run
+from offgraph.modeldir.hot_set import write_hot_set
+from offgraph.modeldir.layout import DEFAULT_HOT_SET_ROWS
 from offgraph.modeldir.manifest import (
     DENSE_DIR,
     FORMAT_VERSION,
@@ -128,11 +131,13 @@ def write_version(
     progress: bool = True,
     workers: int | None = None,
     segmenters: dict | None = None,
+    hot_set: HotSet | None = None,
 ) -> Manifest:
     """Write a version into the prepared directory ``out``: the store, bulk-loaded from ``tables``
     (per field in spec order, chunks ``(rows, vectors, first_order)`` in ascending rows), the dense
-    SavedModel of ``head``, then the manifest (last, by rename). ``segmenters``: those the model
-    was trained with (default: the spec's, as this library has them). Returns the manifest."""
+    SavedModel of ``head``, the ``hot_set`` when given (``offgraph.modeldir.hot_set``), then the
+    manifest (last, by rename). ``segmenters``: those the model was trained with (default: the
+    spec's, as this library has them). Returns the manifest."""
     t0 = time.perf_counter()
     d = spec.model.embedding_dim
     fields, row_counts = [], {}
@@ -154,6 +159,7 @@ def write_version(
     checksums = {"dense": tree_checksums(out / DENSE_DIR)}
     checksums["dense_digest"] = digest(checksums["dense"])
     checksums["store_files"] = store_file_records(out / STORE_DIR)
+    hot = write_hot_set(out, *hot_set) if hot_set is not None and len(hot_set.rows) else None
     manifest = {
         "format_version": FORMAT_VERSION,
         "fg_version": FG_VERSION,
@@ -183,6 +189,7 @@ def write_version(
         "checksums": checksums,
         "created_at": datetime.now(UTC).isoformat(),
         "export_seconds": {"store": store_seconds, "total": time.perf_counter() - t0},
+        **({"hot_set": hot} if hot is not None else {}),
     }
     checked = Manifest.from_json(json.dumps(manifest))  # what a reader will get: a writer's slip fails here
     write_manifest(out, manifest)
@@ -200,6 +207,9 @@ def export_run(
     feature_source: str = "<data>",
     feature_rows: str = "training",
     backend: str = "rocksdb",
+    hot_set_data=None,
+    hot_set_source: str = "<data>",
+    hot_set_rows: int = DEFAULT_HOT_SET_ROWS,
 ) -> Manifest:
     """Export RUN into a version directory MODELS/NAME/VERSION; returns the manifest. ``backend``: where
     the store's rows live, ``"rocksdb"`` (the version directory) or ``"redis://HOST:PORT"`` (a Redis
@@ -208,7 +218,11 @@ def export_run(
     The spec's feature tables (MODELS/NAME/features/, shared by versions) are created before the
     manifest is written; with ``feature_data`` (a pyarrow table: the run's training file) they are
     loaded with the latest value per key of its ``feature_rows``: "training" (the run's training
-    rows: what was known before the held-out cut) or "all"."""
+    rows: what was known before the held-out cut) or "all".
+
+    With ``hot_set_data`` (a pyarrow table: the run's training file) the version records its static
+    hot set: the ``hot_set_rows`` rows its training rows (those before the held-out cut) look up most
+    (``offgraph.export.hot_set``), which a server seeds its row cache with when it starts."""
     run_dir, out = Path(run_dir), Path(out_dir)
     check_version_dir(out)  # before the run is read
     backend_location(backend)  # likewise
@@ -217,6 +231,13 @@ def export_run(
     check_segmenters(spec, metrics.get("segmenters"), f"run {run_dir}")
     if feature_rows not in ("training", "all"):
         raise ValueError(f"feature_rows must be 'training' or 'all', got {feature_rows!r}")
+    if isinstance(hot_set_rows, bool) or not isinstance(hot_set_rows, int) or hot_set_rows < 0:
+        raise ValueError(f"hot_set_rows must be an int >= 0, got {hot_set_rows!r}")
+    hot_set = None
+    if hot_set_data is not None and hot_set_rows > 0:  # before anything is written: bad data fails first
+        train = ~run_held_out_mask(run_dir, spec, hot_set_data)
+        counts = count_lookups(spec, hot_set_data, train, source=hot_set_source, progress=progress)
+        hot_set = counts.top(hot_set_rows, f"{hot_set_source}: {int(train.sum())} training rows")
     config = version_store_config(
         out, backend, dim=spec.model.embedding_dim, quant=quant, shards=shards, block_cache_mb=block_cache_mb
     )
@@ -247,6 +268,7 @@ def export_run(
         training=training,
         progress=progress,
         segmenters=metrics.get("segmenters") or segmenters_of(spec),
+        hot_set=hot_set,
     )
     total_rows = manifest.store.total_rows
     store_seconds = manifest.export_seconds.store

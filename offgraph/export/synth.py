@@ -87,6 +87,14 @@ def synth_version(out: str | Path, config: SynthConfig, progress: bool = True) -
         shards=config.shards,
         block_cache_mb=config.block_cache_mb,
     )
+    hot_set = None
+    if config.hot_set_data and config.hot_set_rows > 0:  # before anything is written: bad data fails first
+        from offgraph.export.hot_set import count_lookups
+        from offgraph.features.tables import read_table
+
+        data = read_table(config.hot_set_data)
+        counts = count_lookups(spec, data, source=config.hot_set_data, progress=progress)
+        hot_set = counts.top(config.hot_set_rows, f"{config.hot_set_data}: {data.num_rows} training rows")
     prepare_version_dir(out)
     tables = [table_chunks(config.seed, i, f.rows, config.dim) for i, f in enumerate(spec.fields)]
     t0 = time.perf_counter()
@@ -99,6 +107,7 @@ def synth_version(out: str | Path, config: SynthConfig, progress: bool = True) -
         training={"synthetic": config.model_dump()},
         progress=progress,
         workers=config.workers,
+        hot_set=hot_set,
     )
     log.debug("synth %s: %d rows in %.1fs", out, config.rows, time.perf_counter() - t0)
     return manifest

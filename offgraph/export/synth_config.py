@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from offgraph.config import ConfigModel, option
+from offgraph.modeldir.layout import DEFAULT_HOT_SET_ROWS
 
 BYTES_PER_ROW = {"int8": 28.0, "fp16": 42.0, "fp32": 82.0}
 """Disk bytes a row takes, for the free-space check (offgraph/store/README.md, 8 shards, D=16, rounded up)."""
@@ -33,6 +34,9 @@ class SynthConfig(ConfigModel, frozen=True):
     dim, quant, shards, block_cache_mb: as `offgraph export` (int8, D=16 by default).
     workers: SST writer processes of the bulk load (None: the store's default).
     backend: as `offgraph export --backend`.
+    hot_set_data / hot_set_rows: as `offgraph export`'s: a file of training rows in the synthetic spec's raw
+        inputs (``bench.hot_set_seed`` writes one), whose most looked-up rows the version records as its
+        static hot set (``offgraph.modeldir.hot_set``); every row of the file counts.
     """
 
     rows: int = option(
@@ -52,6 +56,17 @@ class SynthConfig(ConfigModel, frozen=True):
         "rocksdb",
         flag="--backend",
         description="where the rows live: rocksdb (the version directory) or redis://HOST:PORT (a Redis Cluster)",
+    )
+
+    hot_set_data: str | None = option(
+        None,
+        flag="--hot-set-data",
+        shown="none",
+        description="training rows in the synthetic spec's raw inputs (Parquet, CSV, JSON lines): record the rows "
+        "they look up most as the version's static hot set",
+    )
+    hot_set_rows: int = option(
+        DEFAULT_HOT_SET_ROWS, ge=0, flag="--hot-set-rows", description="rows of the hot set (0: none)"
     )
 
     @field_validator("backend")

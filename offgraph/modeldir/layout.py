@@ -8,3 +8,8 @@ SPLIT_SIGNATURE = "split"
 
 LOSSES = ("pointwise", "listwise", "both")
 """The training losses a version may record (``training_loss``); its calibration and ranking follow from it."""
+
+HOT_SET_FILE = "hot_set.npz"
+"""A version's static hot set (``offgraph.modeldir.hot_set``), beside its manifest."""
+DEFAULT_HOT_SET_ROWS = 1_000_000
+"""Rows of a hot set by default: more than a worker's default row cache holds (20 MB on disk)."""

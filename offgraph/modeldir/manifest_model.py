@@ -88,6 +88,17 @@ class ExportSeconds(_Record):
     total: float
 
 
+class HotSetRecord(_Record):
+    """The version's static hot set (``offgraph.modeldir.hot_set``): ``rows`` entries in file ``path``, counted over
+    ``lookups`` lookups of the training rows of ``source``; ``sha256`` of the file."""
+
+    path: str
+    rows: int
+    lookups: int
+    source: str
+    sha256: str
+
+
 class Manifest(_Record):
     """A version's manifest. Fields a reader may rely on are typed (in the order the exporter writes
     them); older manifests may lack the optional ones."""
@@ -111,6 +122,8 @@ class Manifest(_Record):
     checksums: Checksums
     created_at: str | None = None
     export_seconds: ExportSeconds | None = None
+    hot_set: HotSetRecord | None = None
+    """Absent in versions exported without training data to count (and before hot sets)."""
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:

@@ -21,6 +21,7 @@ their keys in the row cache).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
@@ -390,27 +391,47 @@ class Scorer:
         with self._fg_lock:  # nothing serves on this version yet: the lock is not contended
             return self.fg.adopt_item_cache(hot["fg"], pace)
 
-    def warm_rows(self, hot: dict[str, Any] | None, batch: int = 256, pace: Callable[[], None] | None = None) -> int:
+    def warm_rows(
+        self,
+        hot: dict[str, Any] | None,
+        batch: int = 256,
+        pace: Callable[[], None] | None = None,
+        until: float | None = None,
+        parallel: bool = False,
+    ) -> int:
         """Read the rows of another version's :meth:`hot_rows` that mean the same here (same table
         id, field name and table size: the same raw value hashes to the same row) through the write
         feed, row cache and store, as requests do: they fill this version's row cache and its block
         cache (data and index blocks) before it serves. ``pace`` is called after each batch (the
         loader's ``offgraph.server.pacing.Pacer``: the serving version keeps most of the time). The shards are
         read one after another on this thread, not by the read pool, so that warming takes one CPU
-        at most while the serving version's requests need the others. Returns the rows read."""
-        if not hot or len(hot.get("rows", ())) == 0:
+        at most while the serving version's requests need the others; ``parallel``: by the read pool
+        (nothing serves yet). ``until``: a ``time.perf_counter()`` time after which no batch starts.
+        At most the row cache's capacity is read (the first rows: ``hot`` is hottest first). Returns
+        the rows read."""
+        if not hot or len(hot.get("rows", ())) == 0 or self.row_cache is None:
             return 0
         pace = pace or _no_pause
         mine = {f.table_id: (f.name, f.rows) for f in self.manifest.fields}
         same = np.array(sorted(t for t, nr in hot["fields"].items() if mine.get(t) == nr), dtype=np.uint32)
         keep = np.isin(hot["tables"], same)
-        tables, rows = hot["tables"][keep], hot["rows"][keep]
+        room = int(self.row_cache.capacity_rows)
+        tables, rows = hot["tables"][keep][:room], hot["rows"][keep][:room]
+        done = 0
         for s in range(0, len(rows), batch):
+            if until is not None and time.perf_counter() >= until:
+                break
             scorer_impl.read_through_cache(
-                self.row_cache, self.store, tables[s : s + batch], rows[s : s + batch], self._follower, parallel=False
+                self.row_cache,
+                self.store,
+                tables[s : s + batch],
+                rows[s : s + batch],
+                self._follower,
+                parallel=parallel,
             )
+            done += len(rows[s : s + batch])
             pace()  # small batches: the serving version's requests wait milliseconds at most for the GIL
-        return int(len(rows))
+        return done
 
     def stats(self) -> dict[str, Any]:
         """Cumulative counters (ints) and freshness of this scorer: ``store_rows_read``,

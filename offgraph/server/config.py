@@ -93,6 +93,10 @@ class ServerConfig(ConfigModel, frozen=True):
         version's most recently used rows (its row cache) into its own row cache and block cache,
         so its first requests are no slower than steady traffic (0: off; bounded time: a few
         seconds per 10^5 rows read from disk).
+    hot_set_seconds: a version with nothing to take hot rows from (the first of its model, or
+        ``warmup_rows`` 0) reads its static hot set (``offgraph.modeldir.hot_set``: recorded at export from
+        its training data), hottest first, into its row cache for at most this long before it serves,
+        by the read pool (0: off). Start-to-ready grows by this much at most.
     load_share: while a version serves, loading and warming the next takes at most this share of
         the wall clock (``offgraph.server.pacing``: pauses between its steps), so that a busy server's
         requests keep the rest; 1 loads flat out. With nothing serving yet, a load runs flat out. A
@@ -197,6 +201,14 @@ class ServerConfig(ConfigModel, frozen=True):
         flag="--warmup-rows",
         description="rows of the serving version's row cache (most recently used first) a new version of the "
         "model reads into its caches before it replaces it (0: off)",
+    )
+    hot_set_seconds: float = option(
+        4.0,
+        ge=0,
+        le=3600,
+        flag="--hot-set-seconds",
+        description="a version that replaces none reads its static hot set (the rows its training data looked "
+        "up most, recorded at export) into its row cache for at most this long before it serves (0: off)",
     )
     load_share: float = option(
         0.25,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from offgraph.modeldir.hot_set import read_hot_set
 from offgraph.modeldir.manifest import STORE_DIR, load_manifest
 from offgraph.scoring.memory_budget import MemorySplit, manifest_index_mb
 from offgraph.scoring.scorer import Scorer
@@ -31,6 +32,9 @@ WARMUP_SIZES = (1, 16)
 
 PREFETCH_WAIT_S = 300.0
 """How long a version waits for its store prefetch before it opens anyway (the prefetch goes on)."""
+
+SEED_BATCH = 4096
+"""Hot-set rows per read while nothing serves: enough keys for every read thread to have a disk read in flight."""
 
 VERIFY_MAX_READS = 4096
 """Seeks of the row verification per version (a seek reads one data block per SST at that position)."""
@@ -65,6 +69,32 @@ def verify_store(scorer, pace=None) -> None:
         got["seeks"],
         time.perf_counter() - t0,
     )
+
+
+def seed_hot_set(
+    scorer, found: tuple[np.ndarray, np.ndarray] | None, seconds: float, pace=None, serving: bool = False
+) -> int:
+    """Read the version's static hot set ``found`` (``offgraph.modeldir.hot_set.read_hot_set``), hottest
+    first, into its row cache for at most ``seconds``: by the read pool while nothing is served, else on
+    this thread with ``pace``'s pauses (``Scorer.warm_rows``). Returns the rows read."""
+    if found is None or seconds <= 0 or scorer.row_cache is None:
+        return 0
+    t0 = time.perf_counter()
+    tables, rows = found
+    fields = {f.table_id: (f.name, f.rows) for f in scorer.manifest.fields}
+    warm = {"tables": tables, "rows": rows, "fields": fields}
+    # a batch's rows race for their sets' slots in one insert: small against the cache, the hotter rows of a
+    # set come in before the colder ones (a set's slots then hold its hottest; admission keeps them)
+    batch = max(16, min(SEED_BATCH if not serving else 256, scorer.row_cache.capacity_rows // 64))
+    n = scorer.warm_rows(warm, batch, pace, until=t0 + seconds, parallel=not serving)
+    log.info(
+        "%s: row cache seeded with %d of the %d rows of its hot set in %.2fs",
+        scorer.version_dir,
+        n,
+        len(rows),
+        time.perf_counter() - t0,
+    )
+    return n
 
 
 def start_prefetch(version_dir: Path, config: ServerConfig, serving: bool) -> Prefetcher | None:
@@ -181,7 +211,10 @@ def open_version(
             direct_reads=config.store_io == "direct",
         )
         verify_store(scorer, pace)
+        static = read_hot_set(version_dir, scorer.manifest)  # differs from its manifest: a damaged version
         items = scorer.warm_features(hot, pace)  # before warm-up: adopting replaces the FG's item state
+        if hot is None:  # before warm-up: its rows (no values) must not hold slots the hot rows need
+            seed_hot_set(scorer, static, config.hot_set_seconds, pace, serving)
         warm_up(scorer, config.warmup_candidates, pace)
         if hot is not None:
             t = time.perf_counter()

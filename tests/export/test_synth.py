@@ -99,3 +99,28 @@ def test_same_seed_same_model_and_it_scores(tmp_path):
     with pytest.raises(ValueError, match="already a complete version"):
         synth_version(tmp_path / "a" / "scale" / "1", cfg, progress=False)
     assert json.loads((tmp_path / "a" / "scale" / "1" / "manifest.json").read_text())["created_at"] == ma["created_at"]
+
+
+def test_hot_set_from_a_synthetic_training_log(tmp_path):
+    """`--hot-set-data`: the rows a log of the bench's own kind of traffic looks up most, hottest first; the
+    most popular user (Zipf rank 0: raw id 0) is among them."""
+    from bench.hot_set_seed import write_training_log
+    from offgraph.features.fg import FeatureGenerator
+    from offgraph.modeldir.hot_set import read_hot_set
+
+    log = tmp_path / "log.parquet"
+    write_training_log(log, ROWS, 3000, seed=11)
+    m = synth_version(
+        tmp_path / "m" / "scale" / "1",
+        SynthConfig(rows=ROWS, shards=2, hot_set_data=str(log), hot_set_rows=500),
+        progress=False,
+    )
+    assert m.hot_set is not None and m.hot_set.rows == 500 and m.hot_set.source.startswith(str(log))
+    tables, rows = read_hot_set(tmp_path / "m" / "scale" / "1", m)
+    spec = parse_spec(synth_spec(ROWS))
+    user = [i for i, f in enumerate(spec.fields) if f.name == "user_id"][0]
+    fg = FeatureGenerator(spec)
+    row0 = int(fg.transform_columns({"user_id": [0]}, 1, dense=False).fields[user].ids[0])
+    assert (user, row0) in set(zip(tables.tolist(), rows.tolist()))
+    with pytest.raises(ValueError, match=r"SynthConfig.hot_set_rows \(--hot-set-rows\)"):
+        SynthConfig(rows=ROWS, hot_set_rows=-1)
