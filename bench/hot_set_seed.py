@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bench.report import write_report
 from bench.scale_server import ScaleServer, hit_ratios
 from bench.scale_traffic import bodies as to_bodies
 from bench.scale_traffic import build_requests, draw_columns
@@ -240,10 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "summary": summary(runs),
     }
-    (args.out / "hot_set_seed.json").write_text(json.dumps(report, indent=1))
-    (args.out / "hot_set_seed.md").write_text(markdown(report))
-    plot(report, args.out / "hot_set_seed.png")
-    print(markdown(report))
+    write_report(args.out, "hot_set_seed", report, markdown(report), plot)
     return 0
 
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
 import subprocess
 import time
 from pathlib import Path
 
+from bench.report import write_report
 from bench.scale_server import ScaleServer, hit_ratios
 from bench.scale_traffic import bodies as to_bodies
 from bench.scale_traffic import build_requests
@@ -160,10 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [measure(args.models.resolve(), None, args, "new")]
     if args.baseline_models:
         runs.append(measure(args.baseline_models.resolve(), args.baseline_repo.resolve(), args, "old"))
-    (args.out / "scale_perf.json").write_text(json.dumps(runs, indent=1))
-    (args.out / "scale_perf.md").write_text(markdown(runs))
-    plot(runs, args.out / "scale_perf.png")
-    print(markdown(runs))
+    write_report(args.out, "scale_perf", runs, markdown(runs), plot)
     return 0
 
 
