@@ -65,6 +65,7 @@ class Scorer:
         store_statistics: bool = False,
         pace: Callable[[], None] | None = None,
         direct_reads: bool | None = None,
+        parallel_reads: bool = True,
     ):
         if isinstance(row_cache_mb, bool) or not isinstance(row_cache_mb, (int, float)) or row_cache_mb < 0:
             raise ValueError(f"row_cache_mb must be a number >= 0, got {row_cache_mb!r}")
@@ -75,6 +76,9 @@ class Scorer:
         ):
             raise ValueError(f"follow_interval_s must be a number > 0, got {follow_interval_s!r}")
         self.version_dir = Path(version_dir)
+        # a request's store reads split over the read pool (a disk serves several at once); False: one
+        # multi_get per shard on the scoring thread (a store in the page cache: its reads are memory copies)
+        self.parallel_reads = parallel_reads
         pace = pace or _no_pause  # called between the load's steps (offgraph.server.pacing: a load yields to serving)
         mv = ModelVersion.open(self.version_dir, verify_dense=verify)
         self.manifest = m = mv.manifest
@@ -182,7 +186,14 @@ class Scorer:
         feed = self._follower  # fresh rows from the writer's feed, looked up first
         timing: dict = {}
         rows, hits, read, found = scorer_impl.read_through_cache(
-            self.row_cache, self.store, keys.unique_tables, keys.unique_rows, feed, keys.unique_keys, timing=timing
+            self.row_cache,
+            self.store,
+            keys.unique_tables,
+            keys.unique_rows,
+            feed,
+            keys.unique_keys,
+            parallel=self.parallel_reads,
+            timing=timing,
         )
         read_s = timing.get("store_read_seconds")
         if read_s is not None:

@@ -209,6 +209,9 @@ def open_version(
             store_statistics=True,
             pace=pace,
             direct_reads=config.store_io == "direct",
+            # prefetched: the store's blocks are in the page cache, and handing a request's reads to the read
+            # pool costs more than the memory copies they are (bench/results/scale-buffered-1e8/)
+            parallel_reads=prefetcher is None,
         )
         verify_store(scorer, pace)
         static = read_hot_set(version_dir, scorer.manifest)  # differs from its manifest: a damaged version

@@ -76,6 +76,7 @@ def test_with_nothing_serving_the_prefetch_ignores_the_rate_limit_and_ends_befor
         pf = sv.prefetcher
         assert pf is not None and pf.finished and pf.done_bytes == total and pf.error is None
         assert pf.disk_share == 1.0  # nothing served: no pauses
+        assert sv.scorer.parallel_reads is False  # a store in the page cache is read on the scoring thread
         assert sum(resident_bytes(p) for p in store_files(vdir / "store")) >= 0.9 * total
         msgs = _messages(caplog)
         assert next(i for i, m in enumerate(msgs) if "prefetched" in m) < next(
@@ -91,6 +92,7 @@ def test_prefetch_off_reads_nothing(tiny_model, tmp_path, caplog):
     sv = open_version(vdir, ServerConfig(models_dir=models, prefetch_store="off"))
     try:
         assert sv.prefetcher is None
+        assert sv.scorer.parallel_reads is True  # reads that may wait on the device go to the read pool
         assert any("store not prefetched" in m for m in _messages(caplog))
     finally:
         sv.close()
