@@ -15,7 +15,7 @@ import numpy as np
 
 from offgraph.export.dense_saved_model import save_dense
 from offgraph.export.feature_build import build_feature_tables, manifest_record, run_held_out_mask
-from offgraph.export.hot_set import HotSet, count_lookups
+from offgraph.export.hot_set import HotSet, hot_set_of
 from offgraph.features.segment import check_segmenters, segmenters_of
 from offgraph.features.spec import FG_VERSION
 from offgraph.model.model import CONFIG_FILE, load_run
@@ -236,8 +236,7 @@ def export_run(
     hot_set = None
     if hot_set_data is not None and hot_set_rows > 0:  # before anything is written: bad data fails first
         train = ~run_held_out_mask(run_dir, spec, hot_set_data)
-        counts = count_lookups(spec, hot_set_data, train, source=hot_set_source, progress=progress)
-        hot_set = counts.top(hot_set_rows, f"{hot_set_source}: {int(train.sum())} training rows")
+        hot_set = hot_set_of(spec, hot_set_data, hot_set_rows, train, source=hot_set_source, progress=progress)
     config = version_store_config(
         out, backend, dim=spec.model.embedding_dim, quant=quant, shards=shards, block_cache_mb=block_cache_mb
     )

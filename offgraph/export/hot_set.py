@@ -87,13 +87,14 @@ def count_lookups(
     check_spec_columns(spec, table.column_names, source)
     fg = FeatureGenerator(spec)
     wanted = {f.input for f in spec.fields if f.input} & set(table.column_names)
+    table = table.select(sorted(wanted))
     picked = np.arange(table.num_rows) if mask is None else np.flatnonzero(np.asarray(mask, dtype=bool))
     counts = KeyCounts()
     bar = tqdm(total=len(picked), desc="hot set: counting lookups", unit="row", disable=not progress, leave=False)
     with bar:
         for s in range(0, len(picked), CHUNK_ROWS):
             idx = picked[s : s + CHUNK_ROWS]
-            chunk = table.select(sorted(wanted)).take(pa.array(idx))
+            chunk = table.take(pa.array(idx))
             cols = {c: chunk.column(c).to_pylist() for c in chunk.column_names}
             try:
                 batch = fg.transform_columns(cols, len(idx), dense=False)
@@ -105,3 +106,18 @@ def count_lookups(
             counts.add(np.concatenate([combine_keys(i, rag.ids) for i, rag in enumerate(batch.fields)]))
             bar.update(len(idx))
     return counts
+
+
+def hot_set_of(
+    spec: FeatureSpec,
+    table: pa.Table,
+    limit: int,
+    mask: np.ndarray | None = None,
+    *,
+    source: str,
+    progress: bool = True,
+) -> HotSet:
+    """The ``limit`` rows the ``mask`` rows of ``table`` (all without one) look up most (:func:`count_lookups`)."""
+    counts = count_lookups(spec, table, mask, source=source, progress=progress)
+    used = table.num_rows if mask is None else int(np.count_nonzero(mask))
+    return counts.top(limit, f"{source}: {used} training rows")

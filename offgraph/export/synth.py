@@ -89,12 +89,11 @@ def synth_version(out: str | Path, config: SynthConfig, progress: bool = True) -
     )
     hot_set = None
     if config.hot_set_data and config.hot_set_rows > 0:  # before anything is written: bad data fails first
-        from offgraph.export.hot_set import count_lookups
+        from offgraph.export.hot_set import hot_set_of
         from offgraph.features.tables import read_table
 
         data = read_table(config.hot_set_data)
-        counts = count_lookups(spec, data, source=config.hot_set_data, progress=progress)
-        hot_set = counts.top(config.hot_set_rows, f"{config.hot_set_data}: {data.num_rows} training rows")
+        hot_set = hot_set_of(spec, data, config.hot_set_rows, source=config.hot_set_data, progress=progress)
     prepare_version_dir(out)
     tables = [table_chunks(config.seed, i, f.rows, config.dim) for i, f in enumerate(spec.fields)]
     t0 = time.perf_counter()

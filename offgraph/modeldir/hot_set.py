@@ -15,11 +15,13 @@ uint64, one entry per row, ordered by count (descending), then table and row.
 from __future__ import annotations
 
 import hashlib
+import io
 from pathlib import Path
 
 import numpy as np
 
 from offgraph.modeldir.layout import HOT_SET_FILE
+from offgraph.modeldir.manifest import file_sha256
 from offgraph.modeldir.manifest_model import HotSetRecord, Manifest
 
 
@@ -46,7 +48,7 @@ def write_hot_set(
         "rows": int(len(rows)),
         "lookups": int(lookups),
         "source": source,
-        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "sha256": file_sha256(path),
     }
 
 
@@ -65,7 +67,7 @@ def read_hot_set(version_dir: str | Path, manifest: Manifest) -> tuple[np.ndarra
         raise ValueError(f"{path}: the manifest records a hot set this version lacks ({e.strerror})") from None
     if hashlib.sha256(data).hexdigest() != rec.sha256:
         raise ValueError(f"{path}: its sha256 differs from the manifest's (changed or damaged after export)")
-    with np.load(path, allow_pickle=False) as z:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:  # the bytes just checked, not the file again
         tables, rows = z["tables"], z["rows"]
     if tables.dtype != np.uint32 or rows.dtype != np.uint64 or tables.shape != rows.shape or len(rows) != rec.rows:
         raise ValueError(

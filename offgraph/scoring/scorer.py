@@ -390,9 +390,13 @@ class Scorer:
             out.update(
                 tables=t,
                 rows=r,
-                fields={f.table_id: (f.name, f.rows) for f in self.manifest.fields},
+                fields=self.table_fields(),
             )
         return out
+
+    def table_fields(self) -> dict[int, tuple[str, int]]:
+        """{table id: (field name, rows)}: what a row id means here (:meth:`hot_rows`' ``fields``)."""
+        return {f.table_id: (f.name, f.rows) for f in self.manifest.fields}
 
     def warm_features(self, hot: dict[str, Any] | None, pace: Callable[[], None] | None = None) -> int:
         """Adopt another version's FG item cache (:meth:`hot_rows`) if it ran the same spec; returns
@@ -423,7 +427,7 @@ class Scorer:
         if not hot or len(hot.get("rows", ())) == 0 or self.row_cache is None:
             return 0
         pace = pace or _no_pause
-        mine = {f.table_id: (f.name, f.rows) for f in self.manifest.fields}
+        mine = self.table_fields()
         same = np.array(sorted(t for t, nr in hot["fields"].items() if mine.get(t) == nr), dtype=np.uint32)
         keep = np.isin(hot["tables"], same)
         room = int(self.row_cache.capacity_rows)

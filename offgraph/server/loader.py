@@ -81,8 +81,7 @@ def seed_hot_set(
         return 0
     t0 = time.perf_counter()
     tables, rows = found
-    fields = {f.table_id: (f.name, f.rows) for f in scorer.manifest.fields}
-    warm = {"tables": tables, "rows": rows, "fields": fields}
+    warm = {"tables": tables, "rows": rows, "fields": scorer.table_fields()}
     # a batch's rows race for their sets' slots in one insert: small against the cache, the hotter rows of a
     # set come in before the colder ones (a set's slots then hold its hottest; admission keeps them)
     batch = max(16, min(SEED_BATCH if not serving else 256, scorer.row_cache.capacity_rows // 64))
