@@ -26,6 +26,7 @@ class UpdaterMetrics:
         self.files_applied = 0
         self.files_dead = 0
         self.batches = 0
+        self.store_reopens = 0  # a remote store (Redis) that did not answer, closed and opened again
         self.newest_event_ms: int | None = None
         self.waiting = 0
         self.backlog = Backlog()
@@ -86,6 +87,12 @@ class UpdaterMetrics:
             "errors": Counter(
                 "offgraph_update_broker_connection_errors", "Kafka: failed or dropped broker connections", lbl
             ),
+            "reopens": Counter(
+                "offgraph_update_store_reopens",
+                "a remote store (Redis Cluster) did not answer a write, read or open (down, failing over, a fenced "
+                "batch): the updater dropped its batch, closed the store and opened it again after a backoff",
+                lbl,
+            ),
             "resets": Counter(
                 "offgraph_update_offset_resets",
                 "Kafka: partitions whose offsets went backwards (the broker lost its log, the topic was re-created)",
@@ -118,6 +125,11 @@ class UpdaterMetrics:
             self._prom["rows"].labels(self.model).inc(rows)
             self._prom["stale"].labels(self.model).inc(stale)
             self._prom["files"].labels(self.model).inc(files)
+
+    def store_reopened(self) -> None:
+        self.store_reopens += 1
+        if self._prom:
+            self._prom["reopens"].labels(self.model).inc()
 
     def dead(self) -> None:
         self.files_dead += 1
@@ -222,6 +234,7 @@ class UpdaterMetrics:
             "files_applied": self.files_applied,
             "files_dead_lettered": self.files_dead,
             "batches": self.batches,
+            "store_reopens": self.store_reopens,
             "lag_s": self.lag_s(),
             "files_waiting": self.waiting,
             "backlog_rows": self.backlog.rows,

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from offgraph.modeldir.status_file import write_status
-from offgraph.store.errors import StoreRemoteError
+from offgraph.store.errors import StoreRemoteError, StoreUnavailable
 from offgraph.store.feature_db import FeatureTableError
 from offgraph.streaming._updater import check_batch, concat, lagging_shards, positions_from_meta, shard_subset
 from offgraph.streaming.deltas import DeltaBatch, DeltaFormatError, FeatureDeltaBatch
@@ -38,6 +38,11 @@ REMOTE_RETRY_S = (0.2, 5.0)
 """The wait before reopening a remote store after an error: doubled each time, from the first to the last."""
 REMOTE_LOG_S = 10.0
 """A remote store's errors are logged at most once this often (a cluster down fails every attempt)."""
+
+REMOTE_ERRORS = (StoreRemoteError, StoreUnavailable)
+"""A remote store that did not answer: a write or open that did not go through (StoreRemoteError), or a
+read that timed out or lost its connection (StoreUnavailable: the seq read-back of a write, the positions
+read at start). Either way nothing of the batch was applied and the store is not at fault: reopen, go on."""
 
 APPLY, WAIT, SWITCH = "apply", "wait", "switch"
 
@@ -107,7 +112,7 @@ class Updater:
                     if self.live.store is None:
                         self.start()
                     n = self.step()
-                except StoreRemoteError as e:  # a cluster down or failing over, or a fenced batch
+                except REMOTE_ERRORS as e:  # a cluster down or failing over, or a fenced batch
                     self._reopen_after(e)
                     continue
                 self._remote_delay = REMOTE_RETRY_S[0]
@@ -131,13 +136,14 @@ class Updater:
         self.close()
         return self.metrics.summary()
 
-    def _reopen_after(self, e: StoreRemoteError) -> None:
-        """A remote store's write or open did not go through: nothing of the batch was applied, and
+    def _reopen_after(self, e: StoreRemoteError | StoreUnavailable) -> None:
+        """A remote store's write, read or open did not go through: nothing of the batch was applied, and
         what the store holds may be older than what this process wrote (a failover loses the batches a
         master had not replicated, with their positions). Drop what was gathered, close the store,
         wait (a backoff, up to ``REMOTE_RETRY_S[1]``) and start again: :meth:`start` reads the positions
         the shards hold and seeks the source back to them, so the lost batches are applied again."""
         self.remote_errors += 1
+        self.metrics.store_reopened()
         self._remote_log.log(
             logging.WARNING,
             "the store's cluster: %s; reopening it in %.1fs and going on from the positions it holds",
