@@ -35,8 +35,11 @@ lint: setup
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
-# every test; pytest-timeout stops any one test after 300 s (pyproject.toml)
+# every test; pytest-timeout stops any one test after 300 s (pyproject.toml). tests/parts.py first installs
+# the system programs the tests need (as root, apt-get), fetches MovieLens, or stops naming what it could not get;
+# OFFGRAPH_TEST_WITHOUT=part,... runs a reduced tier without those parts (their tests skip, saying so)
 test: setup
+	$(PY) tests/parts.py
 	$(PY) -m pytest -q
 
 # unit tests only: no model training, no subprocesses or servers (tests/tiers.py marks the rest slow)

@@ -1,10 +1,8 @@
 """Redis Cluster test helpers: a real cluster (3 masters, 3 replicas, Debian's redis-server) on loopback
 for a module's tests, each of which keys its rows by its own namespace."""
 
-import os
-import shutil
-
 import pytest
+from parts import need
 
 from offgraph.store import StoreConfig
 from offgraph.testing.redis_cluster import redis_cluster
@@ -12,10 +10,7 @@ from offgraph.testing.redis_cluster import redis_cluster
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    if shutil.which("redis-server") is None:  # .ci/run installs it (there, its absence fails)
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is not installed: .ci/run installs Debian's redis-server")
-        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
+    need("redis-server")  # `make test` installs it (tests/parts.py)
     with redis_cluster(tmp_path_factory.mktemp("redis")) as c:
         yield c
 

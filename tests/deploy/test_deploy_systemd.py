@@ -4,13 +4,13 @@ file sets every variable their command lines use."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from deploy_helpers import SYSTEMD
+from parts import need
 
 UNITS = ("offgraph-serve.service", "offgraph-update.service")
 INSTALLED_OFFGRAPH = "/opt/offgraph/.venv/bin/offgraph"
@@ -22,8 +22,7 @@ def _verify(paths: list[Path]) -> subprocess.CompletedProcess:
 
 def _verifier(tmp_path: Path) -> None:
     """Skip unless systemd-analyze verifies a trivial unit here (absent, or no systemd to ask)."""
-    if shutil.which("systemd-analyze") is None:
-        pytest.skip("systemd-analyze is not installed (Debian: systemd)")
+    need("systemd-analyze")  # `make test` installs it (tests/parts.py)
     probe = tmp_path / "offgraph-probe.service"
     probe.write_text("[Unit]\nDescription=probe\n[Service]\nExecStart=/bin/true\n")
     out = _verify([probe])

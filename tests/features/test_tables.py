@@ -8,10 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from parts import DATA, need
 
 from offgraph.features.tables import DataError, detect_format, read_table
-
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def write(path: Path, text: str) -> Path:
@@ -157,10 +156,10 @@ def test_json_non_object_line(tmp_path):
 # ---------------------------------------------------------------- real data
 
 
-@pytest.mark.skipif(not (SHARED / "criteo-10k").is_dir(), reason="no ../shared/data")
 def test_real_criteo_tsv_types():
+    need("criteo-10k")
     names = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
-    path = SHARED / "criteo-10k" / "criteo_10k.tsv"
+    path = DATA["criteo-10k"].folder() / "criteo_10k.tsv"
     t = read_table(path, names=names)
     raw = [line.rstrip("\n").split("\t") for line in path.open()]
     assert t.num_rows == len(raw) == 10_000

@@ -4,17 +4,17 @@ a real uvicorn on 127.0.0.1 serving the tiny real model (conftest's ``tiny_model
 Chromium resolves no host but 127.0.0.1 (``--host-resolver-rules``), so a page that needs a CDN stays blank;
 the DOM it dumps after the page's JavaScript ran must hold the score operation, and with the operation
 opened (Swagger UI's deep link) or in ReDoc's samples, the served model's own example body. The served
-HTML must name no http(s) URL of another host. Chromium is Debian's ``chromium`` (``.ci/run`` installs it):
-without it the browser tests are skipped, except under CI, where they fail.
+HTML must name no http(s) URL of another host. Chromium is Debian's ``chromium`` (``make test`` installs it:
+tests/parts.py); without it the browser tests fail, unless OFFGRAPH_TEST_WITHOUT=chromium asks to run without.
 """
 
-import os
 import re
 import shutil
 import subprocess
 
 import httpx
 import pytest
+from parts import need
 from server_helpers import client, model_server  # noqa: F401 - client: a fixture
 
 SCORE_PATH = "/v1/models/{name}:score"
@@ -33,12 +33,9 @@ def server(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
+    need("chromium")  # `make test` installs it (tests/parts.py)
     path = shutil.which("chromium")
-    if path is None:
-        why = "chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+    assert path is not None
     return path
 
 
