@@ -4,9 +4,16 @@ A message's value is one delta file's bytes (an Arrow IPC file, ``offgraph.strea
 model version and dim in its schema metadata, K rows), so any language with Arrow can
 produce one. Headers repeat what a consumer may want before decoding:
 
-    offgraph.delta.version = b"1"
-    offgraph.model         = model name (utf-8)
-    offgraph.model_version = decimal int
+    offgraph.delta.version = b"1"               the payload's offgraph.delta.version (format version)
+    offgraph.model         = model name (utf-8)  the payload's model
+    offgraph.model_version = decimal int         the payload's model_version (row deltas only: a
+                                                 feature delta names no version, so has no such header)
+
+Headers are optional, but checked (:func:`check_headers`): each of these three that is present
+must be well-formed (null, empty, not UTF-8, not a decimal int: malformed, never "absent") and
+say what the payload says; else the message is refused (dead-lettered) with a reason naming the
+header, its value and the payload's. Headers of other names are ignored (tracing headers of other
+producers, the ``offgraph.dead_letter.*`` ones of a replayed dead letter).
 
 A message is at most ``MAX_MESSAGE_BYTES`` (1 MiB, Kafka's default ``message.max.bytes``):
 a producer splits a batch into messages of at most ``rows_per_message(dim)`` rows. All
@@ -23,15 +30,27 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from offgraph.store.keys import shard_of
-from offgraph.streaming.deltas import encode_delta
+from offgraph.streaming.deltas import (
+    KIND_FEATURES,
+    META_KIND,
+    META_MODEL,
+    META_MODEL_VERSION,
+    META_VERSION,
+    DeltaFormatError,
+    encode_delta,
+)
 
 FORMAT_VERSION = b"1"
 H_VERSION, H_MODEL, H_MODEL_VERSION = "offgraph.delta.version", "offgraph.model", "offgraph.model_version"
@@ -64,7 +83,117 @@ def rows_per_message(dim: int, max_bytes: int = MAX_MESSAGE_BYTES) -> int:
 
 
 def headers(model: str, model_version: int) -> list[tuple[str, bytes]]:
+    """The headers of a row-delta message (what its payload's metadata says)."""
     return [(H_VERSION, FORMAT_VERSION), (H_MODEL, model.encode()), (H_MODEL_VERSION, str(int(model_version)).encode())]
+
+
+def feature_headers(model: str) -> list[tuple[str, bytes]]:
+    """The headers of a feature-delta message: no model version (a feature delta names none)."""
+    return [(H_VERSION, FORMAT_VERSION), (H_MODEL, model.encode())]
+
+
+# header -> (the payload's metadata key it repeats, what it holds, whether a decimal int)
+_CHECKED: dict[str, tuple[bytes, str, bool]] = {
+    H_VERSION: (META_VERSION, f"the delta format version, {FORMAT_VERSION.decode()}", True),
+    H_MODEL: (META_MODEL, "the model name", False),
+    H_MODEL_VERSION: (META_MODEL_VERSION, "the model version, a decimal int", True),
+}
+_DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")  # as the sink writes it: no sign, space or leading zero
+_SHOWN = 120  # characters of a value shown in a reason at most
+
+
+def _show(value: bytes | str) -> str:
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    s = repr(value)
+    return s if len(s) <= _SHOWN else s[:_SHOWN] + "..."
+
+
+def payload_metadata(value: bytes | bytearray | memoryview) -> dict[bytes, bytes] | None:
+    """The schema metadata of a message's payload (an Arrow IPC file; its footer and schema are
+    read, not its rows), or None where it is not readable as one (``deltas.read`` says why)."""
+    try:
+        return dict(ipc.open_file(pa.BufferReader(pa.py_buffer(value))).schema.metadata or {})
+    except (pa.ArrowException, OSError, ValueError):
+        return None
+
+
+def _payload_says(meta: dict[bytes, bytes] | None, key: bytes) -> str:
+    if meta is None:
+        return "the payload is not a readable Arrow IPC file"
+    if key == META_MODEL_VERSION and meta.get(META_KIND) == KIND_FEATURES:
+        return "the payload is a feature delta, which names no model version"
+    if key not in meta:
+        return f"the payload's metadata has no {key.decode()!r}"
+    return f"the payload's {key.decode()} is {_show(meta[key])}"
+
+
+def _agrees(key: bytes, text: str, meta: dict[bytes, bytes]) -> bool:
+    """Whether header value ``text`` (well-formed) says what the payload's ``meta`` does. A payload
+    that lacks the key (or holds a value the reader refuses) is refused by ``deltas.read`` anyway."""
+    if key == META_MODEL_VERSION and meta.get(META_KIND) == KIND_FEATURES:
+        return False  # a feature delta names no version: a header that names one is not about it
+    got = meta.get(key)
+    if got is None:
+        return True
+    if key == META_MODEL_VERSION:
+        try:
+            return int(got.decode("ascii")) == int(text)
+        except (UnicodeDecodeError, ValueError):
+            return True
+    return got == text.encode("utf-8")
+
+
+def header_problem(name: str, raw: bytes | str | None, meta: dict[bytes, bytes] | None) -> str | None:
+    """Why header ``name`` with value ``raw`` (None: a null header) refuses a message whose payload has
+    metadata ``meta`` (None: unreadable), or None where it is fine (a name not checked is fine)."""
+    if name not in _CHECKED:
+        return None
+    key, holds, decimal = _CHECKED[name]
+    says = _payload_says(meta, key)
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8")
+    fault, text = None, ""
+    if raw is None:
+        fault = "is present but null"
+    elif raw == b"":
+        fault = "is present but empty"
+    else:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            fault = f"= {_show(raw)} is not UTF-8"
+        if fault is None and decimal and not _DECIMAL.fullmatch(text):
+            fault = f"= {_show(raw)} is not a decimal int"
+    if fault is not None:
+        return f"Kafka header {name} {fault} (a present {name} header must hold {holds}); {says}"
+    if name == H_VERSION and raw != FORMAT_VERSION:
+        return (
+            f"Kafka header {name} = {_show(raw)}: this offgraph reads delta format version "
+            f"{FORMAT_VERSION.decode()}; {says}"
+        )
+    if meta is not None and not _agrees(key, text, meta):
+        return f"Kafka header {name} = {_show(raw)} disagrees with the payload: {says}"
+    return None
+
+
+def check_headers(hdrs: Iterable[tuple[str, bytes | str | None]], value: bytes | bytearray | memoryview) -> None:
+    """Refuse (DeltaFormatError, the first fault) a message whose offgraph headers are malformed or
+    disagree with its payload ``value``; absent headers and headers of other names are fine. Every
+    occurrence of a repeated header is checked."""
+    meta: dict[bytes, bytes] | None = None
+    read = False
+    for name, raw in hdrs:
+        if name not in _CHECKED:
+            continue
+        if not read:
+            meta, read = payload_metadata(value), True
+        problem = header_problem(name, raw, meta)
+        if problem is not None:
+            raise DeltaFormatError(problem)
 
 
 def encode_one(model: str, model_version: int, **columns) -> bytes:

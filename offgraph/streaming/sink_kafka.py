@@ -23,12 +23,10 @@ from offgraph.streaming.deltas import encode_feature_delta
 from offgraph.streaming.kafka_admin import ensure_topic
 from offgraph.streaming.kafka_health import BrokerHealth
 from offgraph.streaming.kafka_messages import (
-    FORMAT_VERSION,
-    H_MODEL,
-    H_VERSION,
     MAX_MESSAGE_BYTES,
     encode_messages,
     encode_one,
+    feature_headers,
     headers,
     parse_kafka_url,
     version_start_path,
@@ -159,7 +157,7 @@ class KafkaSink(DeltaSink):
                 f"feature delta of {len(value)} bytes; at most {MAX_MESSAGE_BYTES} per message: "
                 "send fewer rows per call"
             )
-        self._produce(0, value, [(H_VERSION, FORMAT_VERSION), (H_MODEL, delta["model"].encode())])
+        self._produce(0, value, feature_headers(delta["model"]))
         return f"1 message to {self.url}"
 
     def flush(self, timeout_s: float = 60.0) -> None:

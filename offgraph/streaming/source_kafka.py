@@ -48,11 +48,10 @@ from offgraph.streaming.deltas import AnyDeltaBatch, DeltaFormatError, count_row
 from offgraph.streaming.kafka_admin import ensure_topic
 from offgraph.streaming.kafka_health import BrokerHealth
 from offgraph.streaming.kafka_messages import (
-    FORMAT_VERSION,
     H_ORIGIN,
     H_REASON,
-    H_VERSION,
     MAX_MESSAGE_BYTES,
+    check_headers,
     dead_letter_reference,
     parse_kafka_url,
     read_version_start,
@@ -98,7 +97,8 @@ def fingerprint(value: bytes, timestamp_ms: int) -> str:
 
 @dataclass(frozen=True)
 class KafkaItem(SourceItem):
-    """One message; ``read`` refuses an oversized or other-version message before decoding."""
+    """One message; ``read`` refuses an oversized message before decoding, and one whose offgraph
+    headers are malformed or disagree with its payload (``kafka_messages.check_headers``)."""
 
     partition: int = 0
     offset: int = 0
@@ -111,11 +111,7 @@ class KafkaItem(SourceItem):
                 f"message of {len(data)} bytes; at most {READ_LIMIT} are read "
                 f"(producers split batches into messages of {MAX_MESSAGE_BYTES} bytes)"
             )
-        version = dict(self.headers).get(H_VERSION)
-        if version is not None and version != FORMAT_VERSION:
-            raise DeltaFormatError(
-                f"header {H_VERSION}={version!r}; this offgraph reads version {FORMAT_VERSION.decode()}"
-            )
+        check_headers(self.headers, data)  # malformed, or disagreeing with the payload: refused
         return deltas.read(data)
 
 
