@@ -3,7 +3,10 @@
 ``JsonBody(model)`` parses a body with a pydantic model inside a dependency, so that a route
 decides when the body is read: an admin route authenticates first, and a malformed body never
 answers before the 401. Every problem is a 422 naming it (invalid JSON and undecodable bytes
-included), or a 415 for a Content-Type that is not JSON; no Content-Type is read as JSON.
+included), or a 415 for a Content-Type that is not JSON; no Content-Type is read as JSON. Every body
+is checked for its nesting first (``JsonBody.check_depth``: deeper than ``body_limit.MAX_JSON_DEPTH`` is
+a 422 naming the limit), so no decoder below ever recurses deeper; every route that reads a JSON body
+reads it with ``JsonBody.parse``.
 
 Score bodies (``ScoreBodyParser``): the pydantic ``ScoreRequest`` (with the app's
 --max-candidates) is THE documented schema: FastAPI publishes it in OpenAPI and it words every
@@ -29,6 +32,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from offgraph.scoring.raw_candidates import RawCandidates
+from offgraph.server.body_limit import MAX_JSON_DEPTH, json_too_deep
 from offgraph.server.control import LABEL_PATTERN
 from offgraph.server.errors import ApiError, BodyValidationError
 
@@ -90,7 +94,21 @@ class JsonBody:
 
     async def parse(self, request: Request) -> Any:
         check_json_content_type(request)
-        return self.validate(await request.body())
+        raw = await request.body()
+        self.check_depth(raw)
+        return self.validate(raw)
+
+    def check_depth(self, raw: bytes) -> None:
+        """A 422 for a body nested deeper than ``MAX_JSON_DEPTH`` (``body_limit.json_too_deep``), before any
+        decoder sees it: they recurse once per level, and one past Python's recursion limit is an internal error."""
+        at = json_too_deep(raw)
+        if at is not None:
+            msg = f"JSON nested deeper than {MAX_JSON_DEPTH} levels (arrays and objects) at byte {at}"
+            raise BodyValidationError(
+                [{"type": "json_too_deep", "loc": ("body",), "msg": msg, "ctx": {"limit": MAX_JSON_DEPTH}}],
+                self.what,
+                [f.alias or k for k, f in self.model.model_fields.items()],
+            )
 
     def validate(self, raw: bytes) -> Any:
         try:  # an empty body is a missing one (as FastAPI words it): every required key is missing
