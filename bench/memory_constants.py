@@ -86,7 +86,7 @@ def measure_index(rows: int = ROWS, workdir: str | Path | None = None) -> dict[s
 
 def item_columns(n: int, seed: int = 0) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """A request's raw values and ``n`` candidates' columns, uniform over a huge item table (so distinct)."""
-    from bench.scale_traffic import draw_columns
+    from offgraph.export.traffic import draw_columns
 
     req, cand = draw_columns(ITEM_TABLE_ROWS, 1, n, "uniform", seed)
     return {k: v[0].item() for k, v in req.items()}, cand

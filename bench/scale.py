@@ -327,9 +327,9 @@ def perfect_lfu(rows: int, args, warm: list[tuple[int, int, int]], sent: list[ra
     only. The keys are those the server computes from the same draws as ``measure``'s bodies
     (``build_requests``' columns, same seeds), built as columns (``offgraph.export.plan.request_keys``, exact:
     ``tests/export/test_plan.py`` checks them against the FG's), not through FG request by request (minutes)."""
-    from bench.scale_traffic import draw_columns
     from offgraph.export.cache_sim import perfect_lfu_hit_ratio, trace_of
     from offgraph.export.plan import request_keys
+    from offgraph.export.traffic import draw_columns
 
     def keys(n: int, seed: int) -> list:
         req, cand = draw_columns(rows, n, args.candidates, "zipf", seed)

@@ -6,7 +6,7 @@
     lru_hit_ratio(trace, capacity_rows)                   # exact fully associative LRU (reference)
     s3fifo_hit_ratio(trace, capacity_rows)                # S3-FIFO (Yang et al., SOSP'23), fully associative
 
-A trace is what the server's row cache sees: for each request of ``bench.scale_traffic.build_requests``
+A trace is what the server's row cache sees: for each request of ``offgraph.export.traffic.build_requests``
 (the bench's bodies), the unique combined keys that FG and ``offgraph.scoring.batch.batch_keys`` give for the
 synthetic spec (``offgraph.export.synth_spec``: no store is needed). ``replay`` looks each request's keys up,
 then inserts the misses, as ``offgraph.scoring.batch`` does.
@@ -55,8 +55,8 @@ def bench_trace(
     """The unique keys of each of ``bench.scale``'s requests (its default warm-up, c1 and c8 bodies:
     ``build_requests(rows, 200 + 300 + 4000 + 2, 200, popularity, seed=0)``), through the server's FG
     and key path for the synthetic spec of ``total_rows`` rows."""
-    from bench.scale_traffic import build_requests
     from offgraph.export.synth_spec import synth_spec
+    from offgraph.export.traffic import build_requests
     from offgraph.features.fg import FeatureGenerator
     from offgraph.features.spec import parse_spec
     from offgraph.scoring.batch import batch_keys

@@ -15,7 +15,7 @@ between; past 8 the device is taken as saturated (q / reads per second at depth 
 is 1 when the version's index fits in the block cache the memory budget gives (``offgraph.scoring.memory_budget``),
 one more read for the share of the index that does not.
 
-The hit ratio is simulated: the bench's traffic (``bench.scale_traffic``) replayed through the real row
+The hit ratio is simulated: the bench's traffic (``offgraph.export.traffic``) replayed through the real row
 cache (``offgraph.store.row_cache.RowCache`` with the synth version's codec) at the row-cache size the budget
 gives, in windows of requests until two windows in a row agree to ``CONVERGED_POINTS`` (the steady
 state). The trace through FG (``offgraph.export.cache_sim.bench_trace``) is too slow per request for the
@@ -111,8 +111,8 @@ def read_time(
 def synth_trace(total_rows: int, n_requests: int, n_candidates: int, popularity: str, exponent: float, seed: int = 0):
     """The columnar twin of ``cache_sim.bench_trace`` (see the module docstring): each request's unique
     combined keys, table ids in the spec's field order as ``offgraph.scoring.batch.batch_keys`` numbers them."""
-    from bench.scale_traffic import draw_columns
     from offgraph.export.cache_sim import trace_of
+    from offgraph.export.traffic import draw_columns
 
     lists = []
     for start in range(0, n_requests, CHUNK_REQUESTS):
@@ -123,7 +123,7 @@ def synth_trace(total_rows: int, n_requests: int, n_candidates: int, popularity:
 
 
 def request_keys(total_rows: int, req: dict, cand: dict, n: int, exact: bool = False) -> list:
-    """Each of ``n`` requests' unique combined keys from ``bench.scale_traffic.draw_columns``' columns.
+    """Each of ``n`` requests' unique combined keys from ``offgraph.export.traffic.draw_columns``' columns.
     ``exact``: a huge table's rows hashed as FG hashes them (the server's very keys; the distinct ids are
     hashed once each, in Python), else its popularity rank (see the module docstring)."""
     import numpy as np
@@ -276,10 +276,10 @@ def predict(
     seed: int = 0,
 ) -> dict:
     """The plan for a synth version of ``rows`` rows served with ``--memory-mb memory_mb`` (one worker)."""
-    from bench.scale_traffic import ZIPF_EXPONENT
     from offgraph.config import default
     from offgraph.export.synth_config import SynthConfig
     from offgraph.export.synth_spec import huge_table_rows
+    from offgraph.export.traffic import ZIPF_EXPONENT
     from offgraph.scoring.memory_budget import BLOCK_DATA_MB, index_mb, split_memory
     from offgraph.store.quant import get_codec
 

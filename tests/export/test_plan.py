@@ -75,8 +75,8 @@ def test_the_trace_twin_gives_the_hit_ratio_of_the_trace_through_fg():
 def test_the_exact_columnar_trace_is_the_servers_very_keys():
     """``request_keys(exact=True)`` (what bench.scale gives perfect LFU) against ``bench_trace`` (the
     same bodies through FG and the server's key path): every request's keys are the same keys."""
-    from bench.scale_traffic import draw_columns
     from offgraph.export.plan import request_keys
+    from offgraph.export.traffic import draw_columns
 
     rows, n = 10**7, 40
     fg = bench_trace(rows, "zipf", n_requests=n, n_candidates=50, seed=3)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import offgraph.cli
-from bench.scale_traffic import build_requests
 from offgraph.cli.synth import count
 from offgraph.export.synth import CHUNK_ROWS, synth_version, table_chunks
 from offgraph.export.synth_config import SynthConfig
 from offgraph.export.synth_spec import HUGE_TABLES, MIN_TOTAL_ROWS, SMALL_TABLES, huge_table_rows, synth_spec
+from offgraph.export.traffic import build_requests
 from offgraph.features.spec import parse_spec
 from offgraph.store import open_store
 
