@@ -78,6 +78,12 @@ class ServerConfig(ConfigModel, frozen=True):
     http: the connection limits (``HttpLimits``).
     poll_seconds: how often MODELS is scanned for new versions.
     admin_token: bearer token of the admin actions; None (or blank) disables them (403).
+    admin_queue: admin calls of one model that may be under way or waiting for their turn at once (in each
+        worker); one more is answered 429 with ``Retry-After`` at once. A call that the model's state refuses
+        (unknown model or version, bad label, nothing to roll back to) is refused before it queues.
+    admin_wait_s: how long an admin call waits for its turn (the loader busy with a load, or with the calls
+        ahead of it) before it gives up with 429 and ``Retry-After``, having done nothing; a call whose turn
+        came runs to its end (its own load included).
     score_threads: size of the thread pool running ``Scorer.score``. 2: the scorer holds the GIL
         for most of a request, so more threads mostly add contention (offgraph/server/README.md).
     intra_threads / inter_threads: TensorFlow thread pools; None leaves TF's default (an app
@@ -163,6 +169,23 @@ class ServerConfig(ConfigModel, frozen=True):
         flag="--admin-token",
         shown=f"${ADMIN_TOKEN_ENV}; none: admin disabled",
         description="bearer token of the admin actions",
+    )
+    admin_queue: int = option(
+        4,
+        ge=1,
+        le=1000,
+        flag="--admin-queue",
+        description="admin calls of one model under way or waiting for their turn at once, in each worker; "
+        "one more is answered 429 with Retry-After at once (calls the model's state refuses, e.g. an unknown "
+        "version, are refused at once and never queue)",
+    )
+    admin_wait_s: float = option(
+        5.0,
+        gt=0,
+        le=3600,
+        flag="--admin-wait-seconds",
+        description="seconds an admin call waits for its turn (a version load, the calls ahead of it) before it "
+        "gives up, having done nothing, with 429 and Retry-After; a call whose turn came runs to its end",
     )
     score_threads: int = option(
         2,

@@ -15,17 +15,27 @@ same loader thread.
 Labels (``set_label``, ``remove_label``) load a second version beside the default one
 (``offgraph.server.served``); the versions of a model that serve at once share its memory budget
 equally (``_resize``: the ones serving shrink before a newcomer loads, and grow back once it goes).
+
+An admin call (``admin``) never waits to be refused: what the model's state refuses now (an unknown
+model or version, a label it does not have, nothing to roll back to) is refused at once
+(``check_admin``, off the loader); the others queue for the loader, at most ``admin_queue`` of a model
+at once, each for at most ``admin_wait_s`` before its turn (``AdminTurn``), else 429 with Retry-After
+having done nothing. The loader checks each call again when its turn comes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from offgraph.modeldir.manifest import MANIFEST, ModelDirError, check_model_name, complete_versions
 from offgraph.modeldir.status_file import read_status
@@ -53,11 +63,67 @@ CONTROL_TICK_S = 0.25
 
 
 class AdminError(Exception):
-    """An admin action that cannot be done; ``status`` is the HTTP status to answer."""
+    """An admin action that cannot be done; ``status`` is the HTTP status to answer, ``retry_after`` its
+    ``Retry-After`` in seconds (None: no such header)."""
 
-    def __init__(self, status: int, detail: str):
+    def __init__(self, status: int, detail: str, retry_after: int | None = None):
         super().__init__(detail)
-        self.status, self.detail = status, detail
+        self.status, self.detail, self.retry_after = status, detail, retry_after
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return None if self.retry_after is None else {"Retry-After": str(self.retry_after)}
+
+
+AdminAction = Literal["load", "unload", "rollback", "set_label", "remove_label"]
+
+ADMIN_BUSY = 429
+"""An admin call that found its model's admin queue full, or whose turn did not come within ``admin_wait_s``:
+nothing was done, retry after ``Retry-After``. Not 503: an admin 503 says the action WAS done but could not be
+saved (``record_decision``), and must not be retried blindly."""
+
+
+class AdminTurn:
+    """One admin call's place in the loader's queue: the loader begins it, or the call gives up waiting
+    (``abandon``) and the loader skips it; never both."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._began = self._abandoned = False
+        self._begun = asyncio.Event()
+
+    def begin(self) -> bool:
+        """(loader thread) True: run the call; False: it gave up, skip it."""
+        with self._lock:
+            if self._abandoned:
+                return False
+            self._began = True
+        try:
+            self._loop.call_soon_threadsafe(self._begun.set)
+        except RuntimeError:  # the loop is closed: nobody waits
+            pass
+        return True
+
+    def abandon(self) -> bool:
+        """True if the call gave up before the loader began it (it never will); False if it began."""
+        with self._lock:
+            if not self._began:
+                self._abandoned = True
+            return self._abandoned
+
+    async def wait(self, done: asyncio.Future, timeout_s: float) -> bool:
+        """Until the loader begins the call (True), or ``timeout_s`` passes before it does (False: abandoned)."""
+        begun = asyncio.ensure_future(self._begun.wait())
+        try:
+            await asyncio.wait((done, begun), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the caller is gone (the server stops): do not begin it then
+            self.abandon()
+            done.cancel()  # nobody reads its outcome
+            raise
+        finally:
+            begun.cancel()
+        return not self.abandon()
 
 
 RELEASE_SHARE = 0.1
@@ -79,6 +145,7 @@ class ModelRegistry:
             Control(config.control_dir, config.worker_id, config.workers) if config.control_dir is not None else None
         )
         self._applied: dict[str, int] = {}  # newest control generation applied, per model
+        self._admin_calls: dict[str, int] = {}  # admin calls under way or waiting, per model (event loop only)
         self._closed = False
 
     # -- discovery and polling (loader thread) --------------------------------------------------
@@ -280,18 +347,7 @@ class ModelRegistry:
         serve yet, retire the ones no label names any more. AdminError (the labels stay as they were)
         if a version is not on disk or does not load."""
         h = self.holder(name)
-        try:
-            labels = check_labels(labels)
-        except ValueError as e:
-            raise AdminError(422, str(e)) from None
-        if labels and (h.policy == "unloaded" or h.current is None):
-            raise AdminError(409, f"model '{name}' serves no version: load it before labelling versions")
-        versions = h.versions_on_disk = complete_versions(h.dir)
-        missing = sorted({v for v in labels.values() if v not in versions})
-        if missing:
-            raise AdminError(
-                404, f"model '{name}' has no complete version {missing[0]} (complete versions: {versions})"
-            )
+        labels, h.versions_on_disk = self._check_labels(h, labels, at_arrival=False)
         old = h.labels
         h.labels = dict(labels)  # one assignment: a request reads the old labels or the new ones
         served = {sv.version for sv in h.served()}
@@ -304,19 +360,46 @@ class ModelRegistry:
         if h.retire_unlabelled():
             self._resize(h)
 
-    def set_label(self, name: str, label: str, version: int) -> None:
-        h = self.holder(name)
+    def _check_labels(self, h: ModelHolder, labels: dict, at_arrival: bool) -> tuple[dict[str, int], list[int]]:
+        """``labels`` checked for the model (422, 409, 404 for a version not on disk) and its complete versions.
+        ``at_arrival``: the check as a call comes (``check_admin``), where a model that serves nothing yet but
+        is not unloaded passes (its first load may be under way: the call's turn comes after it); in the
+        loader, such a model serves nothing: 409."""
+        try:
+            labels = check_labels(labels)
+        except ValueError as e:
+            raise AdminError(422, str(e)) from None
+        if labels and (h.policy == "unloaded" or (h.current is None and not at_arrival)):
+            raise AdminError(409, f"model '{h.name}' serves no version: load it before labelling versions")
+        versions = complete_versions(h.dir)
+        missing = sorted({v for v in labels.values() if v not in versions})
+        if missing:
+            raise AdminError(
+                404, f"model '{h.name}' has no complete version {missing[0]} (complete versions: {versions})"
+            )
+        return labels, versions
+
+    @staticmethod
+    def _labels_with(h: ModelHolder, label: str, version: int) -> dict[str, int]:
         _check_label(label)
-        if label not in h.labels and len(h.labels) >= MAX_LABELS:
-            raise AdminError(409, f"model '{name}' has {MAX_LABELS} labels already: remove one first")
-        self.apply_labels(name, {**h.labels, label: version})
+        labels = h.labels  # one read: the loader replaces the dict, never changes it
+        if label not in labels and len(labels) >= MAX_LABELS:
+            raise AdminError(409, f"model '{h.name}' has {MAX_LABELS} labels already: remove one first")
+        return {**labels, label: version}
+
+    @staticmethod
+    def _labels_without(h: ModelHolder, label: str) -> dict[str, int]:
+        _check_label(label)
+        labels = h.labels
+        if label not in labels:
+            raise AdminError(404, f"model '{h.name}' has no label '{label[:40]}' (labels: {sorted(labels)})")
+        return {k: v for k, v in labels.items() if k != label}
+
+    def set_label(self, name: str, label: str, version: int) -> None:
+        self.apply_labels(name, self._labels_with(self.holder(name), label, version))
 
     def remove_label(self, name: str, label: str) -> None:
-        h = self.holder(name)
-        _check_label(label)
-        if label not in h.labels:
-            raise AdminError(404, f"model '{name}' has no label '{label[:40]}' (labels: {sorted(h.labels)})")
-        self.apply_labels(name, {k: v for k, v in h.labels.items() if k != label})
+        self.apply_labels(name, self._labels_without(self.holder(name), label))
 
     # -- admin actions (loader thread) ---------------------------------------------------------
     def holder(self, name: str) -> ModelHolder:
@@ -333,25 +416,93 @@ class ModelRegistry:
             if h.current is None:
                 raise AdminError(409, f"model '{name}': no version could be loaded: {h.last_error}")
             return
-        versions = h.versions_on_disk = complete_versions(h.dir)
-        if version not in versions:
-            raise AdminError(404, f"model '{name}' has no complete version {version} (complete versions: {versions})")
+        h.versions_on_disk = _complete_version(h, version)
         if h.current is None or h.current.version != version:
             if not self._load(h, version):
                 raise AdminError(409, f"model '{name}': {h.last_error}")
         h.policy, h.pinned_version = "pinned", version
 
     def rollback(self, name: str) -> None:
-        h = self.holder(name)
-        if h.previous_version is None:
-            raise AdminError(409, f"model '{name}' has no previous version to roll back to")
-        self.load(name, h.previous_version)
+        self.load(name, _previous_version(self.holder(name)))
 
     def unload(self, name: str) -> None:
         """Serve nothing of the model: its labels go too."""
         h = self.holder(name)
         h.policy, h.pinned_version, h.labels = "unloaded", None, {}
         h.swap(None)
+
+    # -- admin calls (event loop) ------------------------------------------------------------------
+    def check_admin(self, action: AdminAction, name: str, *args: Any) -> None:
+        """Refuse (AdminError) an admin call that the model's state refuses now, without the loader: an
+        unknown model; a version that is not complete on disk (``:load``, a label, the version to roll back
+        to); nothing to roll back to; a label the model does not have (``DELETE``), a fifth label; labels
+        for an unloaded model. Reads only (any thread; it lists the model's directory). The loader checks
+        again when the call's turn comes: a version may vanish meanwhile."""
+        h = self.holder(name)
+        if action == "load":
+            (version,) = args
+            if version is not None:
+                _complete_version(h, version)
+        elif action == "rollback":
+            _complete_version(h, _previous_version(h))
+        elif action == "set_label":
+            label, version = args
+            self._check_labels(h, self._labels_with(h, label, version), at_arrival=True)
+        elif action == "remove_label":
+            (label,) = args
+            self._check_labels(h, self._labels_without(h, label), at_arrival=True)
+
+    def admin_calls(self, name: str) -> int:
+        """Admin calls of the model under way or waiting for their turn (in this process)."""
+        return self._admin_calls.get(name, 0)
+
+    async def admin(self, action: AdminAction, name: str, *args: Any) -> Policy | None:
+        """Do an admin call: refused at once if ``check_admin`` refuses it, or with ``ADMIN_BUSY`` if
+        ``admin_queue`` calls of the model are under way or waiting; else it waits for its turn in the loader
+        (at most ``admin_wait_s``, then ``ADMIN_BUSY``, nothing done), and runs there to its end: the action
+        (checked again), then ``record_decision``, whose result (several workers) is returned."""
+        actions: dict[str, Callable[..., None]] = {
+            "load": self.load,
+            "unload": self.unload,
+            "rollback": self.rollback,
+            "set_label": self.set_label,
+            "remove_label": self.remove_label,
+        }
+        fn = actions[action]
+        await asyncio.to_thread(self.check_admin, action, name, *args)
+        calls = self._admin_calls.get(name, 0)
+        if calls >= self.config.admin_queue:
+            limit = self.config.admin_queue
+            raise self._busy(
+                name, f"its admin queue is full ({calls} calls under way or waiting, --admin-queue {limit})"
+            )
+        self._admin_calls[name] = calls + 1
+        try:
+            loop = asyncio.get_running_loop()
+            turn = AdminTurn(loop)
+
+            def job() -> Policy | None:
+                if not turn.begin():
+                    return None
+                fn(name, *args)
+                return self.record_decision(name)
+
+            done = loop.run_in_executor(self.loader, copy_context().run, job)
+            if not await turn.wait(done, self.config.admin_wait_s):
+                raise self._busy(name, f"its turn did not come within {self.config.admin_wait_s:g}s")
+            return await done
+        finally:
+            self._admin_calls[name] -= 1
+
+    def _busy(self, name: str, why: str) -> AdminError:
+        retry_after = max(1, math.ceil(self.config.admin_wait_s))
+        loading = [f"model {h.name} version {h.loading_version}" for h in self.all() if h.loading_version is not None]
+        doing = "a load is in progress (" + ", ".join(loading) + ")" if loading else "the loader is busy"
+        return AdminError(
+            ADMIN_BUSY,
+            f"model '{name}': admin call not done: {why}; {doing}: retry in {retry_after}s",
+            retry_after=retry_after,
+        )
 
     # -- a store that fails while serving ----------------------------------------------------------
     def _on_store_error(self, holder: ModelHolder, sv: ServedVersion) -> None:
@@ -580,6 +731,22 @@ def _rows_at(record: dict) -> dict[str, str | None]:
         "backend": backend,
         "rows_at": f"{record.get('url')} namespace {record.get('namespace')}" if remote else None,
     }
+
+
+def _complete_version(h: ModelHolder, version: int) -> list[int]:
+    """The model's complete versions on disk; AdminError 404 if ``version`` is not one of them."""
+    versions = complete_versions(h.dir)
+    if version not in versions:
+        raise AdminError(404, f"model '{h.name}' has no complete version {version} (complete versions: {versions})")
+    return versions
+
+
+def _previous_version(h: ModelHolder) -> int:
+    """The version to roll back to; AdminError 409 if there is none."""
+    previous = h.previous_version
+    if previous is None:
+        raise AdminError(409, f"model '{h.name}' has no previous version to roll back to")
+    return previous
 
 
 def _check_label(label: str) -> None:

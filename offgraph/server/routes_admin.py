@@ -1,5 +1,7 @@
-"""Admin actions (bearer token): :load, :unload, :rollback, and version labels. They wait for the loader thread, and with
-several workers, until every worker has followed the decision (``offgraph.server.control``)."""
+"""Admin actions (bearer token): :load, :unload, :rollback, and version labels. A call the model's state refuses
+(unknown model or version, ...) is refused at once; the others wait for the loader thread, a bounded number of them
+for a bounded time (``ModelRegistry.admin``: else 429 with Retry-After), and with several workers, until every
+worker has followed the decision (``offgraph.server.control``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from offgraph.server import path_convertors  # noqa: F401 - registers the no_colon convertor
 from offgraph.server.deps import LabelName, ModelName, State, require_admin
 from offgraph.server.errors import ApiError
-from offgraph.server.registry import AdminError
+from offgraph.server.registry import ADMIN_BUSY, AdminAction, AdminError
 from offgraph.server.schemas import LabelRequest, LoadRequest, ModelStatus, error_responses
 from offgraph.server.score_body import JsonBody
 
@@ -24,6 +26,11 @@ router = APIRouter(
         e404="Unknown model, version or label.",
         e409="The version was refused (the reason is given), there is nothing to roll back to, or the model "
         "serves nothing to label.",
+        **{
+            f"e{ADMIN_BUSY}": "Not done: the model's admin queue is full (--admin-queue) or the call's turn did not "
+            "come in time (--admin-wait-seconds: a version load is in progress); retry after Retry-After."
+        },
+        e503="Done, but the decision could not be saved under MODELS (it would not survive a restart).",
         e504="Several workers: not every worker followed in time.",
     ),
 )
@@ -51,16 +58,15 @@ WORKERS_WAIT_S = 300.0
 """How long an admin call waits for the other workers (each may have a version to load and warm up)."""
 
 
-async def _run(state, name: str, fn, *args) -> ModelStatus:
+async def _run(state, name: str, action: AdminAction, *args) -> ModelStatus:
     models = state.models
     try:
-        await models.run_in_loader(fn, name, *args)
-        decision = await models.run_in_loader(models.record_decision, name)
+        decision = await models.admin(action, name, *args)
         if decision is not None:
             await models.wait_for_workers(decision, WORKERS_WAIT_S)
     except AdminError as e:
-        raise ApiError(e.status, e.detail) from None
-    return ModelStatus(**state.models.status(state.models.holders[name]))
+        raise ApiError(e.status, e.detail, headers=e.headers) from None
+    return ModelStatus(**models.status(models.holders[name]))
 
 
 @router.post(
@@ -72,19 +78,19 @@ async def _run(state, name: str, fn, *args) -> ModelStatus:
 async def load(name: ModelName, body: Annotated[LoadRequest, Depends(load_request)], state: State) -> ModelStatus:
     """Load `version` in the background, warm it up and swap it in; the model then stays on it (pinned).
     Without `version`, the model follows the newest complete version again."""
-    return await _run(state, name, state.models.load, body.version)
+    return await _run(state, name, "load", body.version)
 
 
 @router.post("/v1/models/{name}:unload", summary="Unload the model")
 async def unload(name: ModelName, state: State) -> ModelStatus:
     """Stop serving the model (in-flight requests finish); it stays unloaded until `:load`."""
-    return await _run(state, name, state.models.unload)
+    return await _run(state, name, "unload")
 
 
 @router.post("/v1/models/{name}:rollback", summary="Roll back to the previous version")
 async def rollback(name: ModelName, state: State) -> ModelStatus:
     """Load the version served before the current one and pin it."""
-    return await _run(state, name, state.models.rollback)
+    return await _run(state, name, "rollback")
 
 
 @router.put(
@@ -101,11 +107,11 @@ async def set_label(
     then share its memory budget equally. Requests with `"label"` (`:score`) or to `/labels/{label}:predict`
     are scored by it; the others still go to the default version (the newest, or the pinned one). Kept
     under MODELS across restarts."""
-    return await _run(state, name, state.models.set_label, label, body.version)
+    return await _run(state, name, "set_label", label, body.version)
 
 
 @router.delete("/v1/models/{name}/labels/{label:no_colon}", summary="Remove a label")
 async def remove_label(name: ModelName, label: LabelName, state: State) -> ModelStatus:
     """Remove the label; a version no label names any more, and that is not the default, stops serving (its
     in-flight requests finish) and its memory goes back to the others."""
-    return await _run(state, name, state.models.remove_label, label)
+    return await _run(state, name, "remove_label", label)
