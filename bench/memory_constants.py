@@ -46,11 +46,11 @@ def table_properties(text: str) -> dict[str, str]:
 def store_index(store_dir: str | Path) -> dict[str, Any]:
     """Index bytes and data blocks over all shards of the store at ``store_dir`` (opened read-only)."""
     from offgraph.store import open_store
-    from offgraph.store.rocksdb_store import RocksDBStore
+    from offgraph.store.rocksdb_store import RocksDBBackend
 
     index = blocks = entries = 0
     with open_store(store_dir, mode="r") as st:
-        assert isinstance(st, RocksDBStore)  # the table properties are RocksDB's
+        assert isinstance(st.storage, RocksDBBackend)  # the table properties are RocksDB's
         for s in range(st.config.shards):
             props = table_properties(st.property_value(s, "rocksdb.aggregated-table-properties") or "")
             index += int(next(v for k, v in props.items() if k.startswith("index block size")))

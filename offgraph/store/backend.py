@@ -1,10 +1,10 @@
-"""``StoreBackend``: the primitives an embedding store's generic code runs on, one module per backend.
+"""``StoreBackend``: the primitives an embedding store runs on; each backend is one module.
 
-``EmbeddingStore`` (``base``) and its mixins (``store_reads``, ``store_writes``, ``bulk_load``) do
-everything that does not depend on where records live: key encoding, sharding, quantization, seqs,
-the feed, validation, modes. They reach the storage only through the methods below; a backend is an
-``EmbeddingStore`` subclass in its own module that implements every one of them (``rocksdb_store``:
-``"rocksdb"``) and is registered by its ``backend`` name in ``open``.
+``EmbeddingStore`` (``base``) HOLDS a backend (``store.storage``) and does everything that does not
+depend on where records live: key encoding, sharding, quantization, seqs, the feed, validation, modes,
+reads, writes and bulk load. It reaches the storage only through the methods below; a backend is a
+``StoreBackend`` subclass in its own module that implements every one of them (``rocksdb_store``:
+``"rocksdb"``; ``redis_store``: ``"redis"``) and is registered by its ``backend`` name in ``open``.
 
 Everything is per shard: ``shard`` is an int in ``[0, config.shards)``, already checked. Keys and
 values are the store's encoded bytes (``keys``: 12-byte row keys, and the seq, watermark and meta
@@ -29,10 +29,11 @@ from offgraph.store.sst_run import WriterFactory
 class StoreBackend(abc.ABC):
     """The storage side of an embedding store.
 
-    Before :meth:`_open` the store has set ``path`` (the store directory, which holds
-    ``store.json``), ``config`` (a :class:`StoreConfig`) and ``mode`` (``"w"``: the one writer
-    process; ``"r"``: read-only; ``"follow"``: sees a live writer's rows after :meth:`_catch_up`).
-    Reads may come from many threads at once; writes come from one thread at a time.
+    Made with ``path`` (the store directory, which holds ``store.json``), ``config`` (a
+    :class:`StoreConfig`) and ``mode`` (``"w"``: the one writer process; ``"r"``: read-only;
+    ``"follow"``: sees a live writer's rows after :meth:`_catch_up`), already checked by the store;
+    nothing is opened before :meth:`_open`. Reads may come from many threads at once; writes come
+    from one thread at a time.
     """
 
     backend: ClassVar[str] = ""
@@ -41,6 +42,11 @@ class StoreBackend(abc.ABC):
     io_mode: str = "buffered"
     """How the backend reads its files (``"direct"``: O_DIRECT, past the page cache; ``"buffered"``),
     reported by ``stats()``; set by :meth:`_open`."""
+
+    def __init__(self, path: str, config: StoreConfig, mode: str) -> None:
+        self.path = path
+        self.config = config
+        self.mode = mode
 
     # ------------------------------------------------------------------ lifecycle
     @abc.abstractmethod

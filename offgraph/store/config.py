@@ -47,7 +47,7 @@ class StoreConfig(ConfigModel, frozen=True):
     statistics: RocksDB statistics (block-cache hits and misses: ``block_cache_stats``); a
         server's scorers turn it on, at a small cost per read.
     read_threads: threads of the pool that reads a request's keys in parallel: split by shard, then
-        in key-ordered pieces of at least about ``store_reads.MIN_CHUNK_KEYS`` keys, about this many
+        in key-ordered pieces of at least about ``base.MIN_CHUNK_KEYS`` keys, about this many
         ``multi_get`` calls in flight (each call reads its keys one after another); default (None)
         ``DEFAULT_READ_THREADS``, for any number of shards.
     direct_reads: table files are read with O_DIRECT, past the OS page cache (``io_mode``

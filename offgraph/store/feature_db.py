@@ -11,7 +11,7 @@ Records::
     b"k" + utf8(canonical(key))  ->  msgpack [seq, {column: raw value}]
     b"m" + position key          ->  position (the updater's, written in the row's batch)
 
-The key is the canonical string of ``offgraph.features._hashing`` (so 242, 242.0 and "242" are
+The key is the canonical string of ``offgraph.features.hashing`` (so 242, 242.0 and "242" are
 one movie, as they are one embedding row). ``seq`` is the last-write-wins number of streamed
 rows; bulk-loaded rows carry -1 (any streamed row replaces them). A column absent from a row
 is no value. A small separate DB (not the embedding store) because followers catch it up

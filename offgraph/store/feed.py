@@ -13,7 +13,7 @@ let go of the epochs it covers (``offgraph.store.follower``).
 
 Files: ``<feed dir>/<epoch:016d>.feed``, epochs numbered consecutively, in memory-backed
 files, never on the store's disk (where the feed directory is, and how a store points to
-it: ``feed_dirs``). Layout and the lock-free read protocol: ``feed_impl``; it needs an
+it: ``feed_dirs``). Layout and the lock-free read protocol: ``_feed``; it needs an
 x86-64 CPU (``check_machine``).
 
 Batches are numbered across epochs; an epoch's header records its first batch and the

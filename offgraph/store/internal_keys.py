@@ -12,7 +12,7 @@ reject keys starting with byte 0x00), so they collide neither with rows nor with
 A seq is written in the same atomic WriteBatch as the row it describes, and so is the
 shard's watermark: the highest seq the shard holds. A new seq above it cannot be stale,
 so a writer whose producers number updates in increasing order (stream-train does)
-never reads a stored seq back (see ``store_writes``). (Stores written
+never reads a stored seq back (see ``base.EmbeddingStore.write``). (Stores written
 before the change log was removed may still hold records under 0xFF 0x00 'c' / 'C':
 they are meta records nothing reads.)
 """

@@ -155,6 +155,15 @@ def shard_of(table_ids, rows, shards: int) -> np.ndarray:
     return (splitmix64(x) % np.uint64(shards)).astype(np.int64)
 
 
+def check_shard(shard, shards: int) -> int:
+    """``shard`` as an int in ``[0, shards)`` (ValueError otherwise)."""
+    if isinstance(shard, bool) or not isinstance(shard, (int, np.integer)):
+        raise ValueError(f"shard must be an int, 'all' or 'touched', got {shard!r}")
+    if not 0 <= int(shard) < shards:
+        raise ValueError(f"shard must be in [0, {shards}), got {shard}")
+    return int(shard)
+
+
 def unique_inverse(k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(k, return_inverse=True)`` of a 1-D array: the same two arrays, by a stable sort. A
     request's keys come field by field with the tables ascending, so they are sorted runs, which a stable

@@ -1,20 +1,22 @@
-"""``open_store``: create or open a store directory with the backend its ``store.json`` names."""
+"""``open_store``: create or open a store directory: an ``EmbeddingStore`` holding the backend its
+``store.json`` names (``BACKENDS``)."""
 
 from __future__ import annotations
 
 import os
 
+from offgraph.store.backend import StoreBackend
 from offgraph.store.base import MODES, EmbeddingStore
 from offgraph.store.config import StoreConfig
-from offgraph.store.redis_store import RedisStore
-from offgraph.store.rocksdb_store import RocksDBStore
+from offgraph.store.redis_store import RedisBackend
+from offgraph.store.rocksdb_store import RocksDBBackend
 from offgraph.store.store_file import STORE_FILE, read_store_file, write_store_file
 
-BACKENDS: dict[str, type[EmbeddingStore]] = {RocksDBStore.backend: RocksDBStore, RedisStore.backend: RedisStore}
+BACKENDS: dict[str, type[StoreBackend]] = {RocksDBBackend.backend: RocksDBBackend, RedisBackend.backend: RedisBackend}
 """The backends by ``StoreConfig.backend`` (a ``store.json`` that names none means ``"rocksdb"``)."""
 
 
-def backend_class(name: str) -> type[EmbeddingStore]:
+def backend_class(name: str) -> type[StoreBackend]:
     """The backend ``StoreConfig.backend`` names (ValueError for an unknown name)."""
     try:
         return BACKENDS[name]
@@ -28,18 +30,18 @@ def backend_location(uri: str) -> dict[str, str]:
     ``{"backend": "redis", "url": ...}``. ValueError naming the forms otherwise."""
     from offgraph.store.redis_store import seed_nodes
 
-    if uri == RocksDBStore.backend:
-        return {"backend": RocksDBStore.backend}
+    if uri == RocksDBBackend.backend:
+        return {"backend": RocksDBBackend.backend}
     try:
         seed_nodes(uri)
     except ValueError:
         raise ValueError(
             f"backend must be 'rocksdb' or 'redis://HOST:PORT' (nodes of a Redis Cluster), got {uri!r}"
         ) from None
-    return {"backend": RedisStore.backend, "url": uri}
+    return {"backend": RedisBackend.backend, "url": uri}
 
 
-def store_backend(path: str | os.PathLike) -> type[EmbeddingStore]:
+def store_backend(path: str | os.PathLike) -> type[StoreBackend]:
     """The backend of the store directory ``path``, without opening it (the default backend where
     ``path`` has no ``store.json``)."""
     stored = read_store_file(os.fspath(path))
@@ -85,7 +87,7 @@ def open_store(
             stored.check_same_layout(config)
         effective = config or stored
     kwargs = {"secondary_dir": secondary_dir} if mode == "follow" else {}
-    return backend_class(effective.backend)(path, effective, mode, **kwargs)
+    return EmbeddingStore(path, effective, mode, backend_class(effective.backend), **kwargs)
 
 
 def delete_remote_rows(path: str | os.PathLike, config: StoreConfig | None = None, pause_s: float = 0.05) -> bool:
@@ -93,9 +95,9 @@ def delete_remote_rows(path: str | os.PathLike, config: StoreConfig | None = Non
     it with; default the stored ones), a shard at a time with ``pause_s`` between them. False, and nothing
     done, for a local backend: its rows are the directory's files."""
     cls = backend_class(config.backend) if config is not None else store_backend(path)
-    if not issubclass(cls, RedisStore):
+    if not issubclass(cls, RedisBackend):
         return False
     with open_store(path, config, mode="w") as st:
-        assert isinstance(st, RedisStore)
-        st.delete_rows(pause_s)
+        assert isinstance(st.storage, RedisBackend)
+        st.storage.delete_rows(pause_s)
     return True

@@ -15,10 +15,10 @@ written atomically). A failover that lost acknowledged batches (replication is a
 older token, and so does a second writer: the next batch is refused with :class:`StoreFenced`, nothing
 written, and the updater restarts from the positions the shard really holds (``docs/DESIGN.md``). The
 same script publishes the batch's row keys on the shard's sharded pub/sub channel: servers on other
-machines drop them from their row caches (:meth:`RedisStore.watch_changes`).
+machines drop them from their row caches (:meth:`RedisBackend.watch_changes`).
 
 Reads are one HMGET per (shard, piece) of a request's misses, issued in parallel by the store's read
-threads (``store_reads``), each bounded by ``StoreConfig.remote_timeout_ms``: a cluster that does
+threads (``base.EmbeddingStore``), each bounded by ``StoreConfig.remote_timeout_ms``: a cluster that does
 not answer is a :class:`~offgraph.store.errors.StoreUnavailable` (a 503), never a hang. Nothing is
 cached here (``cache_usage`` is 0): the row cache in front of the store is the process's memory.
 """
@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from offgraph.store.base import EmbeddingStore
+from offgraph.store.backend import StoreBackend
 from offgraph.store.config import StoreConfig
 from offgraph.store.errors import StoreRemoteError, StoreUnavailable
 from offgraph.store.internal_keys import SHARD_CREATED_KEY, WRITE_FENCE_KEY
@@ -235,7 +235,7 @@ class _BulkWriter(SstWriter):
         self.client.close()
 
 
-class RedisStore(EmbeddingStore):
+class RedisBackend(StoreBackend):
     """The ``"redis"`` backend: one hash per shard in a Redis Cluster (``StoreConfig.url``,
     ``StoreConfig.namespace``)."""
 

@@ -3,7 +3,8 @@
 
 Modes: ``w`` read-write (the one writer process), ``r`` read-only (a snapshot as of
 open), ``follow`` a RocksDB *secondary* instance that sees a live writer's rows after
-:meth:`catch_up` (``try_catch_up_with_primary``).
+:meth:`_catch_up` (``try_catch_up_with_primary``). This module implements the backend interface only;
+the store over it is ``base.EmbeddingStore``.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from rocksdict import (
     WriteOptions,
 )
 
-from offgraph.store.base import EmbeddingStore
+from offgraph.store.backend import StoreBackend
 from offgraph.store.config import StoreConfig
 from offgraph.store.errors import StoreReadError
-from offgraph.store.keys import META_PREFIX
+from offgraph.store.keys import META_PREFIX, check_shard
 from offgraph.store.rocksdb_options import direct_io_refused, make_cache, make_options, reads_direct
 from offgraph.store.sst_run import SstWriter
 
@@ -104,7 +105,7 @@ class _RocksSstWriter(SstWriter):
         self._w.finish()
 
 
-class RocksDBStore(EmbeddingStore):
+class RocksDBBackend(StoreBackend):
     """The ``"rocksdb"`` backend: one RocksDB per shard, one block cache shared by all."""
 
     backend = "rocksdb"
@@ -130,7 +131,7 @@ class RocksDBStore(EmbeddingStore):
         self._secondary_dir = None
         if mode == "follow":
             if secondary_dir is None:
-                secondary_dir = tempfile.mkdtemp(prefix="embstore-follow-")
+                secondary_dir = tempfile.mkdtemp(prefix="offgraph-store-follow-")
                 self._own_secondary = True
             self._secondary_dir = os.fspath(secondary_dir)
             os.makedirs(self._secondary_dir, exist_ok=True)
@@ -334,7 +335,7 @@ class RocksDBStore(EmbeddingStore):
 
         db = self._dbs[shard]
         # a daemon thread: one stuck in a flush does not hold up the interpreter's exit
-        t = threading.Thread(target=flush, name=f"embstore-flush-{shard}", daemon=True)
+        t = threading.Thread(target=flush, name=f"store-flush-{shard}", daemon=True)
         t.start()
         while t.is_alive():
             t.join(FLUSH_CHECK_S)
@@ -409,7 +410,7 @@ class RocksDBStore(EmbeddingStore):
     # backend-specific
     def property_value(self, shard: int, name: str) -> str | None:
         """A RocksDB property of ``shard`` (e.g. ``rocksdb.block-cache-capacity``)."""
-        return self._dbs[self._check_shard(shard)].property_value(name)
+        return self._dbs[check_shard(shard, self.config.shards)].property_value(name)
 
 
 _BLOCK_CACHE_STAT = re.compile(r"^rocksdb\.block\.cache\.(hit|miss) COUNT : (\d+)$", re.M)

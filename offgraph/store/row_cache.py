@@ -11,9 +11,9 @@ It holds the quantized records the store holds (int8 D=16: 21 bytes, not 68 deco
 uint8 arena sized from ``capacity_mb`` (``stats()["bytes"]`` never exceeds it; ``bytes_per_row``
 is what a planner divides by), no Python object per row. A hit decodes with the store's codec, so
 it is bit-identical to a store read. Set-associative (``ways`` slots per set); the policy
-(``row_cache_impl``: TinyLFU admission over a set-associative LFU by default, LRU for comparison)
+(``_row_cache``: TinyLFU admission over a set-associative LFU by default, LRU for comparison)
 was chosen on the bench's traces (``bench/cache_policy.py``). One lock around each operation (they
-take microseconds). See ``row_cache_impl`` for how the epoch keeps a row read before an update
+take microseconds). See ``_row_cache`` for how the epoch keeps a row read before an update
 from being cached after it. Table ids must be < 0xFFFF and rows < 2**48.
 """
 
@@ -98,7 +98,7 @@ class RowCache:
 
     def insert(self, table_ids, rows, records, epoch: int) -> int:
         """Cache the store records of rows read after the lookup that returned ``epoch``; keys
-        invalidated since then are skipped, and the policy may decline some (see ``row_cache_impl``).
+        invalidated since then are skipped, and the policy may decline some (see ``_row_cache``).
         Returns the number of rows stored."""
         k = combine_keys(table_ids, rows)
         recs = check_records(records, self.codec.record_bytes)

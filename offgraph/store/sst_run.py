@@ -75,7 +75,7 @@ class _ProcessWriters:
 
     def __init__(self, factory: WriterFactory, workers: int, start_timeout: float = 120.0) -> None:
         # the socket lives in a private (0700) directory: only this user can connect
-        self.sockdir = tempfile.mkdtemp(prefix="embstore-")
+        self.sockdir = tempfile.mkdtemp(prefix="offgraph-sst-")
         address = os.path.join(self.sockdir, "s")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)

@@ -227,9 +227,9 @@ for line in sys.stdin:
     if cmd[0] == "quit":
         break
     if cmd[0] == "pause":  # fed, not yet in RocksDB
-        st._write_batch = paused(st._write_batch, 1)
+        st.storage._write_batch = paused(st.storage._write_batch, 1)
     if cmd[0] == "pause-second":  # the first shard batch written, the second not
-        st._write_batch = paused(st._write_batch, 2)
+        st.storage._write_batch = paused(st.storage._write_batch, 2)
     v = float(cmd[1])
     st.write(np.zeros(6, np.uint32), np.arange(6), np.full((6, 4), v, np.float32), np.full(6, v, np.float32),
              feed=True, durability=durability)

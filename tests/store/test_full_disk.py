@@ -144,10 +144,10 @@ def pile_up_l0(vdir, deltas: list, rng, seq0: int, files: int = 19) -> int:
     (RocksDB slows writes down at 20: a flush then waits for a compaction); appends the deltas
     to ``deltas``, returns the next seq."""
     with open_version_store(vdir, "w") as st:
-        for db in st._dbs:
+        for db in st.storage._dbs:
             db.set_options({"disable_auto_compactions": "true"})
         for _ in range(files):
-            if max(int(db.property_value("rocksdb.num-files-at-level0")) for db in st._dbs) >= files:
+            if max(int(db.property_value("rocksdb.num-files-at-level0")) for db in st.storage._dbs) >= files:
                 break
             d = make_deltas(rng, 200, seq0=seq0)
             seq0 += 200

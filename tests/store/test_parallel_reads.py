@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from offgraph.store import StoreConfig, get_codec, open_store
-from offgraph.store.store_reads import MIN_CHUNK_KEYS
+from offgraph.store.base import MIN_CHUNK_KEYS
 
 D = 8
 
@@ -58,7 +58,7 @@ def test_a_big_read_is_split_into_about_read_threads_sorted_chunks(tmp_path):
 
 
 def test_the_store_read_of_a_request_is_timed(tmp_path):
-    from offgraph.scoring import batch as scorer_impl
+    from offgraph.scoring.batch import read_through_cache
 
     cfg = StoreConfig(dim=D, shards=2, block_cache_mb=8)
     v, w = rows_of(300)
@@ -68,7 +68,7 @@ def test_the_store_read_of_a_request_is_timed(tmp_path):
         assert res.read_seconds > 0 and res.found_rows == 100
         t, r = np.full(50, 2, np.uint32), np.arange(50, dtype=np.uint64)
         timing: dict = {}
-        got, hits, read, _ = scorer_impl.read_through_cache(None, st, t, r, timing=timing)
+        got, hits, read, _ = read_through_cache(None, st, t, r, timing=timing)
         assert read == 50 and hits == 0 and timing["store_read_seconds"] > 0
         assert np.array_equal(got[:, :-1], v[:50])
 

@@ -19,7 +19,7 @@ from offgraph.store import StoreConfig, StoreUnavailable, open_store
 from offgraph.store.internal_keys import WRITE_FENCE_KEY
 from offgraph.store.keys import encode_keys, shard_of
 from offgraph.store.open import backend_location
-from offgraph.store.redis_store import RedisStore, StoreFenced, connect, shard_key
+from offgraph.store.redis_store import RedisBackend, StoreFenced, connect, shard_key
 from offgraph.store.store_file import write_store_file
 
 
@@ -41,7 +41,7 @@ def test_same_calls_same_answers_as_rocksdb(tmp_path, cluster, quant):  # noqa: 
     v, w = _data(5000)
     try:
         for st in (local, remote):
-            assert isinstance(st, RedisStore) == (st is remote)
+            assert isinstance(st.storage, RedisBackend) == (st is remote)
             st.bulk_load_tables([(0, [(np.arange(3000), v[:3000], w[:3000])]), (3, [(np.arange(50), v[:50], w[:50])])])
             st.write(0, np.arange(100, 110), v[3000:3010], w[3000:3010], seqs=np.arange(10) + 5)
             st.write(0, [100, 101], v[4000:4002], w[4000:4002], seqs=[3, 99])  # 100: stale, 101: newer
@@ -65,7 +65,7 @@ def test_same_calls_same_answers_as_rocksdb(tmp_path, cluster, quant):  # noqa: 
         # seeks (verify's): the first stored key at or after each bound, in every shard, as RocksDB finds it
         lowers = encode_keys(np.zeros(5, np.int64), np.array([0, 10, 500, 1500, 2500]))
         for s in range(6):
-            assert remote._seek_first(s, lowers) == local._seek_first(s, lowers), s
+            assert remote.storage._seek_first(s, lowers) == local.storage._seek_first(s, lowers), s
     finally:
         local.close()
         remote.close()
@@ -285,7 +285,7 @@ def test_a_subscription_broken_under_the_watcher_forgets_the_cache_and_keeps_del
             writer.write(1, np.array([0]), *_data(1))
             wait_for(lambda: 0 in arrived, 10, "row 0's write at the watcher")
             assert not lost
-            for node_pubsub in list(reader._subscription.node_pubsub_mapping.values()):
+            for node_pubsub in list(reader.storage._subscription.node_pubsub_mapping.values()):
                 node_pubsub.connection.disconnect()
             wait_for(lambda: lost, 10, "the broken subscription reported (else cached rows stay stale)")
             arrived.clear()
@@ -293,7 +293,7 @@ def test_a_subscription_broken_under_the_watcher_forgets_the_cache_and_keeps_del
                 writer.write(1, np.array([row]), *_data(1, seed=row))
             wait_for(lambda: len(arrived) >= 12, 10, "the writes of rows 0-11 at the watcher")
             assert arrived == set(range(12)), sorted(arrived)
-            assert reader._watcher is not None and reader._watcher.is_alive()
+            assert reader.storage._watcher is not None and reader.storage._watcher.is_alive()
 
 
 def test_a_master_failover_under_the_watcher_is_a_gap_and_later_writes_still_arrive(tmp_path, cluster):  # noqa: F811

@@ -1,4 +1,4 @@
-"""embstore: per-row sequence numbers, ``write(feed=True)`` and a writer process followed by
+"""The embedding store: per-row sequence numbers, ``write(feed=True)`` and a writer process followed by
 another process (real RocksDB, a real feed)."""
 
 import os
@@ -99,13 +99,13 @@ def _count_seq_reads(st, monkeypatch) -> list[int]:
     from offgraph.store.internal_keys import SEQ_PREFIX
 
     looked: list[int] = []
-    real = st._multi_get
+    real = st.storage._multi_get
 
     def spy(shard, keys):
         looked.append(sum(k.startswith(SEQ_PREFIX) for k in keys))
         return real(shard, keys)
 
-    monkeypatch.setattr(st, "_multi_get", spy)
+    monkeypatch.setattr(st.storage, "_multi_get", spy)
     return looked
 
 
@@ -131,7 +131,7 @@ def test_a_store_without_watermark_records_finds_them_from_its_seqs(tmp_path, cf
 
     with open_store(tmp_path / "s", cfg, mode="w") as st:
         st.write(2, np.arange(30), *vecs(np.ones(30)), seqs=np.full(30, 500))
-        for db in st._dbs:  # the shards' RocksDB instances
+        for db in st.storage._dbs:  # the shards' RocksDB instances
             assert db.get(SEQ_WATERMARK_KEY) is not None
             db.delete(SEQ_WATERMARK_KEY)
     with open_store(tmp_path / "s", cfg, mode="w") as st:

@@ -1,4 +1,4 @@
-"""embstore against a real RocksDB (rocksdict) in tmp_path."""
+"""The embedding store against a real RocksDB (rocksdict) in tmp_path."""
 
 import glob
 import itertools
@@ -296,14 +296,14 @@ def test_bulk_load_multiple_tables_moves_files(tmp_path, quant):
     done = []
     with open_store(tmp_path / "s", cfg, mode="w") as st:
         moved = []  # (inode of the external file, whether it still exists after ingest)
-        real_ingest = st._ingest
+        real_ingest = st.storage._ingest
 
         def spy(shard, paths):
             inodes = [os.stat(p).st_ino for p in paths]
             real_ingest(shard, paths)
             moved.extend((ino, os.path.exists(p)) for ino, p in zip(inodes, paths))
 
-        st._ingest = spy
+        st.storage._ingest = spy
         for t, (v, w) in tables.items():
             n = st.bulk_load(t, chunks_of(np.arange(sizes[t]), v, w, 4096), tmp_dir=str(ingest), progress=done.append)
             assert n == sizes[t]
@@ -501,7 +501,7 @@ def test_read_only_cannot_write(tmp_path, cfg):
             with pytest.raises(ValueError, match="read-only"):
                 call()
         with pytest.raises(Exception, match="read only"):  # RocksDB itself refuses too
-            st._dbs[0].put(b"\x00" * 12, b"x")
+            st.storage._dbs[0].put(b"\x00" * 12, b"x")
         with pytest.raises(ValueError, match="follow"):
             st.catch_up()
     st.close()  # idempotent

@@ -1,4 +1,4 @@
-"""Keys and the shard function of embstore (no RocksDB needed)."""
+"""Keys and the shard function of the embedding store (no RocksDB needed)."""
 
 import random
 import struct

@@ -1,4 +1,4 @@
-"""Record codecs of embstore: sizes, layouts, error bounds (no RocksDB needed)."""
+"""Record codecs of the embedding store: sizes, layouts, error bounds (no RocksDB needed)."""
 
 import struct
 
