@@ -101,7 +101,7 @@ class InGraphScorer:
         return x
 
     def score(self, request, candidates) -> np.ndarray:
-        from offgraph.scoring.calibration import calibrate
+        from offgraph.calibration import calibrate
 
         if len(candidates) == 0:
             return np.zeros(0, np.float32)

@@ -49,7 +49,7 @@ class Producer:
     final state kept per row (the last produced value: seqs only grow)."""
 
     def __init__(self, broker: str, table_rows: np.ndarray, dim: int, exclude: dict, partitions: int):
-        from offgraph.streaming.sink_kafka import KafkaSink
+        from offgraph.streaming.kafka.sink import KafkaSink
 
         self.sink = KafkaSink(f"kafka://{broker}/{TOPIC}", partitions=partitions)
         self.table_rows, self.dim = table_rows, dim
@@ -362,7 +362,7 @@ def main(argv=None) -> int:
             timeouts = 0
             prev = {n: s.score(f_req, f_cands) for n, s in scorers.items()}
             probe_rng = np.random.default_rng(5)
-            from offgraph.streaming.sink_kafka import KafkaSink
+            from offgraph.streaming.kafka.sink import KafkaSink
 
             probe_sink = KafkaSink(f"kafka://{broker}/{TOPIC}", partitions=args.partitions)
             th.start()

@@ -55,7 +55,7 @@ def topic_name(request) -> str:
 
 
 def sink(broker, topic, vdir=None):
-    from offgraph.streaming.sink_kafka import KafkaSink
+    from offgraph.streaming.kafka.sink import KafkaSink
 
     return KafkaSink(f"kafka://{broker}/{topic}", version_dir=vdir, partitions=P)
 
@@ -80,7 +80,7 @@ def raw_producer(broker, **config):
 
 def stored_positions(vdir, topic) -> dict[int, list[tuple[int, int]]]:
     """Partition -> per shard (epoch, offset) recorded in the store ((-1, -1): none)."""
-    from offgraph.streaming.source_kafka import parse_position
+    from offgraph.streaming.kafka.source import parse_position
 
     with open_version_store(vdir) as st:
         out = {}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from offgraph.calibration import score_kind
 from offgraph.export.dense_saved_model import save_dense
 from offgraph.export.feature_build import build_feature_tables, manifest_record, run_held_out_mask
 from offgraph.export.hot_set import HotSet, hot_set_of
@@ -34,7 +35,6 @@ from offgraph.modeldir.manifest import (
     write_manifest,
 )
 from offgraph.modeldir.manifest_model import Manifest
-from offgraph.scoring.calibration import score_kind
 from offgraph.store import StoreConfig, open_store
 from offgraph.store.open import backend_location, delete_remote_rows
 from offgraph.store.redis_store import cluster_url

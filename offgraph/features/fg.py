@@ -60,12 +60,6 @@ class RaggedIds:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
-    @staticmethod
-    def concat(parts: Sequence[RaggedIds]) -> RaggedIds:
-        ids = np.concatenate([p.ids for p in parts]) if parts else np.zeros(0, np.int64)
-        lengths = np.concatenate([p.lengths for p in parts]) if parts else np.zeros(0, np.int64)
-        return RaggedIds(ids, _offsets(lengths))
-
     def padded(self, max_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(ids [n, L] int64, mask [n, L] float32); values past ``max_len`` are dropped."""
         lengths = self.lengths

@@ -1,7 +1,7 @@
 """Feature-generation ops: raw values -> lists of canonical value strings.
 
 Each op works on a column (one entry per row) and returns, per row, the list
-of the field's values as canonical strings (``hashing_impl.canonical``). An
+of the field's values as canonical strings (``offgraph.features.hashing.canonical``). An
 empty list is *no value*: the field then contributes a zero vector and a zero
 first-order weight. None, NaN, "" and [] are no value everywhere.
 """

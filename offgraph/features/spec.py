@@ -72,7 +72,7 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class Calibration:
-    """The steps after the model's sigmoid, in order (``offgraph.scoring.calibration.calibrate``)."""
+    """The steps after the model's sigmoid, in order (``offgraph.calibration.calibrate``)."""
 
     negative_rate: float = 1.0  # kept negative rate r of down-sampling: p' = p / (p + (1-p)/r)
     scale: float = 1.0  # then p'' = min(1, scale * p'^power)

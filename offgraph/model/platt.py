@@ -4,7 +4,7 @@ A listwise loss (softmax over one request's candidates) is blind to a shift of a
 logits and to how peaked they are, so the sigmoid of its logit orders candidates but is no CTR. Two
 numbers fix that: p = sigmoid(a * logit + b), fitted by maximum likelihood on labelled rows the model
 was not fitted to (``model.calibration.logit_scale`` / ``logit_shift``, applied by
-``offgraph.scoring.calibration.calibrate``). The fit is Newton's method with a backtracking line search on
+``offgraph.calibration.calibrate``). The fit is Newton's method with a backtracking line search on
 Platt's smoothed targets (Lin, Lin & Weng 2007, "A note on Platt's probabilistic outputs"): finite
 even on rows the scores separate.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from offgraph.scoring.calibration import logit_of
+from offgraph.calibration import logit_of
 
 MAX_ITERATIONS = 100
 MIN_STEP = 1e-10

@@ -12,6 +12,7 @@ import tensorflow as tf
 import yaml
 from tqdm import tqdm
 
+from offgraph.calibration import platt, score_kind
 from offgraph.features.segment import segmenters_of
 from offgraph.features.spec import FeatureSpec
 from offgraph.model.curves import CURVES_FILE, write_curves
@@ -22,7 +23,6 @@ from offgraph.model.model import CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_F
 from offgraph.model.platt import fit_platt
 from offgraph.model.splits import held_out_mask
 from offgraph.model.train_config import LOSSES, OPTIMIZERS, SCHEDULES, TrainConfig  # noqa: F401 (re-exported)
-from offgraph.scoring.calibration import platt, score_kind
 
 # the Keras object behind each name of train_config.OPTIMIZERS / SCHEDULES
 OPTIMIZER_FACTORIES = {
@@ -258,7 +258,7 @@ def train_run(
         "train_rows": int(fit_rows.n),
         "validation_rows": int(validation.n) if validation is not None else 0,
         "held_out_rows": int(held.n),
-        # what a served score is (offgraph.scoring.calibration.score_kind): a listwise model's only with its fitted calibration
+        # what a served score is (offgraph.calibration.score_kind): a listwise model's only with its fitted calibration
         "score_kind": score_kind(cfg.loss, spec.model.calibration),
         **({"calibration": calibration} if calibration is not None else {}),
         "train_seconds": fit["train_seconds"],

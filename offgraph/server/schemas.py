@@ -20,8 +20,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from offgraph.calibration import SCORE_KINDS
 from offgraph.model.train_config import LOSSES
-from offgraph.scoring.calibration import SCORE_KINDS
 from offgraph.server.control import LABEL_PATTERN
 
 MAX_NUMBER = sys.float_info.max

@@ -9,7 +9,7 @@ opened by a string URL whose scheme names the backend (as ``sources.py`` opens s
 sink records there where the version's deltas begin in the topic (``stream-start.json``),
 so that a new replica of that version starts reading there.
 
-Built in: ``spool:DIR`` (``sink_spool``) and ``kafka://HOST:PORT/TOPIC`` (``sink_kafka``), loaded on
+Built in: ``spool:DIR`` (``spool.sink``) and ``kafka://HOST:PORT/TOPIC`` (``kafka.sink``), loaded on
 use; another backend plugs in with :func:`register_sink`.
 """
 
@@ -50,8 +50,8 @@ class DeltaSink(abc.ABC):
 SINKS: dict[str, type[DeltaSink]] = {}
 
 _BUILTIN = {
-    "spool": "offgraph.streaming.sink_spool:SpoolSink",
-    "kafka": "offgraph.streaming.sink_kafka:KafkaSink",
+    "spool": "offgraph.streaming.spool.sink:SpoolSink",
+    "kafka": "offgraph.streaming.kafka.sink:KafkaSink",
 }  # scheme -> "module:class" of its DeltaSink (imported on use: the backends import this module)
 
 

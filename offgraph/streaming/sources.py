@@ -37,7 +37,7 @@ Semantics (every backend):
   waits only when a poll found nothing to do, so an item that arrives while it is idle
   is applied at once, and one that arrives while it is busy joins the next batch.
 
-Built in: ``spool:DIR`` (``source_spool``) and ``kafka://HOST:PORT/TOPIC`` (``source_kafka``);
+Built in: ``spool:DIR`` (``spool.source``) and ``kafka://HOST:PORT/TOPIC`` (``kafka.source``);
 another backend plugs in with :func:`register_source`.
 """
 
@@ -183,8 +183,8 @@ def open_source(url: str, **kwargs) -> DeltaSource:
 
 
 _BUILTIN = {
-    "spool": "offgraph.streaming.source_spool",
-    "kafka": "offgraph.streaming.source_kafka",
+    "spool": "offgraph.streaming.spool.source",
+    "kafka": "offgraph.streaming.kafka.source",
 }  # scheme -> module defining its DeltaSource (loaded on use)
 
 

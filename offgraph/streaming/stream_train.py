@@ -17,7 +17,7 @@ Two model sources:
 * a training run (``--run``): the Keras DeepFM's tables and head.
 
 The maths (pooling, loss, gradient, optimizers, local row state) is in
-``stream_train_impl``.
+``_stream_train``.
 """
 
 from __future__ import annotations
@@ -257,8 +257,8 @@ class StreamTrainer:
     def emit(self, sink: DeltaSink | str | Path) -> str | None:
         """Deliver the rows touched since the last emit to ``sink`` (a DeltaSink, or a spool
         directory: ONE delta file); returns where they went (None: nothing to emit)."""
-        from offgraph.streaming.sink_spool import SpoolSink
         from offgraph.streaming.sinks import DeltaSink
+        from offgraph.streaming.spool.sink import SpoolSink
 
         delta = self.take_delta()
         if delta is None:
@@ -372,8 +372,8 @@ def stream_train_table(
 ) -> dict:
     """Train on every event of ``table`` in time order, emitting to ``sink`` (a DeltaSink, or a
     spool directory) every K events / T seconds and once at the end. Returns a summary."""
-    from offgraph.streaming.sink_spool import SpoolSink
     from offgraph.streaming.sinks import DeltaSink
+    from offgraph.streaming.spool.sink import SpoolSink
 
     cfg, spec = trainer.cfg, trainer.spec
     if not isinstance(sink, DeltaSink):

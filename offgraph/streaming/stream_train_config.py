@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 from offgraph.config import ConfigModel, option
 
 OPTIMIZERS = ("sgd", "adagrad")
-# milliseconds per unit of the spec's time column; "auto" guesses it (stream_train_impl.to_millis)
+# milliseconds per unit of the spec's time column; "auto" guesses it (_stream_train.to_millis)
 TIME_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 
 

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from offgraph.config import ConfigModel, option
 
-# offgraph.store.base.DURABILITY, spelled out here because embstore loads NumPy (tests check they agree)
+# offgraph.store.base.DURABILITY, spelled out here because the store loads NumPy (tests check they agree)
 DURABILITY = ("flush", "wal")
 # what a Kafka source does when a partition's offsets go backwards (offgraph/streaming/README.md, "Offset resets")
 OFFSET_RESET = ("stop", "rebase")

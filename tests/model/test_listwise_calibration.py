@@ -19,11 +19,11 @@ import pytest
 import yaml
 from server_helpers import ThreadServer, copy_version, score, server_config
 
+from offgraph.calibration import calibrate, score_kind
 from offgraph.features.spec import Calibration, SpecError, parse_spec
 from offgraph.model.metrics import logloss
 from offgraph.model.platt import fit_platt
 from offgraph.modeldir.manifest import ModelDirError, training_loss
-from offgraph.scoring.calibration import calibrate, score_kind
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,8 @@
 """A private module ``P._x`` is the implementation of package ``P``: only modules inside ``P``
 import it, and where ``P`` has a public front ``P.x``, only that front does; everything else
-goes through the front, so the private module can change without breaking its readers.
+goes through the front, so the private module can change without breaking its readers. A private
+twin beside a front is worth its split only where both halves are large (``streaming._stream_train``
+under ``stream_train``); a small half belongs in its front, and the rule below then has nothing to check.
 
 Outside the package (``tests/``, ``bench/``, ``examples/``) only a private module's own tests import
 it: ``P._x`` of subpackage ``offgraph.S`` only from ``tests/S/test_x.py`` or ``tests/S/test_x_*.py``;

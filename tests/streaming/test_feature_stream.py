@@ -164,7 +164,7 @@ def test_exactly_once_stale_seqs_and_dead_letters(models, requests_, tmp_path):
 
 
 def test_kafka_feature_delta_reaches_a_follower(models, requests_, tmp_path):
-    from offgraph.streaming.sink_kafka import KafkaSink
+    from offgraph.streaming.kafka.sink import KafkaSink
 
     _, cands = requests_[0]
     k = row_key(cands[2]["movie_id"])

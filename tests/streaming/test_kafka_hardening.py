@@ -24,7 +24,7 @@ from kafka_helpers import (  # noqa: F401
 )
 from streaming_helpers import NAME, assert_store_holds, install_version, make_deltas, publish, spool_files
 
-from offgraph.streaming.kafka_messages import encode_messages
+from offgraph.streaming.kafka.messages import encode_messages
 from offgraph.testing.harness import free_port
 from offgraph.testing.tansu import TansuBroker
 
@@ -114,7 +114,7 @@ def test_a_broker_that_lost_its_log_stops_the_updater_then_rebase_applies_the_ne
     partitions end before the recorded offsets), then takes a re-sent delta and new ones at
     offsets at and below the recorded ones (was: all acknowledged, none applied, nothing logged).
     Default: rc 2 with one line; rebase: all applied."""
-    from offgraph.streaming.kafka_admin import ensure_topic
+    from offgraph.streaming.kafka.admin import ensure_topic
 
     topic, models, vdir, a, b, kafka, log = _two_logs(tiny_export, tmp_path, request, 22, 300, 6, 8)
     try:
@@ -286,7 +286,7 @@ def test_a_hostile_stream_start_is_ignored_with_a_warning_naming_the_field(
 ):
     """Each start-up goes on from the topic's beginning, with a warning naming the file and the field
     (was: AttributeError, OverflowError or ValueError, rc 1, on every restart)."""
-    from offgraph.streaming.source_kafka import KafkaSource
+    from offgraph.streaming.kafka.source import KafkaSource
     from offgraph.streaming.updater import Updater
 
     topic = topic_name(request)
@@ -320,7 +320,7 @@ DOWN_S = 8.0
 def test_a_broker_down_is_logged_once_per_change_and_shown_on_metrics(tiny_export, tmp_path, request):
     """While the broker is down: one ERROR line (was: ~20 a second), broker_up 0 and a growing
     connection-error counter on /metrics; a line when it is back, and broker_up 1."""
-    from offgraph.streaming.kafka_admin import ensure_topic
+    from offgraph.streaming.kafka.admin import ensure_topic
 
     topic = topic_name(request)
     models = tmp_path / "models"
@@ -360,7 +360,7 @@ def test_broker_health_says_each_change_once_and_sums_up_while_down(caplog):
     """The state machine alone (a fake clock; confluent-kafka passes Python levels): 500 failures in a
     row are one ERROR, then a summary every SUMMARY_S; the broker back is one line; other repeated
     messages once a minute."""
-    from offgraph.streaming.kafka_health import REPEAT_S, SUMMARY_S, BrokerHealth
+    from offgraph.streaming.kafka.health import REPEAT_S, SUMMARY_S, BrokerHealth
 
     now = [0.0]
     downs = []

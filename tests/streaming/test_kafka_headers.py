@@ -27,7 +27,7 @@ from kafka_helpers import (  # noqa: F401
 from streaming_helpers import NAME, assert_store_holds, install_version
 
 from offgraph.streaming.deltas import DeltaFormatError, encode_feature_delta
-from offgraph.streaming.kafka_messages import (
+from offgraph.streaming.kafka.messages import (
     H_MODEL,
     H_MODEL_VERSION,
     H_VERSION,
@@ -37,7 +37,7 @@ from offgraph.streaming.kafka_messages import (
     feature_headers,
     headers,
 )
-from offgraph.streaming.source_kafka import KafkaItem
+from offgraph.streaming.kafka.source import KafkaItem
 
 V, M, MV = H_VERSION, H_MODEL, H_MODEL_VERSION
 

@@ -34,8 +34,8 @@ from streaming_helpers import (
 )
 
 from offgraph.streaming.deltas import read as read_delta_bytes
-from offgraph.streaming.kafka_messages import encode_messages
-from offgraph.streaming.source_kafka import fingerprint, parse_position
+from offgraph.streaming.kafka.messages import encode_messages
+from offgraph.streaming.kafka.source import fingerprint, parse_position
 from offgraph.testing.tansu import TansuBroker
 
 DELTAS = int(os.environ.get("OFFGRAPH_KAFKA_RESETS_DELTAS", "100000"))
@@ -159,7 +159,7 @@ def _poison(rng, stream: Stream, kind: int) -> None:
 
 @pytest.mark.timeout(1200)
 def test_kafka_exactly_once_across_kills_broker_restarts_and_a_recreated_topic(tiny_export, tmp_path):
-    from offgraph.streaming.kafka_admin import ensure_topic
+    from offgraph.streaming.kafka.admin import ensure_topic
 
     models = tmp_path / "models"
     vdir = install_version(tiny_export, models, 1)

@@ -25,7 +25,7 @@ from kafka_helpers import topic_name as _topic
 from streaming_helpers import DIM, NAME, install_version, last_write_wins
 
 from offgraph.store.keys import shard_of
-from offgraph.streaming.kafka_messages import encode_messages
+from offgraph.streaming.kafka.messages import encode_messages
 
 
 def test_messages_partition_rows_and_the_source_delivers_acks_seeks_and_dead_letters(

@@ -1,5 +1,5 @@
 """The updater on the Redis backend through a master's death, where the write's first call to the dead master
-is a READ (the stored seqs of rows at or below the shard's watermark: ``store_writes._fresh``), which fails as
+is a READ (the stored seqs of rows at or below the shard's watermark: ``EmbeddingStore._fresh``), which fails as
 ``StoreUnavailable`` rather than the ``StoreRemoteError`` of a failed write script. The updater must treat
 both alike: log, drop the gathered batch, reopen after a backoff, and go on (issue 48: it exited rc 1 with a
 traceback). Real parts: a Redis Cluster of 3 masters and 3 replicas, a spool, the in-process Updater."""

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from offgraph.streaming import deltas
-from offgraph.streaming.sink_spool import SpoolSink
 from offgraph.streaming.sinks import SINKS, DeltaSink, open_sink, register_sink
+from offgraph.streaming.spool.sink import SpoolSink
 
 FORMS = "expected spool:DIR or kafka://HOST:PORT/TOPIC"
 
@@ -67,8 +67,8 @@ def test_a_registered_backend_opens_by_its_scheme_and_joins_the_message(tmp_path
 def test_the_registry_imports_no_backend_until_one_is_opened(tmp_path):
     code = (
         "import sys; import offgraph.streaming.sinks as s; "
-        "assert not {'offgraph.streaming.sink_kafka', 'offgraph.streaming.sink_spool'} & set(sys.modules); "
+        "assert not {'offgraph.streaming.kafka.sink', 'offgraph.streaming.spool.sink'} & set(sys.modules); "
         "s.open_sink(sys.argv[1]); "
-        "assert 'offgraph.streaming.sink_spool' in sys.modules and 'offgraph.streaming.sink_kafka' not in sys.modules"
+        "assert 'offgraph.streaming.spool.sink' in sys.modules and 'offgraph.streaming.kafka.sink' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code, f"spool:{tmp_path}"], check=True)

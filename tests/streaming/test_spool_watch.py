@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from offgraph.streaming.spool_watch import DirWatch, SleepWatch
+from offgraph.streaming.spool.watch import DirWatch, SleepWatch
 
 ACCEPT = lambda name: name.endswith(".delta.arrow") and not name.startswith(".")  # noqa: E731
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from scorer_parts import DenseHead, pooled
 
+from offgraph.calibration import calibrate
 from offgraph.export.export import export_run
 from offgraph.features.hashing import row_of
-from offgraph.scoring.calibration import calibrate
 from offgraph.scoring.scorer import Scorer
 from offgraph.streaming.deltas import publish_delta
 from offgraph.testing.harness import free_port, wait_ready
@@ -49,7 +50,7 @@ def test_delta_file_changes_the_served_score_exactly_as_recomputed_by_hand(small
     vdir = models / "ml" / "1"
     export_run(small_run[0], vdir, shards=2, quant="fp32", progress=False)
     with Scorer(vdir) as ref:  # before the update: pooled inputs of the dense model
-        emb, fo, _ = ref.pooled(REQUEST, CANDS)
+        emb, fo, _ = pooled(ref, REQUEST, CANDS)
         spec = ref.spec
     f = spec.field_index("user_id")
     row = row_of(REQUEST["user_id"], spec.model.hash, spec.fields[f].rows)
@@ -57,8 +58,7 @@ def test_delta_file_changes_the_served_score_exactly_as_recomputed_by_hand(small
     w = np.float32(0.75)
     emb[:, f, :] = v  # user_id is single-valued: its pooled vector is the row itself
     fo[:, f] = w
-    with Scorer(vdir) as ref:
-        expected = calibrate(ref.dense(emb, fo), spec.model.calibration)
+    expected = calibrate(DenseHead(vdir)(emb, fo), spec.model.calibration)
 
     port = free_port()
     server = _start(

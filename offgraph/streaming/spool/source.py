@@ -27,7 +27,7 @@ from pathlib import Path
 from offgraph.streaming.deltas import SUFFIX, count_rows
 from offgraph.streaming.log_limit import RepeatLimiter
 from offgraph.streaming.sources import SPOOL_POSITION_KEY, Backlog, DeltaSource, SourceItem
-from offgraph.streaming.spool_watch import DirWatch
+from offgraph.streaming.spool.watch import DirWatch
 
 log = logging.getLogger("offgraph.update.spool")
 

@@ -45,9 +45,9 @@ from pathlib import Path
 
 from offgraph.streaming import deltas
 from offgraph.streaming.deltas import AnyDeltaBatch, DeltaFormatError, count_rows
-from offgraph.streaming.kafka_admin import ensure_topic
-from offgraph.streaming.kafka_health import BrokerHealth
-from offgraph.streaming.kafka_messages import (
+from offgraph.streaming.kafka.admin import ensure_topic
+from offgraph.streaming.kafka.health import BrokerHealth
+from offgraph.streaming.kafka.messages import (
     H_ORIGIN,
     H_REASON,
     MAX_MESSAGE_BYTES,
@@ -98,7 +98,7 @@ def fingerprint(value: bytes, timestamp_ms: int) -> str:
 @dataclass(frozen=True)
 class KafkaItem(SourceItem):
     """One message; ``read`` refuses an oversized message before decoding, and one whose offgraph
-    headers are malformed or disagree with its payload (``kafka_messages.check_headers``)."""
+    headers are malformed or disagree with its payload (``kafka.messages.check_headers``)."""
 
     partition: int = 0
     offset: int = 0

@@ -21,7 +21,7 @@ deltas of one row go to one partition, so they stay in order:
 
     partition = splitmix64((table_id << 48) | row) % partitions       (offgraph.store.keys.shard_of)
 
-    from offgraph.streaming.kafka_messages import encode_messages
+    from offgraph.streaming.kafka.messages import encode_messages
     for partition, value, headers in encode_messages(delta, partitions=4):
         producer.produce(topic, value=value, partition=partition, headers=headers)
 """

@@ -1,4 +1,4 @@
-"""``kafka://HOST:PORT/TOPIC`` sink: row deltas as messages (``kafka_messages``), with an idempotent producer.
+"""``kafka://HOST:PORT/TOPIC`` sink: row deltas as messages (``kafka.messages``), with an idempotent producer.
 
 - ``enable.idempotence``: a retried send is written once, in order within its partition.
 - Each row goes to partition ``shard_of(table, row, partitions)``: all deltas of a row stay
@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from offgraph.streaming.deltas import encode_feature_delta
-from offgraph.streaming.kafka_admin import ensure_topic
-from offgraph.streaming.kafka_health import BrokerHealth
-from offgraph.streaming.kafka_messages import (
+from offgraph.streaming.kafka.admin import ensure_topic
+from offgraph.streaming.kafka.health import BrokerHealth
+from offgraph.streaming.kafka.messages import (
     MAX_MESSAGE_BYTES,
     encode_messages,
     encode_one,

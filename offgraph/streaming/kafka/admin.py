@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from offgraph.streaming.kafka_health import BrokerHealth
+from offgraph.streaming.kafka.health import BrokerHealth
 
 log = logging.getLogger("offgraph.kafka")
 
