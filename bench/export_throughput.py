@@ -154,7 +154,7 @@ def main(argv=None) -> int:
         return 0
 
     formats = [f for f in args.formats.split(",") if f]
-    workdir = args.workdir or tempfile.mkdtemp(prefix="embstore-bench-")
+    workdir = args.workdir or tempfile.mkdtemp(prefix="offgraph-export-bench-")
     os.makedirs(workdir, exist_ok=True)
     results = []
     try:

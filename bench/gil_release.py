@@ -101,7 +101,7 @@ def _parts(model_dir: str, data: str, n: int):
     import pyarrow.parquet as pq
 
     import offgraph
-    from offgraph.scoring import batch as scorer_impl
+    from offgraph.scoring.batch import batch_keys
     from offgraph.server.tf_threads import configure_tf_threads
 
     configure_tf_threads(1, 1)
@@ -117,7 +117,7 @@ def _parts(model_dir: str, data: str, n: int):
     request = {c: t[c][0] for c in req_in}
     segments, stats = scorer._segments(request, cands)  # noqa: SLF001 - the scorer's own phases, apart
     batch = scorer.features(request, cands, grouped=True)
-    keys = scorer_impl.batch_keys(batch)
+    keys = batch_keys(batch)
 
     def tf_call():
         scorer._dense_segments(segments, stats["dense"])  # noqa: SLF001

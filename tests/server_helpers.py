@@ -81,17 +81,37 @@ class ScoreHammer:
         return self.seen
 
 
-def serve_process(models: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    """``offgraph serve --models MODELS *flags`` in a subprocess on a free loopback port, its output in
-    ``log``: ``(process, base url)``. Stop it with :func:`stop_server`."""
-    port = free_port()
-    with open(log, "w") as logf:
+def serve_process(
+    models: Path,
+    log: Path,
+    *flags: str,
+    port: int | None = None,
+    env: dict[str, str | None] | None = None,
+    cli_flags: tuple[str, ...] = (),
+    new_session: bool = False,
+    append: bool = False,
+) -> tuple[subprocess.Popen, str]:
+    """``offgraph [cli_flags] serve --models MODELS *flags`` in a subprocess on a free loopback port (or
+    ``port``: a restart on the same one), its output in ``log`` (``append``: after what is there):
+    ``(process, base url)``. ``env``: variables set for the server (None: removed from its environment);
+    ``new_session``: in its own process group (so that ``os.killpg`` reaches every worker). Stop it with
+    :func:`stop_server`."""
+    port = free_port() if port is None else port
+    environ = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    for k, v in (env or {}).items():
+        if v is None:
+            environ.pop(k, None)
+        else:
+            environ[k] = v
+    cmd = [sys.executable, "-m", "offgraph.cli", *cli_flags, "serve", "--models", str(models), "--port", str(port)]
+    with open(log, "a" if append else "w") as logf:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "offgraph.cli", "serve", "--models", str(models), "--port", str(port), *flags],
+            [*cmd, *flags],
             cwd=Path(__file__).resolve().parent.parent,
             stdout=logf,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+            env=environ,
+            start_new_session=new_session,
         )
     return proc, f"http://127.0.0.1:{port}"
 

@@ -3,7 +3,7 @@
 A version is kept when it is among the newest ``--keep``, pinned or labelled by an admin decision
 (MODELS/NAME/admin-policy.json). Each version pruned is first renamed ``.pruning-V`` (atomic: a server
 stops seeing it at its next scan, only digit names are versions), then its remote rows are deleted
-(``RedisStore.delete_rows``: one shard at a time, UNLINK, so that no master blocks), then its directory.
+(``RedisBackend.delete_rows``: one shard at a time, UNLINK, so that no master blocks), then its directory.
 A prune killed midway leaves a ``.pruning-V`` that the next prune finishes.
 """
 

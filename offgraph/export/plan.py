@@ -1,7 +1,7 @@
 """`offgraph plan`: the read time a server will spend per request, predicted from the disk and the hit ratio.
 
 The model: a request's row-cache misses are read from the store with direct reads, split
-over the read threads (``offgraph.store.store_reads._read_chunks``: one ``multi_get`` chunk per shard the keys
+over the read threads (``EmbeddingStore`` in ``offgraph.store.base``: one ``multi_get`` chunk per shard the keys
 fall in at least, shards cut in pieces of at least ``MIN_CHUNK_KEYS`` keys for about ``read_threads``
 chunks), each chunk one read after another. So, with ``m`` misses per request over ``S`` shards,
 
@@ -17,8 +17,8 @@ one more read for the share of the index that does not.
 
 The hit ratio is simulated: the bench's traffic (``offgraph.export.traffic``) replayed through the real row
 cache (``offgraph.store.row_cache.RowCache`` with the synth version's codec) at the row-cache size the budget
-gives, in windows of requests until two windows in a row agree to ``CONVERGED_POINTS`` (the steady
-state). The trace through FG (``offgraph.export.cache_sim.bench_trace``) is too slow per request for the
+gives, in windows of requests until the last two windows' misses per request agree with the two before to
+``CONVERGED_SHARE`` or ``CONVERGED_MISSES`` (the steady state). The trace through FG (``offgraph.export.cache_sim.bench_trace``) is too slow per request for the
 tens of thousands of requests a cache of millions of rows takes to fill (its cost:
 ``bench/results/cache-policy/README.md``), so the trace here is its columnar twin (``synth_trace``): the same draws, the small tables' rows as FG
 hashes them, a huge table's row its popularity rank instead of the hash of it (hashing only scatters
@@ -86,7 +86,7 @@ def read_time(
     """The model's figures for ``misses_per_request`` (see the module docstring). The c8 bound is None
     (no limit from the disk) when a request misses nothing."""
     if min_chunk_keys is None:
-        from offgraph.store.store_reads import MIN_CHUNK_KEYS as min_chunk_keys
+        from offgraph.store.base import MIN_CHUNK_KEYS as min_chunk_keys
     m = misses_per_request
     if isinstance(m, bool) or not isinstance(m, (int, float)) or not (math.isfinite(m) and m >= 0):
         raise ValueError(f"misses per request must be a finite number >= 0, got {m!r}")

@@ -35,4 +35,4 @@ STORE_READ_SECONDS = Histogram(
     buckets=STORE_READ_BUCKETS,
     registry=None,
 )
-"""Observed by the scorer (``Scorer.pooled``); each app's registry shows it (multiprocess mode: every worker's)."""
+"""Observed by the scorer (its store reads); each app's registry shows it (multiprocess mode: every worker's)."""

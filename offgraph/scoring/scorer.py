@@ -29,13 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from offgraph.calibration import calibrate, score_kind
 from offgraph.features.fg import FeatureGenerator, FeatureValueError
 from offgraph.features.segment import check_segmenters
 from offgraph.modeldir.manifest import ModelDirError, complete_versions, training_loss
 from offgraph.modeldir.version import ModelVersion
-from offgraph.scoring import batch as scorer_impl
 from offgraph.scoring._signature_call import SignatureCall
-from offgraph.scoring.calibration import calibrate, score_kind
+from offgraph.scoring.batch import Segments, batch_keys, pool_rows, read_through_cache
 from offgraph.scoring.candidate_cache import LACKING, ONLY_KEY, CandidateCache
 from offgraph.scoring.feature_join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
 from offgraph.scoring.memory_budget import CANDIDATE_BYTES, FG_ITEM_BYTES, JOIN_RECORD_BYTES
@@ -165,27 +165,21 @@ class Scorer:
         with self._fg_lock:  # the item cache is shared state
             return self.fg.transform(request, candidates, grouped=grouped)
 
-    def pooled(self, request, candidates) -> tuple[np.ndarray, np.ndarray, dict]:
-        """``(emb [N, F, D], first_order [N, F], stats)``: FG, unique keys, row cache, store
-        reads of the cache misses only, pooling. ``stats``: lookups, unique_rows,
-        cache_hits, store_rows_read and found_rows (of the rows read from the store), store_read_seconds
-        (its wall time, also observed as ``offgraph_store_read_seconds``), ``dense``
-        (the numeric fields' [N, k] values) and ``ignored_keys`` (raw keys the model does not read)."""
-        segments, stats = self._segments(request, candidates)
-        emb, fo = segments.whole()
-        return emb, fo, stats
-
-    def _segments(self, request, candidates) -> tuple[scorer_impl.Segments, dict]:
-        """:meth:`pooled` before the pooled segments are laid out as [N, F, D]. The lookups and pooling run
-        once per distinct value list of a field (a request field's one, a cross's groups)."""
+    def _segments(self, request, candidates) -> tuple[Segments, dict]:
+        """The pooled segments of one request's candidates, and ``stats``: FG, unique keys, row cache, store
+        reads of the cache misses only, pooling. The lookups and pooling run once per distinct value list of a
+        field (a request field's one, a cross's groups). ``stats``: lookups, unique_rows, cache_hits,
+        store_rows_read and found_rows (of the rows read from the store), store_read_seconds (its wall time,
+        also observed as ``offgraph_store_read_seconds``), ``dense`` (the numeric fields' [N, k] values) and
+        ``ignored_keys`` (raw keys the model does not read)."""
         return self._segments_of(self.features(request, candidates, grouped=True))
 
-    def _segments_of(self, batch) -> tuple[scorer_impl.Segments, dict]:
+    def _segments_of(self, batch) -> tuple[Segments, dict]:
         """:meth:`_segments` of a request's FG batch (grouped)."""
-        keys = scorer_impl.batch_keys(batch)
+        keys = batch_keys(batch)
         feed = self._follower  # fresh rows from the writer's feed, looked up first
         timing: dict = {}
-        rows, hits, read, found = scorer_impl.read_through_cache(
+        rows, hits, read, found = read_through_cache(
             self.row_cache,
             self.store,
             keys.unique_tables,
@@ -205,7 +199,7 @@ class Scorer:
             if self.row_cache is not None:
                 c["cache_hits"] += hits
                 c["cache_misses"] += read
-        segments = scorer_impl.pool_rows(batch, keys, rows, self.poolings)
+        segments = pool_rows(batch, keys, rows, self.poolings)
         stats = {
             "lookups": int(len(keys.inverse)),
             "unique_rows": int(len(keys.unique_rows)),
@@ -236,25 +230,7 @@ class Scorer:
             np.asarray(split.candidate_fields, np.int64),
         )
 
-    def dense(
-        self, emb: np.ndarray, first_order: np.ndarray, dense: np.ndarray | None = None, split: bool = False
-    ) -> np.ndarray:
-        """CTRs [N] (before calibration) of one request's pooled candidates (:meth:`pooled`). With ``split``
-        and a version that has the split signature, the request fields are taken from row 0 and their part
-        of the head computed once; else every candidate's fields go through ``serving_default``. (The score
-        path feeds the split signature without building [N, F, D] at all: :meth:`_dense_segments`.)"""
-        if split and self._split is not None:
-            _, req, cand = self._split
-            parts = {
-                "req_emb": emb[:1, req],
-                "req_first_order": first_order[:1, req],
-                "cand_emb": emb[:, cand],
-                "cand_first_order": first_order[:, cand],
-            }
-            return self._call_split(parts, dense)
-        return self._call_whole(emb, first_order, dense)
-
-    def _dense_segments(self, segments: scorer_impl.Segments, dense: np.ndarray | None) -> np.ndarray:
+    def _dense_segments(self, segments: Segments, dense: np.ndarray | None) -> np.ndarray:
         """CTRs [N] of the pooled segments: through the split signature when the version has one (the
         request fields' part of the head once, from their one pooled row), else ``serving_default``."""
         if self._split is not None:
@@ -436,7 +412,7 @@ class Scorer:
         for s in range(0, len(rows), batch):
             if until is not None and time.perf_counter() >= until:
                 break
-            scorer_impl.read_through_cache(
+            read_through_cache(
                 self.row_cache,
                 self.store,
                 tables[s : s + batch],

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scorer_parts import DenseHead, pooled
 from server_helpers import copy_version
 
+from offgraph.calibration import calibrate
 from offgraph.export.export import export_run
 from offgraph.modeldir.manifest import ModelDirError
-from offgraph.scoring.calibration import calibrate
 from offgraph.scoring.scorer import Scorer
 
 PARITY = 1e-6  # max |dp| of the split head against the unsplit one, fp32
@@ -46,10 +47,11 @@ def _requests(spec, table, limit: int = 40):
 
 def _max_dp(scorer: Scorer, requests) -> float:
     worst = 0.0
+    head = DenseHead(scorer.version_dir)
     for request, cands in requests:
-        emb, fo, st = scorer.pooled(request, cands)
-        split = scorer.dense(emb, fo, st["dense"], split=True)
-        whole = scorer.dense(emb, fo, st["dense"])
+        emb, fo, dense = pooled(scorer, request, cands)
+        split = head(emb, fo, dense, split=True)
+        whole = head(emb, fo, dense)
         assert split.shape == whole.shape == (len(cands),)
         worst = max(worst, float(np.abs(split - whole).max()))
     return worst
@@ -91,16 +93,17 @@ def test_a_version_without_the_split_record_serves_with_the_old_signature(tiny_v
     with it is scored through the split signature (its request fields pooled once), within the parity bound."""
     old = tmp_path / "ml" / "1"
     copy_version(tiny_version, old, manifest_edit=lambda m: m["dense"].pop("split"))
+    head_old, head_now = DenseHead(old), DenseHead(tiny_version)
     with Scorer(old) as before, Scorer(tiny_version) as now:
         assert before.manifest.dense.split is None and before._split is None
         for request, cands in requests_[:20]:
-            emb, fo, st = before.pooled(request, cands)
+            emb, fo, _ = pooled(before, request, cands)
             p_old = before.score(request, cands)
-            np.testing.assert_array_equal(before.dense(emb, fo), now.dense(emb, fo))  # the unsplit signature
-            assert float(np.abs(now.dense(emb, fo, split=True) - before.dense(emb, fo)).max()) <= PARITY
-            np.testing.assert_array_equal(p_old, calibrate(before.dense(emb, fo), before.calibration))
+            np.testing.assert_array_equal(head_old(emb, fo), head_now(emb, fo))  # the unsplit signature
+            assert float(np.abs(head_now(emb, fo, split=True) - head_old(emb, fo)).max()) <= PARITY
+            np.testing.assert_array_equal(p_old, calibrate(head_old(emb, fo), before.calibration))
             p_now = now.score(request, cands)
-            np.testing.assert_array_equal(p_now, calibrate(now.dense(emb, fo, split=True), now.calibration))
+            np.testing.assert_array_equal(p_now, calibrate(head_now(emb, fo, split=True), now.calibration))
             assert float(np.abs(p_now - p_old).max()) <= PARITY
 
 

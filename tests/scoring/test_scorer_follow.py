@@ -7,14 +7,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import StoreWriter
+from scorer_parts import DenseHead, pooled
 from server_helpers import copy_version
 
+from offgraph.calibration import calibrate
 from offgraph.export.export import export_run
 from offgraph.features import parse_spec
 from offgraph.features.hashing import row_of
 from offgraph.model.train import TrainConfig, train_run
-from offgraph.scoring import batch as scorer_impl
-from offgraph.scoring.calibration import calibrate
+from offgraph.scoring.batch import read_through_cache
 from offgraph.scoring.scorer import Scorer
 from offgraph.store.keys import combine_keys
 
@@ -75,7 +76,7 @@ def expected_after_write(scorer, emb0, fo0, cand_idx, value):
     emb, fo = emb0.copy(), fo0.copy()
     emb[cand_idx, ITEM_FIELD] = np.linspace(-1, 1, D).astype(np.float32) * value
     fo[cand_idx, ITEM_FIELD] = value / 2
-    return calibrate(scorer.dense(emb, fo), scorer.calibration)
+    return calibrate(DenseHead(scorer.version_dir)(emb, fo), scorer.calibration)
 
 
 def start_writer(version_dir) -> StoreWriter:
@@ -124,7 +125,8 @@ def test_follow_sees_a_row_written_by_another_process_within_2s(version_dir):
     try:
         assert scorer._follower is not None and scorer._follower._thread.is_alive()
         base = scorer.score(REQUEST, CANDS)
-        emb0, fo0, _ = scorer.pooled(REQUEST, CANDS)  # warm cache: no store read
+        assert np.array_equal(scorer.score(REQUEST, CANDS), base)  # warm cache: no store read
+        emb0, fo0, _ = pooled(scorer, REQUEST, CANDS)  # the stored rows, pooled
         warm = scorer.stats()
         assert warm["cache_hits"] > 0 and warm["cache_entries"] == warm["store_rows_read"] > 0
         proc = start_writer(version_dir)
@@ -224,7 +226,7 @@ def test_follow_maps_existing_feed_releases_covered_epochs_and_validates_args(ve
         # the first writer's epoch is covered by the caught-up store: released, its 3 keys invalidated
         assert st["epochs_released"] == base["epochs_released"] + 1 and st["epochs"] == 1
         assert st["changes_applied"] == base["changes_applied"] + 3
-        rows4, hits, read, _ = scorer_impl.read_through_cache(
+        rows4, hits, read, _ = read_through_cache(
             s.row_cache, s.store, np.array([3], np.uint32), np.array([4]), s._follower, keys[:1] + 3
         )
         np.testing.assert_array_equal(rows4[:, :-1], want4)  # from epoch 2, not the stale cached zeros
@@ -316,7 +318,7 @@ def test_a_released_epochs_rows_are_written_through_to_the_row_cache_at_their_ne
         np.testing.assert_array_equal(vec, want_v)
         np.testing.assert_array_equal(w, want_w)
         # and a request reads them from the cache: no store read
-        _, hits, read, _ = scorer_impl.read_through_cache(
+        _, hits, read, _ = read_through_cache(
             s.row_cache, s.store, np.full(3, 3, np.uint32), np.array([1, 2, 3]), s._follower
         )
         assert hits == 3 and read == 0

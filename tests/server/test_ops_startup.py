@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import copy_models, free_port, serve_process, stop_server, wait_ready
+from server_helpers import copy_models, serve_process, stop_server, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.\[\]]+: ")
@@ -43,17 +43,10 @@ def test_empty_models_is_not_ready_and_json_lines_parse(tmp_path):
     assert all(TEXT_LINE.match(x) for x in lines), out
     assert not [x for x in lines if " INFO " in x and any(n in x for n in IDLE_NOISE)], out
 
-    port = free_port()  # the same server in JSON lines (a global flag: before the subcommand)
-    with open(tmp_path / "json.log", "w") as logf:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "offgraph.cli", "--log-format", "json", "serve", "--models", str(models)]
-            + ["--port", str(port)],
-            cwd=REPO,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-        )
+    # the same server in JSON lines (a global flag: before the subcommand)
+    proc, url = serve_process(models, tmp_path / "json.log", cli_flags=("--log-format", "json"))
     try:
-        assert _readyz(f"http://127.0.0.1:{port}").status_code == 503
+        assert _readyz(url).status_code == 503
     finally:
         stop_server(proc)
     records = [json.loads(x) for x in (tmp_path / "json.log").read_text().splitlines() if x.strip()]

@@ -6,13 +6,9 @@ MovieLens slice and exported once per session; each server gets its own copy of 
 
 import gc
 import json
-import os
 import re
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,13 +22,13 @@ from server_helpers import (
     copy_models,
     copy_version,
     score,
+    serve_process,
     server_config,
     stop_server,
     wait_for,
     wait_ready,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 MAX_CANDIDATES = 300
 MAX_BODY = 1 << 20
 
@@ -407,36 +403,9 @@ def _after_scans(c: httpx.Client, n: int) -> dict:
 # -- the CLI -------------------------------------------------------------------------------------------------
 def test_offgraph_serve_cli(tiny_model, requests_, tmp_path):
     models = copy_models(tiny_model[0], tmp_path / "models")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k != "OFFGRAPH_ADMIN_TOKEN"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "offgraph.cli",
-            "serve",
-            "--models",
-            str(models),
-            "--port",
-            str(port),
-            "--intra-threads",
-            "1",
-            "--inter-threads",
-            "1",
-            "--cache-mb",
-            "8",
-            "--poll-seconds",
-            "0.5",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    flags = ["--intra-threads", "1", "--inter-threads", "1", "--cache-mb", "8", "--poll-seconds", "0.5"]
+    proc, url = serve_process(models, log, *flags, env={"OFFGRAPH_ADMIN_TOKEN": None})
     try:
         wait_ready(url, 90, proc)
         with httpx.Client(base_url=url, timeout=30) as c:
@@ -446,7 +415,8 @@ def test_offgraph_serve_cli(tiny_model, requests_, tmp_path):
             r = c.post("/v1/models/ml:rollback", headers={"Authorization": "Bearer x"})
             assert r.status_code == 403 and "admin actions are disabled" in r.json()["detail"]
     finally:
-        out = stop_server(proc, 30)
+        stop_server(proc, 30)
+    out = log.read_text()
     # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught
     assert proc.returncode in (0, -signal.SIGTERM), out[-3000:]
     assert "Application shutdown complete" in out and "closed version 1 of ml" in out, out[-3000:]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from server_helpers import TOKEN, copy_models, copy_version, free_port, stop_server, wait_for, wait_ready
+from server_helpers import TOKEN, copy_models, copy_version, free_port, serve_process, stop_server, wait_for, wait_ready
 from tf_noise import TF_NOISE
 
 import offgraph
@@ -50,34 +50,9 @@ def _fresh(url: str, body: dict, n: int) -> list[httpx.Response]:
     return [httpx.post(url + "/v1/models/ml:score", json=body, timeout=30) for _ in range(n)]
 
 
-def _serve(models: Path, port: int, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "OFFGRAPH_ADMIN_TOKEN": TOKEN}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "offgraph.cli",
-            "serve",
-            "--models",
-            str(models),
-            "--port",
-            str(port),
-            "--workers",
-            "2",
-            "--cache-mb",
-            "16",
-            "--poll-seconds",
-            "0.3",
-            "--log-level",
-            "warning",
-            *extra,
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def _serve(models: Path, port: int, log: Path, *extra: str) -> subprocess.Popen:
+    flags = ["--workers", "2", "--cache-mb", "16", "--poll-seconds", "0.3", "--log-level", "warning", *extra]
+    return serve_process(models, log, *flags, port=port, env={"OFFGRAPH_ADMIN_TOKEN": TOKEN})[0]
 
 
 def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requests_, tmp_path):
@@ -87,7 +62,8 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
     copy_version(models / "ml" / "1", models / "ml" / "2")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _serve(models, port)
+    log = tmp_path / "serve.log"
+    proc = _serve(models, port, log)
     admin = offgraph.Client(url, admin_token=TOKEN)
     sent = 0
     try:
@@ -100,8 +76,9 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
         assert "tensorflow" not in maps[0] and all("tensorflow" in m for m in maps[1:])
 
         # a second server on the same port is an error, not a silently shared port
-        other = _serve(models, port)
-        out, _ = other.communicate(timeout=60)
+        other = _serve(models, port, tmp_path / "other.log")
+        other.wait(timeout=60)
+        out = (tmp_path / "other.log").read_text()
         assert other.returncode == 2 and f"cannot serve on 127.0.0.1:{port}" in out, out[-2000:]
 
         req, cands = requests_[0]
@@ -176,7 +153,8 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
         assert re.search(r"^process_cpu_seconds_total [0-9.e+]+$", text, re.M) and "python_info{" in text
     finally:
         admin.close()
-        out = stop_server(proc, 60)
+        stop_server(proc, 60)
+    out = log.read_text()
     assert proc.returncode == 0, out[-3000:]
     assert not TF_NOISE.search(out), out[-3000:]  # the workers' TensorFlow start-up lines are hidden too
     deadline = time.monotonic() + 10

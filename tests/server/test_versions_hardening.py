@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,12 +24,12 @@ from server_helpers import (
     copy_version,
     free_port,
     score,
+    serve_process,
     server_config,
     wait_for,
     wait_ready,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -183,30 +182,10 @@ def test_slow_copy_is_retried_and_temp_names_are_ignored(tiny_model, requests_, 
 
 # -- item 4: admin pins and unloads survive a kill -9; 503 + Retry-After while loading ----------------------
 def _serve(models: Path, port: int, log: Path, *extra: str) -> subprocess.Popen:
-    """``offgraph serve`` in its own process group (so that SIGKILL reaches every worker)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "offgraph.cli",
-        "serve",
-        "--models",
-        str(models),
-        "--port",
-        str(port),
-        "--admin-token",
-        TOKEN,
-        "--poll-seconds",
-        "0.2",
-        "--cache-mb",
-        "8",
-        "--intra-threads",
-        "1",
-        "--inter-threads",
-        "1",
-        *extra,
-    ]
-    with open(log, "a") as out:
-        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    """``offgraph serve`` on ``port`` in its own process group (so that SIGKILL reaches every worker)."""
+    flags = ["--admin-token", TOKEN, "--poll-seconds", "0.2", "--cache-mb", "8"]
+    flags += ["--intra-threads", "1", "--inter-threads", "1", *extra]
+    return serve_process(models, log, *flags, port=port, new_session=True, append=True)[0]
 
 
 def _kill9(proc: subprocess.Popen) -> None:

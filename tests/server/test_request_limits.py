@@ -7,25 +7,18 @@ are scored, header / body / keep-alive timeouts, HTTP/0.9 request lines, the con
 """
 
 import json
-import os
 import re
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import copy_models, free_port, score, wait_for, wait_ready
+from server_helpers import copy_models, score, serve_process, stop_server, wait_for, wait_ready
 
 from offgraph.features import FeatureGenerator, FeatureValueError, parse_spec
 from offgraph.features.spec import SpecError
 from offgraph.features.value_limits import TooManyValues
-
-REPO = Path(__file__).resolve().parents[2]
 
 # -- FG: values per field and per request --------------------------------------------------------
 LIMITED = {
@@ -144,34 +137,10 @@ class Served:
     """``offgraph serve`` in a subprocess, its output in a file (a pipe nobody reads could fill up)."""
 
     def __init__(self, models, tmp, *extra):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / "serve.log"
-        env = {k: v for k, v in os.environ.items() if k != "OFFGRAPH_ADMIN_TOKEN"}
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "offgraph.cli",
-                    "serve",
-                    "--models",
-                    str(models),
-                    "--port",
-                    str(self.port),
-                    "--cache-mb",
-                    "8",
-                    "--intra-threads",
-                    "1",
-                    "--inter-threads",
-                    "1",
-                    *extra,
-                ],
-                cwd=REPO,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        flags = ["--cache-mb", "8", "--intra-threads", "1", "--inter-threads", "1", *extra]
+        self.proc, self.url = serve_process(models, self.log, *flags, env={"OFFGRAPH_ADMIN_TOKEN": None})
+        self.port = int(self.url.rsplit(":", 1)[1])
         try:
             wait_ready(self.url, 120, self.proc)
         except BaseException:
@@ -182,12 +151,7 @@ class Served:
         return self.log.read_text()
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_server(self.proc, 30)
 
 
 @pytest.fixture(scope="module")
