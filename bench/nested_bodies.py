@@ -10,18 +10,22 @@ loop, one keep-alive connection, N = ``--n`` candidates, every answer a 200) sen
 in three conditions, alternated ``--alternations`` times (A, B, C, A, B, C, ...):
 
 * ``alone`` (A): nothing else;
-* ``deep`` (B): beside a flood (another process, ``--flood-connections`` closed-loop connections) of
-  100,000-deep bodies: to ``:score`` mostly, 1 in 10 to ``:predict``, 1 in 20 to ``:load`` (admin);
+* ``deep`` (B): beside a flood (another process, ``--flood-connections`` connections) of 100,000-deep
+  bodies: to ``:score`` mostly, 1 in 10 to ``:predict``, 1 in 20 to ``:load`` (admin). ``--flood-rate R``
+  paces the whole flood open-loop at R requests a second (request i due at start + i/R, on a schedule that
+  does not drift; a connection that falls behind sends at once); 0 (the default) is closed loop, each
+  connection sending as soon as its last answer came;
 * ``invalid`` (C): beside the same flood of bodies of the same sizes that are invalid JSON, not deep (the
   nested value's bytes replaced by ``@``): what any refused body costs.
 
 Reported: per condition the medians over its runs of the valid client's p50 and p99, the p99 ratios B/A and
-B/C, and every flood answer's status, whether it names the limit, and its client-observed latency (p50,
+B/C, the machine's own noise (the spread of A's p99 across A's runs, min to max, against which B/A reads), and every flood answer's status, whether it names the limit, and its client-observed latency (p50,
 max). The deep answers must all be 4xx naming the limit in under 100 ms (else exit 1). Loopback only;
 every loop is bounded (requests, and ``--flood-max-s`` per flood). Writes ``OUT/nested_bodies.json``,
 ``.md`` and ``.png``.
 
     python -m bench.nested_bodies --out bench/results/nested-bodies
+    python -m bench.nested_bodies --flood-rate 50 --requests 2000 --alternations 5 --out bench/results/nested-bodies
     python -m bench.nested_bodies --quick --out /tmp/nested
 """
 
@@ -153,15 +157,20 @@ class Client:
         self.c.close()
 
 
-def flood(port: int, kind: str, connections: int, max_requests: int, max_s: float, started, stop, out) -> None:
-    """(A process of its own.) ``connections`` closed loops of deep (or same-size invalid) bodies until ``stop``,
-    ``max_requests`` in all or ``max_s`` seconds; puts [(route, status, ms, names the limit), ...] on ``out``."""
+def flood(
+    port: int, kind: str, connections: int, rate: float, max_requests: int, max_s: float, started, stop, out
+) -> None:
+    """(A process of its own.) ``connections`` loops of deep (or same-size invalid) bodies until ``stop``,
+    ``max_requests`` in all or ``max_s`` seconds: closed loops if ``rate`` is 0, else request i sent at
+    start + i / ``rate`` (the schedule's, not a sleep's, time: no drift); puts
+    [(route, status, ms, names the limit, ms late on the schedule), ...] on ``out``."""
     value = nested(FLOOD_DEPTH) if kind == "deep" else b"@" * (2 * FLOOD_DEPTH)
     bodies = {r: route_body(r, value) for r in ("score", "predict", "load")}
-    got: list[tuple[str, int, float, bool]] = []
+    got: list[tuple[str, int, float, bool, float]] = []
     issued = 0
     lock = threading.Lock()
-    deadline = time.monotonic() + max_s
+    t_start = time.monotonic()
+    deadline = t_start + max_s
 
     def loop() -> None:
         nonlocal issued
@@ -173,9 +182,16 @@ def flood(port: int, kind: str, connections: int, max_requests: int, max_s: floa
                         return
                     i = issued
                     issued += 1
+                late = 0.0
+                if rate > 0:
+                    due = t_start + i / rate
+                    wait = due - time.monotonic()
+                    if wait > 0 and stop.wait(wait):
+                        return
+                    late = max(0.0, time.monotonic() - due)
                 route = flood_route(i)
                 status, payload, took = c.send(*bodies[route])
-                got.append((route, status, took * 1e3, NAMED.encode() in payload))
+                got.append((route, status, took * 1e3, NAMED.encode() in payload, late * 1e3))
                 started.set()
         finally:
             c.close()
@@ -212,7 +228,17 @@ def run_condition(port: int, cond: str, bodies: list[bytes], args, k: int) -> di
         started, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
         proc = ctx.Process(
             target=flood,
-            args=(port, cond, args.flood_connections, args.flood_max_requests, args.flood_max_s, started, stop, out),
+            args=(
+                port,
+                cond,
+                args.flood_connections,
+                args.flood_rate,
+                args.flood_max_requests,
+                args.flood_max_s,
+                started,
+                stop,
+                out,
+            ),
         )
         proc.start()
         if not started.wait(60):
@@ -252,7 +278,7 @@ def run_condition(port: int, cond: str, bodies: list[bytes], args, k: int) -> di
         f"{cond:7s} {k}: valid p50 {r['p50_ms']:6.1f}  p99 {r['p99_ms']:6.1f} ms ({len(lat)} in {wall:.1f} s)"
         + (
             f"; flood {fl['requests']} ({fl['per_s']:.0f}/s of valid time) statuses {fl['statuses']} "
-            f"p50 {fl['p50_ms']:.1f} max {fl['max_ms']:.1f} ms, named {fl['named']}"
+            f"p50 {fl['p50_ms']:.1f} max {fl['max_ms']:.1f} ms, named {fl['named']}, late max {fl['late_max_ms']:.1f} ms"
             if fl
             else ""
         )
@@ -260,8 +286,8 @@ def run_condition(port: int, cond: str, bodies: list[bytes], args, k: int) -> di
     return r
 
 
-def flood_stats(got: list[tuple[str, int, float, bool]]) -> dict:
-    def stats(xs: list[tuple[str, int, float, bool]]) -> dict:
+def flood_stats(got: list[tuple[str, int, float, bool, float]]) -> dict:
+    def stats(xs: list[tuple[str, int, float, bool, float]]) -> dict:
         ms = np.asarray([x[2] for x in xs]) if xs else np.zeros(1)
         statuses: dict[str, int] = {}
         for x in xs:
@@ -278,6 +304,7 @@ def flood_stats(got: list[tuple[str, int, float, bool]]) -> dict:
 
     out = stats(got)
     out["per_s"] = 0.0
+    out["late_max_ms"] = max((x[4] for x in got), default=0.0)
     out["routes"] = {r: stats([x for x in got if x[0] == r]) for r in ("score", "predict", "load")}
     return out
 
@@ -313,6 +340,14 @@ def summary(runs: list[dict]) -> dict:
     for other in ("alone", "invalid"):
         for q in ("p50_ms", "p99_ms"):
             out[f"deep_over_{other}_{q[:3]}"] = out["deep"][q] / out[other][q]
+    # The machine's noise: how far A's p99 moves across A's own runs, to read B/A against.
+    for cond in CONDITIONS:
+        ps = [r["p99_ms"] for r in runs if r["condition"] == cond]
+        out[cond]["p99_min_ms"], out[cond]["p99_max_ms"] = min(ps), max(ps)
+    a99 = out["alone"]
+    out["alone_p99_spread"] = a99["p99_max_ms"] / a99["p99_min_ms"]
+    out["alone_p99_max_over_median"] = a99["p99_max_ms"] / a99["p99_ms"]
+    out["alone_p99_min_over_median"] = a99["p99_min_ms"] / a99["p99_ms"]
     floods = {cond: [r["flood"] for r in runs if r["condition"] == cond] for cond in ("deep", "invalid")}
     out["flood"] = {
         cond: {
@@ -325,6 +360,7 @@ def summary(runs: list[dict]) -> dict:
             "max_ms": max(f["max_ms"] for f in fs),
             "over_limit_ms": sum(f["over_limit_ms"] for f in fs),
             "per_s_median": statistics.median(f["per_s"] for f in fs),
+            "late_max_ms": max(f.get("late_max_ms", 0.0) for f in fs),
             "routes": {
                 route: {
                     "requests": sum(f["routes"][route]["requests"] for f in fs),
@@ -358,24 +394,32 @@ def check(report: dict) -> list[str]:
 
 def markdown(report: dict) -> str:
     a, s = report["args"], report["summary"]
+    rate = a.get("flood_rate", 0.0)
+    pace = f"paced open-loop at {rate:g} requests/s in all" if rate > 0 else "closed loop"
     lines = [
         f"    {report['command']}",
         "",
         f"{report['started']} - {report['finished']}, {report['machine']}. Valid client: closed loop, 1 connection, "
         f"N = {a['n']}, {a['requests']} requests a run; floods: {a['flood_connections']} connection(s) in another "
-        f"process, {FLOOD_DEPTH:,}-deep (B) or same-size invalid (C) bodies, 1 in 10 to :predict, 1 in 20 to :load "
+        f"process, {pace}, {FLOOD_DEPTH:,}-deep (B) or same-size invalid (C) bodies, 1 in 10 to :predict, 1 in 20 to :load "
         f"(admin). Medians of {a['alternations']} runs per condition, alternated.",
         "",
-        "| condition | valid p50 ms | valid p99 ms | valid max ms |",
-        "|---|---|---|---|",
+        "| condition | valid p50 ms | valid p99 ms | p99 min - max of runs | valid max ms |",
+        "|---|---|---|---|---|",
     ]
     for cond, label in zip(CONDITIONS, ("A alone", "B beside deep bodies", "C beside invalid bodies")):
         m = s[cond]
-        lines.append(f"| {label} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} | {m['max_ms']:.1f} |")
+        lines.append(
+            f"| {label} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} | {m['p99_min_ms']:.1f} - {m['p99_max_ms']:.1f} | "
+            f"{m['max_ms']:.1f} |"
+        )
     lines += [
         "",
         f"p99 B/A x{s['deep_over_alone_p99']:.2f}, B/C x{s['deep_over_invalid_p99']:.2f}; "
         f"p50 B/A x{s['deep_over_alone_p50']:.2f}, B/C x{s['deep_over_invalid_p50']:.2f}",
+        "",
+        f"Noise: A's own p99 ranged x{s['alone_p99_min_over_median']:.2f} to x{s['alone_p99_max_over_median']:.2f} "
+        f"of its median across its runs (max/min x{s['alone_p99_spread']:.2f}).",
         "",
         "| flood | route | requests | naming the limit | p50 ms (median of runs) | max ms |",
         "|---|---|---|---|---|---|",
@@ -383,7 +427,8 @@ def markdown(report: dict) -> str:
     for cond in ("deep", "invalid"):
         f = s["flood"][cond]
         lines.append(
-            f"| {cond} | all ({f['per_s_median']:.0f}/s; statuses {f['statuses']}) | {f['requests']} | {f['named']} | "
+            f"| {cond} | all ({f['per_s_median']:.0f}/s, at most {f['late_max_ms']:.1f} ms late; "
+            f"statuses {f['statuses']}) | {f['requests']} | {f['named']} | "
             f"{f['p50_ms_median']:.1f} | {f['max_ms']:.1f} |"
         )
         for route, r in f["routes"].items():
@@ -422,7 +467,9 @@ def plot(report: dict, path: Path) -> None:
         x = np.arange(len(rs))
         (line,) = axes[0].plot(x, [r["p99_ms"] for r in rs], marker=mark, label=f"{cond}: p99")
         axes[0].plot(x, [r["p50_ms"] for r in rs], marker=mark, linestyle=":", color=line.get_color(), label="p50")
-    axes[0].set_title(f"valid client, N = {report['args']['n']} (ms)")
+    rate = report["args"].get("flood_rate", 0.0)
+    pace = f"flood {rate:g}/s" if rate > 0 else "closed-loop flood"
+    axes[0].set_title(f"valid client, N = {report['args']['n']}, {pace} (ms)")
     axes[0].set_xlabel("alternation")
     routes = ("score", "predict", "load")
     s = report["summary"]["flood"]
@@ -440,7 +487,7 @@ def plot(report: dict, path: Path) -> None:
     sm = report["summary"]
     fig.suptitle(
         f"{FLOOD_DEPTH:,}-deep bodies beside a valid client: p99 B/A x{sm['deep_over_alone_p99']:.2f}, "
-        f"B/C x{sm['deep_over_invalid_p99']:.2f}"
+        f"B/C x{sm['deep_over_invalid_p99']:.2f} (A's own p99 spread x{sm['alone_p99_spread']:.2f})"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -457,6 +504,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=1000, help="valid requests per run")
     ap.add_argument("--alternations", type=int, default=3)
     ap.add_argument("--flood-connections", type=int, default=2)
+    ap.add_argument(
+        "--flood-rate",
+        type=float,
+        default=0.0,
+        help="flood requests/s in all, open loop on a schedule (0: closed loop)",
+    )
     ap.add_argument("--flood-max-requests", type=int, default=50_000, help="bound of one flood")
     ap.add_argument("--flood-max-s", type=float, default=120.0, help="bound of one flood, seconds")
     ap.add_argument("--seed", type=int, default=0)
