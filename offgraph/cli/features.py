@@ -38,12 +38,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 def run_load(args) -> int:
     from pathlib import Path
 
+    from offgraph.feature_tables.db import FeatureTableError
+    from offgraph.feature_tables.load import load_table
     from offgraph.features.spec import SpecError, load_spec
     from offgraph.features.tables import DataError, parquet_files, row_locator
     from offgraph.modeldir.manifest import ModelDirError, complete_versions
     from offgraph.modeldir.version import ModelVersion
-    from offgraph.store.feature_db import FeatureTableError
-    from offgraph.store.feature_load import load_table
 
     def fail(msg: str) -> int:
         print(f"offgraph features load: error: {msg}", file=sys.stderr)

@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from offgraph.calibration import calibrate
-from offgraph.export.feature_build import run_held_out_mask
+from offgraph.export.run_split import run_held_out_mask
+from offgraph.feature_tables.join import ids_only as ids_only_form
 from offgraph.features.fg import freeze_value
 from offgraph.model.inputs import encode_table
 from offgraph.model.metrics import auc
 from offgraph.model.model import load_run, predict_proba
-from offgraph.scoring.feature_join import ids_only as ids_only_form
 from offgraph.scoring.scorer import Scorer, resolve_version
 
 

@@ -15,8 +15,9 @@ import numpy as np
 
 from offgraph.calibration import score_kind
 from offgraph.export.dense_saved_model import save_dense
-from offgraph.export.feature_build import build_feature_tables, manifest_record, run_held_out_mask
 from offgraph.export.hot_set import HotSet, hot_set_of
+from offgraph.export.run_split import run_held_out_mask
+from offgraph.feature_tables.build import build_feature_tables, manifest_record
 from offgraph.features.segment import check_segmenters, segmenters_of
 from offgraph.features.spec import FG_VERSION
 from offgraph.model.model import CONFIG_FILE, load_run

@@ -1,7 +1,7 @@
 """The traffic model: score requests for a synthetic model (``offgraph synth``) whose rows are read with a
 chosen popularity. ``offgraph plan`` (``offgraph.export.plan``) and the cache simulation
 (``offgraph.export.cache_sim``) replay it; the benches (``bench/scale.py`` and the others, through
-``bench/scale_traffic.py``) send it to a server.
+``bench/lib/traffic.py``) send it to a server.
 
 How raw ids reach rows: an ``id`` field stores ``xxh64(str(raw id)) mod rows``. Hashing is a fixed
 pseudo-random function, so distinct raw ids land on (almost always) distinct, scattered rows: a
@@ -22,7 +22,7 @@ from a hash of (item id, attribute) (so popular items bring their authors and ta
 category, brand, price and age a hash of (item id, attribute) too. A popular item therefore
 repeats with the same features (the server's FG item cache sees it again). Small request
 tables (country, hour, ...) get uniform values. One request = a user and N candidate items;
-the benches serialize bodies beforehand (``bench.scale_traffic.bodies``) so the client spends no time on them.
+the benches serialize bodies beforehand (``bench.lib.traffic.bodies``) so the client spends no time on them.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def _is_multi(v) -> bool:
 def _canonical(field: str, i: int, v) -> str | None:
     """``canonical`` with its refusals (bytes that are not UTF-8, a type it cannot read) as FG's own
     FeatureValueError: such a value can only come from a stored row written around the checks, and the
-    serving join then scores it as unknown instead of failing the request (offgraph/scoring/feature_join.py)."""
+    serving join then scores it as unknown instead of failing the request (offgraph/feature_tables/join.py)."""
     try:
         return canonical(v)
     except (TypeError, UnicodeDecodeError) as e:

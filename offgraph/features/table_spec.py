@@ -7,8 +7,8 @@
 A table is keyed by one raw input and holds raw inputs of the same scope as its key: a
 ``request``-scope table (a user profile) is looked up once per request, an ``item``-scope
 table (the catalog) once per candidate. The server fills, before FG, every column the
-caller did not send (``offgraph/scoring/feature_join.py``); the rows live in RocksDB, shared by the
-model's versions (``offgraph/store/feature_db.py``).
+caller did not send (``offgraph/feature_tables/join.py``); the rows live in RocksDB, shared by the
+model's versions (``offgraph/feature_tables/db.py``).
 
 Validated here so that a table can never fill a column the model does not read, or read it
 from the wrong place: the key and every column must be raw inputs (``input`` of a field) of
@@ -20,7 +20,7 @@ its writers (``offgraph features load``, the exporter's load, feature-row deltas
 over ``max_value_bytes`` (default 64 KiB) and a row over ``max_row_bytes`` (default 256 KiB),
 optional keys of a table (``item: {key: movie_id, columns: [...], max_value_bytes: 8192}``). A
 value's size is the UTF-8 bytes of its text, summed over a list's entries, and 8 bytes per
-number or boolean; a row's is the sum over its columns (``offgraph/store/feature_load.py``).
+number or boolean; a row's is the sum over its columns (``offgraph/feature_tables/load.py``).
 """
 
 from __future__ import annotations

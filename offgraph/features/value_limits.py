@@ -17,8 +17,8 @@ cache hit was checked when it was generated, and the request total is one sum ov
 ``value_errors`` applies the same rules (the ops' value checks, ``max_values``, the numeric
 fields' checks) to whole raw columns and returns EVERY row the serving FG would refuse, rather
 than stopping at the first: a feature table's writers refuse such rows before they are stored
-(``offgraph/store/feature_load.py``), and the server's join scores a stored row that slipped past
-them as unknown (``offgraph/scoring/feature_join.py``).
+(``offgraph/feature_tables/load.py``), and the server's join scores a stored row that slipped past
+them as unknown (``offgraph/feature_tables/join.py``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ in this order:
   ``FG_ITEM_BYTES`` for its entry in the FG item cache (its key with the raw values it keeps alive, and
   the entry: the ids and their counts; ``bench.memory_constants`` measures it:
   bench/results/memory-constants/) and, for a version with item feature tables, ``JOIN_RECORD_BYTES``
-  more for its record in the feature join's record cache (``offgraph.scoring.record_cache``, which counts
+  more for its record in the feature join's record cache (``offgraph.feature_tables.record_cache``, which counts
   its entries' bytes and evicts past items x ``JOIN_RECORD_BYTES``), and ``CANDIDATE_BYTES`` for its entry in
   the candidate cache (``offgraph.scoring.candidate_cache``: a candidate's bytes as sent and what they make,
   counted and evicted the same way).

@@ -1,7 +1,7 @@
 """A score body's candidates as sent: each one's JSON bytes, decoded only where the scorer needs it.
 
 The HTTP server's score route parses a body's candidate list without decoding its candidates
-(``offgraph.server.score_body.RawScoreBodyParser``), and the scorer looks each one's bytes up in its
+(``offgraph.server.api.score_body.RawScoreBodyParser``), and the scorer looks each one's bytes up in its
 candidate cache (``offgraph.scoring.candidate_cache``): a candidate it holds is never decoded. The
 others are decoded in one call (``decode_list``: the server's decoder of a list of candidates, which
 refuses what the body's schema refuses); a candidate it refuses, or any request the cache path does not

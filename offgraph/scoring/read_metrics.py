@@ -1,6 +1,6 @@
 """The scorer's own Prometheus metric: the wall time of a request's store read.
 
-It is defined here, not in ``offgraph.server.metrics``, so that the library scorer imports no HTTP code;
+It is defined here, not in ``offgraph.server.process.metrics``, so that the library scorer imports no HTTP code;
 each app's registry registers it (multiprocess mode: every worker's samples).
 """
 

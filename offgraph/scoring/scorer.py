@@ -5,7 +5,7 @@
     ctr = scorer.score(request, candidates)          # float32 [N]: CTRs (scorer.score_kind "ctr"), or
                                                      # ranking scores ("ranking": a listwise model uncalibrated)
 
-(feature tables: fill what the body did not send, ``offgraph/scoring/feature_join.py``) -> FG -> unique
+(feature tables: fill what the body did not send, ``offgraph/feature_tables/join.py``) -> FG -> unique
 keys -> row cache -> store read of the misses -> pool (a request field once) -> one signature call
 (the dense head's ``split`` signature, the request's part of it computed once, when the version has
 it; else ``serving_default`` on [N, F, D] and [N, F]) -> calibration.
@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from offgraph.calibration import calibrate, score_kind
+from offgraph.feature_tables.join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
 from offgraph.features.fg import FeatureGenerator, FeatureValueError
 from offgraph.features.segment import check_segmenters
 from offgraph.modeldir.manifest import ModelDirError, complete_versions, training_loss
@@ -37,7 +38,6 @@ from offgraph.modeldir.version import ModelVersion
 from offgraph.scoring._signature_call import SignatureCall
 from offgraph.scoring.batch import Segments, batch_keys, pool_rows, read_through_cache
 from offgraph.scoring.candidate_cache import LACKING, ONLY_KEY, CandidateCache
-from offgraph.scoring.feature_join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
 from offgraph.scoring.memory_budget import CANDIDATE_BYTES, FG_ITEM_BYTES, JOIN_RECORD_BYTES
 from offgraph.scoring.raw_candidates import RawCandidates
 from offgraph.scoring.read_metrics import STORE_READ_SECONDS
@@ -79,7 +79,9 @@ class Scorer:
         # a request's store reads split over the read pool (a disk serves several at once); False: one
         # multi_get per shard on the scoring thread (a store in the page cache: its reads are memory copies)
         self.parallel_reads = parallel_reads
-        pace = pace or _no_pause  # called between the load's steps (offgraph.server.pacing: a load yields to serving)
+        pace = (
+            pace or _no_pause
+        )  # called between the load's steps (offgraph.server.models.pacing: a load yields to serving)
         mv = ModelVersion.open(self.version_dir, verify_dense=verify)
         self.manifest = m = mv.manifest
         pace()
@@ -127,7 +129,7 @@ class Scorer:
         }
         self._counts_lock = threading.Lock()
         self._follower: Follower | None = None
-        self.join: FeatureJoin | None = None  # the spec's feature tables (offgraph/scoring/feature_join.py)
+        self.join: FeatureJoin | None = None  # the spec's feature tables (offgraph/feature_tables/join.py)
         self._ids_only_checks = ids_only_checks(self.spec)
         # the item-scope check of a scope no table fills: (item key, its other inputs), or None
         self._item_key_only = next(((k, o) for sc, k, o in self._ids_only_checks if sc == "item"), None)
@@ -255,7 +257,7 @@ class Scorer:
         self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]
     ) -> tuple[np.ndarray, Joined]:
         """Scores, and the join's result (the filled request and candidates, unknown counts): the
-        feature tables fill what the body did not send (offgraph/scoring/feature_join.py). Candidates given as
+        feature tables fill what the body did not send (offgraph/feature_tables/join.py). Candidates given as
         ``RawCandidates`` (the server's score route, when :meth:`takes_raw` says so) go through the candidate
         cache (:meth:`_score_raw`)."""
         if isinstance(candidates, RawCandidates):
@@ -273,7 +275,7 @@ class Scorer:
             try:
                 segments, st = self._segments(joined.request, joined.candidates)
             except FeatureValueError:
-                # a stored row FG refuses is scored as unknown, never the caller's 422 (offgraph/scoring/feature_join.py)
+                # a stored row FG refuses is scored as unknown, never the caller's 422 (offgraph/feature_tables/join.py)
                 screened = self.join.screen(request, candidates, joined) if self.join is not None else None
                 if screened is None:
                     raise
@@ -394,7 +396,7 @@ class Scorer:
         id, field name and table size: the same raw value hashes to the same row) through the write
         feed, row cache and store, as requests do: they fill this version's row cache and its block
         cache (data and index blocks) before it serves. ``pace`` is called after each batch (the
-        loader's ``offgraph.server.pacing.Pacer``: the serving version keeps most of the time). The shards are
+        loader's ``offgraph.server.models.pacing.Pacer``: the serving version keeps most of the time). The shards are
         read one after another on this thread, not by the read pool, so that warming takes one CPU
         at most while the serving version's requests need the others; ``parallel``: by the read pool
         (nothing serves yet). ``until``: a ``time.perf_counter()`` time after which no batch starts.

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from offgraph.feature_tables.apply import FeatureTables
+from offgraph.feature_tables.db import FeatureTableError
 from offgraph.modeldir.status_file import write_status
 from offgraph.store import shard_of
 from offgraph.store.errors import StoreRemoteError, StoreUnavailable
-from offgraph.store.feature_db import FeatureTableError
 from offgraph.streaming.deltas import DeltaBatch, DeltaFormatError, FeatureDeltaBatch
-from offgraph.streaming.feature_apply import FeatureTables
 from offgraph.streaming.live_version import LiveModel
 from offgraph.streaming.log_limit import RepeatLimiter
 from offgraph.streaming.metrics import UpdaterMetrics

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from server_helpers import copy_models
 
-from offgraph.export.feature_build import build_feature_tables
+from offgraph.feature_tables.build import build_feature_tables
 from offgraph.scoring.scorer import Scorer
 
 CHECKED = 1500

@@ -124,14 +124,14 @@ def test_hot_set_file_round_trips_and_refuses_what_the_version_does_not_match(tm
 
 def _open(models, seconds: float):
     from offgraph.server.config import ServerConfig
-    from offgraph.server.loader import open_version
+    from offgraph.server.models.loader import open_version
 
     return open_version(models / "ml" / "1", ServerConfig(models_dir=models, hot_set_seconds=seconds))
 
 
 def test_export_records_the_training_rows_hot_set_and_a_server_seeds_it(small_run, tmp_path):
     from offgraph.export.export import export_run
-    from offgraph.export.feature_build import run_held_out_mask
+    from offgraph.export.run_split import run_held_out_mask
 
     run, table = small_run
     spec = load_spec(run / "spec.yaml")
@@ -171,7 +171,7 @@ def test_export_records_the_training_rows_hot_set_and_a_server_seeds_it(small_ru
 def test_seeding_stops_at_the_row_cache_capacity_and_the_time_limit(small_run, tmp_path):
     from offgraph.export.export import export_run
     from offgraph.server.config import ServerConfig
-    from offgraph.server.loader import open_version
+    from offgraph.server.models.loader import open_version
 
     run, table = small_run
     models = tmp_path / "models"

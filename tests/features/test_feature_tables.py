@@ -9,10 +9,10 @@ import pytest
 import yaml
 from conftest import REPO
 
+from offgraph.feature_tables.db import FeatureDB, FeatureTableError, encode_row, row_key, table_dir
+from offgraph.feature_tables.load import latest_per_key, load_table
 from offgraph.features import parse_spec
 from offgraph.features.spec import SpecError, load_spec
-from offgraph.store.feature_db import FeatureDB, FeatureTableError, encode_row, row_key, table_dir
-from offgraph.store.feature_load import latest_per_key, load_table
 
 
 def _raw(tables=None):
@@ -271,8 +271,8 @@ def test_cli_load_success_replaces_rows(tmp_path):
 def test_exporter_path_never_opens_a_held_table_and_keeps_streamed_rows(tmp_path):
     """Exporting beside a running updater: creating/extending a table does not open its DB (the updater holds the
     lock); the exporter's load keeps rows a stream wrote (newer than a training cut), `features load` replaces them."""
-    from offgraph.export.feature_build import build_feature_tables
-    from offgraph.store.feature_db import ensure_table
+    from offgraph.feature_tables.build import build_feature_tables
+    from offgraph.feature_tables.db import ensure_table
 
     spec = load_spec(REPO / "examples" / "movielens.yaml")
     item = spec.tables[1]

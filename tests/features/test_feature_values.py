@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import REPO
 
+from offgraph.feature_tables.db import FeatureTableError
+from offgraph.feature_tables.load import load_table
 from offgraph.features.spec import load_spec, parse_spec
-from offgraph.store.feature_db import FeatureTableError
-from offgraph.store.feature_load import load_table
 from offgraph.streaming.deltas import DeltaFormatError, encode_feature_delta
 from offgraph.streaming.deltas import read as read_delta_bytes
 

@@ -174,7 +174,7 @@ def served(listwise, tiny_model, tmp_path_factory):
 
 def _held_out_requests(run_dir, table):
     from offgraph.export.check import requests_from_rows
-    from offgraph.export.feature_build import run_held_out_mask
+    from offgraph.export.run_split import run_held_out_mask
     from offgraph.model.model import load_run
 
     _, spec, _ = load_run(run_dir)

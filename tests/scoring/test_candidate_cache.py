@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from server_helpers import copy_models
 
-from offgraph.export.feature_build import build_feature_tables
+from offgraph.feature_tables.build import build_feature_tables
+from offgraph.feature_tables.db import FeatureDB, row_key, table_dir
+from offgraph.feature_tables.join import IdsOnlyError
 from offgraph.features.fg import FeatureValueError, ScopeError
 from offgraph.scoring.candidate_cache import CandidateCache, entry_bytes
-from offgraph.scoring.feature_join import IdsOnlyError
 from offgraph.scoring.raw_candidates import RawCandidates
 from offgraph.scoring.scorer import Scorer
-from offgraph.server.errors import BodyValidationError
-from offgraph.server.schemas import ScoreRequest
-from offgraph.server.score_body import RawScoreBodyParser, ScoreBodyParser
-from offgraph.store.feature_db import FeatureDB, row_key, table_dir
+from offgraph.server.api.schemas import ScoreRequest
+from offgraph.server.api.score_body import RawScoreBodyParser, ScoreBodyParser
+from offgraph.server.http.errors import BodyValidationError
 
 RAW = RawScoreBodyParser(ScoreRequest, 2000)
 DICTS = ScoreBodyParser(ScoreRequest, 2000)

@@ -1,4 +1,4 @@
-"""The join at serving time (offgraph/scoring/feature_join.py): ids-only requests on a real exported model, real RocksDB
+"""The join at serving time (offgraph/feature_tables/join.py): ids-only requests on a real exported model, real RocksDB
 feature tables, the library scorer and a real uvicorn server."""
 
 import time
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from server_helpers import ThreadServer, copy_models, copy_version, score, server_config
 
-from offgraph.export.feature_build import build_feature_tables
-from offgraph.scoring.feature_join import IdsOnlyError
+from offgraph.feature_tables.build import build_feature_tables
+from offgraph.feature_tables.db import FeatureDB, decode_row, row_key, table_dir
+from offgraph.feature_tables.join import IdsOnlyError
 from offgraph.scoring.scorer import Scorer
-from offgraph.store.feature_db import FeatureDB, decode_row, row_key, table_dir
 
 
 @pytest.fixture()
@@ -151,7 +151,7 @@ def test_check_ids_only_parity_on_held_out_rows_fp32(models, tiny_model):
 def test_exporter_builds_tables_from_the_training_rows_only(tiny_model, tmp_path):
     """The latest value per key BEFORE the cut: keys seen only in held-out rows are not loaded (unknown)."""
     from offgraph.export.export import export_run
-    from offgraph.export.feature_build import run_held_out_mask
+    from offgraph.export.run_split import run_held_out_mask
 
     pristine, table = tiny_model
     run = pristine.parent / "run"
@@ -293,7 +293,7 @@ EDGE_KEYS += ["ünï 🎬", "-5", " 3", b"3", b"", None, [3], (3,), {}]
 
 
 def test_row_keys_are_row_key_on_edge_values():
-    from offgraph.store.feature_db import row_keys
+    from offgraph.feature_tables.db import row_keys
 
     assert row_keys(EDGE_KEYS) == [row_key(v) for v in EDGE_KEYS]
     assert row_keys([True, 1, 3.0, "3", -0.0]) == [b"ktrue", b"k1", b"k3", b"k3", b"k0"]

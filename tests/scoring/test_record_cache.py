@@ -1,4 +1,4 @@
-"""The feature join's record cache (offgraph/scoring/record_cache.py): bounded and counted, and never stale past a
+"""The feature join's record cache (offgraph/feature_tables/record_cache.py): bounded and counted, and never stale past a
 followed table's catch-up, on a real exported model and real RocksDB feature tables."""
 
 import gc
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from server_helpers import copy_models
 
-from offgraph.export.feature_build import build_feature_tables
+from offgraph.feature_tables.build import build_feature_tables
+from offgraph.feature_tables.db import FeatureDB, decode_row, encode_row, row_key, table_dir
+from offgraph.feature_tables.record_cache import NO_ROW, Entry, RecordCache, decode_entries
 from offgraph.scoring.memory_budget import JOIN_RECORD_BYTES
-from offgraph.scoring.record_cache import NO_ROW, Entry, RecordCache, decode_entries
 from offgraph.scoring.scorer import Scorer
-from offgraph.store.feature_db import FeatureDB, decode_row, encode_row, row_key, table_dir
 
 
 @pytest.fixture()

@@ -13,12 +13,12 @@ import pytest
 from server_helpers import copy_models, copy_version
 
 from offgraph.calibration import calibrate
-from offgraph.export.feature_build import build_feature_tables
+from offgraph.feature_tables.build import build_feature_tables
+from offgraph.feature_tables.join import IdsOnlyError
 from offgraph.features.fg import FeatureValueError
 from offgraph.model.inputs import encode_table
 from offgraph.model.model import load_run, predict_proba
 from offgraph.modeldir.manifest import ModelDirError
-from offgraph.scoring.feature_join import IdsOnlyError
 from offgraph.scoring.scorer import Scorer, load
 
 TOL = 1e-5  # |dp| of an fp32 export against Keras (``offgraph check``'s float slack)

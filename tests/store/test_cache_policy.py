@@ -4,7 +4,7 @@ chose it (offgraph.export.cache_sim)."""
 import numpy as np
 import pytest
 
-from bench.scale_traffic import item_uniform, ranks
+from bench.lib.traffic import item_uniform, ranks
 from offgraph.export.cache_sim import lru_hit_ratio, perfect_lfu_hit_ratio, replay, s3fifo_hit_ratio, trace_of
 from offgraph.store import RowCache, get_codec
 from offgraph.store.keys import combine_keys
@@ -13,7 +13,7 @@ INT8 = get_codec("int8", 16)
 
 
 def skewed_trace(n_requests: int, seed: int = 0, popularity: str = "zipf"):
-    """Requests shaped like the bench's (bench.scale_traffic) without FG: a user and 200 items drawn with
+    """Requests shaped like the bench's (bench.lib.traffic) without FG: a user and 200 items drawn with
     the popularity, each item's author and 3 tags fixed functions of it, 8 small uniform tables; each
     request's unique combined keys."""
     rng = np.random.default_rng(seed)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from page_cache_files import cold_file, resident_bytes
 
-from bench.disk_probe import cold_reads
+from bench.lib.disk import cold_reads
 from offgraph.store.device_probe import (
     DirectIOUnsupported,
     describe_profile,

@@ -11,9 +11,9 @@ import httpx
 import pytest
 from server_helpers import ThreadServer, copy_models, score, server_config, wait_for
 
-from offgraph.export.feature_build import build_feature_tables
+from offgraph.feature_tables.build import build_feature_tables
+from offgraph.feature_tables.db import LOADED_SEQ, FeatureDB, encode_row, row_key, table_dir
 from offgraph.scoring.scorer import Scorer
-from offgraph.store.feature_db import LOADED_SEQ, FeatureDB, encode_row, row_key, table_dir
 from offgraph.streaming.deltas import publish_feature_delta
 from offgraph.streaming.sources import SPOOL_POSITION_KEY
 from offgraph.testing.tansu import tansu_broker

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from offgraph.store.feature_db import row_key
+from offgraph.feature_tables.db import row_key
 from offgraph.streaming.deltas._format import FORMAT_VERSION as _FORMAT
 from offgraph.streaming.deltas._format import (
     KIND_FEATURES,
@@ -61,11 +61,11 @@ class FeatureDeltaBatch:
     key: str  # the key column's name
     columns: tuple[str, ...]  # the other columns, as in the file
     schema: pa.Schema  # for the type checks against the spec
-    keys: list[bytes]  # record keys (offgraph.store.feature_db.row_key)
+    keys: list[bytes]  # record keys (offgraph.feature_tables.db.row_key)
     rows: list[dict[str, Any]]  # {column: value} per row, without the key
     seqs: np.ndarray  # int64 [K]
     event_time_ms: np.ndarray  # int64 [K]
-    data: pa.Table  # the file's columns (the value checks of offgraph.store.feature_load.check_rows)
+    data: pa.Table  # the file's columns (the value checks of offgraph.feature_tables.checks.check_rows)
 
     def __len__(self) -> int:
         return len(self.keys)

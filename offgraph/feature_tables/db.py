@@ -15,7 +15,7 @@ The key is the canonical string of ``offgraph.features.hashing`` (so 242, 242.0 
 one movie, as they are one embedding row). ``seq`` is the last-write-wins number of streamed
 rows; bulk-loaded rows carry -1 (any streamed row replaces them). A column absent from a row
 is no value. A small separate DB (not the embedding store) because followers catch it up
-every 0.2 s (``offgraph/scoring/feature_join.py``): a catch-up of a DB this size is cheap enough for
+every 0.2 s (``offgraph/feature_tables/join.py``): a catch-up of a DB this size is cheap enough for
 that (measured: ``bench/results/update-freshness/README.md``), where the embedding store's shards
 are caught up every 30 s.
 """

@@ -2,7 +2,7 @@
 
 ``{"request": {"user_id": 196}, "candidates": [{"movie_id": 242}, ...]}`` becomes the full
 request: the request-scope tables (a user profile) are read once, with the request's key; the
-item-scope tables (the catalog) from the table's record cache (``offgraph.scoring.record_cache``: records
+item-scope tables (the catalog) from the table's record cache (``offgraph.feature_tables.record_cache``: records
 held decoded, cleared by a catch-up that brought a change) and ONE batched multi_get of the keys it does
 not hold.
 
@@ -54,11 +54,7 @@ from typing import Any, cast
 
 import msgspec
 
-from offgraph.features.fg import FeatureValueError
-from offgraph.features.spec import FeatureSpec
-from offgraph.features.value_limits import value_errors
-from offgraph.scoring.record_cache import NO_ROW, Entry, RecordCache, decode_entries
-from offgraph.store.feature_db import (
+from offgraph.feature_tables.db import (
     TABLE_FILE,
     FeatureDB,
     FeatureTableError,
@@ -67,6 +63,10 @@ from offgraph.store.feature_db import (
     row_keys,
     table_dir,
 )
+from offgraph.feature_tables.record_cache import NO_ROW, Entry, RecordCache, decode_entries
+from offgraph.features.fg import FeatureValueError
+from offgraph.features.spec import FeatureSpec
+from offgraph.features.value_limits import value_errors
 
 log = logging.getLogger("offgraph.server")
 
@@ -148,7 +148,7 @@ class FeatureJoin:
         record_cache_bytes: int = 0,
     ):
         """``record_cache_bytes``: what the item tables' records held in process may count, all tables together
-        (``offgraph.scoring.record_cache``; 0: every request reads its candidates' records)."""
+        (``offgraph.feature_tables.record_cache``; 0: every request reads its candidates' records)."""
         self.spec = spec
         self._stop = threading.Event()
         self._thread = None
@@ -233,7 +233,7 @@ class FeatureJoin:
 
     @property
     def cache_bytes(self) -> int:
-        """Bytes the record caches count now (``offgraph.scoring.record_cache``)."""
+        """Bytes the record caches count now (``offgraph.feature_tables.record_cache``)."""
         return sum(c.nbytes for c in self._caches.values())
 
     def _rows(self, name: str, keys: list, records: list, found: list) -> list:

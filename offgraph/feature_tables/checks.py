@@ -1,13 +1,21 @@
-"""Bulk-loading a feature table from an Arrow table (``offgraph features load``, the exporter).
+"""The write-time checks of a feature table: ONE set, run by every writer before anything is written.
 
-The file must hold the table's key column and every one of its columns (an extra column is
-ignored and reported); a column's type must be one FG can read (a scalar, or a list of scalars
-for the ``id`` / ``tokenize`` inputs that take lists); the key has no nulls and no duplicates
-(the first duplicate is named: two rows for one key would leave the loaded value to chance).
-Every value must be one the serving FG takes (``check_rows``: FG's own rules, and the table's
-size bounds), or the file is refused before anything is written: a stored value FG refuses
-would otherwise break every request naming its key. Rows are encoded, sorted by record key and
-ingested as one external SST file, with a tqdm bar.
+Two writers fill the tables: the bulk load (``offgraph features load`` and the exporter,
+``offgraph.feature_tables.load``) and the updater applying streamed feature deltas
+(``offgraph.feature_tables.apply``). Both refuse with these checks, so a row the bulk load refuses
+is refused from a stream too, with the same words:
+
+- :func:`check_schema`: the data holds the table's key column and every one of its columns (an extra
+  column is ignored and reported); a column's type is one FG can read (a scalar, or a list of scalars
+  for the ``id`` / ``tokenize`` inputs that take lists); the key is one value, never null;
+- :func:`check_keys`: every row has a key, and no key twice (the first duplicate is named: two rows for
+  one key would leave the stored value to chance);
+- :func:`check_rows`: every value is one the serving FG takes (FG's own rules,
+  ``offgraph.features.value_limits.value_errors``) within the table's size bounds
+  (``max_value_bytes`` / ``max_row_bytes`` of ``offgraph.features.table_spec``): a stored value FG
+  refuses would otherwise break every request naming its key;
+- :func:`delta_refusal`: a streamed delta is addressed to this model and one of the live spec's tables,
+  keyed by its key, and carries the WHOLE row (every column, no other), then the two checks above.
 
 Errors name a row with ``where(i)`` (i: 0-based position in the data): ``row i+1`` by default,
 the file's line for a text file (``offgraph.features.tables.row_locator``), ``delta i`` for a delta.
@@ -16,20 +24,17 @@ the file's line for a text file (``offgraph.features.tables.row_locator``), ``de
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from tqdm import tqdm
 
+from offgraph.feature_tables.db import FeatureTableError, row_key
 from offgraph.features.spec import LIST_OPS, FeatureSpec
 from offgraph.features.table_spec import TableSpec
 from offgraph.features.value_limits import BadValue, value_errors
-from offgraph.store.feature_db import LOADED_SEQ, FeatureDB, FeatureTableError, encode_row, row_key, table_dir
 
-CHUNK = 65536
 SHOWN = 3
 """Bad rows named in a refusal (the count says how many more)."""
 CHECKED = 100
@@ -127,7 +132,7 @@ def row_problems(
                     f"max_value_bytes of {t.max_value_bytes:,}",
                 ),
             )
-    total = sum(sizes.values()) if sizes else np.zeros(n, np.int64)
+    total = cast(np.ndarray, sum(sizes.values())) if sizes else np.zeros(n, np.int64)
     for r in np.flatnonzero(total > t.max_row_bytes)[:CHECKED].tolist():
         bad.setdefault(
             r,
@@ -182,15 +187,15 @@ def check_rows(
         raise FeatureTableError(f"{source}: {msg}")
 
 
-def encoded_rows(
-    table: pa.Table, t: TableSpec, source: str, where: Where = data_row, cols: Mapping[str, Sequence[Any]] | None = None
-) -> list[tuple[bytes, bytes]]:
-    """``(record key, value)`` sorted by key; FeatureTableError naming the first duplicate key
-    (two spellings of one key, 242 and "242", are one key)."""
-    keys = [row_key(v) for v in table.column(t.key).to_pylist()]
-    for i, k in enumerate(keys):
+def check_keys(table: pa.Table, t: TableSpec, source: str, where: Where = data_row) -> tuple[list[bytes], list[int]]:
+    """The record keys of ``table`` (``offgraph.feature_tables.db.row_key``) and their order sorted by key;
+    FeatureTableError naming the first row without a key, or the first duplicate key (two spellings of one
+    key, 242 and "242", are one key)."""
+    found = [row_key(v) for v in table.column(t.key).to_pylist()]
+    for i, k in enumerate(found):
         if k is None:
             raise FeatureTableError(f"{source}: key column {t.key!r} has no value at {where(i)}")
+    keys = cast(list[bytes], found)  # none is None
     order = sorted(range(len(keys)), key=keys.__getitem__)
     for a, b in zip(order, order[1:]):
         if keys[a] == keys[b]:
@@ -199,77 +204,70 @@ def encoded_rows(
                 f"{source}: duplicate key {t.key}={keys[a][1:].decode()!r} at {where(i)} and "
                 f"{where(j)}; a feature file holds one row per key"
             )
-    cols = cols if cols is not None else {c: table.column(c).to_pylist() for c in t.columns}
-    return [(keys[i], encode_row(LOADED_SEQ, {c: cols[c][i] for c in t.columns})) for i in order]
+    return keys, order
 
 
-def load_table(
-    model_dir: str | Path,
-    t: TableSpec,
-    spec: FeatureSpec,
-    table: pa.Table,
-    *,
-    source: str = "<data>",
-    progress: bool = True,
-    keep_streamed: bool = False,
-    where: Where = data_row,
-) -> dict[str, Any]:
-    """Check ``table`` against ``t`` and ingest its rows into MODELS/NAME/features/TABLE (created if
-    needed; rows of keys already there are replaced, except, with ``keep_streamed``, rows a stream
-    wrote (seq >= 0): the exporter's values are as of a training cut, older than those).
-    Returns {rows, kept_streamed, ignored_columns, path}."""
-    extra = check_schema(table, t, spec, source, where)
-    cols = {c: table.column(c).to_pylist() for c in t.columns}
-    items = encoded_rows(table, t, source, where, cols)
-    check_rows(table, t, spec, source, where, cols)
-    path = table_dir(model_dir, t.name)
-    with FeatureDB.create(path, t) as db:
-        kept = 0
-        if keep_streamed and items:
-            seqs = db.seqs([k for k, _ in items])
-            kept = sum(1 for s in seqs if s is not None and s > LOADED_SEQ)
-            if kept:
-                items = [it for it, s in zip(items, seqs) if s is None or s <= LOADED_SEQ]
-        bar = tqdm(total=len(items), unit="rows", desc=f"load {t.name}", disable=not progress)
+class DeltaRows(Protocol):
+    """What :func:`delta_refusal` reads of a feature delta (``offgraph.streaming.deltas.FeatureDeltaBatch``)."""
 
-        def counted():
-            for k, item in enumerate(items):
-                yield item
-                if (k + 1) % CHUNK == 0:
-                    bar.update(CHUNK)
-            bar.update(len(items) % CHUNK)
-
-        n = db.ingest_sorted(counted(), path)
-        bar.close()
-    return {"rows": n, "kept_streamed": kept, "ignored_columns": extra, "path": str(path)}
+    @property
+    def model(self) -> str: ...
+    @property
+    def table(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def columns(self) -> tuple[str, ...]: ...
+    @property
+    def schema(self) -> pa.Schema: ...
+    @property
+    def data(self) -> pa.Table: ...
 
 
-def latest_per_key(table: pa.Table, key: str, time: str | None, mask: np.ndarray | None = None) -> pa.Table:
-    """The last row of each key (by ``time``, ties and no time: the last in file order) among the rows
-    of ``mask`` (True = use; the exporter passes the training rows: the values known before the cut)."""
-    if mask is not None:
-        table = table.filter(pa.array(mask))
-    n = table.num_rows
-    if n == 0:
-        return table
-    t = table.column(time).to_numpy() if time is not None else np.zeros(n)
-    canon = np.array([row_key(v) or b"" for v in table.column(key).to_pylist()], dtype=object)
-    _, kid = np.unique(canon, return_inverse=True)
-    order = np.lexsort((np.arange(n), t, kid))  # by key, then time, then position
-    ks = kid[order]
-    last = order[np.r_[ks[1:] != ks[:-1], True]]
-    keep = last[canon[last] != b""]  # rows without a key fill nothing
-    return table.take(pa.array(np.sort(keep)))
+def delta_refusal(b: DeltaRows, model: str, spec: FeatureSpec, version: int) -> str | None:
+    """Why the feature delta ``b`` cannot be applied (None: it can): another model or table, other columns or
+    types, or a value the server could not use (named: delta, key, column, rule)."""
+    if b.model != model:
+        return f"addressed to model {b.model!r}; this updater serves {model!r}"
+    tables = {t.name: t for t in spec.tables}
+    t = tables.get(b.table)
+    if t is None:
+        return (
+            f"feature delta for table {b.table!r}, which the live version {version}'s spec does not declare "
+            f"(its tables: {sorted(tables) or 'none'})"
+        )
+    if b.key != t.key:
+        return f"feature delta for table {t.name!r} keyed by {b.key!r}; the table's key is {t.key!r}"
+    missing = [c for c in t.columns if c not in b.columns]
+    extra = [c for c in b.columns if c not in t.columns]
+    if missing or extra:
+        return (
+            f"feature delta for table {t.name!r}: a row is the whole row, columns {list(t.columns)}; "
+            + (f"missing {missing}" if missing else "")
+            + ("; " if missing and extra else "")
+            + (f"unknown {extra}" if extra else "")
+        )
+    try:
+        check_schema(b.schema.empty_table(), t, spec, f"feature delta for table {t.name!r}")
+        # the values: FG's own rules and the table's size bounds, as `offgraph features load` checks them
+        check_rows(b.data, t, spec, f"feature delta for table {t.name!r}", where=lambda i: f"delta {i}")
+    except FeatureTableError as e:
+        return str(e)
+    return None
 
 
 __all__ = [
-    "load_table",
-    "check_schema",
+    "CHECKED",
+    "SHOWN",
+    "DeltaRows",
+    "Where",
+    "check_keys",
     "check_rows",
-    "encoded_rows",
-    "row_problems",
-    "refusal",
-    "value_bytes",
-    "latest_per_key",
+    "check_schema",
+    "data_row",
+    "delta_refusal",
     "list_inputs",
+    "refusal",
+    "row_problems",
+    "value_bytes",
 ]
