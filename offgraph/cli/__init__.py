@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.verbose:  # everything TensorFlow says, at the level the caller's environment asks for
             uninstall_quiet_tensorflow_import()
-            os.environ["OFFGRAPH_VERBOSE"] = "1"  # offgraph.server.workers.VERBOSE_ENV: spawned workers follow
+            os.environ["OFFGRAPH_VERBOSE"] = "1"  # offgraph.server.process.workers.VERBOSE_ENV: spawned workers follow
         else:  # read by TensorFlow when it is imported, and by the server's worker processes
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         os.environ[FORMAT_ENV] = args.log_format  # spawned workers log the same way

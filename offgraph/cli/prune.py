@@ -34,7 +34,7 @@ def kept_versions(model_dir: Path, keep: int) -> tuple[list[int], list[int]]:
     """(kept, pruned) complete versions of a model: the newest ``keep``, the pinned one and the labelled
     ones are kept."""
     from offgraph.modeldir.manifest import complete_versions
-    from offgraph.server.control import load_admin_policy
+    from offgraph.server.models.control import load_admin_policy
 
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ValueError(f"--keep must be an int >= 1, got {keep!r}")

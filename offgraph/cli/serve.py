@@ -11,7 +11,7 @@ from offgraph.cli import add_cpus_argument, pin_cpus
 from offgraph.cli.settings_flags import add_settings_flags, settings_from_args
 from offgraph.server.config import ListenConfig, ServerConfig
 
-# set by offgraph.server.workers, or library-only
+# set by offgraph.server.process.workers, or library-only
 STARTUP_FAILURE = 3  # uvicorn's exit code when it cannot start, a bind error included
 
 log = logging.getLogger("offgraph.server")
@@ -33,10 +33,10 @@ def run(args) -> int:
     config = settings_from_args(ServerConfig, args, admin_token=args.admin_token or ServerConfig.admin_token_from_env())
     listen = settings_from_args(ListenConfig, args)
     if listen.workers > 1:
-        from offgraph.server.workers import Supervisor
+        from offgraph.server.process.workers import Supervisor
 
-        return Supervisor(config, listen.host, listen.port, listen.workers, listen.log_level).run()
-    from offgraph.server.workers import listening_socket, serve_on
+        return Supervisor(config, listen.host, listen.port, listen.workers, listen.log_level, serve_worker).run()
+    from offgraph.server.process.workers import listening_socket, serve_on
 
     try:  # before TensorFlow and the models: a port in use is one line, at once
         sock = listening_socket(listen.host, listen.port)
@@ -45,7 +45,7 @@ def run(args) -> int:
         return STARTUP_FAILURE
     host, port = sock.getsockname()[:2]
     # TF's pools first, before anything can run a TF op
-    from offgraph.server.tf_threads import configure_tf_threads
+    from offgraph.server.process.tf_threads import configure_tf_threads
 
     configure_tf_threads(config.intra_threads, config.inter_threads)
     from offgraph.server.app import create_app
@@ -56,3 +56,26 @@ def run(args) -> int:
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, once it has shut down
         return 0
     return 0 if started else 1
+
+
+def serve_worker(config: ServerConfig, host: str, port: int, log_level: str) -> None:
+    """One worker process of ``--workers N`` (spawned by ``offgraph.server.process.workers.Supervisor``: nothing
+    of the parent's TensorFlow state is inherited): its own app on the shared port (``SO_REUSEPORT``)."""
+    from offgraph.server.process.workers import VERBOSE_ENV, reuseport_socket, serve_on
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not os.environ.get(VERBOSE_ENV):  # `offgraph -v` shows TensorFlow's start-up lines, in workers too
+        from offgraph.runtime import install_quiet_tensorflow_import
+
+        install_quiet_tensorflow_import()
+    from offgraph.log_format import configure_logging
+
+    verbose = bool(os.environ.get(VERBOSE_ENV))
+    configure_logging(getattr(logging, log_level.upper()), verbose=verbose, tag=f"w{config.worker_id}")
+    from offgraph.server.process.tf_threads import configure_tf_threads
+
+    configure_tf_threads(config.intra_threads, config.inter_threads)
+    from offgraph.server.app import create_app
+
+    sock = reuseport_socket(host, port)
+    serve_on(create_app(config), sock, log_level, config.http)

@@ -1,6 +1,6 @@
 """What the client's calls return: the server's response bodies as frozen dataclasses.
 
-Field names are the HTTP API's (``offgraph.server.schemas``; ``tests/client/test_client_results.py`` checks
+Field names are the HTTP API's (``offgraph.server.api.schemas``; ``tests/client/test_client_results.py`` checks
 that they stay the same). Keys a newer server adds are ignored; the nested status objects that
 carry counters (``loaded.store``, ``loaded.memory``, ``loaded.training``, ``updater``) stay dicts,
 as the server sends them.

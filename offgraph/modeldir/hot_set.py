@@ -3,7 +3,7 @@
 The exporter counts how often the training rows look up each (table, row) through the shared FG
 (``offgraph.export.hot_set``) and keeps the most frequent in ``hot_set.npz`` beside the manifest, which
 records its size and sha256 (``HotSetRecord``). A server seeds a freshly started version's row cache
-with them (``offgraph.server.loader``), so that its first requests hit where steady traffic would, instead
+with them (``offgraph.server.models.loader``), so that its first requests hit where steady traffic would, instead
 of paying the disk for every hot row once (as RecShard and Bandana place embeddings by training-time
 key frequency). A version that replaces a serving one warms from that one's row cache instead: live
 traffic beats the training log.

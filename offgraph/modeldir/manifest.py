@@ -26,7 +26,7 @@ DENSE_DIR = "dense"
 STORE_DIR = "store"
 _VERSION_RE = re.compile(r"[0-9]{1,18}")  # fullmatch: '$' would also match before a trailing newline
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9](\.?[A-Za-z0-9_-])*\.?$"
-"""THE model name rule, also published as the OpenAPI pattern (``offgraph.server.deps``): letters, digits, '.', '_' and
+"""THE model name rule, also published as the OpenAPI pattern (``offgraph.server.api.deps``): letters, digits, '.', '_' and
 '-', starting with a letter or digit, no '..'; so no whitespace, control character or path separator."""
 MODEL_NAME_MAX = 128
 MODEL_NAME_RULE = (

@@ -6,19 +6,19 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from offgraph.server import routes_admin, routes_health, routes_kserve, routes_models, routes_score, routes_tfserving
-from offgraph.server.body_limit import BodySizeLimitMiddleware
+from offgraph.server.api.docs_assets import install_docs
+from offgraph.server.api.openapi_examples import install_model_examples
+from offgraph.server.api.routers import admin, health, kserve, models, score, tfserving
+from offgraph.server.api.state import ServerState
+from offgraph.server.api.unavailable import install_unavailable_handlers
 from offgraph.server.config import ServerConfig
-from offgraph.server.docs_assets import install_docs
-from offgraph.server.errors import InternalErrorMiddleware, install_error_handlers
-from offgraph.server.gc_tuning import tune_gc
-from offgraph.server.http_limits import BodyTimeoutMiddleware
-from offgraph.server.metrics import HttpMetricsMiddleware
-from offgraph.server.openapi_examples import install_model_examples
-from offgraph.server.request_id import RequestIdMiddleware
-from offgraph.server.state import ServerState
-from offgraph.server.tf_threads import configure_tf_threads
-from offgraph.server.unavailable import install_unavailable_handlers
+from offgraph.server.http.body_limit import BodySizeLimitMiddleware
+from offgraph.server.http.errors import InternalErrorMiddleware, install_error_handlers
+from offgraph.server.http.http_limits import BodyTimeoutMiddleware
+from offgraph.server.http.request_id import RequestIdMiddleware
+from offgraph.server.process.gc_tuning import tune_gc
+from offgraph.server.process.metrics import HttpMetricsMiddleware
+from offgraph.server.process.tf_threads import configure_tf_threads
 
 DESCRIPTION = """\
 DeepFM CTR scoring with the embedding tables out of the TensorFlow graph.
@@ -54,11 +54,11 @@ def create_app(config: ServerConfig) -> FastAPI:
     )
     install_docs(app)
     install_model_examples(app, state.models, config.max_candidates)
-    score_parsers = routes_score.ScoreParsers(config)
-    app.include_router(routes_score.build_router(config, score_parsers))
-    app.router.routes.insert(0, routes_score.lean_route(config, score_parsers))  # answers the route's POSTs first
-    app.include_router(routes_tfserving.build_router(config))
-    for module in (routes_models, routes_admin, routes_health, routes_kserve):
+    score_parsers = score.ScoreParsers(config)
+    app.include_router(score.build_router(config, score_parsers))
+    app.router.routes.insert(0, score.lean_route(config, score_parsers))  # answers the route's POSTs first
+    app.include_router(tfserving.build_router(config))
+    for module in (models, admin, health, kserve):
         app.include_router(module.router)
     install_error_handlers(app)
     install_unavailable_handlers(app, state)

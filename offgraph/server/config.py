@@ -20,7 +20,7 @@ LaxPath = Annotated[Path, Field(strict=False)]
 
 
 class HttpLimits(ConfigModel, frozen=True):
-    """Connection limits of a server process (enforced by ``offgraph.server.http_limits``).
+    """Connection limits of a server process (enforced by ``offgraph.server.http.http_limits``).
 
     header_timeout_s: a request's line and headers must arrive within this, from the connection's
         opening or the next request's first byte (then 408, or a close if nothing came).
@@ -104,7 +104,7 @@ class ServerConfig(ConfigModel, frozen=True):
         its training data), hottest first, into its row cache for at most this long before it serves,
         by the read pool (0: off). Start-to-ready grows by this much at most.
     load_share: while a version serves, loading and warming the next takes at most this share of
-        the wall clock (``offgraph.server.pacing``: pauses between its steps), so that a busy server's
+        the wall clock (``offgraph.server.models.pacing``: pauses between its steps), so that a busy server's
         requests keep the rest; 1 loads flat out. With nothing serving yet, a load runs flat out. A
         retired version's memory is freed at this pace or a tenth of the time, whichever is less
         (``Scorer.release``).
@@ -114,7 +114,7 @@ class ServerConfig(ConfigModel, frozen=True):
         cache, with ``prefetch_store``: for a machine whose RAM holds the stores, where the page cache
         spares the row cache's first-sighting misses their device reads; bench/results/scale/).
     prefetch_store: read each version's store files into the OS page cache before the version serves
-        (``offgraph.store.prefetch``; waiting at most ``offgraph.server.loader.PREFETCH_WAIT_S``), so that no request
+        (``offgraph.store.prefetch``; waiting at most ``offgraph.server.models.loader.PREFETCH_WAIT_S``), so that no request
         waits on a cold block from disk: ``auto`` when they take at most half the available memory (a
         table bigger than that is read from disk as requests need it), ``on``, ``off``.
     prefetch_mb_s: the prefetch's read rate limit in MiB/s (0: none) while the server answers
@@ -123,10 +123,10 @@ class ServerConfig(ConfigModel, frozen=True):
     verify: check the dense model's checksums when a version loads.
     tune_gc: ``gc.freeze()`` the objects alive when the app is built (TF's ~400k), raise the
         young-generation threshold and collect the young generation every 250 ms (see
-        ``offgraph.server.gc_tuning``).
-    workers / worker_id / control_dir: set by ``offgraph.server.workers`` when several worker processes
+        ``offgraph.server.process.gc_tuning``).
+    workers / worker_id / control_dir: set by ``offgraph.server.process.workers`` when several worker processes
         share the port: admin actions are recorded in ``control_dir`` and every worker follows
-        them (``offgraph.server.control``); metrics are aggregated over the workers (Prometheus
+        them (``offgraph.server.models.control``); metrics are aggregated over the workers (Prometheus
         multiprocess mode). One process (the default): ``workers=1`` and no control_dir.
     """
 
@@ -263,7 +263,7 @@ class ServerConfig(ConfigModel, frozen=True):
     )
     verify: bool = True
     tune_gc: bool = True
-    workers: int = Field(1, ge=1)  # set by offgraph.server.workers from ListenConfig.workers
+    workers: int = Field(1, ge=1)  # set by offgraph.server.process.workers from ListenConfig.workers
     worker_id: int = Field(0, ge=0)
     control_dir: LaxPath | None = None
 
@@ -312,7 +312,7 @@ class ServerConfig(ConfigModel, frozen=True):
 
 class ListenConfig(ConfigModel, frozen=True):
     """How `offgraph serve` runs its server: the address, the worker processes sharing the port
-    (``offgraph.server.workers``; each then gets a ``ServerConfig`` with its ``workers`` and ``worker_id``)
+    (``offgraph.server.process.workers``; each then gets a ``ServerConfig`` with its ``workers`` and ``worker_id``)
     and uvicorn's log level."""
 
     host: str = option("127.0.0.1", flag="--host", description="address to listen on")

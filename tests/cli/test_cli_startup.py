@@ -105,7 +105,7 @@ def test_library_scorer_check_and_stream_train_load_no_http_code():
         "import sys, threading, offgraph.scoring.scorer, offgraph.export.check, offgraph.streaming.stream_train\n"
         "from offgraph.scoring.scorer import Scorer, load\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette', 'uvicorn')\n"
-        "             or m in ('offgraph.server.app', 'offgraph.server.registry', 'offgraph.server.loader', 'offgraph.server.workers')))\n"
+        "             or m in ('offgraph.server.app', 'offgraph.server.models.registry', 'offgraph.server.models.loader', 'offgraph.server.process.workers')))\n"
         "print(threading.active_count())"
     )
     assert r.returncode == 0, r.stderr[-2000:]
@@ -320,7 +320,7 @@ def test_json_lines_of_a_request_carry_its_id_once():
     code = (
         "import logging\n"
         "from offgraph.log_format import configure_logging\n"
-        "from offgraph.server.request_id import REQUEST_ID, install_log_tag\n"
+        "from offgraph.server.http.request_id import REQUEST_ID, install_log_tag\n"
         "configure_logging(logging.INFO, 'json')\n"
         "install_log_tag()\n"
         "REQUEST_ID.set('r-2')\n"

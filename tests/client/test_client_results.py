@@ -15,7 +15,7 @@ from offgraph import client
 from offgraph.client import results
 from offgraph.client.errors import error_for, retry_after_seconds
 from offgraph.client.routes import Call
-from offgraph.server import schemas
+from offgraph.server.api import schemas
 
 PAIRS = [
     (results.ScoreResult, schemas.ScoreResponse),

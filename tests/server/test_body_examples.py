@@ -1,4 +1,4 @@
-"""Example bodies built from a spec (``offgraph.server.body_examples``): for every shipped example spec, every raw
+"""Example bodies built from a spec (``offgraph.server.api.body_examples``): for every shipped example spec, every raw
 input in its own scope, with values its feature generation takes (a value for every field)."""
 
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 
 from offgraph.features import load_spec
 from offgraph.features.fg import FeatureGenerator
-from offgraph.server.body_examples import example_body, ids_only_body
+from offgraph.server.api.body_examples import example_body, ids_only_body
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 

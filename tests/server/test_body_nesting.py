@@ -18,7 +18,7 @@ import httpx
 import pytest
 from server_helpers import TOKEN, ThreadServer, copy_models, score, server_config
 
-from offgraph.server.body_limit import MAX_JSON_DEPTH, json_too_deep
+from offgraph.server.http.body_limit import MAX_JSON_DEPTH, json_too_deep
 
 DEPTHS = (10, 1000, 100_000)
 REFUSED_WITHIN_S = 1.0

@@ -16,8 +16,8 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import score, serve_process, stop_server
 
-from bench.scale_traffic import bodies as to_bodies
-from bench.scale_traffic import build_requests
+from bench.lib.traffic import bodies as to_bodies
+from bench.lib.traffic import build_requests
 from offgraph.testing.harness import wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,9 +138,9 @@ def test_a_small_budget_holds_under_traffic_with_direct_reads_and_library_scores
 LIBRARY_SCORES = f"""
 import sys
 import numpy as np
-from offgraph.server.tf_threads import configure_tf_threads
+from offgraph.server.process.tf_threads import configure_tf_threads
 configure_tf_threads(1, 1)
-from bench.scale_traffic import build_requests
+from bench.lib.traffic import build_requests
 from offgraph.scoring.scorer import Scorer
 with Scorer(sys.argv[1]) as lib:
     np.save(sys.argv[2], np.stack([lib.score(r, c) for r, c in build_requests({ROWS}, *{REQUESTS!r})]))

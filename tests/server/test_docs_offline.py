@@ -20,7 +20,7 @@ from server_helpers import client, model_server  # noqa: F401 - client: a fixtur
 SCORE_PATH = "/v1/models/{name}:score"
 SCORE_SUMMARY = "Score candidates"
 ML_EXAMPLE_ID = "movie_id-1"
-"""A value of the tiny model's own example body (``offgraph.server.body_examples``), in no other example."""
+"""A value of the tiny model's own example body (``offgraph.server.api.body_examples``), in no other example."""
 BROWSER_TIMEOUT_S = 120
 URL = re.compile(r"https?://[^\s\"'<>()]+")
 

@@ -8,7 +8,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from offgraph.server.gc_tuning import GcPauses
+from offgraph.server.process.gc_tuning import GcPauses
 
 
 def _count(hist: Histogram, generation: str) -> float:
@@ -52,7 +52,7 @@ def test_the_young_generation_is_collected_on_a_timer_whatever_the_allocation_co
     automatic collection is off (a threshold no count reaches): only the timer collects."""
     import asyncio
 
-    from offgraph.server.gc_tuning import collect_young_forever
+    from offgraph.server.process.gc_tuning import collect_young_forever
 
     seen: list[int] = []
 

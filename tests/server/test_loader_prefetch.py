@@ -1,4 +1,4 @@
-"""offgraph.server.loader: a version reads its store files into the page cache before its store opens (rate
+"""offgraph.server.models.loader: a version reads its store files into the page cache before its store opens (rate
 limited while the server answers requests, as fast as the disk goes before), and its paced load
 owes no pause for that wait. Residency is read with
 ``mincore(2)`` (tests/store/test_prefetch.py), not through the code under test."""
@@ -12,8 +12,8 @@ import time
 from page_cache_files import drop_from_cache, resident_bytes
 
 from offgraph.server.config import ServerConfig
-from offgraph.server.loader import open_version
-from offgraph.server.pacing import Pacer
+from offgraph.server.models.loader import open_version
+from offgraph.server.models.pacing import Pacer
 from offgraph.store.prefetch import SERVING_DISK_SHARE, store_files
 
 PREFETCH_S = 1.5  # the store read at a rate that makes the prefetch take about this long

@@ -379,7 +379,7 @@ def test_a_client_leaving_mid_body_is_not_a_server_error(limited):
 
 
 def test_workers_get_the_same_limits(tiny_model, requests_, tmp_path):
-    # --workers N builds its uvicorn servers itself (offgraph.server.workers): the same options must reach them
+    # --workers N builds its uvicorn servers itself (offgraph.server.process.workers): the same options must reach them
     srv = Served(
         copy_models(tiny_model[0], tmp_path / "models"),
         tmp_path,

@@ -8,8 +8,8 @@ import pytest
 from pydantic import Field, ValidationError, create_model
 
 from offgraph.scoring.raw_candidates import RawCandidates
-from offgraph.server.schemas import Features, ScoreRequest
-from offgraph.server.score_body import RawScoreBodyParser, ScoreBodyParser, fast_model
+from offgraph.server.api.schemas import Features, ScoreRequest
+from offgraph.server.api.score_body import RawScoreBodyParser, ScoreBodyParser, fast_model
 
 MAX = 3
 Body = create_model(

@@ -1,4 +1,4 @@
-"""The score route's lean path (``routes_score.lean_route``) answers exactly as the documented FastAPI route.
+"""The score route's lean path (``offgraph.server.api.routers.score.lean_route``) answers exactly as the documented FastAPI route.
 
 Two real uvicorn servers on the same model: the app as built (its POSTs to the score path taken by the lean
 route) and the same app with the lean route removed (every request through FastAPI's route, as before the
@@ -18,7 +18,7 @@ PATH = "/v1/models/{name}:score"
 @pytest.fixture(scope="module")
 def servers(tiny_model, requests_, tmp_path_factory):
     from offgraph.server import create_app
-    from offgraph.server.routes_score import lean_route
+    from offgraph.server.api.routers.score import lean_route
 
     models = copy_models(tiny_model[0], tmp_path_factory.mktemp("lean") / "models")
     config = server_config(models, max_candidates=20)

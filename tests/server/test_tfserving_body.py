@@ -2,8 +2,8 @@
 
 import pytest
 
-from offgraph.server.errors import ApiError
-from offgraph.server.tfserving_body import split_instances
+from offgraph.server.api.tfserving_body import split_instances
+from offgraph.server.http.errors import ApiError
 
 REQUEST, ITEM = {"user_id", "age"}, {"movie_id", "genres"}
 

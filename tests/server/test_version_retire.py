@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from offgraph.features import FeatureGenerator
 from offgraph.scoring.scorer import Scorer
-from offgraph.server.loop_lag import watch_loop_lag
-from offgraph.server.served import ServedVersion
+from offgraph.server.models.served import ServedVersion
+from offgraph.server.process.loop_lag import watch_loop_lag
 
 
 def _crossed_traffic(fg: FeatureGenerator) -> list:

@@ -1,5 +1,5 @@
 """What a version that replaces another starts from (FG item cache, hot rows) and how its load yields
-to serving (offgraph.server.pacing)."""
+to serving (offgraph.server.models.pacing)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from fg_samples import CANDS, REQUEST, SPEC
 
 from offgraph.features import FeatureGenerator, parse_spec
-from offgraph.server.pacing import Pacer
+from offgraph.server.models.pacing import Pacer
 
 
 def _ids(batch) -> list[list[int]]:

@@ -1,7 +1,7 @@
 """Errors of the TensorFlow Serving and KServe routes: ``{"error": "<what is wrong>"}``, as their clients read them.
 
 ``ErrorKeyRoute`` (the routers' ``route_class``) answers an exception of its route through the app's own
-handler (``offgraph.server.errors``, ``offgraph.server.unavailable``: the same status, message, redaction and
+handler (``offgraph.server.http.errors``, ``offgraph.server.api.unavailable``: the same status, message, redaction and
 headers, ``Retry-After`` included) and moves the message from ``detail`` to ``error``. The other routes keep
 ``{"detail": ...}``. An exception no handler takes is left to the 500 middleware.
 """
@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 
-from offgraph.server.schemas import VALIDATION_ERROR
+from offgraph.server.api.schemas import VALIDATION_ERROR
 
 _DROPPED = frozenset({"content-length", "content-type"})
 

@@ -7,7 +7,7 @@ port with ``SO_REUSEPORT``, so the kernel spreads connections over the workers.
 Before the workers start, the port is bound once WITHOUT ``SO_REUSEPORT``: a port in
 use by anything (another ``offgraph serve`` included) is an error, never a silently
 shared port. Admin decisions reach every worker through a control directory
-(``offgraph.server.control``) and metrics are summed over the workers (Prometheus multiprocess
+(``offgraph.server.models.control``) and metrics are summed over the workers (Prometheus multiprocess
 mode); both live in a private temporary directory removed at exit.
 
 The supervisor restarts a worker that dies (logged; a worker that keeps dying within
@@ -25,6 +25,7 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from offgraph.server.config import HttpLimits, ServerConfig
@@ -84,40 +85,33 @@ def serve_on(app, sock: socket.socket, log_level: str, limits: HttpLimits = Http
     SIGTERM / SIGINT; whether it started (its lifespan's start-up succeeded)."""
     import uvicorn
 
-    from offgraph.server.http_limits import uvicorn_config
+    from offgraph.server.http.http_limits import uvicorn_config
 
     server = uvicorn.Server(uvicorn_config(app, limits, log_level))
     server.run(sockets=[sock])
     return server.started
 
 
-def _worker_main(config: ServerConfig, host: str, port: int, log_level: str) -> None:
-    """One worker process (spawned: nothing of the parent's TensorFlow state is inherited)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if not os.environ.get(VERBOSE_ENV):  # `offgraph -v` shows TensorFlow's start-up lines, in workers too
-        from offgraph.runtime import install_quiet_tensorflow_import
-
-        install_quiet_tensorflow_import()
-    from offgraph.log_format import configure_logging
-
-    verbose = bool(os.environ.get(VERBOSE_ENV))
-    configure_logging(getattr(logging, log_level.upper()), verbose=verbose, tag=f"w{config.worker_id}")
-    from offgraph.server.tf_threads import configure_tf_threads
-
-    configure_tf_threads(config.intra_threads, config.inter_threads)
-    from offgraph.server.app import create_app
-
-    sock = reuseport_socket(host, port)
-    serve_on(create_app(config), sock, log_level, config.http)
-
-
 class Supervisor:
-    def __init__(self, config: ServerConfig, host: str, port: int, workers: int, log_level: str):
+    """Runs ``worker_main(config, host, port, log_level)`` in each of ``workers`` spawned processes: a
+    module-level function (it is pickled by name) that serves one app on the port with ``reuseport_socket``
+    and ``serve_on`` (``offgraph.cli.serve.serve_worker``: the app is built above this room, not here)."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        host: str,
+        port: int,
+        workers: int,
+        log_level: str,
+        worker_main: Callable[[ServerConfig, str, int, str], None],
+    ):
         if workers < 2:
             raise ValueError(f"Supervisor runs 2 or more workers, got {workers}")
         if port == 0:
             raise ValueError("--port 0 (any free port) cannot be shared by several workers: give a port number")
         self.host, self.port, self.workers, self.log_level = host, port, workers, log_level
+        self.worker_main = worker_main
         self.tmp = Path(tempfile.mkdtemp(prefix="offgraph-serve-"))
         (self.tmp / "prometheus").mkdir()
         self.config = config.replace(
@@ -134,7 +128,7 @@ class Supervisor:
     def _start(self, i: int) -> None:
         cfg = self.config.replace(worker_id=i)
         p = self.ctx.Process(
-            target=_worker_main,
+            target=self.worker_main,
             args=(cfg, self.host, self.port, self.log_level),
             name=f"offgraph-worker-{i}",
             daemon=False,

@@ -1,25 +1,23 @@
 """TensorFlow Serving's REST API, beside offgraph's own: ``:predict``, model status and metadata.
 
 ``POST /v1/models/{name}[/versions/{v}]:predict`` takes ``{"instances": [...], "context": {...}}``
-(``offgraph.server.tfserving_body``) and answers ``{"predictions": [...]}``: the request and candidates it
+(``offgraph.server.api.tfserving_body``) and answers ``{"predictions": [...]}``: the request and candidates it
 stands for are scored by the ``:score`` path itself (``ModelHolder.score`` in the scoring pool, the same
 metrics), so the scores are the same. ``GET /v1/models/{name}/versions/{v}`` is TF Serving's model status
 of one version (``GET /v1/models/{name}`` carries ``model_version_status`` for all of them),
 ``GET /v1/models/{name}[/versions/{v}]/metadata`` the ``serving_default`` signature of the served version.
 ``/labels/{label}`` stands in for ``/versions/{v}`` on each of these routes: the version the label names.
-Errors are ``{"error": ...}`` (``offgraph.server.anchor_errors``).
+Errors are ``{"error": ...}`` (``offgraph.server.api.anchor_errors``).
 """
 
-import re
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 
 from offgraph.features import FeatureValueError
-from offgraph.server import path_convertors  # noqa: F401 - registers the no_colon convertor
-from offgraph.server.anchor_errors import AnchorError, ErrorKeyRoute, error_key_responses
-from offgraph.server.anchor_schemas import (
+from offgraph.server.api.anchor_errors import AnchorError, ErrorKeyRoute, error_key_responses
+from offgraph.server.api.anchor_schemas import (
     MetadataBody,
     ModelMetadata,
     ModelSpec,
@@ -31,20 +29,19 @@ from offgraph.server.anchor_schemas import (
     TensorShape,
     VersionStatusList,
 )
+from offgraph.server.api.deps import Holder, LabelName, PathView, State, VersionNumber
+from offgraph.server.api.model_inputs import describe_inputs, shape
+from offgraph.server.api.schemas import ErrorResponse
+from offgraph.server.api.state import ServerState
+from offgraph.server.api.tfserving_body import PredictBody, split_instances
+from offgraph.server.api.version_status import serving_version, version_status
 from offgraph.server.config import ServerConfig
-from offgraph.server.deps import Holder, LabelName, State
-from offgraph.server.errors import ApiError
-from offgraph.server.metrics import START_KEY
-from offgraph.server.model_inputs import describe_inputs, shape
-from offgraph.server.routes_models import PathView
-from offgraph.server.schemas import ErrorResponse
-from offgraph.server.served import ModelHolder, NotServing
-from offgraph.server.state import ServerState
-from offgraph.server.tfserving_body import PredictBody, split_instances
-from offgraph.server.version_status import serving_version, version_status
+from offgraph.server.http import path_convertors  # noqa: F401 - registers the no_colon convertor
+from offgraph.server.http.errors import ApiError
+from offgraph.server.models.served import ModelHolder, NotServing
+from offgraph.server.process.metrics import START_KEY
 
 SIGNATURE = "serving_default"
-_VERSION = re.compile(r"[0-9]{1,18}")
 
 _NAME_ERRORS = {"e400": "Invalid model name or version.", "e404": "Unknown model, or the version is not served."}
 _PREDICT_ERRORS = {
@@ -62,23 +59,6 @@ _PREDICT_ERRORS = {
     },
 }
 _STATUS_ERRORS = error_key_responses(**_NAME_ERRORS, e503="The model's first load is under way (`Retry-After`).")
-
-
-async def version_number(
-    version: Annotated[
-        str,
-        Path(
-            description="Model version: a non-negative integer (any other value is a 400).",
-            json_schema_extra={"pattern": "^[0-9]{1,18}$"},
-        ),
-    ],
-) -> int:
-    if not _VERSION.fullmatch(version):
-        raise ApiError(400, f"invalid version {version[:40]!r}: a version is a non-negative integer")
-    return int(version)
-
-
-VersionNumber = Annotated[int, Depends(version_number)]
 
 
 def _score_instances(holder: ModelHolder, body: Any, version: int | None, label: str | None) -> tuple[int, Any]:

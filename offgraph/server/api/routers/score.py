@@ -2,7 +2,7 @@
 
 The router is built per app: its request model carries the app's --max-candidates as the
 list's max_length, so an oversized candidate list is refused before its items are validated.
-The body is parsed by ``offgraph.server.score_body`` (msgspec for valid bodies, the pydantic model,
+The body is parsed by ``offgraph.server.api.score_body`` (msgspec for valid bodies, the pydantic model,
 which OpenAPI publishes, for the 422s).
 
 The route is served twice over: ``build_router``'s FastAPI route is the documented one (OpenAPI, the 405 of
@@ -20,13 +20,13 @@ from pydantic import Field, create_model
 from starlette.routing import Match, Route
 from starlette.types import Scope
 
+from offgraph.server.api.deps import Holder, State, get_holder, model_name
+from offgraph.server.api.schemas import CANDIDATES_DOC, Features, ScoreRequest, ScoreResponse, error_responses
+from offgraph.server.api.score_body import RawScoreBodyParser, ScoreBodyParser
 from offgraph.server.config import ServerConfig
-from offgraph.server.deps import Holder, State, get_holder, model_name
-from offgraph.server.errors import ApiError
-from offgraph.server.metrics import START_KEY
-from offgraph.server.schemas import CANDIDATES_DOC, Features, ScoreRequest, ScoreResponse, error_responses
-from offgraph.server.score_body import RawScoreBodyParser, ScoreBodyParser
-from offgraph.server.served import NotServing
+from offgraph.server.http.errors import ApiError
+from offgraph.server.models.served import NotServing
+from offgraph.server.process.metrics import START_KEY
 
 _ERRORS = error_responses(
     e400="Invalid model name.",

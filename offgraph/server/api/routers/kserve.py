@@ -2,7 +2,7 @@
 readiness, for its clients and for Kubernetes probes. The server not ready yet is a 503 ``{"ready": false}``
 (as ``/readyz``); a model not ready is a 503 ``{"error": ...}`` with ``Retry-After`` while its first load runs,
 else a 404 ``{"error": ...}`` saying why (unknown, refused, unloaded: the protocol's 4xx for not ready), as
-the model's other routes answer (``offgraph.server.anchor_errors``)."""
+the model's other routes answer (``offgraph.server.api.anchor_errors``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from offgraph import __version__
-from offgraph.server.anchor_errors import ErrorKeyRoute, error_key_responses
-from offgraph.server.anchor_schemas import (
+from offgraph.server.api.anchor_errors import ErrorKeyRoute, error_key_responses
+from offgraph.server.api.anchor_schemas import (
     KServeModelMetadata,
     MetadataTensor,
     ModelReady,
@@ -19,12 +19,10 @@ from offgraph.server.anchor_schemas import (
     ServerMetadata,
     ServerReady,
 )
-from offgraph.server.deps import Holder, State
-from offgraph.server.model_inputs import describe_inputs, shape
-from offgraph.server.routes_health import readiness
-from offgraph.server.routes_tfserving import VersionNumber
-from offgraph.server.served import ModelHolder
-from offgraph.server.version_status import serving_version
+from offgraph.server.api.deps import Holder, State, VersionNumber, readiness
+from offgraph.server.api.model_inputs import describe_inputs, shape
+from offgraph.server.api.version_status import serving_version
+from offgraph.server.models.served import ModelHolder
 
 PLATFORM = "offgraph"
 """The model metadata's ``platform``: a DeepFM whose embeddings are read from RocksDB, its dense head a SavedModel."""

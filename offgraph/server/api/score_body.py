@@ -32,9 +32,9 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from offgraph.scoring.raw_candidates import RawCandidates
-from offgraph.server.body_limit import MAX_JSON_DEPTH, json_too_deep
-from offgraph.server.control import LABEL_PATTERN
-from offgraph.server.errors import ApiError, BodyValidationError
+from offgraph.server.http.body_limit import MAX_JSON_DEPTH, json_too_deep
+from offgraph.server.http.errors import ApiError, BodyValidationError
+from offgraph.server.models.control import LABEL_PATTERN
 
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 Scalar = Union[str, Int64, float, bool, None]

@@ -16,9 +16,9 @@ from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from offgraph.server.errors import ApiError
-from offgraph.server.schemas import Features, ScoreRequest
-from offgraph.server.score_body import JsonBody
+from offgraph.server.api.schemas import Features, ScoreRequest
+from offgraph.server.api.score_body import JsonBody
+from offgraph.server.http.errors import ApiError
 
 INSTANCES_DOC = (
     "One object per candidate, scored in this order: its raw features by input name (`GET /v1/models/{name}` "

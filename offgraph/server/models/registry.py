@@ -4,16 +4,16 @@ Every load runs in ONE loader thread (so two versions never load at once): the
 poll task submits ``poll_once`` to it every ``poll_seconds``, admin actions submit
 ``load`` / ``rollback`` / ``unload``. A version that fails to load is refused with
 its reason and tried again only once its files changed, with a backoff
-(``offgraph.server.refusals``); the version being served keeps serving. A version whose store
+(``offgraph.server.models.refusals``); the version being served keeps serving. A version whose store
 fails to read while it serves is marked unhealthy (refused) and the previous version
 is loaded in its place (``fall_back``). Admin decisions are saved under MODELS
-(``offgraph.server.control.save_admin_policy``) and applied again when the server restarts.
+(``offgraph.server.models.control.save_admin_policy``) and applied again when the server restarts.
 With several workers, admin decisions taken by another worker are read from the
-shared control directory (``offgraph.server.control``) and applied by ``sync_control``, in the
+shared control directory (``offgraph.server.models.control``) and applied by ``sync_control``, in the
 same loader thread.
 
 Labels (``set_label``, ``remove_label``) load a second version beside the default one
-(``offgraph.server.served``); the versions of a model that serve at once share its memory budget
+(``offgraph.server.models.served``); the versions of a model that serve at once share its memory budget
 equally (``_resize``: the ones serving shrink before a newcomer loads, and grow back once it goes).
 
 An admin call (``admin``) never waits to be refused: what the model's state refuses now (an unknown
@@ -21,6 +21,9 @@ model or version, a label it does not have, nothing to roll back to) is refused 
 (``check_admin``, off the loader); the others queue for the loader, at most ``admin_queue`` of a model
 at once, each for at most ``admin_wait_s`` before its turn (``AdminTurn``), else 429 with Retry-After
 having done nothing. The loader checks each call again when its turn comes.
+
+The registry holds plain state (``holders``: one ``ModelHolder`` a model, ``ready``); the API shapes its JSON
+(``offgraph.server.api.model_status``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from typing import Any, Literal
 from offgraph.modeldir.manifest import MANIFEST, ModelDirError, check_model_name, complete_versions
 from offgraph.modeldir.status_file import read_status
 from offgraph.server.config import ServerConfig
-from offgraph.server.control import (
+from offgraph.server.models.control import (
     LABEL,
     LABEL_RULE,
     MAX_LABELS,
@@ -50,11 +53,10 @@ from offgraph.server.control import (
     load_admin_policy,
     save_admin_policy,
 )
-from offgraph.server.loader import open_version
-from offgraph.server.pacing import Pacer
-from offgraph.server.refusals import may_retry, refuse, version_signature
-from offgraph.server.served import ModelHolder, ServedVersion, memory_status, scorer_stats
-from offgraph.server.version_status import version_status
+from offgraph.server.models.loader import open_version
+from offgraph.server.models.pacing import Pacer
+from offgraph.server.models.refusals import may_retry, refuse, version_signature
+from offgraph.server.models.served import ModelHolder, ServedVersion
 
 log = logging.getLogger("offgraph.server")
 
@@ -273,7 +275,7 @@ class ModelRegistry:
         holder.loading_version = version
         log.info("model %s: loading version %d", holder.name, version)
         try:
-            # while any version serves, the load yields to its requests (offgraph.server.pacing), from its
+            # while any version serves, the load yields to its requests (offgraph.server.models.pacing), from its
             # first step on: selecting the hot rows sorts the serving version's whole row cache
             serving = any(h.current is not None for h in list(self.holders.values()))
             pacer = Pacer(self.config.load_share if serving else 1.0)
@@ -652,7 +654,7 @@ class ModelRegistry:
         for h in self.all():
             h.close()
 
-    # -- status ---------------------------------------------------------------------------------
+    # -- state (the API's JSON of it: offgraph.server.api.model_status) -------------------------
     @property
     def ready(self) -> bool:
         """Every model found is serving (or unloaded by an admin), and there is at least one."""
@@ -665,72 +667,6 @@ class ModelRegistry:
     def all(self) -> list[ModelHolder]:
         """The holders, by name (a copy: the loader thread may add models meanwhile)."""
         return [h for _, h in sorted(self.holders.copy().items())]
-
-    def status(self, h: ModelHolder) -> dict[str, Any]:
-        """What GET /v1/models/{name} answers (no filesystem access: versions on disk are as of the last poll)."""
-        sv = h.current
-        loaded = None
-        if sv is not None:
-            m = sv.scorer.manifest
-            store = m.store
-            row_counts = dict(store.row_counts)
-            stats = scorer_stats(sv.scorer)
-            hits, misses = stats.get("cache_hits"), stats.get("cache_misses")
-            if isinstance(hits, (int, float)) and isinstance(misses, (int, float)):
-                stats["cache_hit_ratio"] = hits / (hits + misses) if hits + misses else None
-            last = stats.get("last_feed_poll_unix")
-            stats["freshness_seconds"] = time.time() - last if isinstance(last, (int, float)) and last else None
-            training = m.training or None
-            loaded = {
-                "version": sv.version,
-                "loaded_at_unix": sv.loaded_at,
-                "load_seconds": sv.load_seconds,
-                "in_flight": sv.in_flight,
-                "quantization": store.quant,
-                "shards": store.shards,
-                **_rows_at(store.to_dict()),
-                "embedding_dim": m.embedding_dim,
-                "row_counts": row_counts,
-                "total_rows": sum(row_counts.values()),
-                "row_cache_mb": sv.row_cache_mb,
-                "memory": memory_status(sv),
-                "created_at": m.created_at,
-                "training": training,
-                "store": stats,
-                "training_loss": sv.scorer.training_loss,
-                "score_kind": sv.scorer.score_kind,
-            }
-        spec = sv.scorer.spec if sv is not None else None
-        return {
-            "name": h.name,
-            "state": h.state,
-            "policy": h.policy,
-            "versions_on_disk": list(h.versions_on_disk),
-            "loaded": loaded,
-            "loading_version": h.loading_version,
-            "previous_version": h.previous_version,
-            "refused": [
-                {"version": v, "reason": r.reason, "at_unix": r.at} for v, r in sorted(list(h.refused.items()))
-            ],
-            "inputs": {s: spec.raw_inputs(s) for s in ("request", "item")} if spec is not None else {},
-            "feature_tables": _feature_tables(sv.scorer) if sv is not None else [],
-            "labels": dict(h.labels),
-            "served_versions": [s.version for s in h.served()],
-            "last_error": h.last_error,
-            "scans": h.scans,
-            "updater": h.updater,
-            "model_version_status": version_status(h),
-        }
-
-
-def _rows_at(record: dict) -> dict[str, str | None]:
-    """A manifest's store record as the status shows where its rows live."""
-    backend = record.get("backend", "rocksdb")
-    remote = backend != "rocksdb"
-    return {
-        "backend": backend,
-        "rows_at": f"{record.get('url')} namespace {record.get('namespace')}" if remote else None,
-    }
 
 
 def _complete_version(h: ModelHolder, version: int) -> list[int]:
@@ -771,10 +707,3 @@ def one_model_dir_hint(models_dir: os.PathLike) -> str | None:
         f"--models {d} looks like {what}, so no model is found in it: --models names the directory that "
         f"holds the models, MODELS/NAME/VERSION; pass its parent (--models {parent})"
     )
-
-
-def _feature_tables(scorer) -> list[dict[str, Any]]:
-    join = scorer.join
-    return [
-        {**t.to_dict(), "present": join is not None and join.dbs.get(t.name) is not None} for t in scorer.spec.tables
-    ]

@@ -1,7 +1,7 @@
 """Admin actions (bearer token): :load, :unload, :rollback, and version labels. A call the model's state refuses
 (unknown model or version, ...) is refused at once; the others wait for the loader thread, a bounded number of them
 for a bounded time (``ModelRegistry.admin``: else 429 with Retry-After), and with several workers, until every
-worker has followed the decision (``offgraph.server.control``)."""
+worker has followed the decision (``offgraph.server.models.control``)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
-from offgraph.server import path_convertors  # noqa: F401 - registers the no_colon convertor
-from offgraph.server.deps import LabelName, ModelName, State, require_admin
-from offgraph.server.errors import ApiError
-from offgraph.server.registry import ADMIN_BUSY, AdminAction, AdminError
-from offgraph.server.schemas import LabelRequest, LoadRequest, ModelStatus, error_responses
-from offgraph.server.score_body import JsonBody
+from offgraph.server.api.deps import LabelName, ModelName, State, require_admin
+from offgraph.server.api.model_status import model_status
+from offgraph.server.api.schemas import LabelRequest, LoadRequest, ModelStatus, error_responses
+from offgraph.server.api.score_body import JsonBody
+from offgraph.server.http import path_convertors  # noqa: F401 - registers the no_colon convertor
+from offgraph.server.http.errors import ApiError
+from offgraph.server.models.registry import ADMIN_BUSY, AdminAction, AdminError
 
 router = APIRouter(
     tags=["admin"],
@@ -66,7 +67,7 @@ async def _run(state, name: str, action: AdminAction, *args) -> ModelStatus:
             await models.wait_for_workers(decision, WORKERS_WAIT_S)
     except AdminError as e:
         raise ApiError(e.status, e.detail, headers=e.headers) from None
-    return ModelStatus(**models.status(models.holders[name]))
+    return ModelStatus(**model_status(models.holders[name]))
 
 
 @router.post(

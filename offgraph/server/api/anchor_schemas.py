@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from offgraph.server.schemas import MODEL_VERSION_STATUS_DOC, ModelVersionStatus, ScoreKind
+from offgraph.server.api.schemas import MODEL_VERSION_STATUS_DOC, ModelVersionStatus, ScoreKind
 
 InputScope = Literal["request", "item", "both"]
 SCOPE_DOC = (

@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from offgraph.server.served import Refusal
+from offgraph.server.models.served import Refusal
 
 RETRY_MAX_S = 60.0
 """Longest wait between two tries of a refused version whose files keep changing."""

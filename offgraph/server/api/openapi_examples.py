@@ -3,7 +3,7 @@
 The schema FastAPI builds knows no model (they are found after it is built, and come and go), so its
 score body carries a neutral example only. ``install_model_examples`` wraps ``app.openapi``: each answer
 is FastAPI's schema with, on the score and predict operations, one named example per served model (built
-from its served version's spec by ``offgraph.server.body_examples``, an ids-only one too for a model with
+from its served version's spec by ``offgraph.server.api.body_examples``, an ids-only one too for a model with
 feature tables) and the served names as examples of the ``name`` parameter. The result is kept until the
 set of served versions changes.
 """
@@ -16,8 +16,8 @@ from typing import Any
 from fastapi import FastAPI
 
 from offgraph.features.spec import FeatureSpec
-from offgraph.server.body_examples import example_body, ids_only_body
-from offgraph.server.registry import ModelRegistry
+from offgraph.server.api.body_examples import example_body, ids_only_body
+from offgraph.server.models.registry import ModelRegistry
 
 SCORE_PATHS = ("/v1/models/{name}:score",)
 PREDICT_PATHS = (

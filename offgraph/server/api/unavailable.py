@@ -20,8 +20,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter
 
-from offgraph.server.served import ModelLoading, StoreFailure, StoreOutage
-from offgraph.server.state import ServerState
+from offgraph.server.api.state import ServerState
+from offgraph.server.models.served import ModelLoading, StoreFailure, StoreOutage
 from offgraph.store.feed import FeedTornRead
 
 log = logging.getLogger("offgraph.server")

@@ -22,7 +22,7 @@ from pydantic_core import PydanticCustomError
 
 from offgraph.calibration import SCORE_KINDS
 from offgraph.model.train_config import LOSSES
-from offgraph.server.control import LABEL_PATTERN
+from offgraph.server.models.control import LABEL_PATTERN
 
 MAX_NUMBER = sys.float_info.max
 """Largest magnitude of a numeric feature value: FG reads numbers as float64, so an integer must fit one."""
@@ -134,7 +134,7 @@ Version = Annotated[Any, PlainValidator(_version), WithJsonSchema({"type": "inte
 """A model version: a non-negative integer (JSON ``2.0`` is the integer 2, as JSON Schema reads it)."""
 
 Label = Annotated[str, Field(pattern=LABEL_PATTERN)]
-"""A version label (``offgraph.server.control.LABEL_PATTERN``)."""
+"""A version label (``offgraph.server.models.control.LABEL_PATTERN``)."""
 
 Features = dict[str, FeatureValue]
 
@@ -159,7 +159,7 @@ class ScoreRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         # no model's inputs: a model's own examples are added to /openapi.json per served model
-        # (offgraph.server.openapi_examples)
+        # (offgraph.server.api.openapi_examples)
         json_schema_extra={
             "examples": [
                 {

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from typing import Any
 
-from offgraph.server.loop_lag import STALL_S
+from offgraph.server.process.loop_lag import STALL_S
 
 log = logging.getLogger("offgraph.server")
 

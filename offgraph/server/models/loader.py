@@ -21,8 +21,8 @@ from offgraph.modeldir.manifest import STORE_DIR, load_manifest
 from offgraph.scoring.memory_budget import MemorySplit, manifest_index_mb
 from offgraph.scoring.scorer import Scorer
 from offgraph.server.config import ServerConfig
-from offgraph.server.pacing import Pacer
-from offgraph.server.served import ServedVersion
+from offgraph.server.models.pacing import Pacer
+from offgraph.server.models.served import ServedVersion
 from offgraph.store.prefetch import SERVING_DISK_SHARE, Prefetcher, decide, store_files, store_reads_direct
 
 log = logging.getLogger("offgraph.server")
@@ -165,7 +165,7 @@ def open_version(
     (``Scorer.hot_rows``: its most recently used rows and FG items), read into this version's row
     cache, block cache and FG item cache before it serves, so that its first requests find them
     there. ``pacer``: while any version serves, the load takes only ``pacer.share`` of the time
-    (``offgraph.server.pacing``). ``serving``: the server answers requests meanwhile, so the prefetch keeps
+    (``offgraph.server.models.pacing``). ``serving``: the server answers requests meanwhile, so the prefetch keeps
     to ``config.prefetch_mb_s``; with nothing serving it reads as fast as the disk goes."""
     t0 = time.perf_counter()
     pace = pacer.tick if pacer is not None else None

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from offgraph.scoring.memory_budget import MemorySplit
-from offgraph.server.pacing import Pacer
+from offgraph.server.models.pacing import Pacer
 from offgraph.store import StoreReadError, StoreUnavailable
 
 log = logging.getLogger("offgraph.server")
@@ -123,7 +123,7 @@ class ServedVersion:
 
     def close(self, share: float = 1.0) -> dict[str, Any]:
         """Close the scorer and free its memory a part at a time (``Scorer.release``), taking ``share``
-        of the wall clock (``offgraph.server.pacing``); returns its final stats."""
+        of the wall clock (``offgraph.server.models.pacing``); returns its final stats."""
         if self.closed:
             return {}
         self.closed = True
@@ -176,7 +176,7 @@ class ModelHolder:
         self.extra: dict[int, ServedVersion] = {}  # labelled versions served beside ``current``
         self.on_store_error: Callable[[ModelHolder, ServedVersion], None] | None = None  # must not block
         self.release_share = (
-            1.0  # a retired version's memory is freed in this share of the time (offgraph.server.pacing)
+            1.0  # a retired version's memory is freed in this share of the time (offgraph.server.models.pacing)
         )
         self.refused: dict[int, Refusal] = {}
         self.versions_on_disk: list[int] = []  # complete versions, as of the last poll
@@ -250,7 +250,7 @@ class ModelHolder:
         self, request: dict, candidates: list[dict], version: int | None, label: str | None = None
     ) -> tuple[int, np.ndarray, Any, str]:
         """Score on the current version (or the one asked for, by version or label); runs in a scoring
-        thread. Returns (version, scores, the feature join's result: ``offgraph.scoring.feature_join.Joined``,
+        thread. Returns (version, scores, the feature join's result: ``offgraph.feature_tables.join.Joined``,
         what the scores are: the version's ``score_kind``)."""
         sv = self.acquire(version, label)
         try:

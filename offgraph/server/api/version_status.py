@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from offgraph.server.errors import ApiError
-from offgraph.server.served import ModelHolder, NotServing, ServedVersion
+from offgraph.server.http.errors import ApiError
+from offgraph.server.models.served import ModelHolder, NotServing, ServedVersion
 
 
 def _entry(version: int, state: str, reason: str | None = None) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def _entry(version: int, state: str, reason: str | None = None) -> dict[str, Any
 
 def version_status(holder: ModelHolder) -> list[dict[str, Any]]:
     """The model's ``model_version_status`` entries, newest version first (reasons unredacted: render them
-    through ``offgraph.server.redact``)."""
+    through ``offgraph.server.http.redact``)."""
     refused = {v: r.reason for v, r in list(holder.refused.items())}  # a copy: the loader thread adds to it
     out: dict[int, dict[str, Any]] = {}
     if holder.previous_version is not None:

@@ -1,4 +1,6 @@
-"""FastAPI dependencies: the app's shared state, model lookup and admin authorization.
+"""FastAPI dependencies: the app's shared state, model lookup and admin authorization, and whatever else
+more than one router uses (a version in the path, the path redaction of a status, the server's readiness):
+the routers import this module, never each other.
 
 They are ``async def`` on purpose: FastAPI runs plain ``def`` dependencies in its thread
 pool, which would cost a thread hop each on the request path; these never block.
@@ -6,7 +8,10 @@ pool, which would cost a thread hop each on the request path; these never block.
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+import re
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -18,12 +23,18 @@ from offgraph.modeldir.manifest import (
     ModelDirError,
     check_model_name,
 )
+from offgraph.server.api.schemas import Readiness
+from offgraph.server.api.state import ServerState
 from offgraph.server.config import ADMIN_TOKEN_ENV
-from offgraph.server.control import LABEL, LABEL_PATTERN, LABEL_RULE
-from offgraph.server.errors import ApiError
-from offgraph.server.redact import token_matches
-from offgraph.server.served import ModelHolder
-from offgraph.server.state import ServerState
+from offgraph.server.http.errors import ApiError
+from offgraph.server.http.redact import path_view, token_matches, view_for
+from offgraph.server.models.control import LABEL, LABEL_PATTERN, LABEL_RULE
+from offgraph.server.models.served import ModelHolder
+
+NO_MODEL = (
+    "no model found in MODELS: a model is a directory MODELS/NAME holding versions MODELS/NAME/VERSION "
+    "(each with its manifest.json)"
+)
 
 
 async def get_state(request: Request) -> ServerState:
@@ -101,3 +112,54 @@ async def require_admin(
         )
     if not token_matches(token, credentials.credentials):
         raise ApiError(401, "wrong admin token", headers={"WWW-Authenticate": "Bearer"})
+
+
+_VERSION = re.compile(r"[0-9]{1,18}")
+
+
+async def version_number(
+    version: Annotated[
+        str,
+        Path(
+            description="Model version: a non-negative integer (any other value is a 400).",
+            json_schema_extra={"pattern": "^[0-9]{1,18}$"},
+        ),
+    ],
+) -> int:
+    if not _VERSION.fullmatch(version):
+        raise ApiError(400, f"invalid version {version[:40]!r}: a version is a non-negative integer")
+    return int(version)
+
+
+VersionNumber = Annotated[int, Depends(version_number)]
+
+
+PathView = Annotated[Callable[[Any], Any], Depends(path_view)]
+"""The status renderer of the request: absolute paths relative to MODELS unless it holds the admin token."""
+
+
+async def readiness(state: ServerState, request: Request) -> Readiness:
+    """Whether the server is ready (``/readyz``, KServe's ``/v2/health/ready``), and why not."""
+    models = {h.name: h.state for h in state.models.all()}
+    control = state.models.control
+    if state.models.ready:
+        workers = await asyncio.to_thread(control.workers_not_ready) if control is not None else []
+        if control is None or not workers:
+            return Readiness(ready=True, models=models, detail="every model is serving")
+        detail = (
+            f"worker {control.worker} is serving every model; worker(s) {', '.join(map(str, workers))} "
+            f"of {control.workers} not yet"
+        )
+        return Readiness(ready=False, models=models, detail=detail)
+    if not state.models.initial_scan_done:
+        detail = "the first load of the models is in progress"
+    elif not models:
+        detail = NO_MODEL
+    else:
+        waiting = [
+            f"{h.name} ({h.state}: {h.last_error or 'loading'})"
+            for h in state.models.all()
+            if h.current is None and h.policy != "unloaded"
+        ]
+        detail = view_for(request)("not serving: " + "; ".join(waiting))  # reasons may name directories
+    return Readiness(ready=False, models=models, detail=detail)

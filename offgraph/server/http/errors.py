@@ -2,7 +2,7 @@
 
 Validation errors name the location of each problem (``candidates[3].genres``);
 ``offgraph.features.FeatureValueError`` (a bad raw value found by FG) is a 422. Details are rendered
-without absolute paths unless the request holds the admin token (``offgraph.server.redact``).
+without absolute paths unless the request holds the admin token (``offgraph.server.http.redact``).
 
 Only a bug in the server or the scorer can give a 500: ``InternalErrorMiddleware`` logs its
 traceback and answers a generic 500 (no exception text, no paths). It is an ordinary
@@ -25,8 +25,8 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from offgraph.features import FeatureValueError
-from offgraph.server.redact import view_for
-from offgraph.server.route_match import allowed_methods
+from offgraph.server.http.redact import view_for
+from offgraph.server.http.route_match import allowed_methods
 
 log = logging.getLogger("offgraph.server")
 

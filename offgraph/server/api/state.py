@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from offgraph.server.config import ServerConfig
-from offgraph.server.gc_tuning import GcPauses, collect_young_forever
-from offgraph.server.loop_lag import watch_loop_lag
-from offgraph.server.metrics import ServerMetrics
-from offgraph.server.registry import ModelRegistry
+from offgraph.server.models.registry import ModelRegistry
+from offgraph.server.process.gc_tuning import GcPauses, collect_young_forever
+from offgraph.server.process.loop_lag import watch_loop_lag
+from offgraph.server.process.metrics import ServerMetrics
 
 log = logging.getLogger("offgraph.server")
 
@@ -37,7 +37,7 @@ class ServerState:
 
     async def run_scoring(self, fn: Callable[..., Any], *args) -> Any:
         """Run ``fn(*args)`` in the bounded scoring pool, without blocking the event loop, in a copy of the
-        caller's context (its log records carry the request's id: ``offgraph.server.request_id``)."""
+        caller's context (its log records carry the request's id: ``offgraph.server.http.request_id``)."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, copy_context().run, fn, *args)
 
     async def start(self) -> None:

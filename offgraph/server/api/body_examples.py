@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from offgraph.features.spec import FeatureSpec, FieldSpec
-from offgraph.server.model_inputs import NUMBER_OPS
+from offgraph.server.api.model_inputs import NUMBER_OPS
 
 WORDS = ("red", "running", "shoes", "for", "trail", "and", "road")
 """Words of a tokenize input's example text."""

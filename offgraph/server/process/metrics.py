@@ -3,10 +3,10 @@
 Request-path metrics are observed by the score endpoint; store and model figures
 are read from the model registry (``Scorer.stats()``) at scrape time; HTTP
 errors are counted by status code, route template and model by a small ASGI middleware. The
-process's own ``process_*`` and ``python_*`` series: ``offgraph.server.process_metrics``.
+process's own ``process_*`` and ``python_*`` series: ``offgraph.server.process.process_metrics``.
 
 With several worker processes (``serve --workers N``) prometheus_client runs in
-multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by ``offgraph.server.workers``): every
+multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by ``offgraph.server.process.workers``): every
 worker writes its samples there and a scrape, answered by any worker, sums them.
 The model figures are then published by each worker a few times a second
 (``publish``) instead of being read at scrape time: counters summed over the
@@ -23,13 +23,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.routing import Match
 
 from offgraph.scoring.read_metrics import STORE_READ_SECONDS
-from offgraph.server.process_metrics import ProcessPublisher, register_platform_collector, register_process_collectors
-from offgraph.server.route_match import leaf_routes
+from offgraph.server.http.route_match import leaf_routes
+from offgraph.server.process.process_metrics import (
+    ProcessPublisher,
+    register_platform_collector,
+    register_process_collectors,
+)
 
 if TYPE_CHECKING:  # the registry imports the scorer; the library scorer loads no HTTP code
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-    from offgraph.server.registry import ModelRegistry
+    from offgraph.server.models.registry import ModelRegistry
 
 START_KEY = "offgraph.t0"
 """ASGI scope key: perf_counter() when the request reached the app (set by HttpMetricsMiddleware)."""
@@ -183,7 +187,7 @@ MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) 
     "unusable_feature_rows": (
         "offgraph_unusable_feature_rows",
         "Stored feature-table rows (one per request or "
-        "candidate) that FG refuses, scored as unknown keys (offgraph/scoring/feature_join.py; the log "
+        "candidate) that FG refuses, scored as unknown keys (offgraph/feature_tables/join.py; the log "
         "names them)",
     ),
     "candidate_cache_hits": (
