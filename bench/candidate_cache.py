@@ -28,13 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from offgraph.server.tf_threads import configure_tf_threads
+    from offgraph.server.process.tf_threads import configure_tf_threads
 
     configure_tf_threads(1, 1)
-    from bench.serve_latency import build_bodies
+    from bench.lib.bodies import build_bodies
     from offgraph.scoring.scorer import Scorer
-    from offgraph.server.schemas import ScoreRequest
-    from offgraph.server.score_body import RawScoreBodyParser, ScoreBodyParser
+    from offgraph.server.api.schemas import ScoreRequest
+    from offgraph.server.api.score_body import RawScoreBodyParser, ScoreBodyParser
 
     n = args.n
     bodies = build_bodies(Path(args.data), [n], 64, 0)[n]

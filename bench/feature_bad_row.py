@@ -29,7 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.serve_latency import Conn, Proc, cpu_seconds
+from bench.lib.client import Conn
+from bench.lib.proc import cpu_seconds
+from bench.lib.server import start
 from offgraph.testing.harness import free_port
 
 RATIO_LIMIT = 1.10
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from offgraph.store.feature_db import FeatureDB, row_key, table_dir
+    from offgraph.feature_tables.db import FeatureDB, row_key, table_dir
 
     with tempfile.TemporaryDirectory(prefix="feature-bad-row-") as tmp:
         import pyarrow.parquet as pq
@@ -217,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         items, names_bad = bodies(table, args.n, 200, bad_movie, args.share, args.seed)
         probe = json.dumps({"request": {"user_id": 1}, "candidates": [{"movie_id": bad_movie}]}).encode()
         port = free_port()
-        server = Proc(
+        server = start(
             "offgraph",
             [
                 sys.executable,
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                     db.write([k], [bad if state == "with" else good], [seq])
                     asyncio.run(wait_state(port, path, probe, state == "with"))
                     r = asyncio.run(
-                        run_phase(port, path, items, names_bad, args.concurrency, args.requests, server.p.pid)
+                        run_phase(port, path, items, names_bad, args.concurrency, args.requests, server.pid)
                     )
                     runs[state].append(r)
                     print(

@@ -1,7 +1,7 @@
 """The feature join alone: ``FeatureJoin.fill`` ms per request, unprofiled, for full and ids-only bodies.
 
 The bodies are real MovieLens requests (``bench.serve_latency.build_bodies``: a real user x N real movies)
-and their ids-only form (``bench.ids_only_latency.ids_only_bodies``); each form is filled once to warm,
+and their ids-only form (``bench.lib.bodies.ids_only_bodies``); each form is filled once to warm,
 then ``--runs`` times over its bodies (``--cycles`` passes each). Prints the median per-request time of
 each run's median, and the spread of the runs.
 
@@ -16,14 +16,13 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.ids_only_latency import ids_only_bodies
-from bench.serve_latency import build_bodies
+from bench.lib.bodies import build_bodies, ids_only_bodies
 
 
 def fill_ms(version_dir: Path, data: Path, n: int, bodies: int, runs: int, cycles: int, seed: int = 0) -> dict:
     """``{form: {"median_ms", "min_ms", "max_ms"}}`` over ``runs`` runs of per-request medians."""
+    from offgraph.feature_tables.join import FeatureJoin
     from offgraph.modeldir.version import ModelVersion
-    from offgraph.scoring.feature_join import FeatureJoin
 
     spec = ModelVersion.open(version_dir, verify_dense=False).spec
     full = build_bodies(data, [n], bodies, seed)[n]

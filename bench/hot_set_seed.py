@@ -2,7 +2,7 @@
 
 One synthetic version (``offgraph synth``, int8 D=16) whose hot set is counted from a synthetic training
 log: ``--training-rows`` rows of one user and one item each, drawn with the bench's Zipf popularity
-(``bench.scale_traffic``) from a seed of their own, so the log is not the measured traffic, only the
+(``bench.lib.traffic``) from a seed of their own, so the log is not the measured traffic, only the
 same kind of traffic. Then, alternated, each on a fresh server (direct reads: no page cache carries
 over between servers; the disk is probed before each):
 
@@ -30,11 +30,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.report import write_report
-from bench.scale_server import ScaleServer, hit_ratios
-from bench.scale_traffic import bodies as to_bodies
-from bench.scale_traffic import build_requests, draw_columns
-from bench.serve_latency import Conn
+from bench.lib.client import Conn
+from bench.lib.report import write_report
+from bench.lib.server import BenchServer, hit_ratios
+from bench.lib.traffic import bodies as to_bodies
+from bench.lib.traffic import build_requests, draw_columns
 from offgraph.cli.synth import count
 from offgraph.export.synth_spec import synth_spec
 from offgraph.features.spec import parse_spec
@@ -103,7 +103,7 @@ def run_one(models: Path, mode: str, seconds: float, bodies: list[bytes], logs: 
         except DirectIOUnsupported as e:
             _log(f"disk probe: {e}")
     extra = ["--hot-set-seconds", str(seconds if mode == "seeded" else 0)]
-    server = ScaleServer(models, 1, logs / f"serve-{mode}{k}.log", extra)
+    server = BenchServer(models, 1, logs / f"serve-{mode}{k}.log", extra)
     try:
         ready = server.wait_ready()
         c0, d0 = server.counters(), server.disk_read_bytes()

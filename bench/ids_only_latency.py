@@ -26,21 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.serve_latency import Proc, build_bodies, fetch_scores, run_cell
+from bench.lib.bodies import build_bodies, ids_only_bodies
+from bench.lib.client import fetch_scores, run_cell
+from bench.lib.server import start
 from offgraph.testing.harness import free_port
 
 RATIO_LIMIT = 1.1
-
-
-def ids_only_bodies(spec, bodies: list[bytes]) -> list[bytes]:
-    from offgraph.scoring.feature_join import ids_only
-
-    out = []
-    for b in bodies:
-        d = json.loads(b)
-        r, c = ids_only(spec, d["request"], d["candidates"])
-        out.append(json.dumps({"request": r, "candidates": c}, separators=(",", ":")).encode())
-    return out
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -98,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     forms = {"full": full, "ids-only": ids}
     size = {k: float(np.mean([len(b) for b in v])) for k, v in forms.items()}
     port = free_port()
-    server = Proc(
+    server = start(
         "offgraph",
         [
             sys.executable,
@@ -146,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                             args.seconds,
                             warmup=20,
                             check_n=args.n,
-                            pid=server.p.pid,
+                            pid=server.pid,
                         )
                     )
                     rounds[form].append(r)

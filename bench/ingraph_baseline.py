@@ -5,8 +5,8 @@ FG, behind the same kind of FastAPI endpoint as ``offgraph serve``.
     python -m bench.ingraph_baseline --run RUN --export-dir DIR --port 8501
 
 ``POST /v1/models/{name}:score`` takes and answers exactly what the offgraph server does
-(``offgraph.server.schemas.ScoreRequest`` / ``ScoreResponse``, bodies parsed by the same
-``offgraph.server.score_body.ScoreBodyParser``); the request path is
+(``offgraph.server.api.schemas.ScoreRequest`` / ``ScoreResponse``, bodies parsed by the same
+``offgraph.server.api.score_body.ScoreBodyParser``); the request path is
 FG (``FeatureGenerator.transform``, with the same per-item cache) -> padded ids/masks
 (request fields tiled to N rows) -> one SavedModel call (gather + pool + FM + MLP in TF)
 -> calibration, in a bounded thread pool. Only the name in the path is not checked.
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Request
 
-from offgraph.server.schemas import ScoreRequest, ScoreResponse
-from offgraph.server.score_body import ScoreBodyParser
+from offgraph.server.api.schemas import ScoreRequest, ScoreResponse
+from offgraph.server.api.score_body import ScoreBodyParser
 
 SIGNATURE = "serving_default"
 MAX_VALUES_PER_FIELD = 64  # as offgraph.model.inputs pads for training
@@ -145,7 +145,7 @@ def create_baseline_app(scorer: InGraphScorer, score_threads: int, max_candidate
 def _serve(run: str, export_dir: str, host: str, port: int, score_threads: int, intra: int, inter: int) -> None:
     """One server process (the only one, or a worker of several): load, warm up, serve."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from offgraph.server.tf_threads import configure_tf_threads
+    from offgraph.server.process.tf_threads import configure_tf_threads
 
     configure_tf_threads(intra, inter)
     scorer = InGraphScorer(run, export_ingraph(run, export_dir))
@@ -153,8 +153,8 @@ def _serve(run: str, export_dir: str, host: str, port: int, score_threads: int, 
     for n in (1, 16, 200):
         scorer.score({}, warm[:n])
     app = create_baseline_app(scorer, score_threads)
-    from offgraph.server.gc_tuning import tune_gc
-    from offgraph.server.workers import reuseport_socket, serve_on
+    from offgraph.server.process.gc_tuning import tune_gc
+    from offgraph.server.process.workers import reuseport_socket, serve_on
 
     tune_gc()  # the same GC settings as offgraph serve
     serve_on(app, reuseport_socket(host, port), "warning")
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         help="server processes on the port (SO_REUSEPORT), as offgraph serve --workers",
     )
     args = p.parse_args(argv)
-    from offgraph.server.workers import check_port_free
+    from offgraph.server.process.workers import check_port_free
 
     check_port_free(args.host, args.port)
     serve_args = (

@@ -37,7 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.update_freshness import HttpScorer, _counter, _pct, _start, _stop, open_bench_model, outside
+from bench.lib.client import metric_value
+from bench.lib.freshness import HttpScorer, open_bench_model, outside
+from bench.lib.server import start_appending, stop_process
+from bench.lib.stats import percentiles_ms
 from offgraph.testing.harness import free_port, wait_ready
 
 NAME = "ml"
@@ -100,7 +103,7 @@ class Producer:
 
 def _deltas_done(port: int) -> float:
     try:
-        return _counter(port, "offgraph_update_deltas_total")
+        return metric_value(port, "offgraph_update_deltas_total")
     except OSError:
         return -1.0
 
@@ -257,7 +260,7 @@ def main(argv=None) -> int:
     sports = {n: free_port() for n in models}
 
     def updater(n):
-        procs["up_" + n] = _start(
+        procs["up_" + n] = start_appending(
             py
             + [
                 "update",
@@ -301,7 +304,7 @@ def main(argv=None) -> int:
             )
             # 2. a second replica from the version directory, both draining a backlog at once (a
             # stopped meanwhile); b SIGKILLed halfway
-            _stop(procs.pop("up_a"))
+            stop_process(procs.pop("up_a"))
             while prod.rows < 2 * args.deltas:
                 prod.emit_random(min(args.batch_rows, 2 * args.deltas - prod.rows))
             prod.sink.flush()
@@ -325,7 +328,7 @@ def main(argv=None) -> int:
             )
             # 3. both serve; a live stream; probes on both
             for n in models:
-                procs["serve_" + n] = _start(
+                procs["serve_" + n] = start_appending(
                     py
                     + [
                         "serve",
@@ -393,10 +396,10 @@ def main(argv=None) -> int:
                 "offered_rate": args.rate,
                 "rows": live_rows[0],
                 "achieved_rate": live_rows[0] / (time.perf_counter() - t_live),
-                "probes": {n: _pct(v) for n, v in lat.items()},
+                "probes": {n: percentiles_ms(v) for n, v in lat.items()},
                 "timeouts_10s": timeouts,
                 "probes_ms": {n: [round(x * 1e3, 2) for x in v] for n, v in lat.items()},
-                "both": _pct([max(a, b) for a, b in zip(lat["a"], lat["b"])]),
+                "both": percentiles_ms([max(a, b) for a, b in zip(lat["a"], lat["b"])]),
             }
             lv = report["live"]
             print(
@@ -415,7 +418,7 @@ def main(argv=None) -> int:
                 last[p] = max(last.get(p, -1), off)
             report["final_drain"] = drain(reps, last)
             for n in models:
-                _stop(procs.pop("up_" + n))
+                stop_process(procs.pop("up_" + n))
             report["convergence"] = compare([vdirs["a"], vdirs["b"]], prod)
             print("convergence:", report["convergence"], flush=True)
             report["acceptance"] = {
@@ -430,7 +433,7 @@ def main(argv=None) -> int:
             print("acceptance:", report["acceptance"], flush=True)
     finally:
         for p in procs.values():
-            _stop(p)
+            stop_process(p)
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     Path(args.out).write_text(json.dumps(report, indent=2, default=float))

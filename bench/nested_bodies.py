@@ -48,9 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.report import write_report
-from bench.scale_server import ADMIN_TOKEN, ScaleServer
-from offgraph.server.body_limit import MAX_JSON_DEPTH
+from bench.lib.report import write_report
+from bench.lib.server import ADMIN_TOKEN, BenchServer
+from offgraph.server.http.body_limit import MAX_JSON_DEPTH
 
 MODEL = "ml"
 DEPTHS = (10, 1000, 100_000)
@@ -534,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
             models, table = build_model(work, args.rows)
         bodies = valid_bodies(table, args.n, 50, args.seed)
         _log(f"model and bodies: {time.perf_counter() - t:.0f}s")
-        server = ScaleServer(models, 1, work / "serve.log")
+        server = BenchServer(models, 1, work / "serve.log")
         try:
             _log(f"server ready in {server.wait_ready(300):.1f}s on port {server.port}")
             probes = probe(server.port)

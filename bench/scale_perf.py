@@ -1,7 +1,7 @@
 """Where a server's CPU goes under c8 Zipf traffic, by shared object: the new code (direct reads) beside the old.
 
 For each of ``--models`` (and ``--baseline-models`` served by the ``--baseline-repo`` checkout): a fresh
-``offgraph serve --workers 1``; c8 Zipf traffic (``bench.scale_traffic``, N = ``--candidates``) for
+``offgraph serve --workers 1``; c8 Zipf traffic (``bench.lib.traffic``, N = ``--candidates``) for
 ``--warm-s`` seconds, then ``--seconds`` more while ``perf record -g -p PID`` samples the server. Reported per
 code: req/s, server CPU ms per request, the row-cache hit ratio, disk KiB per request, and the CPU ms per
 request of each shared object (``perf report --sort dso``: the kernel, libpython, NumPy, rocksdict...) and
@@ -21,11 +21,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.report import write_report
-from bench.scale_server import ScaleServer, hit_ratios
-from bench.scale_traffic import bodies as to_bodies
-from bench.scale_traffic import build_requests
-from bench.serve_latency import run_cell
+from bench.lib.client import run_cell
+from bench.lib.report import write_report
+from bench.lib.server import BenchServer, hit_ratios
+from bench.lib.traffic import bodies as to_bodies
+from bench.lib.traffic import build_requests
 from offgraph.cli.synth import count
 
 PATH = "/v1/models/scale:score"
@@ -47,7 +47,7 @@ def perf_split(data: Path, sort: str, dso: str | None = None) -> dict[str, float
 
 
 def measure(models: Path, code: Path | None, args, tag: str) -> dict:
-    server = ScaleServer(models, 1, args.out / f"serve-{tag}.log", [], code=code)
+    server = BenchServer(models, 1, args.out / f"serve-{tag}.log", [], code=code)
     try:
         server.wait_ready()
         loop = asyncio.new_event_loop()

@@ -10,10 +10,11 @@ by file and function name so that a phase the scorer no longer has reads as abse
 the profiled total and the unprofiled median are both given (cProfile adds per-call overhead, so the
 phases are shares of the profiled total). The functions with the most own time come with them.
 
-``run_breakdown`` runs this file as a script in a child process from a checkout's directory with that
+``bench.lib.breakdown.run_breakdown`` runs this file as a script in a child process from a checkout's directory with that
 directory first on the path (:func:`breakdown` imports that checkout's scorer, in the package layout or
 in the old one of top-level ``server`` and ``features``), so that old and new code are broken down
-alike and TensorFlow's thread settings stay out of the caller.
+alike and TensorFlow's thread settings stay out of the caller. It imports nothing of ``bench`` for that reason:
+an old checkout has no ``bench.lib``.
 
     python bench/serve_breakdown.py --model-dir MODELS/NAME --bodies BODIES.jsonl --out OUT.json
 """
@@ -24,11 +25,8 @@ import argparse
 import cProfile
 import importlib
 import json
-import os
 import pstats
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +35,7 @@ import numpy as np
 # phase -> (file names, function name) of the calls whose cumulative time is that phase
 PHASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "candidate_cache": (("candidate_cache.py",), ("lookup",)),
-    "feature_join": (("feature_join.py",), ("fill",)),
+    "feature_join": (("feature_join.py", "join.py"), ("fill",)),
     "fg": (("fg.py",), ("transform", "transform_entries", "candidate_entries")),
     "keys": (("batch.py", "scorer_impl.py"), ("batch_keys",)),
     "store_read": (("batch.py", "scorer_impl.py"), ("read_through_cache",)),
@@ -50,9 +48,9 @@ TOTAL = (("scorer.py",), ("score_joined",))
 # module of each part, in the package layout and in the old one
 MODULES = {
     "scorer": ("offgraph.scoring.scorer", "server.scorer"),
-    "schemas": ("offgraph.server.schemas", "server.schemas"),
-    "score_body": ("offgraph.server.score_body", "server.score_body"),
-    "tf_threads": ("offgraph.server.tf_threads", "server.tf_threads"),
+    "schemas": ("offgraph.server.api.schemas", "server.schemas"),
+    "score_body": ("offgraph.server.api.score_body", "server.score_body"),
+    "tf_threads": ("offgraph.server.process.tf_threads", "server.tf_threads"),
 }
 
 
@@ -60,10 +58,6 @@ def _module(part: str, code: str):
     """``part``'s module in layout ``code`` ("package", or "old": the top-level ``server`` and ``features``), chosen
     by the checkout, never by what imports: the installed package imports from an old checkout too."""
     return importlib.import_module(MODULES[part][code == "old"])
-
-
-def layout(repo: Path) -> str:
-    return "old" if (repo / "offgraph_cli.py").exists() else "package"
 
 
 def _cumulative(stats: pstats.Stats, where: tuple[tuple[str, ...], tuple[str, ...]]) -> float | None:
@@ -142,45 +136,6 @@ def breakdown(
         "requests": repeats,
         "distinct_bodies": len(bodies),
     }
-
-
-def breakdown_lines(label: str, b: dict) -> list[str]:
-    if "error" in b:
-        return [f"  {label}: {b['error']}"]
-    phases = ", ".join(f"{k} {'-' if v is None else f'{v:.2f}'}" for k, v in b["phases_profiled_ms"].items())
-    top = ", ".join(f"{t['function']} {t['ms']:.2f}" for t in b["top_own_time_ms"][:6])
-    return [
-        f"  {label}: decode {b['decode_ms']:.2f} ms; score {b['score_unprofiled_median_ms']:.2f} ms median "
-        f"({b['score_profiled_ms']:.2f} profiled, over {b['distinct_bodies']} distinct bodies)",
-        f"    phases (profiled ms/request): {phases}, other {b['other_profiled_ms']:.2f}",
-        f"    most own time (ms/request): {top}",
-    ]
-
-
-def run_breakdown(
-    repo: Path, model_dir: Path, bodies: list[bytes], repeats: int, row_cache_mb: float, intra: int, inter: int
-) -> dict:
-    """:func:`breakdown` of the code in ``repo``, in a child process (see the module's docstring)."""
-    with tempfile.TemporaryDirectory(prefix="serve-breakdown-") as tmp:
-        bodies_path, out = Path(tmp) / "bodies.jsonl", Path(tmp) / "out.json"
-        bodies_path.write_bytes(b"\n".join(bodies) + b"\n")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--model-dir", str(model_dir)]
-        cmd += ["--bodies", str(bodies_path), "--out", str(out), "--repeats", str(repeats)]
-        cmd += [
-            "--layout",
-            layout(repo),
-            "--row-cache-mb",
-            str(row_cache_mb),
-            "--intra-threads",
-            str(intra),
-            "--inter-threads",
-            str(inter),
-        ]
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(repo)}
-        p = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise RuntimeError(f"breakdown in {repo} failed ({p.returncode}): {p.stderr[-2000:]}")
-        return json.loads(out.read_text())
 
 
 def main(argv: list[str] | None = None) -> int:

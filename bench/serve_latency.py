@@ -16,15 +16,15 @@ Requests are real MovieLens requests: rows grouped by ``request_id``, the reques
 user features, N candidates = N distinct real movies' item features (past the catalogue: every
 movie once, some twice); when the first model's spec
 declares feature tables, the same N = 1000 requests are also sent ids-only to the new code (the
-feature join fills them; ``bench.ids_only_latency.ids_only_bodies``). Each cell (N, concurrency) is
+feature join fills them; ``bench.lib.bodies.ids_only_bodies``). Each cell (N, concurrency) is
 measured ``--alternations`` times, the servers' order rotated each time (so that a change in the
-machine's load hits all of them), with a keep-alive raw asyncio HTTP/1.1 client (one connection per
+machine's load hits all of them), with a keep-alive raw asyncio HTTP/1.1 client (``bench.lib.client``, one connection per
 concurrent stream, bodies serialized beforehand), a bounded number of requests and seconds per cell;
 the server CPU per request is the servers' processes' CPU time (``/proc/PID/stat``) over a cell
-divided by its requests. Then the phases of one request in process (``bench.serve_breakdown``) at
+divided by its requests. Then the phases of one request in process (``bench.lib.breakdown``) at
 N = 1000 and the largest N, over distinct bodies. Prints the medians over alternations per server
-with the ratios new / in-graph and new / old, and issue 29's acceptance lines
-(``bench.serve_latency_summary``); writes ``DIR/serve_latency.json`` and ``DIR/serve_latency.png``.
+with the ratios new / in-graph and new / old, and its acceptance lines
+(``bench.lib.latency_table``); writes ``DIR/serve_latency.json`` and ``DIR/serve_latency.png``.
 
     python -m bench.serve_latency --run RUN --models MODELS --data movielens.parquet --out DIR \
         [--baseline-repo OLD] [--alternations 3]
@@ -33,23 +33,20 @@ with the ratios new / in-graph and new / old, and issue 29's acceptance lines
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.serve_breakdown import breakdown_lines, layout
-from bench.serve_latency_summary import (
+from bench.lib.bodies import build_bodies
+from bench.lib.breakdown import breakdown_lines, layout
+from bench.lib.client import fetch_scores, run_cell
+from bench.lib.latency_table import (
     Roles,
     acceptance,
     acceptance_lines,
@@ -59,208 +56,8 @@ from bench.serve_latency_summary import (
     rotation,
     table_lines,
 )
-from offgraph.testing.harness import free_port, wait_ready
-
-REPO = Path(__file__).resolve().parent.parent
-REQUEST_INPUTS = ["user_id", "age", "gender", "occupation", "zip_prefix"]
-ITEM_INPUTS = ["movie_id", "genres", "title_words", "release_year"]
-
-
-# -- requests ---------------------------------------------------------------------------------------
-def candidate_rows(rng: np.random.Generator, movies: int, n: int) -> np.ndarray:
-    """N distinct movies; past the catalogue (MovieLens-100k has fewer movies than a large N), every movie
-    once and the rest drawn again, distinct among themselves: the request repeats some candidates."""
-    if n <= movies:
-        return rng.choice(movies, n, replace=False)
-    return np.concatenate([rng.permutation(movies), candidate_rows(rng, movies, n - movies)])
-
-
-def build_bodies(data: Path, sizes: list[int], per_size: int, seed: int) -> dict[int, list[bytes]]:
-    """Serialized score bodies per N: real requests (grouped by request_id) x N real movies (``candidate_rows``)."""
-    import pyarrow.parquet as pq
-
-    cols = pq.read_table(data, columns=REQUEST_INPUTS + ITEM_INPUTS + ["request_id"]).to_pydict()
-    first: dict[str, int] = {}
-    items: dict[int, dict] = {}
-    for i, (rid, mid) in enumerate(zip(cols["request_id"], cols["movie_id"])):
-        first.setdefault(rid, i)
-        if mid not in items:
-            items[mid] = {c: cols[c][i] for c in ITEM_INPUTS}
-    movies = list(items.values())
-    rng = np.random.default_rng(seed)
-    groups = list(first.values())
-    out = {}
-    for n in sizes:
-        bodies = []
-        for g in rng.choice(len(groups), per_size, replace=False):
-            req = {c: cols[c][groups[g]] for c in REQUEST_INPUTS}
-            cands = [movies[j] for j in candidate_rows(rng, len(movies), n)]
-            bodies.append(json.dumps({"request": req, "candidates": cands}, separators=(",", ":")).encode())
-        out[n] = bodies
-    return out
-
-
-# -- a minimal keep-alive HTTP/1.1 client ----------------------------------------------------------------
-class Conn:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str):
-        self.r, self.w, self.host = reader, writer, host
-
-    @classmethod
-    async def open(cls, host: str, port: int) -> Conn:
-        r, w = await asyncio.open_connection(host, port)
-        w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(r, w, host)
-
-    async def post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
-        self.w.write(
-            b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
-            % (path.encode(), self.host.encode(), len(body), extra)
-            + body
-        )
-        head = await self.r.readuntil(b"\r\n\r\n")
-        status = int(head[9:12])
-        length = None
-        for line in head.split(b"\r\n")[1:]:
-            if line[:15].lower() == b"content-length:":
-                length = int(line[15:])
-        if length is None:
-            raise RuntimeError(f"response without Content-Length: {head[:200]!r}")
-        return status, await self.r.readexactly(length)
-
-    def close(self) -> None:
-        self.w.close()
-
-
-def _stat(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time so far of a process and its live descendants (a server's workers), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                children.setdefault(int(_stat(int(entry))[1]), []).append(int(entry))
-            except OSError:  # gone meanwhile
-                pass
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            fields = _stat(p)
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-        todo += children.get(p, [])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-async def run_cell(
-    host: str,
-    port: int,
-    path: str,
-    bodies: list[bytes],
-    concurrency: int,
-    max_requests: int,
-    max_seconds: float,
-    warmup: int,
-    check_n: int,
-    pid: int,
-) -> dict:
-    conns = [await Conn.open(host, port) for _ in range(concurrency)]
-    try:
-        for i in range(warmup):  # warm: connections, item caches, row caches, TF
-            status, payload = await conns[i % concurrency].post(path, bodies[i % len(bodies)])
-            if status != 200:
-                raise RuntimeError(f"warm-up request to {path} failed: {status} {payload[:300]!r}")
-        scores = json.loads(payload)["scores"]
-        if len(scores) != check_n:
-            raise RuntimeError(f"{path}: {len(scores)} scores for {check_n} candidates")
-        lat: list[float] = []
-        errors: dict[int, int] = {}
-        issued = 0
-        deadline = time.perf_counter() + max_seconds
-
-        async def stream(conn: Conn, k: int):
-            nonlocal issued
-            j = k
-            while issued < max_requests and time.perf_counter() < deadline:
-                issued += 1
-                body = bodies[j % len(bodies)]
-                j += concurrency
-                t0 = time.perf_counter()
-                status, _ = await conn.post(path, body)
-                lat.append(time.perf_counter() - t0)
-                if status != 200:
-                    errors[status] = errors.get(status, 0) + 1
-
-        cpu0, own0, t0 = cpu_seconds(pid), time.process_time(), time.perf_counter()
-        await asyncio.gather(*(stream(c, k) for k, c in enumerate(conns)))
-        wall, cpu, own = time.perf_counter() - t0, cpu_seconds(pid) - cpu0, time.process_time() - own0
-    finally:
-        for c in conns:
-            c.close()
-    a = np.asarray(lat) * 1e3
-    return {
-        "requests": len(lat),
-        "seconds": wall,
-        "rps": len(lat) / wall,
-        "p50_ms": float(np.percentile(a, 50)),
-        "p90_ms": float(np.percentile(a, 90)),
-        "p99_ms": float(np.percentile(a, 99)),
-        "mean_ms": float(a.mean()),
-        "max_ms": float(a.max()),
-        "errors": errors,
-        "server_cpu_ms_per_request": cpu / len(lat) * 1e3,
-        "server_cpu_utilization": cpu / wall,
-        "client_cpu_ms_per_request": own / len(lat) * 1e3,
-        "loadavg_1m": os.getloadavg()[0],
-    }
-
-
-async def fetch_scores(host: str, port: int, path: str, body: bytes) -> np.ndarray:
-    c = await Conn.open(host, port)
-    try:
-        status, payload = await c.post(path, body)
-    finally:
-        c.close()
-    if status != 200:
-        raise RuntimeError(f"{path}: {status} {payload[:300]!r}")
-    return np.asarray(json.loads(payload)["scores"], np.float32)
-
-
-# -- servers ---------------------------------------------------------------------------------------------
-class Proc:
-    def __init__(
-        self, name: str, cmd: list[str], port: int, log_path: Path, cwd: Path = REPO, pythonpath: Path | None = None
-    ):
-        """``cwd``: where ``cmd`` runs; ``python -m offgraph.cli`` imports the code found there first (the
-        editable install's finder comes after the path), so another checkout's directory runs its code;
-        ``pythonpath`` puts that directory first for the processes the server starts too (its workers)."""
-        self.name, self.port = name, port
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-        if pythonpath is not None:
-            env["PYTHONPATH"] = str(pythonpath)
-        env.pop("OFFGRAPH_ADMIN_TOKEN", None)
-        self.p = subprocess.Popen(cmd, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-
-    def wait_ready(self, timeout: float) -> None:
-        wait_ready(f"http://127.0.0.1:{self.port}", timeout, self.p, log=str(self.log_path))
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(20)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
-        self._log.close()
+from bench.lib.server import REPO, start
+from offgraph.testing.harness import ServerProcess, free_port, serve_command
 
 
 # -- report -----------------------------------------------------------------------------------------------------
@@ -401,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ids_bodies = None
     spec = None if args.no_ids_only or IDS_N not in sizes else ids_only_model(models_src, names[0])
     if spec is not None:
-        from bench.ids_only_latency import ids_only_bodies
+        from bench.lib.bodies import ids_only_bodies
 
         ids_bodies = {IDS_N: ids_only_bodies(spec, bodies[IDS_N])}
 
@@ -425,19 +222,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.score_threads:
         threads += ["--score-threads", str(args.score_threads)]
 
-    def offgraph_proc(tag: str, repo: Path) -> Proc:
+    def offgraph_proc(tag: str, repo: Path) -> ServerProcess:
         port = free_port()
         models = work / ("models" if repo == REPO else "old-models")
-        cmd = [sys.executable, "-m", serve_module(repo), "serve", "--models", str(models), "--port", str(port)]
+        cmd = serve_command(models, port, module=serve_module(repo))
         cmd += ["--cache-mb", str(args.cache_mb), "--log-level", "warning", *threads]
         cmd += ["--follow-seconds", str(args.follow_seconds)] if args.follow_seconds else []
-        return Proc(tag, cmd, port, out / f"{tag}_server.log", cwd=repo, pythonpath=None if repo == REPO else repo)
+        return start(tag, cmd, port, out / f"{tag}_server.log", cwd=repo, pythonpath=None if repo == REPO else repo)
 
     procs = [offgraph_proc("new", REPO)]
     if args.baseline_repo is not None:
         procs.append(offgraph_proc("old", args.baseline_repo))
     ig_port = free_port()
-    ingraph = Proc(
+    ingraph = start(
         "in-graph",
         [
             sys.executable,
@@ -456,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     procs.append(ingraph)
     targets = [
-        {"label": f"{p.name}:{n}", "port": p.port, "path": f"/v1/models/{n}:score", "pid": p.p.pid, "bodies": bodies}
+        {"label": f"{p.name}:{n}", "port": p.port, "path": f"/v1/models/{n}:score", "pid": p.pid, "bodies": bodies}
         for p in procs[:-1]
         for n in names
     ]
@@ -465,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             "label": "in-graph",
             "port": ig_port,
             "path": "/v1/models/ingraph:score",
-            "pid": ingraph.p.pid,
+            "pid": ingraph.pid,
             "bodies": bodies,
         }
     )
@@ -532,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
 
     breakdown: dict = {}
     if not args.no_breakdown:
-        from bench.serve_breakdown import run_breakdown
+        from bench.lib.breakdown import run_breakdown
 
         forms = [(f"N={n}", bodies[n]) for n in sorted({IDS_N, max(sizes)} & set(sizes))]
         forms += [(f"N={IDS_N} ids-only", ids_bodies[IDS_N])] if ids_bodies else []
@@ -578,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print("\n".join(table_lines(rows, roles)))
-    print(f"\nacceptance (issue 29), medians of {args.alternations} alternation(s):")
+    print(f"\nacceptance, medians of {args.alternations} alternation(s):")
     print("\n".join(acceptance_lines(checks)))
     print(f"  |score - in-graph| on one request: {parity}")
     for label, b in breakdown.items():

@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
-from bench import serve_latency
+REPO = Path(__file__).resolve().parent.parent
 
 # (workers, score threads, TF intra-op threads): the defaults, then one change at a time
 SETTINGS = ((2, 2, 1), (1, 2, 1), (2, 1, 1), (1, 1, 1), (1, 2, 2))
@@ -49,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         w, s, i = setting
         sub = out / _name(setting)
         print(f"== --workers {w} --score-threads {s} --intra-threads {i}", flush=True)
-        serve_latency.main(
+        subprocess.run(  # an entry script of its own: run, not imported
             [
+                *(sys.executable, "-m", "bench.serve_latency"),
                 *("--run", args.run, "--models", args.models, "--model-names", args.model_names),
                 *("--data", args.data, "--out", str(sub), "--sizes", args.sizes),
                 *("--concurrency", args.concurrency, "--alternations", str(args.alternations)),
@@ -58,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                 *("--workers", str(w), "--score-threads", str(s), "--intra-threads", str(i)),
                 "--no-breakdown",
                 "--no-ids-only",
-            ]
+            ],
+            cwd=REPO,
+            check=True,
         )
         doc = json.loads((sub / "serve_latency.json").read_text())
         for m in doc["medians"]:

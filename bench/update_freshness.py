@@ -36,146 +36,23 @@ Copies an exported MovieLens version into a scratch MODELS/ml/1, then runs
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from bench.lib.client import metric_value
+from bench.lib.freshness import NAME, HttpScorer, open_bench_model, outside
+from bench.lib.server import start_appending, stop_process
+from bench.lib.stats import percentiles_ms
 from offgraph.testing.harness import NotReady, free_port, wait_ready
-
-REPO = Path(__file__).resolve().parent.parent
-NAME = "ml"
-
-
-def _pct(xs) -> dict:
-    a = np.asarray(xs, dtype=np.float64) * 1000.0
-    return {
-        "n": int(a.size),
-        "p50_ms": float(np.percentile(a, 50)),
-        "p90_ms": float(np.percentile(a, 90)),
-        "p99_ms": float(np.percentile(a, 99)),
-        "max_ms": float(a.max()),
-        "mean_ms": float(a.mean()),
-    }
-
-
-# ------------------------------------------------------------------------------ requests
-def build_requests(spec, data: Path, n_requests: int, n_candidates: int, seed: int = 0):
-    """``n_requests`` (request, candidates) pairs from the data: distinct users, movies drawn at random."""
-    import pyarrow.parquet as pq
-
-    t = pq.read_table(data)
-    req_cols, item_cols = spec.raw_inputs("request"), spec.raw_inputs("item")
-    rows = t.select(sorted(set(req_cols) | set(item_cols))).to_pylist()
-    rng = np.random.default_rng(seed)
-    users, items, seen_u, seen_i = [], [], set(), set()
-    for r in rows:
-        u = tuple(json.dumps(r[c]) for c in req_cols)
-        i = tuple(json.dumps(r[c]) for c in item_cols)
-        if u not in seen_u:
-            seen_u.add(u)
-            users.append({c: r[c] for c in req_cols})
-        if i not in seen_i:
-            seen_i.add(i)
-            items.append({c: r[c] for c in item_cols})
-    out = []
-    for k in range(n_requests):
-        cands = [items[j] for j in rng.choice(len(items), n_candidates, replace=False)]
-        out.append((users[k % len(users)], cands))
-    return out
-
-
-@dataclass(frozen=True)
-class BenchModel:
-    """An exported version as these benches drive it, read once through the library scorer (``offgraph.load``)."""
-
-    dim: int
-    quant: str
-    shards: int
-    table_rows: np.ndarray  # int64 [tables]: rows of each table, by table id
-    requests: list  # (request, candidates) pairs drawn from the data
-    probe: tuple  # (request, candidates): the request whose scores the freshness probes watch
-    probe_row: tuple[int, int]  # (table id, row): the probe request's user row, which the probe deltas change
-    probe_rows: dict  # table id -> int64 rows: every row scoring the probe request reads (load deltas avoid them)
-
-
-def rows_read(model, request, candidates) -> dict[int, np.ndarray]:
-    """Table id -> the distinct rows that scoring ``(request, candidates)`` reads (``Scorer.features``: the FG the
-    server runs; a field's table id is its index)."""
-    batch = model.features(request, candidates)
-    return {tid: np.unique(f.ids) for tid, f in enumerate(batch.fields) if len(f.ids)}
-
-
-def open_bench_model(src: Path, data: Path, n_requests: int, n_candidates: int, n_probe: int) -> BenchModel:
-    import offgraph
-
-    model = offgraph.load(src, verify=False)
-    try:
-        spec = model.spec
-        reqs = build_requests(spec, data, n_requests, n_candidates)
-        request, cands = reqs[0][0], reqs[0][1][:n_probe]
-        tid = [f.scope for f in spec.fields].index("request")
-        user = rows_read(model, request, cands[:1]).get(tid, np.zeros(0, np.int64))
-        if len(user) != 1:
-            raise ValueError(f"expected one row of field {spec.fields[tid].name}, got {user}")
-        store = json.loads((Path(src) / "manifest.json").read_text())["store"]  # the documented manifest format
-        return BenchModel(
-            dim=model.dim,
-            quant=store["quant"],
-            shards=store["shards"],
-            table_rows=np.array([f.rows for f in spec.fields]),
-            requests=reqs,
-            probe=(request, cands),
-            probe_row=(tid, int(user[0])),
-            probe_rows=rows_read(model, request, cands),
-        )
-    finally:
-        model.close()
-
-
-def outside(t: np.ndarray, r: np.ndarray, rows: dict[int, np.ndarray]) -> np.ndarray:
-    """bool [k]: ``(t[i], r[i])`` is none of ``rows`` (table id -> rows)."""
-    keep = np.ones(len(r), dtype=bool)
-    for tid, table_rows in rows.items():
-        keep &= ~((t == tid) & np.isin(r, table_rows))
-    return keep
-
-
-class HttpScorer:
-    def __init__(self, port: int):
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-
-    def score(self, request, candidates) -> list[float]:
-        body = json.dumps({"request": request, "candidates": candidates})
-        try:
-            self.conn.request("POST", f"/v1/models/{NAME}:score", body, {"Content-Type": "application/json"})
-            resp = self.conn.getresponse()
-        except (ConnectionError, http.client.HTTPException):  # the server closed an idle keep-alive
-            self.conn.close()
-            self.conn.request("POST", f"/v1/models/{NAME}:score", body, {"Content-Type": "application/json"})
-            resp = self.conn.getresponse()
-        data = resp.read()
-        if resp.status != 200:
-            raise RuntimeError(f"score: HTTP {resp.status}: {data[:300]!r}")
-        return json.loads(data)["scores"]
-
-    def stats(self) -> dict:
-        self.conn.request("GET", f"/v1/models/{NAME}")
-        resp = self.conn.getresponse()
-        data = json.loads(resp.read())
-        return (data.get("loaded") or {}).get("store") or data
 
 
 class LocalScorer:
@@ -189,30 +66,6 @@ class LocalScorer:
 
     def stats(self) -> dict:
         return self.scorer.stats()
-
-
-# ------------------------------------------------------------------------------ processes
-def _start(cmd, log_path: Path, env) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
-
-
-def _stop(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def _counter(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 # ------------------------------------------------------------------------------ phases
@@ -249,7 +102,7 @@ def freshness(scorer, spool: Path, probe_row, request, cands, trials: int, versi
         timeouts += s == prev
         prev = s
         lat.append(dt)
-    return {"table_id": tid, "row": row, "timeouts_10s": int(timeouts), **_pct(lat), "latencies_s": lat}
+    return {"table_id": tid, "row": row, "timeouts_10s": int(timeouts), **percentiles_ms(lat), "latencies_s": lat}
 
 
 def write_load_files(
@@ -344,7 +197,11 @@ class Probe:
             self.prev, self.pending, self.next_t = s, None, done + self.every_s
 
     def report(self) -> dict:
-        return {"trials": len(self.lat), "timeouts_10s": self.timeouts, **(_pct(self.lat) if self.lat else {})}
+        return {
+            "trials": len(self.lat),
+            "timeouts_10s": self.timeouts,
+            **(percentiles_ms(self.lat) if self.lat else {}),
+        }
 
 
 def latencies(
@@ -399,7 +256,7 @@ class BacklogSampler(threading.Thread):
         t0 = time.perf_counter()
         while not self.done.wait(self.every_s):
             try:
-                vals = {k: _counter(self.port, name) for k, name in self.GAUGES.items()}
+                vals = {k: metric_value(self.port, name) for k, name in self.GAUGES.items()}
             except OSError:
                 continue
             self.trace["t"].append(round(time.perf_counter() - t0, 3))
@@ -425,7 +282,7 @@ def throughput(
     latencies(scorer, reqs)  # warm up: every request once
     window = total / rate if rate > 0 else baseline_s
     base = latencies(scorer, reqs, seconds=window, probe=probes[0])
-    c0 = _counter(metrics_port, "offgraph_update_deltas_total")
+    c0 = metric_value(metrics_port, "offgraph_update_deltas_total")
     files = sorted(stage.iterdir())
     done = threading.Event()
     under_load: list[float] = []
@@ -448,7 +305,7 @@ def throughput(
     consumed = 0.0
     t_end = time.monotonic() + 600
     while time.monotonic() < t_end:
-        consumed = _counter(metrics_port, "offgraph_update_deltas_total") - c0
+        consumed = metric_value(metrics_port, "offgraph_update_deltas_total") - c0
         if consumed >= total:
             break
         time.sleep(0.02)
@@ -457,8 +314,8 @@ def throughput(
     client.join()
     sampler.done.set()
     sampler.join()
-    rows_written = _counter(metrics_port, "offgraph_update_rows_applied_total")
-    b, l_ = _pct(base), _pct(under_load)
+    rows_written = metric_value(metrics_port, "offgraph_update_rows_applied_total")
+    b, l_ = percentiles_ms(base), percentiles_ms(under_load)
     return {
         "deltas": int(consumed),
         "files": len(files),
@@ -591,7 +448,7 @@ def main(argv=None) -> int:
     }
     try:
         mport = free_port()
-        updater = _start(
+        updater = start_appending(
             py
             + [
                 "update",
@@ -616,7 +473,7 @@ def main(argv=None) -> int:
         scorer, report["target"] = None, "in-process Scorer(store_mode='follow', row_cache_mb=64) (fallback)"
         if not args.in_process:
             port = free_port()
-            server = _start(
+            server = start_appending(
                 py
                 + [
                     "serve",
@@ -639,7 +496,7 @@ def main(argv=None) -> int:
                 scorer, report["target"] = HttpScorer(port), f"offgraph serve --cache-mb {args.cache_mb:g}"
             except NotReady as e:
                 print(f"offgraph serve did not become ready ({e}): falling back to the in-process scorer", flush=True)
-                _stop(server)
+                stop_process(server)
                 server = None
         if scorer is None:
             scorer = LocalScorer(vdir)
@@ -703,8 +560,8 @@ def main(argv=None) -> int:
         }
         print("acceptance:", report["acceptance"], flush=True)
     finally:
-        _stop(updater)
-        _stop(server)
+        stop_process(updater)
+        stop_process(server)
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     Path(args.out).write_text(json.dumps(report, indent=2))

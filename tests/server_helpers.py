@@ -6,7 +6,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 from polling import wait_for  # noqa: F401 (the tests' name for it)
 
-from offgraph.testing.harness import free_port, wait_ready  # noqa: F401 (the tests' names for them)
+from offgraph.testing.harness import ServerProcess, free_port, serve_command, wait_ready  # noqa: F401 (the tests' names)
 
 TOKEN = "test-admin-token"
 
@@ -95,25 +94,18 @@ def serve_process(
     ``port``: a restart on the same one), its output in ``log`` (``append``: after what is there):
     ``(process, base url)``. ``env``: variables set for the server (None: removed from its environment);
     ``new_session``: in its own process group (so that ``os.killpg`` reaches every worker). Stop it with
-    :func:`stop_server`."""
+    :func:`stop_server`. Started by ``offgraph.testing.harness.ServerProcess``, as the benches start theirs."""
     port = free_port() if port is None else port
-    environ = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    for k, v in (env or {}).items():
-        if v is None:
-            environ.pop(k, None)
-        else:
-            environ[k] = v
-    cmd = [sys.executable, "-m", "offgraph.cli", *cli_flags, "serve", "--models", str(models), "--port", str(port)]
-    with open(log, "a" if append else "w") as logf:
-        proc = subprocess.Popen(
-            [*cmd, *flags],
-            cwd=Path(__file__).resolve().parent.parent,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            env=environ,
-            start_new_session=new_session,
-        )
-    return proc, f"http://127.0.0.1:{port}"
+    server = ServerProcess(
+        serve_command(models, port, *flags, cli_flags=cli_flags),
+        port,
+        log,
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        append=append,
+        new_session=new_session,
+    )
+    return server.proc, server.url
 
 
 def stop_server(proc: subprocess.Popen, timeout: float = 60) -> str:

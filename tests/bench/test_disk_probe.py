@@ -1,4 +1,4 @@
-"""bench.disk_probe: O_DIRECT cold reads, and the page cache left as it was."""
+"""bench.lib.disk: O_DIRECT cold reads, and the page cache left as it was."""
 
 import os
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from page_cache_files import cold_file, resident_bytes
 
-from bench.disk_probe import cold_reads, describe, settle
+from bench.lib.disk import cold_reads, describe, settle
 
 
 def test_cold_reads_measure_without_touching_the_page_cache(tmp_path):

@@ -1,4 +1,4 @@
-"""bench.proc_memory: sums over a process tree, read from /proc by the test itself for comparison."""
+"""bench.lib.proc: sums over a process tree, read from /proc by the test itself for comparison."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ import time
 
 from page_cache_files import cold_file
 
-from bench.proc_memory import page_cache_refaults, tree_major_faults, tree_pss_bytes, tree_read_bytes
+from bench.lib.proc import page_cache_refaults, tree_major_faults, tree_pss_bytes, tree_read_bytes
 
 CHILD = """
 import mmap, sys, time

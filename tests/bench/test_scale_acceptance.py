@@ -2,7 +2,9 @@
 
 import pytest
 
-from bench.scale import acceptance, markdown, plan_cells, predicted_read, reads_per_request
+from bench.lib.scale_predict import predicted_read, reads_per_request
+from bench.lib.scale_report import acceptance, markdown
+from bench.scale import plan_cells
 
 DEVICE = {
     "qd1": {"mean_ms": 0.10, "p50_ms": 0.09, "p99_ms": 0.3, "p999_ms": 1.0, "max_ms": 2.0, "reads_per_s": 9000},

@@ -3,7 +3,7 @@ this checkout's installed package under the old one's name."""
 
 import pytest
 
-from bench.scale_server import cli_module
+from bench.lib.server import cli_module
 
 
 def test_an_old_layout_checkout_runs_its_top_level_cli(tmp_path):

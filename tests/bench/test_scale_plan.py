@@ -23,7 +23,7 @@ def test_a_version_already_on_disk_needs_no_new_space():
 
 
 def test_the_report_shows_disk_reads_per_request_and_marks_older_runs_unknown():
-    from bench.scale import _from_disk
+    from bench.lib.scale_report import from_disk
 
-    assert _from_disk({"c1_disk_kib_per_request": 12.3, "c8_disk_kib_per_request": 45.6}) == "12 / 46"
-    assert _from_disk({"c1": {}, "c8": {}}) == "?"  # a report written before the bench read /proc/PID/io
+    assert from_disk({"c1_disk_kib_per_request": 12.3, "c8_disk_kib_per_request": 45.6}) == "12 / 46"
+    assert from_disk({"c1": {}, "c8": {}}) == "?"  # a report written before the bench read /proc/PID/io

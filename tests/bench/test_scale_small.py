@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 from server_helpers import score, serve_process, stop_server, wait_for
 
-from bench.scale_traffic import bodies as to_bodies
-from bench.scale_traffic import build_requests
+from bench.lib.traffic import bodies as to_bodies
+from bench.lib.traffic import build_requests
 from offgraph.scoring.scorer import Scorer
 from offgraph.testing.harness import wait_ready
 

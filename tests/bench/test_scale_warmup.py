@@ -1,8 +1,8 @@
-"""bench.scale_warmup.stop_reason: when the scale bench's warm-up of a server stops."""
+"""bench.lib.warmup.stop_reason: when the scale bench's warm-up of a server stops."""
 
 import pytest
 
-from bench.scale_warmup import FLOOR_KIB, stop_reason
+from bench.lib.warmup import FLOOR_KIB, stop_reason
 
 
 def test_a_server_that_reads_nothing_from_disk_is_warm_after_its_first_round():
@@ -43,6 +43,6 @@ def test_it_stops_at_the_time_limit_while_still_improving():
     ],
 )
 def test_the_report_gives_the_warmup_time_and_its_first_and_last_disk_reads(run, want):
-    from bench.scale import _warm
+    from bench.lib.scale_report import warm_text
 
-    assert _warm(run) == want
+    assert warm_text(run) == want

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from bench.serve_latency import candidate_rows, parse_args, serve_module
-from bench.serve_latency_summary import Roles, acceptance, acceptance_lines, medians, ratios, rotation, table_lines
+from bench.lib.bodies import candidate_rows
+from bench.lib.latency_table import Roles, acceptance, acceptance_lines, medians, ratios, rotation, table_lines
+from bench.serve_latency import parse_args, serve_module
 
 ROLES = Roles(new="new:m", ingraph="in-graph", old="old:m", ids="new:m ids-only")
 

@@ -1,6 +1,6 @@
-"""bench.scale_swap.summarize on a made-up trace whose figures are known by construction."""
+"""bench.lib.swap.summarize on a made-up trace whose figures are known by construction."""
 
-from bench.scale_swap import summarize
+from bench.lib.swap import summarize
 
 
 def _trace():

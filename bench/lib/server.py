@@ -1,20 +1,24 @@
-"""One `offgraph serve` under measurement for the scale bench: start-to-ready, PSS, cache counters, admin.
-
-Reuses ``bench.serve_latency.Proc`` (the server subprocess) and ``offgraph.testing.harness`` (free port, readiness).
+"""The benches' server processes, all started by ``offgraph.testing.harness.ServerProcess`` (as the tests
+start theirs): :func:`start` for any server command (``offgraph serve`` of this checkout or of an old one,
+the in-graph baseline), and :class:`BenchServer`, one ``offgraph serve`` under measurement: start-to-ready,
+PSS, cache counters, admin actions.
 """
 
 from __future__ import annotations
 
 import re
-import sys
+import subprocess
 import time
 from pathlib import Path
 
 import httpx
 
-from bench.proc_memory import page_cache_refaults, tree_major_faults, tree_pss_bytes, tree_read_bytes
-from bench.serve_latency import Conn, Proc
-from offgraph.testing.harness import free_port
+from bench.lib.client import Conn
+from bench.lib.proc import page_cache_refaults, tree_major_faults, tree_pss_bytes, tree_read_bytes
+from offgraph.testing import harness
+from offgraph.testing.harness import ServerProcess, free_port, serve_command
+
+REPO = Path(__file__).resolve().parents[2]
 
 ADMIN_TOKEN = "scale-bench"
 _LOADED = re.compile(r"serving version \d+ \(loaded and warmed up in ([0-9.]+)s\)")
@@ -29,6 +33,27 @@ CACHE_METRICS = {  # what the hit ratios are made of: /metrics counters, summed 
 }
 
 
+def start(name: str, cmd: list[str], port: int, log_path: Path, cwd: Path = REPO, pythonpath: Path | None = None):
+    """``cmd`` (a server listening on ``port``) in a subprocess, its output in ``log_path``, without the
+    environment's admin token. ``cwd``: where ``cmd`` runs; ``python -m offgraph.cli`` imports the code found
+    there first (the editable install's finder comes after the path), so another checkout's directory runs its
+    code; ``pythonpath`` puts that directory first for the processes the server starts too (its workers)."""
+    return ServerProcess(
+        cmd, port, log_path, cwd=cwd, pythonpath=pythonpath, env={"OFFGRAPH_ADMIN_TOKEN": None}, name=name
+    )
+
+
+def start_appending(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+    """``cmd`` (``offgraph serve``, ``offgraph update``) in this checkout with environment ``env``, its output
+    appended to ``log_path``: the process, to :func:`stop` and to pass to ``wait_ready``."""
+    return ServerProcess(cmd, 0, log_path, cwd=REPO, env=env, append=True, name=cmd[-1]).proc
+
+
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """SIGTERM a process of :func:`start_appending` unless it has exited (killed after 15 s)."""
+    harness.stop_process(proc, 15)
+
+
 def cli_module(code: Path | None) -> str:
     """The module that runs ``offgraph`` in checkout ``code`` (None: this one). A checkout from before the
     one-package layout has ``offgraph_cli.py`` at its top; ``-m offgraph.cli`` started there would import
@@ -40,7 +65,7 @@ def cli_module(code: Path | None) -> str:
     raise SystemExit(f"{code}: neither offgraph/cli/ nor offgraph_cli.py (extract the old code's `git archive`)")
 
 
-class ScaleServer:
+class BenchServer:
     """``offgraph serve --models MODELS --workers W`` with the default cache sizes, on a free port."""
 
     def __init__(
@@ -49,23 +74,18 @@ class ScaleServer:
         """``code``: a checkout whose ``offgraph serve`` runs (the server starts there; default this one)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            cli_module(code),
-            "serve",
-            "--models",
-            str(models),
-            "--port",
-            str(self.port),
+        cmd = serve_command(
+            models,
+            self.port,
             "--workers",
             str(workers),
             "--admin-token",
             ADMIN_TOKEN,
             *(extra or []),
-        ]
+            module=cli_module(code),
+        )
         self.t_start = time.perf_counter()
-        self.proc = Proc(f"serve-w{workers}", cmd, self.port, log_path, **({"cwd": code} if code else {}))
+        self.proc = start(f"serve-w{workers}", cmd, self.port, log_path, cwd=code or REPO)
         self.start_to_ready_s: float | None = None
 
     def version_load_s(self) -> float | None:
@@ -76,7 +96,7 @@ class ScaleServer:
 
     @property
     def pid(self) -> int:
-        return self.proc.p.pid
+        return self.proc.pid
 
     def wait_ready(self, timeout: float = 600, in_a_row: int = 16) -> float:
         """Until ``/readyz`` answers 200 on ``in_a_row`` new connections in a row (each lands on some worker:
@@ -139,7 +159,7 @@ class ScaleServer:
 
 
 def hit_ratios(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
-    """Row-cache and block-cache hit ratios of the requests between two :meth:`ScaleServer.counters`."""
+    """Row-cache and block-cache hit ratios of the requests between two :meth:`BenchServer.counters`."""
     d = {k: after[k] - before[k] for k in CACHE_METRICS}
     row, block = d["row_hits"] + d["row_misses"], d["block_hits"] + d["block_misses"]
     return {

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from bench.serve_latency import Conn
+from bench.lib.client import Conn
 
 
 async def _stream(
@@ -60,7 +60,7 @@ async def run_swap(
     steady_requests: int = 0,
     steady_max_s: float = 120.0,
 ) -> dict:
-    """Against ``server`` (a ready ``ScaleServer`` serving version 1 of ``model``): ``warm_s`` of traffic
+    """Against ``server`` (a ready ``BenchServer`` serving version 1 of ``model``): ``warm_s`` of traffic
     that is not measured (the steady p99 is that of a warm server), steady traffic for ``steady_s`` and
     until ``steady_requests`` were sent in it (at most ``steady_max_s``: a p99 needs enough requests), rename ``hidden_v2`` to ``MODELS/model/2`` (it appears), wait until responses come
     from version 2 and ``after_s`` more, then ``:rollback``, wait until responses come from version 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from bench.serve_latency import run_cell
+from bench.lib.client import run_cell
 
 FLOOR_KIB = 16.0  # less than one data block (16 KiB) per request: nothing left to warm
 WINDOW = 3  # rounds between the two compared for "leveled"
@@ -55,7 +55,7 @@ async def warm_until_steady(
     max_s: float,
     level: float,
 ) -> dict:
-    """Warm ``server`` (a ``bench.scale_server.ScaleServer``): the ``first`` bodies, then rounds of
+    """Warm ``server`` (a ``bench.lib.server.BenchServer``): the ``first`` bodies, then rounds of
     ``round_s`` seconds with ``more(k, n)``'s ``n`` fresh bodies for round ``k`` (every warm-up request
     is distinct, as in service: a repeated pool would warm the caches for its own rare rows only).
     ``max_s`` <= 0: the first bodies only. Returns ``{"seconds", "stopped", "rounds": [{"requests",

@@ -1,5 +1,5 @@
-"""Memory of a process tree: total PSS of a server's supervisor and all its children (and its major
-faults and disk reads).
+"""A process tree's readouts from /proc: total PSS of a server's supervisor and all its children, its
+major faults, disk reads and CPU time.
 
 PSS (proportional set size) charges each shared page (the TensorFlow library mapped by every worker,
 the page cache of a memory-mapped file) to the processes sharing it in equal parts, so the sum over
@@ -8,6 +8,8 @@ enough to sample 4 times a second; ``psutil``'s ``memory_full_info`` would walk 
 """
 
 from __future__ import annotations
+
+import os
 
 import psutil
 
@@ -71,3 +73,29 @@ def tree_read_bytes(pid: int) -> int:
 def page_cache_refaults() -> int:
     """The kernel's ``workingset_refault_file``: page-cache pages read again after being evicted."""
     return _field("/proc/vmstat", "workingset_refault_file ")
+
+
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time so far of a process and its live descendants (a server's workers), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                children.setdefault(int(_stat(int(entry))[1]), []).append(int(entry))
+            except OSError:  # gone meanwhile
+                pass
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = _stat(p)
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+        todo += children.get(p, [])
+    return total / os.sysconf("SC_CLK_TCK")

@@ -1,0 +1,129 @@
+"""A minimal keep-alive HTTP/1.1 client on asyncio (one connection per concurrent stream, bodies serialized
+beforehand) and one measured cell of requests: latency percentiles, throughput, server CPU per request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import time
+import urllib.request
+
+import numpy as np
+
+from bench.lib.proc import cpu_seconds
+
+
+class Conn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str):
+        self.r, self.w, self.host = reader, writer, host
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> Conn:
+        r, w = await asyncio.open_connection(host, port)
+        w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(r, w, host)
+
+    async def post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
+        self.w.write(
+            b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+            % (path.encode(), self.host.encode(), len(body), extra)
+            + body
+        )
+        head = await self.r.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = None
+        for line in head.split(b"\r\n")[1:]:
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        if length is None:
+            raise RuntimeError(f"response without Content-Length: {head[:200]!r}")
+        return status, await self.r.readexactly(length)
+
+    def close(self) -> None:
+        self.w.close()
+
+
+async def run_cell(
+    host: str,
+    port: int,
+    path: str,
+    bodies: list[bytes],
+    concurrency: int,
+    max_requests: int,
+    max_seconds: float,
+    warmup: int,
+    check_n: int,
+    pid: int,
+) -> dict:
+    conns = [await Conn.open(host, port) for _ in range(concurrency)]
+    try:
+        for i in range(warmup):  # warm: connections, item caches, row caches, TF
+            status, payload = await conns[i % concurrency].post(path, bodies[i % len(bodies)])
+            if status != 200:
+                raise RuntimeError(f"warm-up request to {path} failed: {status} {payload[:300]!r}")
+        scores = json.loads(payload)["scores"]
+        if len(scores) != check_n:
+            raise RuntimeError(f"{path}: {len(scores)} scores for {check_n} candidates")
+        lat: list[float] = []
+        errors: dict[int, int] = {}
+        issued = 0
+        deadline = time.perf_counter() + max_seconds
+
+        async def stream(conn: Conn, k: int):
+            nonlocal issued
+            j = k
+            while issued < max_requests and time.perf_counter() < deadline:
+                issued += 1
+                body = bodies[j % len(bodies)]
+                j += concurrency
+                t0 = time.perf_counter()
+                status, _ = await conn.post(path, body)
+                lat.append(time.perf_counter() - t0)
+                if status != 200:
+                    errors[status] = errors.get(status, 0) + 1
+
+        cpu0, own0, t0 = cpu_seconds(pid), time.process_time(), time.perf_counter()
+        await asyncio.gather(*(stream(c, k) for k, c in enumerate(conns)))
+        wall, cpu, own = time.perf_counter() - t0, cpu_seconds(pid) - cpu0, time.process_time() - own0
+    finally:
+        for c in conns:
+            c.close()
+    a = np.asarray(lat) * 1e3
+    return {
+        "requests": len(lat),
+        "seconds": wall,
+        "rps": len(lat) / wall,
+        "p50_ms": float(np.percentile(a, 50)),
+        "p90_ms": float(np.percentile(a, 90)),
+        "p99_ms": float(np.percentile(a, 99)),
+        "mean_ms": float(a.mean()),
+        "max_ms": float(a.max()),
+        "errors": errors,
+        "server_cpu_ms_per_request": cpu / len(lat) * 1e3,
+        "server_cpu_utilization": cpu / wall,
+        "client_cpu_ms_per_request": own / len(lat) * 1e3,
+        "loadavg_1m": os.getloadavg()[0],
+    }
+
+
+async def fetch_scores(host: str, port: int, path: str, body: bytes) -> np.ndarray:
+    c = await Conn.open(host, port)
+    try:
+        status, payload = await c.post(path, body)
+    finally:
+        c.close()
+    if status != 200:
+        raise RuntimeError(f"{path}: {status} {payload[:300]!r}")
+    return np.asarray(json.loads(payload)["scores"], np.float32)
+
+
+def metric_value(port: int, name: str) -> float:
+    """The first sample of ``/metrics`` counter or gauge ``name`` on 127.0.0.1:``port`` (0.0: absent)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
