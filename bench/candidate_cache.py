@@ -1,8 +1,8 @@
 """The candidate cache in process (offgraph/scoring/candidate_cache.py): one scorer, N = 1000 MovieLens bodies parsed
-as the score route parses them, alternated between the dict path (``ScoreBodyParser``: every candidate decoded,
-joined and keyed, as before the cache) and the route's path (``RawScoreBodyParser`` while ``Scorer.takes_raw``, the
-cache's gate, says so, else the dict path); then bodies whose candidates never repeat (each carries a per-request
-value), once the cache is full. Medians over the bodies, each round.
+as the score route parses them (``ScoreBodyParser``), alternated between candidates given decoded (the library's
+dicts: every candidate joined and keyed, nothing held, as before the cache) and the route's candidates as sent
+(through the candidate cache while its gate says so); then bodies whose candidates never repeat (each carries a
+per-request value), once the cache is full. Medians over the bodies, each round.
 
     python -m bench.candidate_cache --model MODELS/NAME/VERSION --data movielens.parquet --out OUT
 """
@@ -34,18 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     from bench.lib.bodies import build_bodies
     from offgraph.scoring.scorer import Scorer
     from offgraph.server.api.schemas import ScoreRequest
-    from offgraph.server.api.score_body import RawScoreBodyParser, ScoreBodyParser
+    from offgraph.server.api.score_body import ScoreBodyParser
 
     n = args.n
     bodies = build_bodies(Path(args.data), [n], 64, 0)[n]
-    plain, raw = ScoreBodyParser(ScoreRequest, 2000), RawScoreBodyParser(ScoreRequest, 2000)
+    parser = ScoreBodyParser(ScoreRequest, 2000)
+    plain, raw = "dicts", "raw"
     s = Scorer(args.model, row_cache_mb=256, item_cache_size=10_000)
 
-    def run(parser, body):
-        if parser is raw and not s.takes_raw():  # as the score route: decoded when the cache's gate says skip
-            parser = plain
+    def run(kind, body):
         b = parser.validate(body)
-        return s.score(b.request, b.candidates)
+        return s.score(b.request, list(b.candidates) if kind == plain else b.candidates)
 
     for b in bodies:  # parity, and every catalog item held
         assert np.array_equal(run(plain, b), run(raw, b))

@@ -13,9 +13,9 @@ Exact: the bytes are the candidate, and what they give changes only with the fea
 version's join (``FeatureJoin.generation``) moves its generation after every catch-up that changed a
 table; a lookup under another generation than the cache's empties the cache first, and an entry is
 stored only if the generation is still the one its request began with (what it joined may be older
-than the change). A candidate that fails anywhere (a value FG refuses, a stored row that cannot be
-used, an undecodable or invalid candidate) is never stored: such a request takes the whole dict path,
-which refuses it, or screens it, as before.
+than the change). Nothing of a request that fails anywhere (a value FG refuses, a stored row that cannot be
+used, an undecodable or invalid candidate) is stored: the scorer's one path refuses it, or screens it
+(``Scorer.score_joined``).
 
 Bounded: an entry is counted as its key's length, its entry's bytes, the values a cross reads (their
 objects' sizes) and ``ENTRY_OVERHEAD`` (the tuple, the dict's slot, the FG entry's other objects, which it
@@ -36,8 +36,8 @@ ENTRY_OVERHEAD = 512
 
 MIN_HIT_RATIO = 0.5
 """Below this share of candidates held (decayed over the requests that looked), once the cache is full,
-requests skip it: looking candidates up, decoding the others, then holding them costs more than the whole
-body's decode when few come back (``bench/results/serve-latency-candidate-cache/``). While it has room,
+requests skip it (their candidates are decoded in one call, not looked up nor held): looking candidates up,
+decoding the others, then holding them costs more than that when few come back (``bench/results/serve-latency-candidate-cache/``). While it has room,
 every request looks (a server warming up fills it at once)."""
 FULL = 0.9
 """Share of ``max_bytes`` counted from which the cache is full (for ``MIN_HIT_RATIO``)."""

@@ -256,97 +256,96 @@ class Scorer:
     def score_joined(
         self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]
     ) -> tuple[np.ndarray, Joined]:
-        """Scores, and the join's result (the filled request and candidates, unknown counts): the
-        feature tables fill what the body did not send (offgraph/feature_tables/join.py). Candidates given as
-        ``RawCandidates`` (the server's score route, when :meth:`takes_raw` says so) go through the candidate
-        cache (:meth:`_score_raw`)."""
-        if isinstance(candidates, RawCandidates):
-            done = self._score_raw(request, candidates)
-            if done is not None:
-                return done
-            candidates = candidates.dicts()
-        # a scope no table fills must not be sent ids-only (a model may have an item table and no user table)
-        check_not_ids_only(self._ids_only_checks, self.version_dir.parent.name, request, candidates)
-        joined = self.join.fill(request, candidates) if self.join is not None else Joined(request, candidates)
-        if len(candidates) == 0:
+        """Scores, and the join's result (the filled request, the candidates, unknown counts): the feature tables
+        fill what the body did not send (offgraph/feature_tables/join.py). ``candidates``: ``RawCandidates`` (the
+        server's score route: each candidate's JSON bytes as sent) or decoded ones (the library's dicts, taken as
+        ``RawCandidates.decoded``); one path for both.
+
+        The candidates the candidate cache holds (by their bytes) are neither decoded nor joined nor keyed; the
+        others are decoded in one call, joined, generated (``FeatureGenerator.candidate_entries``) and held,
+        unless the request found something unusual: a candidate the decoder refuses (the whole body validated:
+        its 422, or the schema's values, not held), a stored row FG refuses (screened: left out, as unknown, and
+        nothing of the request held). The request's own values are refused by FG as in any request; a body sent
+        ids-only in a scope no table fills is refused (``IdsOnlyError``) before any FG."""
+        cands = candidates if isinstance(candidates, RawCandidates) else RawCandidates.decoded(candidates)
+        n = len(cands)
+        cache = self.candidates
+        raws = cands.raws
+        looked = raws is not None and n > 0 and cache.worth_it()
+        gen, got = cache.lookup(raws) if looked and raws is not None else (0, [None] * n)
+        miss: dict[Any, int] = {}  # the candidates to make, by their bytes (one sent twice is made once) or place
+        if None in got:
+            for i, e in enumerate(got):
+                if e is None:
+                    miss.setdefault(raws[i] if raws is not None else i, i)
+        dicts = cands.decode(list(miss.values())) if miss else []
+        only = self._item_key_only
+        only_key = [only is not None and only[0] in c and not any(x in c for x in only[1]) for c in dicts]
+        # a scope no table fills must not be sent ids-only (a model may have an item table and no user table): the
+        # item scope is judged from the flags (the held candidates' and the others'), by a stand-in candidate
+        key_only = only is not None and n and all(only_key) and all(e[ONLY_KEY] for e in got if e is not None)
+        stand_in = ({only[0]: None},) if key_only and only is not None else ()
+        check_not_ids_only(self._ids_only_checks, self.version_dir.parent.name, request, stand_in)
+        joined = self.join.fill(request, dicts) if self.join is not None else Joined(request, dicts)
+        if n == 0:
             self._count_join(joined)
             return np.zeros(0, np.float32), joined
-        with self.activity:  # the follower defers its work while a score runs
+        try:
             try:
-                segments, st = self._segments(joined.request, joined.candidates)
+                entries, batch = self._batch(joined, got, miss, only_key, raws)
             except FeatureValueError:
                 # a stored row FG refuses is scored as unknown, never the caller's 422 (offgraph/feature_tables/join.py)
-                screened = self.join.screen(request, candidates, joined) if self.join is not None else None
+                screened = self.join.screen(request, dicts, joined) if self.join is not None else None
                 if screened is None:
+                    self._refuse(request, cands)
                     raise
                 joined = screened
-                segments, st = self._segments(joined.request, joined.candidates)
-            finally:
-                self._count_join(joined)
-            return calibrate(self._dense_segments(segments, st["dense"]), self.calibration), joined
-
-    def takes_raw(self) -> bool:
-        """Whether the next request's candidates should come as sent (``RawCandidates``) rather than decoded:
-        the candidate cache's gate (``CandidateCache.worth_it``), asked once a request by the score route
-        before it parses the body. Either way the scores are the same; a request that skips the cache then
-        costs one decode of its body, not a parse of its candidates as bytes and then a decode."""
-        return self.candidates.worth_it()
-
-    def _score_raw(self, request: Mapping[str, Any], cands: RawCandidates) -> tuple[np.ndarray, Joined] | None:
-        """:meth:`score_joined` of candidates as sent, through the candidate cache: the candidates it holds are
-        neither decoded nor joined nor keyed, and the others are, then held. The same scores and counts
-        as the dict path. None when this path cannot say what the dict path would (a candidate the
-        candidate decoder refuses, a value FG refuses, a stored row the join leaves out, a request sent
-        ids-only where no table fills it): the caller then takes the dict path, which scores or refuses."""
-        raws = cands.raws
-        cache = self.candidates
-        gen, got = cache.lookup(raws)
-        try:
-            check_not_ids_only(self._ids_only_checks, self.version_dir.parent.name, request, ())
-            if None in got:
-                miss: dict[bytes, int] = {}  # a candidate sent twice is made once
-                for i, e in enumerate(got):
-                    if e is None:
-                        miss.setdefault(raws[i], i)
-                dicts = cands.decode(list(miss.values()))
-                if dicts is None:
-                    return None
-                joined = self.join.fill(request, dicts) if self.join is not None else Joined(request, dicts)
-                if joined.unusable:
-                    return None  # the dict path screens it (FeatureJoin.screen)
-                lacking = joined.lacking or (False,) * len(dicts)
-                with self._fg_lock:
-                    made = self.fg.candidate_entries(joined.candidates)
-                only = self._item_key_only
-                made = [
-                    (*e, lack, only is not None and only[0] in c and not any(x in c for x in only[1]))
-                    for e, lack, c in zip(made, lacking, dicts)
-                ]
-                cache.put(gen, list(miss), made)
-                by_raw = dict(zip(miss, made))
-                entries = [e if e is not None else by_raw[r] for e, r in zip(got, raws)]
-            else:
-                joined = self.join.fill(request, ()) if self.join is not None else Joined(request, ())
-                entries = got  # type: ignore[assignment]
-            if self._item_key_only is not None and all(map(itemgetter(ONLY_KEY), entries)):
-                return None  # IdsOnlyError, from the dict path
-            n = len(entries)
-            numeric = None
-            if self._item_numeric:
-                numeric = np.frombuffer(b"".join(map(itemgetter(4), entries)), np.float32).reshape(n, -1)
-            with self._fg_lock:
-                batch = self.fg.transform_entries(
-                    joined.request, entries, numeric, sum(map(itemgetter(3), entries)), grouped=True
-                )
-        except FeatureValueError:
-            return None
-        done = Joined(joined.request, cands, sum(map(itemgetter(LACKING), entries)), joined.unknown_request)
-        with self.activity:
+                entries, batch = self._batch(joined, got, miss, only_key, raws)
+        except BaseException:
+            self._count_join(joined)  # rows left out are counted, the request refused or not
+            raise
+        if looked and cands.keyable and not joined.unusable and miss:
+            cache.put(gen, list(miss), [entries[i] for i in miss.values()])
+        done = Joined(
+            joined.request, cands, sum(map(itemgetter(LACKING), entries)), joined.unknown_request, joined.unusable
+        )
+        with self.activity:  # the follower defers its work while a score runs
             try:
                 segments, st = self._segments_of(batch)
             finally:
                 self._count_join(done)
             return calibrate(self._dense_segments(segments, st["dense"]), self.calibration), done
+
+    def _refuse(self, request: Mapping[str, Any], cands: RawCandidates) -> None:
+        """Raise FG's refusal of the whole body (``FeatureGenerator.transform``: the request's scopes and values
+        first, a candidate named by its place in the body, not among the candidates the cache lacked)."""
+        every = cands.dicts()
+        joined = self.join.fill(request, every) if self.join is not None else Joined(request, every)
+        self.features(joined.request, joined.candidates)
+
+    def _batch(
+        self, joined: Joined, got: list, miss: dict[Any, int], only_key: list[bool], raws: list[bytes] | None
+    ) -> tuple[list, Any]:
+        """(every candidate's entry, the request's FG batch): the entries of the candidates ``got`` lacks (made
+        from ``joined``'s candidates, in ``miss``' order) beside the held ones, then the request's FG."""
+        entries = list(got)
+        if miss:
+            lacking = joined.lacking or (False,) * len(miss)
+            with self._fg_lock:
+                made = self.fg.candidate_entries(joined.candidates)
+            for i, e, lack, ok in zip(miss.values(), made, lacking, only_key):
+                entries[i] = (*e, lack, ok)
+            if raws is not None and len(miss) < got.count(None):  # a candidate sent twice: its first one's entry
+                entries = [e if e is not None else entries[miss[r]] for e, r in zip(entries, raws)]
+        n = len(entries)
+        numeric = None
+        if self._item_numeric:
+            numeric = np.frombuffer(b"".join(map(itemgetter(4), entries)), np.float32).reshape(n, -1)
+        with self._fg_lock:
+            batch = self.fg.transform_entries(
+                joined.request, entries, numeric, sum(map(itemgetter(3), entries)), grouped=True
+            )
+        return entries, batch
 
     def _count_join(self, joined: Joined) -> None:
         if joined.unknown_candidates or joined.unusable:

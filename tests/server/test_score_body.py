@@ -1,5 +1,6 @@
-"""The score body's fast decoder (msgspec) accepts what the documented pydantic model accepts, refuses what it
-refuses, and leaves the rest (integers beyond 64 bits, integral floats as versions) to the model."""
+"""The score body's fast decoders (msgspec: the body's struct, derived from the documented pydantic model's fields,
+then the candidates' list) accept what the documented pydantic model accepts, refuse what it refuses, and leave the
+rest (integers beyond 64 bits, integral floats as versions) to the model."""
 
 import json
 import sys
@@ -9,7 +10,7 @@ from pydantic import Field, ValidationError, create_model
 
 from offgraph.scoring.raw_candidates import RawCandidates
 from offgraph.server.api.schemas import Features, ScoreRequest
-from offgraph.server.api.score_body import RawScoreBodyParser, ScoreBodyParser, fast_model
+from offgraph.server.api.score_body import CANDIDATES, ScoreBodyParser, score_struct
 
 MAX = 3
 Body = create_model(
@@ -81,13 +82,15 @@ def _fast(raw: bytes):
     import msgspec
 
     try:
-        return msgspec.json.decode(raw, type=fast_model(MAX))
+        body = msgspec.json.decode(raw, type=score_struct(Body, MAX))
+        body.candidates = CANDIDATES.decode(b"[" + b",".join(body.candidates) + b"]")
+        return body
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
 
 
 def _as_dict(b) -> dict:
-    return {"request": b.request, "candidates": b.candidates, "version": b.version}
+    return {"request": b.request, "candidates": list(b.candidates), "version": b.version}
 
 
 @pytest.mark.parametrize("raw", GOOD)
@@ -113,8 +116,8 @@ def test_invalid_bodies_are_refused_both_ways_with_the_documented_message(raw):
     from fastapi.exceptions import RequestValidationError
 
     assert _fast(raw) is None and _pydantic(raw) is None, raw
-    with pytest.raises(RequestValidationError) as e:
-        ScoreBodyParser(Body, MAX).validate(raw)
+    with pytest.raises(RequestValidationError) as e:  # at parse time, or once its candidates are decoded
+        _parsed(raw)
     errs = e.value.errors()
     assert errs and all(err["loc"][0] == "body" and err["msg"] for err in errs), errs
 
@@ -123,7 +126,7 @@ def test_the_documented_model_decides_when_the_fast_decoder_refuses():
     # a fast decoder stricter than the model (1 candidate vs MAX): the model's answer stands
     raw = b'{"candidates": [{"m": 1}, {"m": 2}]}'
     body = ScoreBodyParser(Body, max_candidates=1).validate(raw)
-    assert isinstance(body, Body) and body.candidates == [{"m": 1}, {"m": 2}]
+    assert list(body.candidates) == [{"m": 1}, {"m": 2}] and body.candidates.raws is None
 
 
 def test_openapi_documents_the_pydantic_schema():
@@ -132,33 +135,37 @@ def test_openapi_documents_the_pydantic_schema():
     assert schema["required"] == ["candidates"] and schema["additionalProperties"] is False
 
 
-def _raw_parsed(raw: bytes) -> dict:
+def _parsed(raw: bytes) -> dict:
     """What the score route's parser gives, its candidates decoded as the scorer decodes them: in one call where
     the candidate decoder takes them all, else the whole body validated (which may raise the 422)."""
-    body = RawScoreBodyParser(Body, MAX).validate(raw)
-    cands = body.candidates
-    if isinstance(cands, RawCandidates):
-        one = cands.decode(range(len(cands)))
-        cands = one if one is not None else cands.dicts()
-    return {"request": body.request, "candidates": list(cands), "version": body.version}
+    body = ScoreBodyParser(Body, MAX).validate(raw)
+    assert isinstance(body.candidates, RawCandidates)
+    return {"request": body.request, "candidates": list(body.candidates), "version": body.version}
 
 
 @pytest.mark.parametrize("raw", GOOD + MODEL_ONLY)
-def test_the_route_parser_gives_the_same_bodies_with_candidates_as_sent(raw):
-    want = _as_dict(ScoreBodyParser(Body, MAX).validate(raw))
-    got = _raw_parsed(raw)
-    assert repr(got) == repr(want), raw  # types too
-    body = RawScoreBodyParser(Body, MAX).validate(raw)
-    if isinstance(body.candidates, RawCandidates):  # each candidate's bytes, exactly as sent
+def test_the_route_parser_gives_the_models_bodies_with_candidates_as_sent(raw):
+    want = _as_dict(_pydantic(raw))
+    assert repr(_parsed(raw)) == repr(want), raw  # types too
+    body = ScoreBodyParser(Body, MAX).validate(raw)
+    if body.candidates.raws is not None:  # each candidate's bytes, exactly as sent
         assert all(r.strip()[:1] == b"{" and r in raw for r in body.candidates.raws)
+        part = body.candidates.decode([len(body.candidates) - 1])  # a part, as the scorer decodes its misses
+        assert repr(part) == repr(want["candidates"][-1:])
 
 
 @pytest.mark.parametrize("raw", BAD)
-def test_the_route_parser_refuses_the_same_bodies_with_the_same_422(raw):
+def test_the_route_parser_refuses_the_same_bodies_with_the_models_422(raw):
     from fastapi.exceptions import RequestValidationError
 
+    from offgraph.server.api.score_body import JsonBody
+
     with pytest.raises(RequestValidationError) as want:
-        ScoreBodyParser(Body, MAX).validate(raw)
+        JsonBody(Body, "score body").validate(raw)
     with pytest.raises(RequestValidationError) as got:  # at parse time, or once its candidates are decoded
-        _raw_parsed(raw)
+        _parsed(raw)
     assert repr(got.value.errors()) == repr(want.value.errors())  # repr: a NaN input is not equal to itself
+
+
+def test_the_body_struct_has_the_models_fields():
+    assert list(score_struct(Body, MAX).__struct_fields__) == list(Body.model_fields)

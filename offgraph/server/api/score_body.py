@@ -8,18 +8,18 @@ is checked for its nesting first (``JsonBody.check_depth``: deeper than ``body_l
 a 422 naming the limit), so no decoder below ever recurses deeper; every route that reads a JSON body
 reads it with ``JsonBody.parse``.
 
-Score bodies (``ScoreBodyParser``): the pydantic ``ScoreRequest`` (with the app's
---max-candidates) is THE documented schema: FastAPI publishes it in OpenAPI and it words every
-422. Validating a body with it costs several times what a msgspec decoder of the same shape does
-(JSON parsing included; bench/results/serve-latency/README.md), on the one core a Python server has,
-so valid bodies go through the msgspec decoder. A body msgspec refuses is validated again by the pydantic model, which then decides:
-it either raises the 422 that names each problem or (where the two would disagree) accepts the
-body. The msgspec twin is stricter only where that is cheap to leave to the model: integers
-beyond 64 bits (the model takes any integer that fits a float64) and integral floats as versions.
-``tests/server/test_score_body.py`` checks that both accept and refuse the same bodies.
-
-The score route parses with ``RawScoreBodyParser``: the same checks of the body, its candidates left as
-their JSON bytes for the scorer's candidate cache (``offgraph.scoring.candidate_cache``).
+Score bodies (``ScoreBodyParser``): the pydantic ``ScoreRequest`` (with the app's --max-candidates) is THE
+description of the body: OpenAPI publishes it and it words every 422. Validating a body with it costs several
+times what a msgspec decoder of the same shape does (JSON parsing included; bench/results/serve-latency/README.md),
+on the one core a Python server has, so a body is first decoded by one msgspec struct derived from the model's
+field list (``score_struct``): the request, version and label decoded and checked, each candidate left as its
+JSON bytes (``msgspec.Raw``: checked as JSON, not decoded) for the scorer's candidate cache
+(``offgraph.scoring.raw_candidates``, ``offgraph.scoring.candidate_cache``). The scorer decodes the candidates
+its cache does not hold in one call (``CANDIDATES``, the model's ``Features`` in msgspec). A body or a candidate
+msgspec refuses is validated by the pydantic model, which then decides: it either raises the 422 that names each
+problem or (where the two would disagree) accepts the body. The msgspec decoders are stricter only where that
+is cheap to leave to the model: integers beyond 64 bits (the model takes any integer that fits a float64) and
+integral floats as versions. ``tests/server/test_score_body.py`` checks that both accept and refuse the same bodies.
 """
 
 from __future__ import annotations
@@ -41,32 +41,29 @@ Scalar = Union[str, Int64, float, bool, None]
 Value = Union[Scalar, list[Scalar]]
 
 
-def fast_model(max_candidates: int) -> type[msgspec.Struct]:
-    """The msgspec twin of ``ScoreRequest`` with at most ``max_candidates`` candidates."""
-    return msgspec.defstruct(
-        "ScoreRequestFast",
-        [
-            ("candidates", Annotated[list[dict[str, Value]], msgspec.Meta(min_length=1, max_length=max_candidates)]),
-            ("request", dict[str, Value], msgspec.field(default_factory=dict)),
-            ("version", Union[Annotated[int, msgspec.Meta(ge=0)], None], None),
-            ("label", Union[Annotated[str, msgspec.Meta(pattern=LABEL_PATTERN)], None], None),
-        ],
-        forbid_unknown_fields=True,
-    )
+CANDIDATES = msgspec.json.Decoder(list[dict[str, Value]])
+"""A list of candidates (the model's ``list[Features]``), decoded; what the scorer decodes a body's candidates with."""
 
 
-def raw_model(max_candidates: int) -> type[msgspec.Struct]:
-    """``fast_model`` with each candidate left as its JSON bytes (``msgspec.Raw``: checked as JSON, not decoded)."""
-    return msgspec.defstruct(
-        "ScoreRequestRaw",
-        [
-            ("candidates", Annotated[list[msgspec.Raw], msgspec.Meta(min_length=1, max_length=max_candidates)]),
-            ("request", dict[str, Value], msgspec.field(default_factory=dict)),
-            ("version", Union[Annotated[int, msgspec.Meta(ge=0)], None], None),
-            ("label", Union[Annotated[str, msgspec.Meta(pattern=LABEL_PATTERN)], None], None),
-        ],
-        forbid_unknown_fields=True,
-    )
+def score_struct(model: type[BaseModel], max_candidates: int) -> type[msgspec.Struct]:
+    """The msgspec struct of ``model``'s fields (``ScoreRequest``'s, in its order, with its defaults) with each
+    candidate as its JSON bytes and at most ``max_candidates`` of them. A field the model gains without a type
+    here is an error at start-up, not a body decoded without it."""
+    types: dict[str, Any] = {
+        "candidates": Annotated[list[msgspec.Raw], msgspec.Meta(min_length=1, max_length=max_candidates)],
+        "request": dict[str, Value],
+        "version": Union[Annotated[int, msgspec.Meta(ge=0)], None],
+        "label": Union[Annotated[str, msgspec.Meta(pattern=LABEL_PATTERN)], None],
+    }
+    fields: list[Any] = []
+    for name, f in model.model_fields.items():
+        if f.is_required():
+            fields.append((name, types[name]))
+        elif f.default_factory is not None:
+            fields.append((name, types[name], msgspec.field(default_factory=f.default_factory)))  # type: ignore[arg-type]
+        else:
+            fields.append((name, types[name], f.default))
+    return msgspec.defstruct("ScoreBody", fields, kw_only=True, forbid_unknown_fields=True)
 
 
 def check_json_content_type(request: Request) -> None:
@@ -136,37 +133,27 @@ class JsonBody:
 
 
 class ScoreBodyParser(JsonBody):
-    """``parse(request)`` / ``validate(raw)`` -> body with ``.request``, ``.candidates`` and ``.version``."""
+    """``parse(request)`` / ``validate(raw)`` -> body with ``.request``, ``.version``, ``.label`` and
+    ``.candidates``: always ``RawCandidates``, each candidate's bytes as sent where msgspec took the body (the
+    scorer decodes those its candidate cache lacks, and a candidate that decoder refuses makes it validate the
+    whole body with the model, in the scoring thread: the same 422, or the body accepted), the model's decoded
+    candidates where the model took the body msgspec refused."""
 
     def __init__(self, model: type[BaseModel], max_candidates: int):
         super().__init__(model, "score body")
-        self._decoder = msgspec.json.Decoder(fast_model(max_candidates))
+        self._struct = score_struct(model, max_candidates)
+        self._decoder = msgspec.json.Decoder(self._struct)
 
     def validate(self, raw: bytes) -> Any:
         try:
-            return self._decoder.decode(raw)
+            body: Any = self._decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return super().validate(raw)
-
-
-class RawScoreBodyParser(ScoreBodyParser):
-    """``ScoreBodyParser`` whose bodies carry their candidates as sent (``offgraph.scoring.raw_candidates``): the
-    request, version and label are decoded and checked here; each candidate's bytes go to the scorer, which
-    decodes only those its candidate cache does not hold, in one call. A candidate that decoder refuses makes the scorer validate the whole body as :class:`ScoreBodyParser` does, in the scoring thread:
-    the same 422, naming each problem, or the body accepted by the documented model."""
-
-    def __init__(self, model: type[BaseModel], max_candidates: int):
-        super().__init__(model, max_candidates)
-        self._raw = msgspec.json.Decoder(raw_model(max_candidates))
-        self._list = msgspec.json.Decoder(list[dict[str, Value]])
-
-    def validate(self, raw: bytes) -> Any:
-        try:
-            body: Any = self._raw.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return super().validate(raw)
+            m = super().validate(raw)  # the model's 422, or the model takes what msgspec refused
+            return self._struct(
+                candidates=RawCandidates.decoded(m.candidates), request=m.request, version=m.version, label=m.label
+            )
         whole = super().validate
         body.candidates = RawCandidates(
-            list(map(bytes, body.candidates)), self._list.decode, lambda: whole(raw).candidates
+            list(map(bytes, body.candidates)), CANDIDATES.decode, lambda: whole(raw).candidates
         )
         return body

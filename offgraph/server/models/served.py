@@ -241,11 +241,6 @@ class ModelHolder:
         if drained:  # not on this request's thread: closing a store and dropping a model takes milliseconds
             threading.Thread(target=self._close, args=(sv,), name=f"offgraph-close-{self.name}", daemon=True).start()
 
-    def takes_raw(self) -> bool:
-        """``Scorer.takes_raw`` of the version serving now (False when none does: the body is decoded)."""
-        sv = self.current
-        return sv is not None and sv.scorer.takes_raw()
-
     def score(
         self, request: dict, candidates: list[dict], version: int | None, label: str | None = None
     ) -> tuple[int, np.ndarray, Any, str]:

@@ -1,28 +1,31 @@
-"""POST /v1/models/{name}:score — the request path.
+"""POST /v1/models/{name}:score — the request path: one route, one body description, one scorer path.
 
-The router is built per app: its request model carries the app's --max-candidates as the
-list's max_length, so an oversized candidate list is refused before its items are validated.
-The body is parsed by ``offgraph.server.api.score_body`` (msgspec for valid bodies, the pydantic model,
-which OpenAPI publishes, for the 422s).
+The route is built per app: its body model carries the app's --max-candidates as the list's max_length, so an
+oversized candidate list is refused before its items are validated. The body is parsed by
+``offgraph.server.api.score_body.ScoreBodyParser`` (one msgspec struct derived from the pydantic model, which
+OpenAPI publishes and which words the 422s), its candidates always as their JSON bytes, for the scorer's
+candidate cache: the route decides the wire format, once.
 
-The route is served twice over: ``build_router``'s FastAPI route is the documented one (OpenAPI, the 405 of
-another method), and ``lean_route`` answers its POSTs first, without FastAPI's dependency solving and
-request handler, which cost a fixed share of every request on the event loop's one core
-(bench/results/serve-latency-lean/README.md). Both call ``_answer``: the same checks in the same order
-(body, then model name, then model), the same errors and the same answer.
+``build_route`` gives one FastAPI ``APIRoute``: documented in OpenAPI from its endpoint (the path parameter, the
+docstring, the response model, the errors, the pydantic body schema) and answering with ``_ScoreRoute.answer``,
+without FastAPI's dependency solving and request handler, which cost a fixed share of every request on the
+event loop's one core (bench/results/serve-latency-lean/README.md). The checks run in the documented order:
+body, then model name, then model: the candidates, left as sent for the scorer, are decoded before a 400 or 404
+is answered, so a body with an invalid candidate is a 422 whatever the name or version. Another method is the
+route's 405, naming the allowed one.
 """
 
 import time
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
 from pydantic import Field, create_model
-from starlette.routing import Match, Route
-from starlette.types import Scope
+from starlette.routing import request_response
 
-from offgraph.server.api.deps import Holder, State, get_holder, model_name
+from offgraph.server.api.deps import Holder, get_holder, model_name
 from offgraph.server.api.schemas import CANDIDATES_DOC, Features, ScoreRequest, ScoreResponse, error_responses
-from offgraph.server.api.score_body import RawScoreBodyParser, ScoreBodyParser
+from offgraph.server.api.score_body import ScoreBodyParser
 from offgraph.server.config import ServerConfig
 from offgraph.server.http.errors import ApiError
 from offgraph.server.models.served import NotServing
@@ -42,27 +45,17 @@ _ERRORS = error_responses(
 PATH = "/v1/models/{name}:score"
 
 
-class ScoreParsers:
-    """The score body's documented model (with the app's --max-candidates) and its two parsers."""
-
-    def __init__(self, config: ServerConfig):
-        self.model = create_model(
-            "ScoreRequest",
-            __base__=ScoreRequest,
-            __doc__=ScoreRequest.__doc__,
-            candidates=(
-                list[Features],
-                Field(min_length=1, max_length=config.max_candidates, description=CANDIDATES_DOC),
-            ),
-        )
-        self.raw = RawScoreBodyParser(self.model, config.max_candidates)
-        self.plain = ScoreBodyParser(self.model, config.max_candidates)
-
-    async def parse(self, request: Request, state: Any) -> Any:
-        # the candidates as sent where the serving version's candidate cache will look them up, else decoded
-        # (Scorer.takes_raw); the same checks and 422s either way. An unknown model is the route's 404, later.
-        holder = state.models.holders.get(request.path_params.get("name", ""))
-        return await (self.raw if holder is not None and holder.takes_raw() else self.plain).parse(request)
+def score_model(config: ServerConfig) -> type[ScoreRequest]:
+    """The score body's documented model, with the app's --max-candidates."""
+    return create_model(
+        "ScoreRequest",
+        __base__=ScoreRequest,
+        __doc__=ScoreRequest.__doc__,
+        candidates=(
+            list[Features],
+            Field(min_length=1, max_length=config.max_candidates, description=CANDIDATES_DOC),
+        ),
+    )
 
 
 async def _answer(body: Any, holder: Any, state: Any, request: Request) -> Response:
@@ -72,6 +65,7 @@ async def _answer(body: Any, holder: Any, state: Any, request: Request) -> Respo
             holder.score, body.request, body.candidates, body.version, body.label
         )
     except NotServing as e:
+        body.candidates.dicts()  # the body is refused first: a candidate the model refuses is its 422, not this 404
         raise ApiError(404, str(e)) from None
     n = len(body.candidates)
     state.metrics.observe_score(holder.name, n, time.perf_counter() - request.scope.get(START_KEY, 0.0))
@@ -88,51 +82,34 @@ async def _answer(body: Any, holder: Any, state: Any, request: Request) -> Respo
     return Response(out.model_dump_json(), media_type="application/json")
 
 
-class _LeanRoute(Route):
-    """A Starlette route that takes only what it answers in full (a POST to its path) and records itself as
-    the request's route, as FastAPI's routes do (the error counters' route label, ``metrics.route_of``).
-    Any other method falls through to the documented route, whose 405 names the allowed ones."""
+class _ScoreRoute(APIRoute):
+    """An ``APIRoute`` documented from its endpoint as any other, that answers with ``answer(request)`` instead of
+    FastAPI's request handler (the endpoint's dependencies are published, never solved per request)."""
 
-    def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        match, child = super().matches(scope)
-        if match is not Match.FULL:
-            return Match.NONE, {}
-        child["route"] = self
-        return match, child
+    def __init__(self, path: str, endpoint: Any, *, answer: Any, **kwargs: Any):
+        self.answer = answer
+        super().__init__(path, endpoint, **kwargs)
+        self.app = request_response(answer)  # Starlette's: the request, the handler, its exceptions to the app's
+
+    def get_route_handler(self) -> Any:
+        return self.answer
 
 
-def lean_route(config: ServerConfig, parsers: ScoreParsers | None = None) -> Route:
-    """The score route without FastAPI's request handling, for the app's router to try first (``parsers``:
-    the documented route's, so that the app builds the body model and its decoders once)."""
-    parsers = parsers or ScoreParsers(config)
+def build_route(config: ServerConfig) -> APIRoute:
+    """The score route of an app with ``config``'s --max-candidates."""
+    parser = ScoreBodyParser(score_model(config), config.max_candidates)
 
-    async def score(request: Request) -> Response:
+    async def answer(request: Request) -> Response:
         state = request.state.server
-        body = await parsers.parse(request, state)
-        holder = await get_holder(await model_name(request.path_params["name"]), state)
+        body = await parser.parse(request)
+        try:
+            holder = await get_holder(await model_name(request.path_params["name"]), state)
+        except ApiError:  # the body is refused first: its candidates, left as sent, are decoded now (a 422)
+            body.candidates.dicts()
+            raise
         return await _answer(body, holder, state, request)
 
-    return _LeanRoute(PATH, score, methods=["POST"], include_in_schema=False)
-
-
-def build_router(config: ServerConfig, parsers: ScoreParsers | None = None) -> APIRouter:
-    router = APIRouter(tags=["scoring"])
-    parsers = parsers or ScoreParsers(config)
-    parser = parsers.raw
-
-    async def score_body(request: Request, state: State) -> Any:
-        return await parsers.parse(request, state)
-
-    @router.post(
-        PATH,
-        response_model=ScoreResponse,
-        responses=_ERRORS,
-        summary="Score candidates",
-        openapi_extra=parser.openapi_extra(),
-    )
-    async def score(
-        body: Annotated[Any, Depends(score_body)], holder: Holder, state: State, request: Request
-    ) -> Response:
+    async def score(holder: Holder) -> Response:
         """Scores of the candidates for one request, in candidate order, and the model version that made them.
         `score_kind` says what they are: `ctr`, calibrated CTRs (probabilities of a positive); `ranking`, scores
         that order the candidates but are not probabilities (a listwise model exported without a fitted
@@ -150,6 +127,16 @@ def build_router(config: ServerConfig, parsers: ScoreParsers | None = None) -> A
         fill nothing: `unknown_candidates` counts them. A request that sends only a key in a scope no table of the
         model fills (a model without tables) is a 422.
         """
-        return await _answer(body, holder, state, request)
+        raise AssertionError("documentation only: _ScoreRoute answers with answer()")  # pragma: no cover
 
-    return router
+    return _ScoreRoute(
+        PATH,
+        score,
+        answer=answer,
+        methods=["POST"],
+        tags=["scoring"],
+        response_model=ScoreResponse,
+        responses=_ERRORS,
+        summary="Score candidates",
+        openapi_extra=parser.openapi_extra(),
+    )
