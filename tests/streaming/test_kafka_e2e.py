@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pyarrow.parquet as pq
 from kafka_helpers import consume_all
+from server_helpers import serve_process
 
 from offgraph.export.export import export_run
 from offgraph.scoring.scorer import Scorer
@@ -72,23 +73,11 @@ def test_stream_train_to_kafka_to_replica_scores_as_recomputed(small_run, moviel
 
     with tansu_broker(tmp_path / "tansu.log") as broker:
         url = f"kafka://{broker}/deltas"
-        port, mport = free_port(), free_port()
-        server = _start(
-            [
-                "serve",
-                "--models",
-                str(models),
-                "--port",
-                str(port),
-                "--follow-seconds",
-                "0.1",
-                "--poll-seconds",
-                "0.2",
-                "--log-level",
-                "warning",
-            ],
-            tmp_path / "serve.log",
+        mport = free_port()
+        server, base = serve_process(
+            models, tmp_path / "serve.log", "--follow-seconds", "0.1", "--poll-seconds", "0.2", "--log-level", "warning"
         )
+        port = int(base.rsplit(":", 1)[1])
         train = subprocess.run(
             [
                 sys.executable,

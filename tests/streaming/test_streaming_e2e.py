@@ -11,13 +11,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 from scorer_parts import DenseHead, pooled
+from server_helpers import serve_process
 
 from offgraph.calibration import calibrate
 from offgraph.export.export import export_run
 from offgraph.features.hashing import row_of
 from offgraph.scoring.scorer import Scorer
 from offgraph.streaming.deltas import publish_delta
-from offgraph.testing.harness import free_port, wait_ready
+from offgraph.testing.harness import wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 REQUEST = {"user_id": 7, "age": 30, "gender": "F", "occupation": "writer", "zip_prefix": "941"}
@@ -60,11 +61,8 @@ def test_delta_file_changes_the_served_score_exactly_as_recomputed_by_hand(small
     fo[:, f] = w
     expected = calibrate(DenseHead(vdir)(emb, fo), spec.model.calibration)
 
-    port = free_port()
-    server = _start(
-        ["serve", "--models", str(models), "--port", str(port), "--follow-seconds", "0.1", "--log-level", "warning"],
-        tmp_path / "serve.log",
-    )
+    server, url = serve_process(models, tmp_path / "serve.log", "--follow-seconds", "0.1", "--log-level", "warning")
+    port = int(url.rsplit(":", 1)[1])
     updater = _start(
         ["update", "--models", str(models), "--model", "ml", "--source", f"spool:{spool}"], tmp_path / "update.log"
     )
