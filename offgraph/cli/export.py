@@ -11,12 +11,15 @@ from offgraph.cli import LazyChoices
 # `offgraph --help` imports this module: nothing heavy here (the exporter is imported in run_export)
 from offgraph.cli.table_args import add_table_args, read_table_args
 from offgraph.modeldir.layout import DEFAULT_HOT_SET_ROWS
+from offgraph.objectstore.base import check_scheme, scheme_of
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="split a trained run into a store + dense SavedModel version")
     p.add_argument("--run", required=True, help="run directory written by `offgraph train`")
-    p.add_argument("--out", required=True, help="version directory MODELS/NAME/VERSION")
+    p.add_argument(
+        "--out", required=True, help="version directory MODELS/NAME/VERSION, or s3://BUCKET/PREFIX/NAME/VERSION"
+    )
     p.add_argument("--shards", type=int, default=8)
     p.add_argument(
         "--backend",
@@ -88,7 +91,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def run_export(args) -> int:
+    check_scheme(args.out)  # before anything is written: an s3:// path is never a local folder
     from offgraph.export.export import export_run
+    from offgraph.modeldir.manifest_model import Manifest
 
     feature_data = hot_set_data = None
     if args.hot_set_rows < 0:
@@ -101,20 +106,24 @@ def run_export(args) -> int:
     if args.hot_set_data and args.hot_set_data != args.feature_data:
         args.data = args.hot_set_data
         hot_set_data = read_table_args(args)
-    m = export_run(
-        args.run,
-        args.out,
-        shards=args.shards,
-        quant=args.quant,
-        progress=not args.no_progress,
-        feature_data=feature_data,
-        feature_source=args.feature_data or "<data>",
-        feature_rows=args.feature_rows,
-        backend=args.backend,
-        hot_set_data=hot_set_data,
-        hot_set_source=hot_source or "<data>",
-        hot_set_rows=args.hot_set_rows,
-    )
+
+    def write(out) -> Manifest:
+        return export_run(
+            args.run,
+            out,
+            shards=args.shards,
+            quant=args.quant,
+            progress=not args.no_progress,
+            feature_data=feature_data,
+            feature_source=args.feature_data or "<data>",
+            feature_rows=args.feature_rows,
+            backend=args.backend,
+            hot_set_data=hot_set_data,
+            hot_set_source=hot_source or "<data>",
+            hot_set_rows=args.hot_set_rows,
+        )
+
+    m, uploaded = write_to(args.out, write)
     assert m.export_seconds is not None and m.store.bytes_on_disk is not None  # a fresh export records both
     rows, secs = m.store.total_rows, m.export_seconds.store
     print(
@@ -122,8 +131,23 @@ def run_export(args) -> int:
         f"x {m.store.shards} shards, {_where(m)}, "
         f"store {secs:.1f}s ({rows / max(secs, 1e-9):,.0f} rows/s)"
         + (f"; hot set {m.hot_set.rows:,} rows of {m.hot_set.source}" if m.hot_set else "")
+        + uploaded
     )
     return 0
+
+
+def write_to(out: str, write):
+    """``write(path)`` for a local ``out``; for a URI, write in a staging folder and upload
+    (``offgraph.export.publish``). Returns the manifest and a note on the upload for the summary line."""
+    if scheme_of(out) is None:
+        return write(out), ""
+    from offgraph.export.publish import publish
+
+    m, stats = publish(out, write)
+    return m, (
+        f"; uploaded {stats.uploaded_objects} files ({stats.uploaded_bytes / 2**20:.1f} MiB)"
+        + (f", {stats.skipped_objects} already there" if stats.skipped_objects else "")
+    )
 
 
 def _where(m) -> str:

@@ -33,6 +33,7 @@ from offgraph.modeldir.manifest import (
     store_file_records,
     training_loss,
     tree_checksums,
+    version_file_records,
     write_manifest,
 )
 from offgraph.modeldir.manifest_model import Manifest
@@ -161,6 +162,7 @@ def write_version(
     checksums["dense_digest"] = digest(checksums["dense"])
     checksums["store_files"] = store_file_records(out / STORE_DIR)
     hot = write_hot_set(out, *hot_set) if hot_set is not None and len(hot_set.rows) else None
+    checksums["files"] = version_file_records(out)  # last: every file is written
     manifest = {
         "format_version": FORMAT_VERSION,
         "fg_version": FG_VERSION,

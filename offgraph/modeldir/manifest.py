@@ -92,6 +92,19 @@ PREFIX_HASH_BYTES = 1 << 20
 """An append-only file (RocksDB's MANIFEST) is checked on its first ``min(size, this)`` bytes."""
 
 
+def version_file_records(version_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every file of a version but its manifest (path relative to ``version_dir``): its size and whole sha256,
+    recorded at export so that a copy of the version (``offgraph.modeldir.remote``) can be checked file by file."""
+    out = {}
+    for dirpath, _, files in os.walk(version_dir):
+        for name in sorted(files):
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(version_dir))
+            if rel not in (MANIFEST, MANIFEST + ".tmp"):
+                out[rel] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+    return dict(sorted(out.items()))
+
+
 def _store_file_kind(name: str) -> str | None:
     """How a store file may change after export: "immutable", "append-only" (RocksDB's MANIFEST),
     or None: rewritten or removed by a live writer (WAL, CURRENT, LOG, LOCK, the write feed), not checked."""

@@ -59,10 +59,20 @@ class StoreFileRecord(_Record):
     hashed_bytes: int | None = None
 
 
+class FileRecord(_Record):
+    """A version file's size and whole sha256 at export (``offgraph.modeldir.manifest.version_file_records``)."""
+
+    bytes: int
+    sha256: str
+
+
 class Checksums(_Record):
     dense: dict[str, str] = {}
     dense_digest: str | None = None
     store_files: dict[str, StoreFileRecord] | None = None
+    files: dict[str, FileRecord] | None = None
+    """Every file of the version but the manifest, whole: what a copy (object storage) is checked against.
+    Absent in versions exported before it."""
 
 
 class DenseSplitRecord(_Record):
