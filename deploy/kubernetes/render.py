@@ -110,10 +110,12 @@ def _order(o: dict) -> tuple[int, str, str]:
     return rank, kind, o["metadata"]["name"]
 
 
-def render(overlay: str) -> str:
-    """``kubectl kustomize deploy/kubernetes/OVERLAY``'s objects as one YAML stream."""
-    objects = sorted(build(HERE / overlay), key=_order)
-    head = f"# Rendered from deploy/kubernetes/{overlay} by deploy/kubernetes/render.py: do not edit, edit the sources.\n"
+def render(overlay: str, root: Path = HERE) -> str:
+    """``kubectl kustomize ROOT/OVERLAY``'s objects as one YAML stream (ROOT: deploy/kubernetes)."""
+    objects = sorted(build(root / overlay), key=_order)
+    head = (
+        f"# Rendered from deploy/kubernetes/{overlay} by deploy/kubernetes/render.py: do not edit, edit the sources.\n"
+    )
     return head + "---\n".join(yaml.safe_dump(o, sort_keys=False, default_flow_style=False) for o in objects)
 
 
