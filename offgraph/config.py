@@ -78,25 +78,50 @@ class ConfigModel(BaseModel):
         except ValidationError as e:
             raise ConfigError(describe(type(self), e)) from None
 
+    @classmethod
+    def from_given(cls, data: Mapping[str, Any], given: Mapping[str, str]):
+        """``cls(**data)``, where a bad value's message is led by ``given[field]`` when the field has one: how
+        its value was given where not by its flag (``OFFGRAPH_MEMORY_MB='-1'``, a config file's line)."""
+        self = cls.__new__(cls)
+        try:
+            BaseModel.__init__(self, **data)  # not cls.__init__: its ConfigError has lost the errors' fields
+        except ValidationError as e:
+            raise ConfigError(describe(cls, e, given)) from None
+        return self
+
     def replace(self, **changes: Any):
         """A copy with ``changes``, validated like a new instance (``model_copy`` would not check them)."""
         return type(self)(**{**dict(self), **changes})
 
 
-def describe(model: type[BaseModel], err: ValidationError) -> str:
-    """One short line per error of ``err``, naming ``model``'s field, its flag and the value given."""
-    return "; ".join(_describe_one(model, e) for e in err.errors(include_url=False))
+def describe(model: type[BaseModel], err: ValidationError, given: Mapping[str, str] | None = None) -> str:
+    """One short line per error of ``err``, naming ``model``'s field, its flag and the value given.
+    ``given``: how a field's value was given where not by its flag (``OFFGRAPH_X='5'``, a file's line),
+    which then leads its line instead of the flag."""
+    return "; ".join(_describe_one(model, e, given or {}) for e in err.errors(include_url=False))
 
 
-def _describe_one(model: type[BaseModel], e: Mapping[str, Any]) -> str:
+def _describe_one(model: type[BaseModel], e: Mapping[str, Any], given: Mapping[str, str]) -> str:
+    line = _describe_field(model, e)
+    field = str(e["loc"][0]) if e["loc"] else ""
+    if field in given:
+        return f"{given[field]}: {line.replace(_flag_note(model, field), '', 1)}"
+    return line
+
+
+def _flag_note(model: type[BaseModel], field: str) -> str:
+    info = model.model_fields.get(field)
+    extra = cli_of(info) if info is not None else {}
+    return f" ({extra['flag']})" if extra.get("flag") else ""
+
+
+def _describe_field(model: type[BaseModel], e: Mapping[str, Any]) -> str:
     name = model.__name__
     if not e["loc"]:  # a model validator's own message
         return f"{name}: {_own_message(e)}"
     field = str(e["loc"][0])
     where = ".".join(str(p) for p in e["loc"])
-    info = model.model_fields.get(field)
-    extra = cli_of(info) if info is not None else {}
-    flag = f" ({extra['flag']})" if extra.get("flag") else ""
+    flag = _flag_note(model, field)
     if e["type"] == "extra_forbidden":
         return f"{name}: unknown setting {where!r}"
     if e["type"] == "missing":

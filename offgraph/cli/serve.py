@@ -9,6 +9,7 @@ import sys
 
 from offgraph.cli import add_cpus_argument, pin_cpus
 from offgraph.cli.settings_flags import add_settings_flags, settings_from_args
+from offgraph.cli.settings_sources import add_settings_sources
 from offgraph.server.config import ListenConfig, ServerConfig
 
 # set by offgraph.server.process.workers, or library-only
@@ -24,13 +25,14 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     add_settings_flags(p, ServerConfig, exclude=NOT_FLAGS, defaults={"intra_threads": 1, "inter_threads": 1})
     add_settings_flags(p, ListenConfig)
     add_cpus_argument(p, "the server and its workers")
+    add_settings_sources(p, sub)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     pin_cpus(args.cpus)  # first: every thread and worker process inherits it
-    config = settings_from_args(ServerConfig, args, admin_token=args.admin_token or ServerConfig.admin_token_from_env())
+    config = settings_from_args(ServerConfig, args)  # the admin token too: --admin-token or OFFGRAPH_ADMIN_TOKEN
     listen = settings_from_args(ListenConfig, args)
     if listen.workers > 1:
         from offgraph.server.process.workers import Supervisor

@@ -29,6 +29,9 @@ from offgraph.config import ConfigModel, cli_of
 # the parser's record of the settings flags it has: {settings class: {field: dest}}, read back by
 # settings_from_args (and the tests): a field left out is not guessed from a like-named argument
 RECORD = "_settings_flags"
+# {dest: how its value was given} of the values that came from the environment or a config file
+# (offgraph.cli.settings_sources), so that a bad one is named by its variable or file line, not its flag
+GIVEN = "_settings_given"
 
 
 def flag_name(name: str, info: FieldInfo) -> str:
@@ -93,6 +96,8 @@ def _add_flag(parser, name: str, info: FieldInfo, cli_default: Any, more: dict[s
         default = info.get_default(call_default_factory=True)
         if cli.get("unit") and default is not None:
             default = default / cli["unit"]
+            if _value_type(info) is int and default == int(default):  # 8 (MiB), as --max-body-mb is given
+                default = int(default)
         if cli_default is not None:
             default = cli_default
     t = _value_type(info)
@@ -118,9 +123,12 @@ def _add_flag(parser, name: str, info: FieldInfo, cli_default: Any, more: dict[s
 
 def settings_from_args(model: type[ConfigModel], args: argparse.Namespace, **extra: Any):
     """``model`` built from the flags :func:`add_settings_flags` added for it, and ``extra``: checked
-    once, by the model."""
+    once, by the model; a bad value is named by its flag, or by its variable or file line when it came
+    from one (``offgraph.cli.settings_sources``)."""
     record = getattr(args, RECORD, {})
+    labels = getattr(args, GIVEN, {})
     values: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for name, info in model.model_fields.items():
         if name in extra:
             continue
@@ -129,7 +137,9 @@ def settings_from_args(model: type[ConfigModel], args: argparse.Namespace, **ext
             values[name] = settings_from_args(sub, args)
         elif name in record.get(model, {}):
             values[name] = _setting(info, getattr(args, record[model][name]))
-    return model(**values, **extra)
+            if record[model][name] in labels:
+                given[name] = labels[record[model][name]]
+    return model.from_given({**values, **extra}, given)
 
 
 def _setting(info: FieldInfo, value: Any) -> Any:
@@ -163,3 +173,10 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(**kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        # a command that takes its settings from the environment and a file too (offgraph.cli.settings_sources)
+        sources = getattr(self, "settings_sources", None)
+        if sources is None:
+            return super().parse_known_args(args, namespace)
+        return sources.parse(self, super().parse_known_args, args, namespace)

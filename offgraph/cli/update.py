@@ -9,6 +9,7 @@ import os
 
 from offgraph.cli import add_cpus_argument, pin_cpus
 from offgraph.cli.settings_flags import add_settings_flags, settings_from_args
+from offgraph.cli.settings_sources import add_settings_sources
 from offgraph.streaming.stop_watchdog import StopWatchdog
 from offgraph.streaming.updater_config import OFFSET_RESET, UpdaterConfig
 
@@ -56,6 +57,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-every", type=float, default=5.0, help="seconds between progress log lines")
     p.add_argument("--once", action="store_true", help="apply what can be applied now, then exit")
     p.add_argument("--max-seconds", type=float, help="exit after this many seconds (default: run until stopped)")
+    add_settings_sources(p, sub)
     p.set_defaults(func=run_update)
 
 
