@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -304,10 +303,6 @@ class ServerConfig(ConfigModel, frozen=True):
             item_tables=item_tables,
             item_cache_items=self.item_cache_size,
         )
-
-    @staticmethod
-    def admin_token_from_env() -> str | None:
-        return os.environ.get(ADMIN_TOKEN_ENV) or None
 
 
 class ListenConfig(ConfigModel, frozen=True):
