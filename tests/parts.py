@@ -73,6 +73,7 @@ PROGRAMS = {
         Program("prometheus", ("prometheus", "promtool"), "prometheus", "tests/deploy: alert rules and a live scrape"),
         Program("chromium", ("chromium",), "chromium", "tests/server/test_docs_offline.py: /docs in a browser"),
         Program("systemd-analyze", ("systemd-analyze",), "systemd", "tests/deploy: the systemd units verified"),
+        Program("haproxy", ("haproxy",), "haproxy", "tests/server/test_rolling_stop.py: a load balancer in front"),
     )
 }
 DATA = {

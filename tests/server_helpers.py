@@ -94,10 +94,12 @@ def serve_process(
     ``port``: a restart on the same one), its output in ``log`` (``append``: after what is there):
     ``(process, base url)``. ``env``: variables set for the server (None: removed from its environment);
     ``new_session``: in its own process group (so that ``os.killpg`` reaches every worker). Stop it with
-    :func:`stop_server`. Started by ``offgraph.testing.harness.ServerProcess``, as the benches start theirs."""
+    :func:`stop_server`. Started by ``offgraph.testing.harness.ServerProcess``, as the benches start theirs.
+    It stops without a drain (``--drain-seconds 0``, unless ``flags`` give one): the tests of the drain
+    ask for theirs, the others would each wait the default's 5 s."""
     port = free_port() if port is None else port
     server = ServerProcess(
-        serve_command(models, port, *flags, cli_flags=cli_flags),
+        serve_command(models, port, "--drain-seconds", "0", *flags, cli_flags=cli_flags),
         port,
         log,
         cwd=Path(__file__).resolve().parent.parent,

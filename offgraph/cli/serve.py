@@ -37,7 +37,7 @@ def run(args) -> int:
     if listen.workers > 1:
         from offgraph.server.process.workers import Supervisor
 
-        return Supervisor(config, listen.host, listen.port, listen.workers, listen.log_level, serve_worker).run()
+        return Supervisor(config, listen, serve_worker).run()
     from offgraph.server.process.workers import listening_socket, serve_on
 
     try:  # before TensorFlow and the models: a port in use is one line, at once
@@ -54,13 +54,15 @@ def run(args) -> int:
 
     log.info("serving on http://%s:%d", f"[{host}]" if ":" in host else host, port)
     try:
-        started = serve_on(create_app(config), sock, listen.log_level, config.http)
-    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, once it has shut down
+        started = serve_on(
+            create_app(config), sock, listen.log_level, config.http, listen.drain_seconds, listen.stop_timeout_s
+        )
+    except KeyboardInterrupt:  # a SIGINT before the server's own handling began
         return 0
     return 0 if started else 1
 
 
-def serve_worker(config: ServerConfig, host: str, port: int, log_level: str) -> None:
+def serve_worker(config: ServerConfig, listen: ListenConfig) -> None:
     """One worker process of ``--workers N`` (spawned by ``offgraph.server.process.workers.Supervisor``: nothing
     of the parent's TensorFlow state is inherited): its own app on the shared port (``SO_REUSEPORT``)."""
     from offgraph.server.process.workers import VERBOSE_ENV, reuseport_socket, serve_on
@@ -73,11 +75,11 @@ def serve_worker(config: ServerConfig, host: str, port: int, log_level: str) -> 
     from offgraph.log_format import configure_logging
 
     verbose = bool(os.environ.get(VERBOSE_ENV))
-    configure_logging(getattr(logging, log_level.upper()), verbose=verbose, tag=f"w{config.worker_id}")
+    configure_logging(getattr(logging, listen.log_level.upper()), verbose=verbose, tag=f"w{config.worker_id}")
     from offgraph.server.process.tf_threads import configure_tf_threads
 
     configure_tf_threads(config.intra_threads, config.inter_threads)
     from offgraph.server.app import create_app
 
-    sock = reuseport_socket(host, port)
-    serve_on(create_app(config), sock, log_level, config.http)
+    sock = reuseport_socket(listen.host, listen.port)
+    serve_on(create_app(config), sock, listen.log_level, config.http, listen.drain_seconds, listen.stop_timeout_s)

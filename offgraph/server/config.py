@@ -307,8 +307,8 @@ class ServerConfig(ConfigModel, frozen=True):
 
 class ListenConfig(ConfigModel, frozen=True):
     """How `offgraph serve` runs its server: the address, the worker processes sharing the port
-    (``offgraph.server.process.workers``; each then gets a ``ServerConfig`` with its ``workers`` and ``worker_id``)
-    and uvicorn's log level."""
+    (``offgraph.server.process.workers``; each then gets a ``ServerConfig`` with its ``workers`` and ``worker_id``),
+    uvicorn's log level and how the server stops (``offgraph.server.process.graceful_stop``)."""
 
     host: str = option("127.0.0.1", flag="--host", description="address to listen on")
     port: int = option(8500, ge=0, le=65535, flag="--port", description="port to listen on (0: any free one)")
@@ -322,4 +322,20 @@ class ListenConfig(ConfigModel, frozen=True):
     )
     log_level: Literal["debug", "info", "warning", "error"] = option(
         "info", flag="--log-level", description="uvicorn's log level"
+    )
+    drain_seconds: float = option(
+        5.0,
+        ge=0,
+        le=3600,
+        flag="--drain-seconds",
+        description="on SIGTERM or SIGINT, /readyz answers 503 at once and the server goes on answering for this "
+        "long, so that load balancers take it out before it stops accepting (a second signal stops at once)",
+    )
+    stop_timeout_s: float = option(
+        10.0,
+        gt=0,
+        le=3600,
+        flag="--stop-timeout",
+        description="after the drain, seconds the requests in flight get to finish before they are cancelled; "
+        "the process exits 0 within --drain-seconds + --stop-timeout + about 2 s",
     )

@@ -30,7 +30,9 @@ from offgraph.server.http.errors import ApiError
 from offgraph.server.http.redact import path_view, token_matches, view_for
 from offgraph.server.models.control import LABEL, LABEL_PATTERN, LABEL_RULE
 from offgraph.server.models.served import ModelHolder
+from offgraph.server.process.graceful_stop import draining
 
+STOPPING = "the server is stopping (SIGTERM or SIGINT): it answers requests until its drain ends (--drain-seconds)"
 NO_MODEL = (
     "no model found in MODELS: a model is a directory MODELS/NAME holding versions MODELS/NAME/VERSION "
     "(each with its manifest.json)"
@@ -141,6 +143,8 @@ PathView = Annotated[Callable[[Any], Any], Depends(path_view)]
 async def readiness(state: ServerState, request: Request) -> Readiness:
     """Whether the server is ready (``/readyz``, KServe's ``/v2/health/ready``), and why not."""
     models = {h.name: h.state for h in state.models.all()}
+    if draining():  # first: load balancers must take a stopping server out whatever its models' state
+        return Readiness(ready=False, models=models, detail=STOPPING)
     control = state.models.control
     if state.models.ready:
         workers = await asyncio.to_thread(control.workers_not_ready) if control is not None else []

@@ -213,8 +213,9 @@ def protocol_class(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
     )
 
 
-def uvicorn_config(app: ASGIApp, limits: HttpLimits, log_level: str, **bind: Any):
-    """The uvicorn configuration of every server process (``bind``: host/port, or none with sockets)."""
+def uvicorn_config(app: ASGIApp, limits: HttpLimits, log_level: str, stop_timeout_s: float = 10.0, **bind: Any):
+    """The uvicorn configuration of every server process (``bind``: host/port, or none with sockets;
+    ``stop_timeout_s``: how long in-flight requests get to finish once the server stops)."""
     import uvicorn
 
     return uvicorn.Config(
@@ -225,7 +226,7 @@ def uvicorn_config(app: ASGIApp, limits: HttpLimits, log_level: str, **bind: Any
         access_log=False,
         log_config=None,  # its loggers go through the process's handler (offgraph.log_format)
         log_level=log_level,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=stop_timeout_s,  # type: ignore[arg-type] # uvicorn takes a float too
         timeout_keep_alive=limits.keep_alive_timeout_s,  # type: ignore[arg-type] # uvicorn takes a float too
         **bind,
     )

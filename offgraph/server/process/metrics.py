@@ -24,6 +24,7 @@ from starlette.routing import Match
 
 from offgraph.scoring.read_metrics import STORE_READ_SECONDS
 from offgraph.server.http.route_match import leaf_routes
+from offgraph.server.process.graceful_stop import draining
 from offgraph.server.process.process_metrics import (
     ProcessPublisher,
     register_platform_collector,
@@ -110,6 +111,13 @@ class ServerMetrics:
             ["code", "route", "model"],
             registry=self.registry,
         )
+        self.draining = Gauge(
+            "offgraph_server_draining",
+            "1 once the server got its stop signal (SIGTERM/SIGINT): /readyz answers 503 while it drains, then it "
+            "stops (with several workers: the most of any worker)",
+            multiprocess_mode="livemax",
+            registry=self.registry,
+        )
         self.models = models
         self.registry.register(STORE_READ_SECONDS)
         if multiprocess:
@@ -122,6 +130,7 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         """The exposition text: this process's registry, or every worker's samples in multiprocess mode."""
+        self.draining.set(float(draining()))
         if not self.multiprocess:
             return generate_latest(self.registry)
         from prometheus_client.multiprocess import MultiProcessCollector
@@ -133,6 +142,8 @@ class ServerMetrics:
 
     def publish(self) -> None:
         """Multiprocess mode: write this worker's model and process figures (no-op otherwise)."""
+        if self.multiprocess:
+            self.draining.set(float(draining()))
         if self.publisher is not None:
             self.publisher.publish()
         if self.process is not None:

@@ -11,12 +11,13 @@ shared port. Admin decisions reach every worker through a control directory
 mode); both live in a private temporary directory removed at exit.
 
 The supervisor restarts a worker that dies (logged; a worker that keeps dying within
-seconds of its start stops the server) and on SIGTERM / SIGINT stops every worker
-gracefully (in-flight requests finish).
+seconds of its start stops the server) and forwards SIGTERM / SIGINT to every worker, each of which
+drains and stops (``offgraph.server.process.graceful_stop``); it exits 0 once they have.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -28,12 +29,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from offgraph.server.config import HttpLimits, ServerConfig
+from offgraph.server.config import HttpLimits, ListenConfig, ServerConfig
 
 VERBOSE_ENV = "OFFGRAPH_VERBOSE"  # set by `offgraph -v`; read by the spawned workers
 
 log = logging.getLogger("offgraph.server")
 
+STOP_SLACK_S = 5.0  # a worker still alive this long after its drain and stop timeout is killed
 RESTART_WINDOW_S = 30.0  # a worker that dies this soon after starting ...
 MAX_QUICK_DEATHS = 3  # ... this many times in a row stops the server
 
@@ -80,37 +82,44 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_on(app, sock: socket.socket, log_level: str, limits: HttpLimits = HttpLimits()) -> bool:
+def serve_on(
+    app,
+    sock: socket.socket,
+    log_level: str,
+    limits: HttpLimits = HttpLimits(),
+    drain_seconds: float = 0.0,
+    stop_timeout_s: float = 10.0,
+) -> bool:
     """Run ``app`` under uvicorn (uvloop, httptools, the connection ``limits``) on ``sock`` until
-    SIGTERM / SIGINT; whether it started (its lifespan's start-up succeeded)."""
-    import uvicorn
-
+    SIGTERM / SIGINT, then drain and stop (``offgraph.server.process.graceful_stop``); whether it started
+    (its lifespan's start-up succeeded)."""
     from offgraph.server.http.http_limits import uvicorn_config
+    from offgraph.server.process.graceful_stop import DrainingServer
 
-    server = uvicorn.Server(uvicorn_config(app, limits, log_level))
+    server = DrainingServer(uvicorn_config(app, limits, log_level, stop_timeout_s), drain_seconds)
     server.run(sockets=[sock])
+    if server.drain_ends is not None:
+        log.info("stopped %.1f s after the drain ended", time.monotonic() - server.drain_ends)
     return server.started
 
 
 class Supervisor:
-    """Runs ``worker_main(config, host, port, log_level)`` in each of ``workers`` spawned processes: a
+    """Runs ``worker_main(config, listen)`` in each of ``listen.workers`` spawned processes: a
     module-level function (it is pickled by name) that serves one app on the port with ``reuseport_socket``
     and ``serve_on`` (``offgraph.cli.serve.serve_worker``: the app is built above this room, not here)."""
 
     def __init__(
         self,
         config: ServerConfig,
-        host: str,
-        port: int,
-        workers: int,
-        log_level: str,
-        worker_main: Callable[[ServerConfig, str, int, str], None],
+        listen: ListenConfig,
+        worker_main: Callable[[ServerConfig, ListenConfig], None],
     ):
+        host, port, workers, log_level = listen.host, listen.port, listen.workers, listen.log_level
         if workers < 2:
             raise ValueError(f"Supervisor runs 2 or more workers, got {workers}")
         if port == 0:
             raise ValueError("--port 0 (any free port) cannot be shared by several workers: give a port number")
-        self.host, self.port, self.workers, self.log_level = host, port, workers, log_level
+        self.listen, self.host, self.port, self.workers, self.log_level = listen, host, port, workers, log_level
         self.worker_main = worker_main
         self.tmp = Path(tempfile.mkdtemp(prefix="offgraph-serve-"))
         (self.tmp / "prometheus").mkdir()
@@ -124,12 +133,13 @@ class Supervisor:
         self.started: dict[int, float] = {}
         self.quick_deaths: dict[int, int] = {}
         self.stopping = False
+        self.signalled: set[int] = set()  # pids of the workers the stop signal was forwarded to
 
     def _start(self, i: int) -> None:
         cfg = self.config.replace(worker_id=i)
         p = self.ctx.Process(
             target=self.worker_main,
-            args=(cfg, self.host, self.port, self.log_level),
+            args=(cfg, self.listen),
             name=f"offgraph-worker-{i}",
             daemon=False,
         )
@@ -138,7 +148,20 @@ class Supervisor:
         log.info("worker %d started (pid %d)", i, p.pid)
 
     def _on_signal(self, signum, frame) -> None:
+        # every worker drains on the first signal and skips to its stop on the second, as one server does
+        if not self.stopping:
+            log.info(
+                "%s: the %d workers drain for %g s, then stop",
+                signal.Signals(signum).name,
+                self.workers,
+                self.listen.drain_seconds,
+            )
         self.stopping = True
+        for p in self.procs.values():
+            if p.is_alive() and p.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signum)
+                self.signalled.add(p.pid)
 
     def run(self) -> int:
         check_port_free(self.host, self.port)
@@ -156,7 +179,8 @@ class Supervisor:
         rc = 0
         try:
             for i in range(self.workers):
-                self._start(i)
+                if not self.stopping:
+                    self._start(i)
             while not self.stopping:
                 time.sleep(0.2)
                 for i, p in list(self.procs.items()):
@@ -191,10 +215,10 @@ class Supervisor:
         return 0
 
     def _stop_all(self) -> None:
-        for p in self.procs.values():
-            if p.is_alive():
-                p.terminate()  # SIGTERM: uvicorn finishes the in-flight requests
-        deadline = time.monotonic() + 20
+        for p in self.procs.values():  # those no signal reached (the supervisor stops because a worker kept dying)
+            if p.is_alive() and p.pid not in self.signalled:
+                p.terminate()
+        deadline = time.monotonic() + self.listen.drain_seconds + self.listen.stop_timeout_s + STOP_SLACK_S
         for p in self.procs.values():
             p.join(max(0.1, deadline - time.monotonic()))
             if p.is_alive():
