@@ -17,7 +17,16 @@ STARTUP_FAILURE = 3  # uvicorn's exit code when it cannot start, a bind error in
 
 log = logging.getLogger("offgraph.server")
 
-NOT_FLAGS = {"item_cache_size", "warmup_candidates", "verify", "tune_gc", "workers", "worker_id", "control_dir"}
+NOT_FLAGS = {
+    "item_cache_size",
+    "warmup_candidates",
+    "verify",
+    "tune_gc",
+    "workers",
+    "worker_id",
+    "control_dir",
+    "models_uri",
+}
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import configparser
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import obstore
 from obstore.store import S3Store as _Obstore
@@ -57,7 +57,7 @@ def _profile_settings() -> dict[str, str]:
     return {k: v for k, v in found.items() if not any(os.environ.get(e) for e in _ENV[k])}
 
 
-def _info(meta: dict[str, Any]) -> ObjectInfo:
+def _info(meta: Any) -> ObjectInfo:  # obstore's ObjectMeta: a TypedDict
     return ObjectInfo(str(meta["path"]), int(meta["size"]), meta.get("e_tag"))
 
 
@@ -70,7 +70,7 @@ class S3ObjectStore(ObjectStore):
             config["endpoint"] = endpoint
         client = {"allow_http": True} if (endpoint or "").startswith("http://") else {}
         try:
-            self._store = _Obstore(location.bucket, config=config, client_options=client)
+            self._store = _Obstore(location.bucket, config=cast(Any, config), client_options=cast(Any, client))
         except Exception as e:  # noqa: BLE001 - obstore's configuration errors: say which URI
             raise ObjectStoreError(f"{location}: {e}") from None
 

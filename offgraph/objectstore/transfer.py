@@ -133,7 +133,7 @@ class _FileHash:
     sha: hashlib._Hash = field(default_factory=hashlib.sha256)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def landed_range(self, fd: int, start: int, data: memoryview) -> None:
+    def landed_range(self, fd: int, start: int, data: bytes | memoryview) -> None:
         with self.lock:
             if start != self.next_at:
                 self.landed[start] = len(data)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from offgraph.config import ConfigModel, option
+from offgraph.objectstore.base import Location, check_scheme, scheme_of
 from offgraph.scoring.memory_budget import DEFAULT_MEMORY_MB, MemorySplit, split_memory
 
 ADMIN_TOKEN_ENV = "OFFGRAPH_ADMIN_TOKEN"
@@ -130,7 +132,25 @@ class ServerConfig(ConfigModel, frozen=True):
     """
 
     models_dir: LaxPath = option(
-        flag="--models", description="MODELS directory: serves every MODELS/<name>/ at its newest complete version"
+        flag="--models",
+        description="MODELS directory: serves every MODELS/<name>/ at its newest complete version; or "
+        "s3://BUCKET/PREFIX: the versions there are copied down into --model-cache-dir, verified, and served "
+        "from it (endpoint and credentials: the AWS variables and files, AWS_ENDPOINT_URL included)",
+    )
+    models_uri: str | None = None  # --models when it names object storage; models_dir is then the cache
+    model_cache_dir: LaxPath | None = option(
+        None,
+        flag="--model-cache-dir",
+        shown="$XDG_CACHE_HOME/offgraph/models/BUCKET/PREFIX",
+        description="with --models s3://...: the local folder versions are copied down into (each is verified "
+        "against the checksums recorded at export before it loads)",
+    )
+    model_cache_mb: float = option(
+        10240.0,
+        gt=0,
+        flag="--model-cache-mb",
+        description="with --models s3://...: the most the copied-down versions may take on disk, in MiB; a new "
+        "version evicts the oldest versions that no label or pin holds and that do not serve",
     )
     memory_mb: float = option(
         DEFAULT_MEMORY_MB,
@@ -266,6 +286,28 @@ class ServerConfig(ConfigModel, frozen=True):
     worker_id: int = Field(0, ge=0)
     control_dir: LaxPath | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _models_in_object_storage(cls, data: Any) -> Any:
+        """``--models s3://...``: remembered as ``models_uri``; the models are served from the cache folder."""
+        raw = data.get("models_dir") if isinstance(data, dict) else None
+        if not isinstance(raw, str) or scheme_of(raw) is None:
+            return data
+        check_scheme(raw)  # an unsupported scheme: refused naming it, never taken as a folder
+        cache = data.get("model_cache_dir") or default_model_cache_dir(raw)
+        try:
+            Path(cache).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"cannot create the model cache folder {cache}: {e}") from None
+        return {**data, "models_uri": raw, "models_dir": Path(cache), "model_cache_dir": Path(cache)}
+
+    @field_validator("models_dir", mode="before")
+    @classmethod
+    def _models_scheme(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            check_scheme(v)
+        return v
+
     @field_validator("models_dir")
     @classmethod
     def _models_dir_exists(cls, v: Path) -> Path:
@@ -303,6 +345,13 @@ class ServerConfig(ConfigModel, frozen=True):
             item_tables=item_tables,
             item_cache_items=self.item_cache_size,
         )
+
+
+def default_model_cache_dir(uri: str) -> Path:
+    """``$XDG_CACHE_HOME/offgraph/models/BUCKET/PREFIX`` (``~/.cache`` without it): one folder per URI."""
+    loc = Location.parse(uri)
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "offgraph" / "models" / loc.bucket / loc.prefix
 
 
 class ListenConfig(ConfigModel, frozen=True):

@@ -56,6 +56,7 @@ from offgraph.server.models.control import (
 from offgraph.server.models.loader import open_version
 from offgraph.server.models.pacing import Pacer
 from offgraph.server.models.refusals import may_retry, refuse, version_signature
+from offgraph.server.models.remote_cache import MiB, ModelCache
 from offgraph.server.models.served import ModelHolder, ServedVersion
 
 log = logging.getLogger("offgraph.server")
@@ -149,6 +150,12 @@ class ModelRegistry:
         self._applied: dict[str, int] = {}  # newest control generation applied, per model
         self._admin_calls: dict[str, int] = {}  # admin calls under way or waiting, per model (event loop only)
         self._closed = False
+        # --models s3://...: MODELS is the local cache the versions are copied down into
+        self.remote = (
+            ModelCache(config.models_uri, self.models_dir, int(config.model_cache_mb * MiB), config.poll_seconds)
+            if config.models_uri is not None
+            else None
+        )
 
     # -- discovery and polling (loader thread) --------------------------------------------------
     def check_models_dir(self) -> None:
@@ -215,8 +222,12 @@ class ModelRegistry:
         one) unless it was refused and its files did not change since (or its backoff runs)."""
         if self._closed:
             return
+        if self.remote is not None:
+            self.remote.sync(self._held)
         self.discover()
         for holder in self.all():
+            if self.remote is not None and holder.name in self.remote.errors:
+                holder.last_error = self.remote.errors[holder.name]
             versions = holder.versions_on_disk = complete_versions(holder.dir)
             for v in self._wanted(holder, versions):
                 if may_retry(holder.refused.get(v), holder.dir / str(v)) and self._load(holder, v):
@@ -226,6 +237,20 @@ class ModelRegistry:
             holder.updater = read_status(holder.dir)
             holder.scans += 1
         self.initial_scan_done = True
+
+    def _held(self, name: str) -> set[int]:
+        """A model's versions the model cache must keep: serving or loading here, labelled or pinned (by this
+        worker's state or the saved admin policy, which every worker follows)."""
+        out: set[int] = set()
+        h = self.holders.get(name)
+        if h is not None:
+            out |= {sv.version for sv in h.served()} | set(h.labels.values())
+            out |= {v for v in (h.pinned_version, h.loading_version) if v is not None}
+        try:
+            _, pinned, labels = load_admin_policy(self.models_dir / name)
+        except ValueError:
+            pinned, labels = None, {}
+        return out | set(labels.values()) | ({pinned} if pinned is not None else set())
 
     def _hot_rows(self, holder: ModelHolder) -> dict | None:
         """The serving version's most recently used rows (``--warmup-rows`` at most), to warm the next."""
