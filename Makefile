@@ -12,7 +12,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test,lint]'
+	$(VENV)/bin/pip install -q -e '.[server,test,lint]'
 	touch $@
 
 demo: setup

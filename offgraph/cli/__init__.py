@@ -6,10 +6,10 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import sys
 
 from offgraph import __version__
-from offgraph.cli.settings_flags import Parser  # every parser's help states each flag's default
 
 # subcommand modules, by name; each has register_cli(subparsers) and imports nothing heavy at module level
 # (no TensorFlow, NumPy or PyArrow): `offgraph --help` imports them all (tests/cli/test_cli_startup.py)
@@ -67,9 +67,15 @@ class LazyChoices:
         return len(self.names())
 
 
+SERVER_EXTRA = "this command needs the server's dependencies: pip install 'offgraph[server]'"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand. Imports each COMMANDS module, which must not import TensorFlow
     (a subcommand imports what it needs when it runs): `offgraph --help` stays fast."""
+    # here, not at the top: `pip install offgraph` (the client alone) has no pydantic, and `offgraph` then says so
+    from offgraph.cli.settings_flags import Parser  # every parser's help states each flag's default
+
     parser = Parser(prog="offgraph", description=__doc__)
     parser.add_argument("--version", action="version", version=f"offgraph {__version__}")
     parser.add_argument(
@@ -108,8 +114,42 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, OSError) as e:  # SpecError, DataError, FeatureValueError are ValueErrors
             print(f"offgraph {args.command}: error: {e}", file=sys.stderr)
             return 2
+    except ModuleNotFoundError as e:
+        if (e.name or "offgraph").partition(".")[0] == "offgraph" or not _server_extra_missing():
+            raise  # a bug, not an install without the extra
+        print(f"{_prog(sys.argv[1:] if argv is None else argv)}: error: {SERVER_EXTRA}", file=sys.stderr)
+        return 2
     finally:  # main() may be called in a process that goes on (tests)
         uninstall_quiet_tensorflow_import()
+
+
+def _server_extra_missing() -> bool:
+    """Whether a distribution of the extra ``server`` is not installed (``pip install offgraph``: the client)."""
+    from importlib.metadata import PackageNotFoundError, distribution, requires
+
+    try:
+        wanted = requires("offgraph") or []
+    except PackageNotFoundError:  # a source tree, not installed: no record to tell a missing extra by
+        return True
+    for req in wanted:
+        name = re.match(r"[A-Za-z0-9._-]+", req)
+        if name and re.search(r"""extra\s*==\s*["']server["']""", req):
+            try:
+                distribution(name.group(0))
+            except PackageNotFoundError:
+                return True
+    return False
+
+
+def _prog(argv: list[str]) -> str:
+    """``offgraph CMD`` of an argument list the parser could not read (its first word not an option)."""
+    words = iter(argv)
+    for w in words:
+        if w == "--log-format":
+            next(words, None)
+        elif not w.startswith("-"):
+            return f"offgraph {w}"
+    return "offgraph"
 
 
 if __name__ == "__main__":
