@@ -31,6 +31,7 @@ from functools import cached_property
 from pathlib import Path
 
 import pytest
+from package_wheel import build_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "examples" / "movielens.yaml"
@@ -62,31 +63,7 @@ class Installed:
 
     def __init__(self, root: Path):
         self.root = root
-        src = root / "src"  # the package alone: the build writes build/ and *.egg-info into its source tree
-        src.mkdir()
-        for name in ("pyproject.toml", "README.md"):
-            shutil.copy(REPO / name, src / name)
-        shutil.copytree(REPO / "offgraph", src / "offgraph", ignore=shutil.ignore_patterns("__pycache__"))
-        wheels = root / "wheels"
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "--no-deps",
-                "--no-build-isolation",
-                "-q",
-                "-w",
-                str(wheels),
-                str(src),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
-        (wheel,) = wheels.glob("offgraph-*.whl")
+        wheel = build_wheel(root)
         env = root / "venv"
         venv.create(env, with_pip=False)
         self.python = env / "bin" / "python"
