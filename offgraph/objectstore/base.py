@@ -95,6 +95,12 @@ class ObjectStore(ABC):
     def get_range(self, key: str, start: int, length: int) -> bytes | memoryview:
         """Bytes ``[start, start + length)`` of an object."""
 
+    async def get_range_async(self, key: str, start: int, length: int) -> bytes | memoryview:
+        """``get_range`` for an event loop (a provider with a native async client overrides it)."""
+        import asyncio
+
+        return await asyncio.to_thread(self.get_range, key, start, length)
+
     @abstractmethod
     def put_file(self, key: str, path: Path, *, part_bytes: int, concurrency: int) -> ObjectInfo:
         """Write a local file as one object, atomically (a reader sees all of it or none): a multipart

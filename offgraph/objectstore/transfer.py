@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -33,6 +34,8 @@ CONCURRENCY = 16
 FILES_AT_ONCE = 4
 """Files uploaded at once (each with up to ``UPLOAD_PARTS_AT_ONCE`` parts in flight)."""
 UPLOAD_PARTS_AT_ONCE = 4
+WRITERS = 2
+"""Threads writing and hashing downloaded ranges."""
 
 
 @dataclass
@@ -170,18 +173,37 @@ def download_objects(
         # biggest first would finish no sooner: ranges are one size; in order keeps each file's hash streaming
         read_fds = {p: os.open(p, os.O_RDONLY) for p in fds} if sha256 else {}
 
-        def one(job: tuple[str, Path, int, int]) -> None:
-            key, path, start, n = job
-            data = store.get_range(key, start, n)
-            if len(data) != n:
-                raise ObjectStoreError(f"{key}: {len(data)} bytes at {start}, {n} expected: the object changed")
+        def land(path: Path, start: int, data: bytes | memoryview) -> None:
             os.pwrite(fds[path], data, start)
             if sha256:
                 hashes[path].landed_range(read_fds[path], start, data)
 
+        async def fetch_all(pool: ThreadPoolExecutor) -> None:
+            # the requests on the store's async client; writing and hashing (GIL released) in a small pool,
+            # so the loop keeps the requests going meanwhile
+            loop = asyncio.get_running_loop()
+            sem, held = asyncio.Semaphore(concurrency), asyncio.Semaphore(2 * concurrency)
+
+            async def one(key: str, path: Path, start: int, n: int) -> None:
+                async with held:  # ranges fetched or in flight, not yet written: memory <= 2 x concurrency x part
+                    async with sem:
+                        data = await store.get_range_async(key, start, n)
+                    if len(data) != n:
+                        raise ObjectStoreError(f"{key}: {len(data)} bytes at {start}, {n} expected: the object changed")
+                    await loop.run_in_executor(pool, land, path, start, data)
+
+            tasks = [asyncio.ensure_future(one(*job)) for job in jobs]
+            try:
+                await asyncio.gather(*tasks)
+            except BaseException:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+
         try:
-            with ThreadPoolExecutor(concurrency, thread_name_prefix="offgraph-download") as pool:
-                _all(pool, one, jobs)
+            with ThreadPoolExecutor(WRITERS, thread_name_prefix="offgraph-download") as pool:
+                asyncio.run(fetch_all(pool))
         finally:
             for fd in read_fds.values():
                 os.close(fd)
