@@ -74,6 +74,10 @@ PROGRAMS = {
         Program("chromium", ("chromium",), "chromium", "tests/server/test_docs_offline.py: /docs in a browser"),
         Program("systemd-analyze", ("systemd-analyze",), "systemd", "tests/deploy: the systemd units verified"),
         Program("haproxy", ("haproxy",), "haproxy", "tests/server/test_rolling_stop.py: a load balancer in front"),
+        Program("buildah", ("buildah",), "buildah", "tests/deploy/test_image.py: the image built and run"),
+        # the image's base where no registry answers (deploy/image/base-offline.sh: mmdebstrap, podman import)
+        Program("mmdebstrap", ("mmdebstrap",), "mmdebstrap", "tests/deploy/test_image.py: the base image made offline"),
+        Program("podman", ("podman",), "podman", "tests/deploy/test_image.py: the base image imported"),
     )
 }
 DATA = {
