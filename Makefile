@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 DEMO   ?= out/demo
 
-.PHONY: setup lint demo test test-fast schemathesis bench-scale clean
+.PHONY: setup lint demo test test-fast schemathesis bench-scale image clean
 
 setup: $(VENV)/.installed
 
@@ -67,6 +67,12 @@ bench-scale: setup
 		git archive $(BASELINE) | tar -x -C $(SCALE_WORK)/baseline-src)
 	$(PY) -m bench.scale --sizes $(SIZES) --workdir $(SCALE_WORK) --out $(SCALE_OUT) --keep \
 		$(if $(BASELINE),--baseline-repo $(SCALE_WORK)/baseline-src) $(SCALE_ARGS)
+
+# The image localhost/offgraph:<version> from the Containerfile (buildah, as root; `IMAGE=name:tag make image`).
+# Where no registry answers, its base is made from Debian's packages first (deploy/image/base-offline.sh).
+# About 3 min the first time and after a pyproject.toml change, under a minute after a code change (README.md)
+image:
+	deploy/image/build.sh
 
 clean:
 	rm -rf $(VENV) out

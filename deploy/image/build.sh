@@ -40,6 +40,13 @@ print(" ".join(f"-v {src}:{dst}:ro" for src, dst in sorted(paths.items())))
 PY
 )
 echo "$0: building $image" >&2
+old=$(buildah images --quiet --no-trunc "$image" 2>/dev/null | sed "s/^sha256://" || true)
 # shellcheck disable=SC2086 # $mounts: one word per -v
 buildah bud --isolation chroot --network host --layers --format docker $mounts \
     --file Containerfile --tag "$image" .
+# the image this one replaced goes (its venv layer is 2 GB); the cached layers of the build stay
+new=$(buildah images --quiet --no-trunc "$image" | sed "s/^sha256://")
+if [ -n "$old" ] && [ "$old" != "$new" ]; then
+    buildah rmi "$old" >/dev/null 2>&1 || true
+fi
+buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' "$image"
