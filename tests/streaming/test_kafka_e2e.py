@@ -78,35 +78,36 @@ def test_stream_train_to_kafka_to_replica_scores_as_recomputed(small_run, moviel
             models, tmp_path / "serve.log", "--follow-seconds", "0.1", "--poll-seconds", "0.2", "--log-level", "warning"
         )
         port = int(base.rsplit(":", 1)[1])
-        train = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "offgraph.cli",
-                "stream-train",
-                "--model",
-                str(vdir),
-                "--events",
-                str(tmp_path / "events.parquet"),
-                "--emit",
-                url,
-                "--every-events",
-                "100",
-                "--no-progress",
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-        )
-        assert train.returncode == 0, train.stdout + train.stderr
-        assert (vdir / "stream-start.json").exists()
-        updater = _start(
-            ["update", "--models", str(models), "--model", "ml", "--source", url, "--metrics-port", str(mport)],
-            tmp_path / "update.log",
-        )
+        updater = None
         try:
+            train = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "offgraph.cli",
+                    "stream-train",
+                    "--model",
+                    str(vdir),
+                    "--events",
+                    str(tmp_path / "events.parquet"),
+                    "--emit",
+                    url,
+                    "--every-events",
+                    "100",
+                    "--no-progress",
+                ],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+            )
+            assert train.returncode == 0, train.stdout + train.stderr
+            assert (vdir / "stream-start.json").exists()
+            updater = _start(
+                ["update", "--models", str(models), "--model", "ml", "--source", url, "--metrics-port", str(mport)],
+                tmp_path / "update.log",
+            )
             wait_ready(f"http://127.0.0.1:{port}", 120, server, log=str(tmp_path / "serve.log"))
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
                 before = client.post("/v1/models/ml:score", json={"request": request, "candidates": cands})
@@ -149,8 +150,11 @@ def test_stream_train_to_kafka_to_replica_scores_as_recomputed(small_run, moviel
                 assert f'offgraph_update_consumer_lag_seconds{{model="ml",partition="{p}"}}' in text
         finally:
             for proc in (updater, server):
-                proc.terminate()
+                if proc is not None:
+                    proc.terminate()
             for proc in (updater, server):
+                if proc is None:
+                    continue
                 try:
                     proc.wait(20)
                 except subprocess.TimeoutExpired:
