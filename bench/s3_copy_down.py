@@ -5,7 +5,7 @@ SeaweedFS on loopback (``offgraph.testing.seaweedfs``); then, alternated ``--alt
 run, each into a fresh folder:
 
 - ``copy_down``: the server's copy (``offgraph.modeldir.remote.copy_down``: manifest, listing, parallel
-  ranged reads, every file's sha256 checked against the export's record, manifest last, rename);
+  ranged reads, every file's xxh3-128 checked against the export's record, manifest last, rename);
 - ``obstore``: the same objects listed and fetched with obstore (the chosen library) alone: ranged reads,
   ``--concurrency`` in flight, written in place; nothing checked;
 - ``boto3``: the same with boto3's ``download_file`` from a thread pool (the library not chosen).
@@ -136,8 +136,11 @@ def main() -> int:
         }
         seconds: dict[str, list[float]] = {a: [] for a in arms}
         peak_disk = 0
+        names = list(arms)
         for i in range(args.alternations):
-            for arm, fn in arms.items():
+            # each arm takes each place in turn: the one after another's 500 MiB rmtree meets its writeback
+            for arm in names[i % len(names) :] + names[: i % len(names)]:
+                fn = arms[arm]
                 dest = args.workdir / "dest" / arm
                 shutil.rmtree(dest, ignore_errors=True)
                 dest.mkdir(parents=True)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import xxhash
 from pydantic import ValidationError
 
 from offgraph.features.spec import FG_VERSION
@@ -75,6 +76,14 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def file_xxh3(path: Path) -> str:
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def tree_checksums(root: Path) -> dict[str, str]:
     """sha256 of every file under root, by path relative to root."""
     out = {}
@@ -93,15 +102,18 @@ PREFIX_HASH_BYTES = 1 << 20
 
 
 def version_file_records(version_dir: Path) -> dict[str, dict[str, Any]]:
-    """Every file of a version but its manifest (path relative to ``version_dir``): its size and whole sha256,
-    recorded at export so that a copy of the version (``offgraph.modeldir.remote``) can be checked file by file."""
+    """Every file of a version but its manifest (path relative to ``version_dir``): its size and whole
+    xxh3-128, recorded at export so that a copy of the version (``offgraph.modeldir.remote``) can be checked
+    file by file. xxh3, not sha256: the copy hashes every byte it downloads, and at ~14 GiB/s against sha256's
+    ~1.1 (one core here) the check costs a copy-down 3 % of its time instead of a third; catching a damaged
+    or half-copied file needs no cryptographic hash (the manifest beside it comes from the same bucket)."""
     out = {}
     for dirpath, _, files in os.walk(version_dir):
         for name in sorted(files):
             p = Path(dirpath) / name
             rel = str(p.relative_to(version_dir))
             if rel not in (MANIFEST, MANIFEST + ".tmp"):
-                out[rel] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+                out[rel] = {"bytes": p.stat().st_size, "xxh3_128": file_xxh3(p)}
     return dict(sorted(out.items()))
 
 

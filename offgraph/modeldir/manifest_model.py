@@ -60,10 +60,10 @@ class StoreFileRecord(_Record):
 
 
 class FileRecord(_Record):
-    """A version file's size and whole sha256 at export (``offgraph.modeldir.manifest.version_file_records``)."""
+    """A version file's size and whole xxh3-128 at export (``offgraph.modeldir.manifest.version_file_records``)."""
 
     bytes: int
-    sha256: str
+    xxh3_128: str
 
 
 class Checksums(_Record):

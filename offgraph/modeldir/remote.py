@@ -3,7 +3,7 @@
 
 A version in a bucket is complete when its ``manifest.json`` is there: :func:`upload_version` writes it
 after every other file. :func:`copy_down` fetches the manifest first, then every file it records
-(``checksums.files``: size and whole sha256 at export; older versions: every object, checked by the
+(``checksums.files``: size and whole xxh3-128 at export; older versions: every object, checked by the
 manifest's dense and store records as on disk), checks each, and only then writes the manifest into the
 local copy and renames the copy into place: a copy that fails or is killed is never a complete version.
 """
@@ -93,14 +93,14 @@ def copy_down(store: ObjectStore, name: str, version: int, model_dir: Path, *, c
             store,
             [(f"{prefix}/{rel}", staging / rel, size) for rel, size in wanted.items()],
             concurrency=concurrency,
-            sha256=records is not None,
+            checksum=records is not None,
         )
         if records is not None:
             for rel, rec in records.items():
-                if got[staging / rel] != rec.sha256:
+                if got[staging / rel] != rec.xxh3_128:
                     raise ModelDirError(
-                        f"{where}: {rel} differs from the file exported (sha256 {got[staging / rel][:12]}..., "
-                        f"{rec.sha256[:12]}... at export): corrupt or replaced"
+                        f"{where}: {rel} differs from the file exported (xxh3 {got[staging / rel][:12]}..., "
+                        f"{rec.xxh3_128[:12]}... at export): corrupt or replaced"
                     )
         if manifest.feature_tables is not None:
             _copy_features(store, name, model_dir, concurrency)
@@ -127,4 +127,4 @@ def _copy_features(store: ObjectStore, name: str, model_dir: Path, concurrency: 
         or (local / o.key[len(prefix) + 1 :]).stat().st_size != o.size
     ]
     if todo:
-        download_objects(store, todo, concurrency=concurrency, sha256=False)
+        download_objects(store, todo, concurrency=concurrency, checksum=False)

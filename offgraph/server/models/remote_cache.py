@@ -3,7 +3,7 @@ that the registry then serves as MODELS (``ServerConfig.models_dir`` is the cach
 
 Each scan (``ModelRegistry.poll_once``, the loader thread) lists the bucket's complete versions (manifest
 present: a version still being uploaded has none) and copies down each model's newest one, and the
-labelled or pinned ones, that the cache lacks: verified file by file against the sizes and sha256 recorded
+labelled or pinned ones, that the cache lacks: verified file by file against the sizes and xxh3-128 recorded
 at export before its manifest is written into the cache (``offgraph.modeldir.remote.copy_down``), so only
 a whole, checked copy is ever a complete version the registry may load. A copy that fails (a missing,
 short or corrupt file, the store unreachable) is refused with the reason, which names the file, and tried
