@@ -85,8 +85,9 @@ def run_update(args) -> int:
     metrics = UpdaterMetrics(args.model, port=args.metrics_port, log_every_s=args.log_every)
     up = Updater(args.models, args.model, source, config, metrics=metrics)
     watchdog.on_stop(up.stop)
-    # run() starts it: a setup error (no complete version) exits at once; a remote store that does not
-    # answer yet (a cluster still starting or failing over) is waited for
+    # run() starts it: a model with no complete version yet (its pod's server still copying one down from
+    # object storage) and a remote store that does not answer yet (a cluster still starting or failing
+    # over) are waited for; with --once no version is an error
     summary = up.run(once=args.once, max_seconds=args.max_seconds)
     print(json.dumps({"update": summary}), flush=True)
     return 0

@@ -79,6 +79,12 @@ class UpdaterMetrics:
             ),
             "rate": Gauge("offgraph_update_deltas_per_second", "deltas consumed per second (last interval)", lbl),
             "version": Gauge("offgraph_update_live_version", "model version being updated", lbl),
+            "no_version": Gauge(
+                "offgraph_update_waiting_for_version",
+                "1 while the model has no complete version to update yet (the server beside it may still be "
+                "copying one down from object storage), else 0",
+                lbl,
+            ),
             "broker_up": Gauge(
                 "offgraph_update_broker_up",
                 "Kafka: 1 while the broker is reachable, 0 while not (NaN: not known yet)",
@@ -100,6 +106,7 @@ class UpdaterMetrics:
             ),
         }
         self._prom["lag"].labels(self.model).set_function(self.lag_s)
+        self._prom["no_version"].labels(self.model).set(0)
         start_http_server(port)
         log.info("metrics on :%d/metrics", port)
 
@@ -125,6 +132,10 @@ class UpdaterMetrics:
             self._prom["rows"].labels(self.model).inc(rows)
             self._prom["stale"].labels(self.model).inc(stale)
             self._prom["files"].labels(self.model).inc(files)
+
+    def waiting_for_version(self, waiting: bool) -> None:
+        if self._prom:
+            self._prom["no_version"].labels(self.model).set(int(waiting))
 
     def store_reopened(self) -> None:
         self.store_reopens += 1

@@ -182,6 +182,8 @@ class Updater:
                     break
                 try:
                     if self.live.store is None:
+                        if not self._await_version(once, t_end):
+                            break  # stopped (SIGTERM) or out of time before any version came
                         self.start()
                     n = self.step()
                 except REMOTE_ERRORS as e:  # a cluster down or failing over, or a fenced batch
@@ -207,6 +209,35 @@ class Updater:
         self._tick(force=True)
         self.close()
         return self.metrics.summary()
+
+    def _await_version(self, once: bool, t_end: float | None) -> bool:
+        """Until MODELS/NAME holds a complete version: True once it does, False if stopped or out of time
+        first. An updater may start before its version exists: in a Kubernetes pod the server beside it
+        copies the version down from object storage into MODELS while both start (deploy/kubernetes/).
+        One log line, and ``offgraph_update_waiting_for_version`` 1 meanwhile. With ``once`` (apply what
+        can be applied now) no version is the error it always was (:meth:`start` raises it)."""
+        if once or self.live.newest() is not None:
+            return True
+        every = max(self.config.version_check_s, 0.1)
+        log.info(
+            "%s: no complete version yet (a version is complete once its manifest.json exists): waiting for "
+            "one, looking every %gs",
+            self.live.model_dir,
+            every,
+        )
+        self.metrics.waiting_for_version(True)
+        t0 = time.monotonic()
+        while self.live.newest() is None:
+            if self._stop.wait(every) or (t_end is not None and time.monotonic() > t_end):
+                return False
+        self.metrics.waiting_for_version(False)
+        log.info(
+            "%s: version %d is there after %.1fs of waiting",
+            self.live.model_dir,
+            self.live.newest(),
+            time.monotonic() - t0,
+        )
+        return True
 
     def _reopen_after(self, e: StoreRemoteError | StoreUnavailable) -> None:
         """A remote store's write, read or open did not go through: nothing of the batch was applied, and
