@@ -13,6 +13,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[server,test,lint]'
+	# TF Serving's gRPC protos (offgraph serve --grpc-port, its tests): --no-deps, as the package requires
+	# `tensorflow`, a second TensorFlow beside tensorflow-cpu, whose tensorflow.core protos it uses
+	$(VENV)/bin/pip install -q --no-deps 'tensorflow-serving-api==2.21.0'
 	touch $@
 
 demo: setup

@@ -47,10 +47,12 @@ def run(args) -> int:
         from offgraph.server.process.workers import Supervisor
 
         return Supervisor(config, listen, serve_worker).run()
-    from offgraph.server.process.workers import listening_socket, serve_on
+    from offgraph.server.process.workers import check_port_free, listening_socket, serve_on
 
     try:  # before TensorFlow and the models: a port in use is one line, at once
         sock = listening_socket(listen.host, listen.port)
+        if listen.grpc_port is not None:
+            check_port_free(listen.host, listen.grpc_port)
     except OSError as e:
         print(f"offgraph serve: error: {e}", file=sys.stderr)
         return STARTUP_FAILURE
@@ -64,7 +66,7 @@ def run(args) -> int:
     log.info("serving on http://%s:%d", f"[{host}]" if ":" in host else host, port)
     try:
         started = serve_on(
-            create_app(config), sock, listen.log_level, config.http, listen.drain_seconds, listen.stop_timeout_s
+            create_app(config, listen), sock, listen.log_level, config.http, listen.drain_seconds, listen.stop_timeout_s
         )
     except KeyboardInterrupt:  # a SIGINT before the server's own handling began
         return 0
@@ -91,4 +93,6 @@ def serve_worker(config: ServerConfig, listen: ListenConfig) -> None:
     from offgraph.server.app import create_app
 
     sock = reuseport_socket(listen.host, listen.port)
-    serve_on(create_app(config), sock, listen.log_level, config.http, listen.drain_seconds, listen.stop_timeout_s)
+    serve_on(
+        create_app(config, listen), sock, listen.log_level, config.http, listen.drain_seconds, listen.stop_timeout_s
+    )

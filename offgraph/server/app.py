@@ -11,7 +11,7 @@ from offgraph.server.api.openapi_examples import install_model_examples
 from offgraph.server.api.routers import admin, health, kserve, models, score, tfserving
 from offgraph.server.api.state import ServerState
 from offgraph.server.api.unavailable import install_unavailable_handlers
-from offgraph.server.config import ServerConfig
+from offgraph.server.config import ListenConfig, ServerConfig
 from offgraph.server.http.body_limit import BodySizeLimitMiddleware
 from offgraph.server.http.errors import InternalErrorMiddleware, install_error_handlers
 from offgraph.server.http.http_limits import BodyTimeoutMiddleware
@@ -35,17 +35,26 @@ DeepFM CTR scoring with the embedding tables out of the TensorFlow graph.
 """
 
 
-def create_app(config: ServerConfig) -> FastAPI:
-    """Build the app. TF's thread pools are set here if the config names them (before any TF op)."""
+def create_app(config: ServerConfig, listen: ListenConfig | None = None) -> FastAPI:
+    """Build the app. TF's thread pools are set here if the config names them (before any TF op). With
+    ``listen.grpc_port``, the app's lifespan also runs the gRPC port (``offgraph.server.grpc.server``) on its loop."""
     configure_tf_threads(config.intra_threads, config.inter_threads)
     state = ServerState.build(config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await state.start()
+        grpc_port = None
         try:
+            if listen is not None and listen.grpc_port is not None:
+                from offgraph.server.grpc.server import GrpcPort  # grpc is loaded by servers that serve it only
+
+                grpc_port = GrpcPort(state, listen.host, listen.grpc_port, listen.workers > 1, listen.stop_timeout_s)
+                await grpc_port.start()
             yield {"server": state}
         finally:
+            if grpc_port is not None:
+                await grpc_port.stop()  # before the scoring pool and the models close
             await state.stop()
 
     # docs_url/redoc_url None: FastAPI's pages load their assets from a CDN; install_docs serves them locally

@@ -361,6 +361,15 @@ class ListenConfig(ConfigModel, frozen=True):
 
     host: str = option("127.0.0.1", flag="--host", description="address to listen on")
     port: int = option(8500, ge=0, le=65535, flag="--port", description="port to listen on (0: any free one)")
+    grpc_port: int | None = option(
+        None,
+        ge=0,
+        le=65535,
+        flag="--grpc-port",
+        shown="off",
+        description="also serve gRPC on this port (TF Serving's PredictionService and ModelService, gRPC health; "
+        "offgraph/server/README.md, gRPC), in the same worker processes as HTTP, on --host; off when not given",
+    )
     workers: int = option(
         1,
         ge=1,

@@ -27,7 +27,7 @@ from offgraph.server.api.schemas import Readiness
 from offgraph.server.api.state import ServerState
 from offgraph.server.config import ADMIN_TOKEN_ENV
 from offgraph.server.http.errors import ApiError
-from offgraph.server.http.redact import path_view, token_matches, view_for
+from offgraph.server.http.redact import path_view, redacted_view, token_matches, view_for
 from offgraph.server.models.control import LABEL, LABEL_PATTERN, LABEL_RULE
 from offgraph.server.models.served import ModelHolder
 from offgraph.server.process.graceful_stop import draining
@@ -140,8 +140,9 @@ PathView = Annotated[Callable[[Any], Any], Depends(path_view)]
 """The status renderer of the request: absolute paths relative to MODELS unless it holds the admin token."""
 
 
-async def readiness(state: ServerState, request: Request) -> Readiness:
-    """Whether the server is ready (``/readyz``, KServe's ``/v2/health/ready``), and why not."""
+async def readiness(state: ServerState, request: Request | None) -> Readiness:
+    """Whether the server is ready (``/readyz``, KServe's ``/v2/health/ready``, gRPC health), and why not
+    (``request``: whose view of paths the reason takes; None: paths redacted, as for a caller without the token)."""
     models = {h.name: h.state for h in state.models.all()}
     if draining():  # first: load balancers must take a stopping server out whatever its models' state
         return Readiness(ready=False, models=models, detail=STOPPING)
@@ -165,5 +166,7 @@ async def readiness(state: ServerState, request: Request) -> Readiness:
             for h in state.models.all()
             if h.current is None and h.policy != "unloaded"
         ]
-        detail = view_for(request)("not serving: " + "; ".join(waiting))  # reasons may name directories
+        detail = "not serving: " + "; ".join(waiting)  # reasons may name directories
+        view = view_for(request) if request is not None else redacted_view(state.config.models_dir)
+        detail = view(detail)
     return Readiness(ready=False, models=models, detail=detail)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextvars import copy_context
+from contextvars import ContextVar, copy_context
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,24 @@ from offgraph.server.process.loop_lag import watch_loop_lag
 from offgraph.server.process.metrics import ServerMetrics
 
 log = logging.getLogger("offgraph.server")
+
+CALL_DEADLINE: ContextVar[float | None] = ContextVar("offgraph_call_deadline", default=None)
+"""The ``time.monotonic()`` by which the caller gives up (a gRPC call's deadline; None: none), set by the call's
+task: ``run_scoring`` runs nothing for it once it has passed."""
+
+
+class DeadlineExpired(Exception):
+    """The call's deadline passed before its turn in the scoring pool came: it is not scored."""
+
+    def __init__(self, late_s: float):
+        super().__init__(f"the call's deadline passed {late_s * 1000:.0f} ms before its turn to be scored came")
+
+
+def _at_turn(fn: Callable[..., Any], *args: Any) -> Any:
+    deadline = CALL_DEADLINE.get()
+    if deadline is not None and (late := time.monotonic() - deadline) >= 0:
+        raise DeadlineExpired(late)
+    return fn(*args)
 
 
 @dataclass
@@ -37,8 +56,10 @@ class ServerState:
 
     async def run_scoring(self, fn: Callable[..., Any], *args) -> Any:
         """Run ``fn(*args)`` in the bounded scoring pool, without blocking the event loop, in a copy of the
-        caller's context (its log records carry the request's id: ``offgraph.server.http.request_id``)."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, copy_context().run, fn, *args)
+        caller's context (its log records carry the request's id: ``offgraph.server.http.request_id``), unless the
+        caller's ``CALL_DEADLINE`` has passed when its turn comes (``DeadlineExpired``: a call whose caller gave up
+        is not scored)."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, copy_context().run, _at_turn, fn, *args)
 
     async def start(self) -> None:
         # the models are known before the first request (one directory listing): a request for a model

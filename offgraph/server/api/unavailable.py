@@ -29,6 +29,26 @@ log = logging.getLogger("offgraph.server")
 OUTAGE_LOG_S = 10.0
 
 
+TORN_READ = "fresh embedding rows were being rewritten while this request read them: retry"
+
+
+def unavailable_detail(exc: Exception) -> str | None:
+    """The words of a 503 answer (REST's detail, gRPC's UNAVAILABLE message): a model still loading, a store
+    that failed or did not answer, a torn read of the write feed; None for any other exception."""
+    if isinstance(exc, StoreOutage):
+        return f"model '{exc.model}' version {exc.version}: the embedding store did not answer: retry"
+    if isinstance(exc, ModelLoading):
+        return f"{exc}: retry shortly"
+    if isinstance(exc, StoreFailure):
+        return (
+            f"model '{exc.model}' version {exc.version}: the embedding store could not be read; the version is "
+            "marked unhealthy and the server falls back to its previous version: retry"
+        )
+    if isinstance(exc, FeedTornRead):
+        return TORN_READ
+    return None
+
+
 def install_unavailable_handlers(app: FastAPI, state: ServerState) -> None:
     retry_after = {"Retry-After": str(max(1, math.ceil(state.config.poll_seconds)))}
     store_errors = Counter(
@@ -56,14 +76,14 @@ def install_unavailable_handlers(app: FastAPI, state: ServerState) -> None:
                 "model %s version %d: %s (logged once every %.0fs)", exc.model, exc.version, exc.cause, OUTAGE_LOG_S
             )
         return JSONResponse(
-            {"detail": f"model '{exc.model}' version {exc.version}: the embedding store did not answer: retry"},
+            {"detail": unavailable_detail(exc)},
             status_code=503,
             headers={"Retry-After": "1"},
         )
 
     @app.exception_handler(ModelLoading)
     async def model_loading(request: Request, exc: ModelLoading) -> JSONResponse:
-        return JSONResponse({"detail": f"{exc}: retry shortly"}, status_code=503, headers=retry_after)
+        return JSONResponse({"detail": unavailable_detail(exc)}, status_code=503, headers=retry_after)
 
     @app.exception_handler(StoreFailure)
     async def store_failure(request: Request, exc: StoreFailure) -> JSONResponse:
@@ -72,11 +92,7 @@ def install_unavailable_handlers(app: FastAPI, state: ServerState) -> None:
         )
         store_errors.labels(exc.model).inc()
         return JSONResponse(
-            {
-                "detail": f"model '{exc.model}' version {exc.version}: the embedding store could not "
-                "be read; the version is marked unhealthy and the server falls back to "
-                "its previous version: retry"
-            },
+            {"detail": unavailable_detail(exc)},
             status_code=503,
             headers=retry_after,
         )
@@ -86,7 +102,7 @@ def install_unavailable_handlers(app: FastAPI, state: ServerState) -> None:
         # transient (a writer rewriting rows faster than a lookup re-reads them): the version stays healthy
         log.warning("%s: %s", request.url.path, exc)
         return JSONResponse(
-            {"detail": "fresh embedding rows were being rewritten while this request read them: retry"},
+            {"detail": TORN_READ},
             status_code=503,
             headers=retry_after,
         )

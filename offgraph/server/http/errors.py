@@ -78,7 +78,7 @@ def _describe(err: dict[str, Any], what: str, keys: Sequence[str]) -> tuple[str,
         msg = "NaN and Infinity are not valid feature values (" + msg.lower() + ")"
     elif kind == "too_long" and where == "candidates":
         ctx = err.get("ctx") or {}
-        msg = f"{ctx.get('actual_length')} candidates, at most {ctx.get('max_length')} per request (--max-candidates)"
+        msg = too_many_candidates(ctx.get("actual_length"), ctx.get("max_length"))  # type: ignore[arg-type]
     elif kind == "extra_forbidden":
         loc = [p for p in err.get("loc", ()) if p != "body"]
         name = str(loc[-1]) if loc else where
@@ -88,15 +88,25 @@ def _describe(err: dict[str, Any], what: str, keys: Sequence[str]) -> tuple[str,
     return where, msg
 
 
+def validation_detail(exc: RequestValidationError) -> tuple[str, list[dict[str, Any]]]:
+    """(the 422's detail, its listed errors) of a validation error: REST's body and gRPC's message say the same."""
+    errs = list(exc.errors())
+    what, keys = (exc.what, exc.keys) if isinstance(exc, BodyValidationError) else ("request", ())
+    described = [(*_describe(e, what, keys), e.get("type")) for e in errs[:MAX_LISTED_ERRORS]]
+    more = f" (and {len(errs) - MAX_LISTED_ERRORS} more)" if len(errs) > MAX_LISTED_ERRORS else ""
+    detail = f"invalid {what}: " + "; ".join(f"{w}: {m}" for w, m, _ in described) + more
+    return detail, [{"loc": w, "msg": m, "type": t} for w, m, t in described]
+
+
+def too_many_candidates(n: int, limit: int) -> str:
+    """The words of a request over --max-candidates (REST's 422, gRPC's INVALID_ARGUMENT)."""
+    return f"{n} candidates, at most {limit} per request (--max-candidates)"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errs = list(exc.errors())
-        what, keys = (exc.what, exc.keys) if isinstance(exc, BodyValidationError) else ("request", ())
-        described = [(*_describe(e, what, keys), e.get("type")) for e in errs[:MAX_LISTED_ERRORS]]
-        more = f" (and {len(errs) - MAX_LISTED_ERRORS} more)" if len(errs) > MAX_LISTED_ERRORS else ""
-        detail = f"invalid {what}: " + "; ".join(f"{w}: {m}" for w, m, _ in described) + more
-        listed = [{"loc": w, "msg": m, "type": t} for w, m, t in described]
+        detail, listed = validation_detail(exc)
         return JSONResponse({"detail": detail, "errors": listed}, status_code=422)
 
     @app.exception_handler(HTTPException)

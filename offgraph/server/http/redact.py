@@ -64,6 +64,11 @@ def _redactor(models_dir: Path) -> PathRedactor:
     return PathRedactor(models_dir)
 
 
+def redacted_view(models_dir: Path) -> Callable[[Any], Any]:
+    """Paths redacted: the view of a caller without the admin token (gRPC callers: they send none)."""
+    return _redactor(models_dir).value
+
+
 def view_for(request: Request) -> Callable[[Any], Any]:
     """How this request may see a value: unchanged for the admin, paths redacted otherwise."""
     if is_admin(request):

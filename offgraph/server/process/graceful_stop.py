@@ -11,17 +11,20 @@ in-flight requests finish within ``stop_timeout_s``, the app's lifespan shutdown
 
 A second signal during the drain skips to the stop; one during the stop cancels what is still in flight.
 Each phase is logged in one line. With ``--workers N`` the supervisor forwards the signals to every worker
-(``offgraph.server.process.workers``), each drains itself.
+(``offgraph.server.process.workers``), each drains itself. Another server in the process (the gRPC port,
+``offgraph.server.grpc.server``) registers its stop with ``on_stop``: it runs beside uvicorn's, with the same
+``stop_timeout_s``, so that both protocols' in-flight calls finish (or are cancelled) together.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from types import FrameType
 
 import uvicorn
@@ -34,9 +37,17 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _draining = threading.Event()
 
 
+_stops: list[Callable[[], Awaitable[None]]] = []
+
+
 def draining() -> bool:
     """Whether this process got its stop signal (its ``/readyz`` then answers 503)."""
     return _draining.is_set()
+
+
+def on_stop(stop: Callable[[], Awaitable[None]]) -> None:
+    """Run ``stop()`` when the drain is over, beside uvicorn's own shutdown (another server of this process)."""
+    _stops.append(stop)
 
 
 class DrainingServer(uvicorn.Server):
@@ -76,6 +87,9 @@ class DrainingServer(uvicorn.Server):
         else:
             self.force_exit = True
             log.warning("%s during the stop: cancelling the requests still in flight", name)
+
+    async def shutdown(self, sockets=None) -> None:
+        await asyncio.gather(super().shutdown(sockets), *(stop() for stop in _stops))
 
     async def on_tick(self, counter: int) -> bool:
         if self.drain_ends is not None and not self.should_exit and time.monotonic() >= self.drain_ends:

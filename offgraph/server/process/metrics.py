@@ -107,6 +107,7 @@ class ServerMetrics:
         self.errors = Counter(
             "offgraph_http_errors",
             "HTTP responses with a 4xx or 5xx status, by code, route template (unmatched: no route) and model "
+            "(gRPC calls not OK too: code the status name, route the method's full name) "
             f"(a served model's name, {UNKNOWN_MODEL!r} for any other name, empty on routes without one)",
             ["code", "route", "model"],
             registry=self.registry,
@@ -152,8 +153,14 @@ class ServerMetrics:
     def count_error(self, status: int, scope: Scope) -> None:
         """One 4xx/5xx answer to the request of ``scope``."""
         route, name = route_of(scope)
+        self.count_error_on(str(status), route, name)
+
+    def count_error_on(self, code: str, route: str, name: str | None) -> None:
+        """One error answer on ``route`` (a route template, or a gRPC method's full name, whose ``code`` is its
+        status name: ``INVALID_ARGUMENT``) for the model named ``name`` (None: the route names none). Bounded:
+        the routes and methods are the server's, a name not served is ``UNKNOWN_MODEL``."""
         model = "" if name is None else name if name in self.models.holders else UNKNOWN_MODEL
-        self.errors.labels(str(status), route, model).inc()
+        self.errors.labels(code, route, model).inc()
 
     def observe_score(self, model: str, n_candidates: int, seconds: float) -> None:
         self.latency.labels(model).observe(seconds)

@@ -165,6 +165,12 @@ class Supervisor:
 
     def run(self) -> int:
         check_port_free(self.host, self.port)
+        if self.listen.grpc_port is not None:  # each worker then binds it with SO_REUSEPORT, as the HTTP port
+            if self.listen.grpc_port == 0:
+                raise ValueError(
+                    "--grpc-port 0 (any free port) cannot be shared by several workers: give a port number"
+                )
+            check_port_free(self.host, self.listen.grpc_port)
         # prometheus_client picks multiprocess mode from the environment when a worker imports it
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.tmp / "prometheus")
         for sig in (signal.SIGTERM, signal.SIGINT):
