@@ -35,6 +35,23 @@ _ENV = {  # object_store's config key: the variables that already give it
     "endpoint": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
 }
 
+ENV_VARIABLES = frozenset(
+    {
+        *(v for names in _ENV.values() for v in names),
+        "AWS_PROFILE",
+        "AWS_SHARED_CREDENTIALS_FILE",
+        "AWS_CONFIG_FILE",
+        # read by object_store itself: web identity (an IAM role for a Kubernetes service account), a
+        # container's credentials endpoint (ECS), plain HTTP
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_ROLE_ARN",
+        "AWS_ROLE_SESSION_NAME",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_ALLOW_HTTP",
+    }
+)
+"""The AWS variables this provider reads: the ones a deployment may give a process that reads s3://."""
+
 
 def _profile_settings() -> dict[str, str]:
     """The shared files' settings of ``AWS_PROFILE`` that the environment does not give."""

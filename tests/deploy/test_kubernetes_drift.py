@@ -1,7 +1,9 @@
 """deploy/kubernetes checked against the code: every probe path is a route of the server's app, every port
 the one the container's `offgraph` command listens on, every flag and ``OFFGRAPH_*`` variable one that
-its subcommand has (its real parser, with the settings read from the environment), the memory and the
-grace period what the server's settings need. Each check is shown failing on a broken copy."""
+its subcommand has (its real parser, with the settings read from the environment), every ``AWS_*`` one the
+object store reads, given to a container whose --models is in object storage, the updater writing the
+folder its server serves from (the copy-down cache, on the models volume, within its claim), the memory and
+the grace period what the server's settings need. Each check is shown failing on a broken copy."""
 
 from __future__ import annotations
 
@@ -122,12 +124,25 @@ def check_flags(objects, monkeypatch) -> None:
                 raise AssertionError(f"{c.name}: offgraph {' '.join(args)} is refused (exit {e.code})") from None
 
 
+def _object_storage(c: Container) -> bool:
+    """Whether the container's --models names object storage (s3://...) rather than a folder."""
+    from offgraph.objectstore import scheme_of
+
+    models = setting(c, "--models")
+    return models is not None and scheme_of(models) is not None
+
+
 def check_variables(objects) -> None:
+    from offgraph.objectstore.s3 import ENV_VARIABLES
+
     for c in containers(objects):
         known = variables_read(c.subcommand())
         for name in c.env():
             if name.startswith("OFFGRAPH_"):
                 assert name in known, f"{c.name}: {name} names no setting of offgraph {c.subcommand()}"
+            elif name.startswith("AWS_"):  # the object store's, not a setting's
+                assert name in ENV_VARIABLES, f"{c.name}: {name} is no variable the object store reads"
+                assert _object_storage(c), f"{c.name}: {name} given, but its --models names no object storage"
 
 
 def check_feed(objects) -> None:
@@ -153,7 +168,6 @@ def check_feed(objects) -> None:
             assert s.env().get(SHM_ENV) == feed_dir and s.mounts().get(vol) == feed_dir, (
                 f"{s.name}: does not see the updater's feed at {feed_dir}"
             )
-            assert s.mounts()["models"] == c.mounts()["models"] == setting(s, "--models") == setting(c, "--models")
             memory_mb = float(setting(s, "--memory-mb"))
             need = epochs * split_memory(memory_mb, models=1).feed_mb
             assert size >= need, f"feed sizeLimit {size:g} MiB < {epochs:g} epochs x the feed budget = {need:g} MiB"
@@ -163,6 +177,35 @@ def check_feed(objects) -> None:
         assert mebibytes(res["limits"]["memory"]) > size, (
             f"{c.name}: memory limit does not hold the feed's {size:g} MiB"
         )
+
+
+def _claim_mb(w: dict, volume: str) -> float:
+    """The size of the claim behind a workload's volume (a StatefulSet's claim template, else a claim)."""
+    for t in w["spec"].get("volumeClaimTemplates", []):
+        if t["metadata"]["name"] == volume:
+            return mebibytes(t["spec"]["resources"]["requests"]["storage"])
+    raise AssertionError(f"{w['metadata']['name']}: volume {volume} has no claim template")
+
+
+def check_models(objects) -> None:
+    """The updater of a pod writes the folder its server serves from: --models, or the copy-down cache
+    (--model-cache-dir) when --models names object storage; that folder is on the models volume, mounted
+    at one path in both. A cache is a folder of the volume (its root may hold a root-only lost+found) and
+    its bound fits the volume's claim."""
+    for c in _updaters(objects):
+        for s in [s for s in _servers(objects) if s.workload is c.workload]:
+            remote = _object_storage(s)
+            served = setting(s, "--model-cache-dir") if remote else setting(s, "--models")
+            assert setting(c, "--models") == served, (
+                f"{c.name}: --models {setting(c, '--models')} is not the folder {s.name} serves from ({served})"
+            )
+            mount = s.mounts().get("models")
+            assert mount is not None and c.mounts().get("models") == mount, f"{c.name}, {s.name}: models volume"
+            assert served == mount or served.startswith(mount + "/"), f"{served} is not on the models volume"
+            if remote:
+                assert served != mount, f"the model cache {served} is the models volume's root (lost+found)"
+                bound, claim = float(setting(s, "--model-cache-mb")), _claim_mb(s.workload, "models")
+                assert bound < claim, f"--model-cache-mb {bound:g} does not fit the models claim ({claim:g} MiB)"
 
 
 def check_resources(objects) -> None:
@@ -233,6 +276,7 @@ def test_the_manifests_match_the_code(layout, app_routes, monkeypatch):
     check_flags(objects, monkeypatch)
     check_variables(objects)
     check_feed(objects)
+    check_models(objects)
     check_resources(objects)
     check_grace(objects)
     check_scaling(objects)
@@ -274,6 +318,14 @@ def _sts(o):
     return find(o, "StatefulSet")
 
 
+def _models_source(o):
+    return find(o, "ConfigMap", "offgraph-models")["data"]
+
+
+def _s3_secret(o):
+    return find(o, "Secret", "offgraph-s3")["stringData"]
+
+
 BROKEN = {
     "probe-path": (lambda o: _server_spec(o)["livenessProbe"]["httpGet"].update(path="/health"), "probes", "/health"),
     "probe-port": (lambda o: _server_spec(o)["startupProbe"]["httpGet"].update(port=8080), "probes", "port 8080"),
@@ -287,6 +339,32 @@ BROKEN = {
         lambda o: _update_settings(o).update(OFFGRAPH_MEMORY_MB="64"),
         "variables",
         "OFFGRAPH_MEMORY_MB names no setting of offgraph update",
+    ),
+    "aws-variable": (lambda o: _s3_secret(o).update(AWS_SECRET_KEY="x"), "variables", "AWS_SECRET_KEY is no"),
+    "aws-variable-of-the-updater": (
+        lambda o: _updater_spec(o)["env"].append({"name": "AWS_REGION", "value": "eu-west-1"}),
+        "variables",
+        "updater: AWS_REGION given, but its --models names no object storage",
+    ),
+    "models-elsewhere": (
+        lambda o: _updater_spec(o)["env"].append({"name": "OFFGRAPH_MODELS", "value": "/models"}),
+        "models",
+        "is not the folder server serves from",
+    ),
+    "cache-off-the-volume": (
+        lambda o: _models_source(o).update(OFFGRAPH_MODEL_CACHE_DIR="/var/cache/offgraph"),
+        "models",
+        "not on the models volume",
+    ),
+    "cache-at-the-volume-root": (
+        lambda o: _models_source(o).update(OFFGRAPH_MODEL_CACHE_DIR="/models"),
+        "models",
+        "lost+found",
+    ),
+    "cache-beyond-the-claim": (
+        lambda o: _models_source(o).update(OFFGRAPH_MODEL_CACHE_MB="51200"),
+        "models",
+        "does not fit the models claim",
     ),
     "feed-unshared": (lambda o: _updater_spec(o)["env"].clear(), "feed", "OFFGRAPH_FEED_SHM unset"),
     "feed-on-disk": (
@@ -328,6 +406,7 @@ def test_each_check_fails_on_a_broken_copy(broken, app_routes, monkeypatch):
         "flags": lambda: check_flags(objects, monkeypatch),
         "variables": lambda: check_variables(objects),
         "feed": lambda: check_feed(objects),
+        "models": lambda: check_models(objects),
         "resources": lambda: check_resources(objects),
         "grace": lambda: check_grace(objects),
         "scaling": lambda: check_scaling(objects),
