@@ -133,7 +133,11 @@ def test_the_rocksdb_pod_serves_a_streamed_row_as_local_processes(tiny_model, tm
                 30,
                 "the updater waiting for a version",
             )
-            publish = subprocess.Popen(  # while the server starts: a version published to the bucket
+            # the kubelet's order: the startup probe, then readiness, which waits for a version
+            server.wait_ready(120, path=server_c.spec["startupProbe"]["httpGet"]["path"])
+            not_yet = httpx.get(server.url + server_c.spec["readinessProbe"]["httpGet"]["path"], timeout=5)
+            assert not_yet.status_code == 503, not_yet.text
+            publish = subprocess.Popen(  # a version published to the bucket, as a user does
                 [sys.executable, "-m", "offgraph.cli", "export", "--run", str(tiny_model[0].parent / "run")]
                 + ["--out", f"{uri}/ml/1", "--shards", "2", "--quant", "fp32", "--no-progress"],
                 env={**os.environ, **s3.env, "OFFGRAPH_UPLOAD_DIR": str(tmp_path / "uploads")},
@@ -141,8 +145,6 @@ def test_the_rocksdb_pod_serves_a_streamed_row_as_local_processes(tiny_model, tm
                 stderr=subprocess.STDOUT,
                 text=True,
             )
-            # the kubelet's order: the startup probe, then readiness
-            server.wait_ready(120, path=server_c.spec["startupProbe"]["httpGet"]["path"])
             out, _ = publish.communicate(timeout=120)
             assert publish.returncode == 0, out[-3000:]
             server.wait_ready(120, path=server_c.spec["readinessProbe"]["httpGet"]["path"])
