@@ -240,7 +240,9 @@ class ModelRegistry:
 
     def _held(self, name: str) -> set[int]:
         """A model's versions the model cache must keep: serving or loading here, labelled or pinned (by this
-        worker's state or the saved admin policy, which every worker follows)."""
+        worker's state or the saved admin policy, which every worker follows), and the one an updater beside
+        the cache writes (its status file): evicting that would pull its store out from under the updater
+        while a newer version that failed to load, or a pin, keeps the server on another."""
         out: set[int] = set()
         h = self.holders.get(name)
         if h is not None:
@@ -250,6 +252,9 @@ class ModelRegistry:
             _, pinned, labels = load_admin_policy(self.models_dir / name)
         except ValueError:
             pinned, labels = None, {}
+        updating = read_status(self.models_dir / name) or {}
+        if isinstance(updating.get("version"), int):
+            out.add(updating["version"])
         return out | set(labels.values()) | ({pinned} if pinned is not None else set())
 
     def _hot_rows(self, holder: ModelHolder) -> dict | None:
