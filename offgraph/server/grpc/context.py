@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 
@@ -30,7 +30,7 @@ class GrpcContext:
 
     state: ServerState
     service_names: tuple[str, ...]
-    background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    background: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
 
     def begin(self, context: grpc.aio.ServicerContext) -> float:
         """Start a call: its deadline for the scoring pool (``CALL_DEADLINE``, in the call's own task); returns
