@@ -131,7 +131,7 @@ def test_predict_bad_bodies_are_4xx_with_an_error_key(client):
         ({"instances": [1, 2]}, 422, "instances[0]"),
         ({"instances": [{"movie_id": {"nested": 1}}]}, 422, "instances[0].movie_id"),
         (b'{"instances": [{"release_year": NaN}]}', 422, "NaN"),
-        ({"instances": [{}], "inputs": {}}, 422, "'inputs'"),
+        ({"instances": [{}], "inputs": {"movie_id": [1]}}, 422, "either 'instances'"),
         ({"instances": [{}] * (MAX_CANDIDATES + 1)}, 422, "instances"),
         ({"instances": [{}], "signature_name": "other"}, 422, "serving_default"),
     ]
@@ -215,7 +215,7 @@ def test_kserve_health_readiness_and_model_metadata(client):
     inputs = client.get("/v1/models/ml").json()["inputs"]
     assert [i["name"] for i in meta["inputs"]] == inputs["request"] + inputs["item"]
     assert {i["name"]: i["datatype"] for i in meta["inputs"]}["release_year"] == "FP64"
-    assert meta["outputs"][0]["name"] == "predictions" and meta["outputs"][0]["datatype"] == "FP32"
+    assert meta["outputs"][0]["name"] == "scores" and meta["outputs"][0]["datatype"] == "FP32"
     assert client.get("/v2/models/ml/versions/1").json() == meta
     server = client.get("/v2").json()
     assert server["name"] == "offgraph" and server["version"]
@@ -282,13 +282,14 @@ def test_request_id_is_in_the_log_lines_of_its_request(client, caplog):
 
 
 # -- OpenAPI -------------------------------------------------------------------------------------------------------
+PREDICT = ("PredictResponse", "ColumnarPredictResponse")  # the row and the columnar format's answers
 NEW_ROUTES = {
-    "/v1/models/{name}:predict": ("post", "PredictResponse"),
-    "/v1/models/{name}/versions/{version}:predict": ("post", "PredictResponse"),
+    "/v1/models/{name}:predict": ("post", PREDICT),
+    "/v1/models/{name}/versions/{version}:predict": ("post", PREDICT),
     "/v1/models/{name}/versions/{version}": ("get", "VersionStatusList"),
     "/v1/models/{name}/metadata": ("get", "ModelMetadata"),
     "/v1/models/{name}/versions/{version}/metadata": ("get", "ModelMetadata"),
-    "/v1/models/{name}/labels/{label}:predict": ("post", "PredictResponse"),
+    "/v1/models/{name}/labels/{label}:predict": ("post", PREDICT),
     "/v1/models/{name}/labels/{label}": ("get", "VersionStatusList"),
     "/v1/models/{name}/labels/{label}/metadata": ("get", "ModelMetadata"),
     "/v2": ("get", "ServerMetadata"),
@@ -298,6 +299,8 @@ NEW_ROUTES = {
     "/v2/models/{name}/versions/{version}": ("get", "KServeModelMetadata"),
     "/v2/models/{name}/ready": ("get", "ModelReady"),
     "/v2/models/{name}/versions/{version}/ready": ("get", "ModelReady"),
+    "/v2/models/{name}/infer": ("post", "InferResponse"),
+    "/v2/models/{name}/versions/{version}/infer": ("post", "InferResponse"),
 }
 
 
@@ -306,7 +309,8 @@ def test_the_new_routes_are_in_openapi_with_typed_answers(client):
     for path, (method, model) in NEW_ROUTES.items():
         op = spec["paths"][path][method]
         ok = op["responses"]["200"]["content"]["application/json"]["schema"]
-        assert ok == {"$ref": f"#/components/schemas/{model}"}, (path, ok)
+        refs = [{"$ref": f"#/components/schemas/{m}"} for m in ((model,) if isinstance(model, str) else model)]
+        assert (ok if len(refs) == 1 else ok["anyOf"]) == (refs[0] if len(refs) == 1 else refs), (path, ok)
         for code, answer in op["responses"].items():
             schema = answer["content"]["application/json"]["schema"]
             if code == "413":  # a Content-Length over the limit is refused before routing, as on every route
@@ -314,5 +318,11 @@ def test_the_new_routes_are_in_openapi_with_typed_answers(client):
             elif code.startswith("4"):
                 assert schema == {"$ref": "#/components/schemas/AnchorError"}, (path, code, schema)
     predict_body = spec["paths"]["/v1/models/{name}:predict"]["post"]["requestBody"]["content"]["application/json"]
-    assert predict_body["schema"]["properties"]["instances"]["maxItems"] == MAX_CANDIDATES
+    rows, columns = (predict_body["schema"]["properties"][k]["anyOf"] for k in ("instances", "inputs"))
+    assert [b["maxItems"] for b in rows if b.get("type") == "array"] == [MAX_CANDIDATES]  # or null: the columns
+    column = [b for b in columns if b.get("type") == "object"][0]["additionalProperties"]
+    assert column["maxItems"] == MAX_CANDIDATES
+    for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):  # fuzzed by schemathesis
+        infer_body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert infer_body["required"] == ["inputs"] and "InferInputTensor" in json.dumps(infer_body), infer_body
     assert "model_version_status" in spec["components"]["schemas"]["ModelStatus"]["properties"]

@@ -3,7 +3,8 @@
 ``ErrorKeyRoute`` (the routers' ``route_class``) answers an exception of its route through the app's own
 handler (``offgraph.server.http.errors``, ``offgraph.server.api.unavailable``: the same status, message, redaction and
 headers, ``Retry-After`` included) and moves the message from ``detail`` to ``error``. The other routes keep
-``{"detail": ...}``. An exception no handler takes is left to the 500 middleware.
+``{"detail": ...}``. An exception no handler takes is left to the 500 middleware. ``BadRequestRoute`` answers
+400 where the others answer 422 (KServe v2's inference).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def _handler_for(request: Request, exc: Exception) -> Callable | None:
 
 
 class ErrorKeyRoute(APIRoute):
+    invalid_status = 422
+    """The status of a request the route cannot use (the app's handlers answer 422)."""
+
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
 
@@ -58,6 +62,14 @@ class ErrorKeyRoute(APIRoute):
                 answer = await handler(request, exc)
                 body = json.loads(bytes(answer.body))
                 headers = {k: v for k, v in answer.headers.items() if k not in _DROPPED}
-                return JSONResponse({"error": body["detail"]}, status_code=answer.status_code, headers=headers)
+                status = self.invalid_status if answer.status_code == 422 else answer.status_code
+                return JSONResponse({"error": body["detail"]}, status_code=status, headers=headers)
 
         return handle_with_error_key
+
+
+class BadRequestRoute(ErrorKeyRoute):
+    """KServe v2's inference: every request it cannot use is a 400, as its protocol says (the 422s of the body's
+    checks and of the score path, with their messages)."""
+
+    invalid_status = 400

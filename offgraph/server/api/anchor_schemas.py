@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema
 
 from offgraph.server.api.schemas import MODEL_VERSION_STATUS_DOC, ModelVersionStatus, ScoreKind
+from offgraph.server.api.tensor_inputs import DATATYPES
 
 InputScope = Literal["request", "item", "both"]
 SCOPE_DOC = (
@@ -20,6 +21,13 @@ class PredictResponse(BaseModel):
     predictions: list[float] = Field(
         description="One score per instance, in instance order: the same as `:score` gives for those candidates "
         "(calibrated CTRs, or ranking scores: `GET /v1/models/{name}` `loaded.score_kind`)."
+    )
+
+
+class ColumnarPredictResponse(BaseModel):
+    outputs: list[float] = Field(
+        description="TensorFlow Serving's columnar answer (to `inputs`): one score per candidate, in the inputs' "
+        "order, the same as `:score` gives for those candidates."
     )
 
 
@@ -96,8 +104,15 @@ class ServerMetadata(BaseModel):
 
 class MetadataTensor(BaseModel):
     name: str
-    datatype: Literal["BYTES", "FP64", "FP32"] = Field(description="`FP64`: a number; `BYTES`: a string.")
-    shape: list[int] = Field(description="-1: any size; the first dimension is 1 for a request-scope input.")
+    datatype: Literal["BYTES", "FP64", "FP32"] = Field(
+        description="`FP64`: a number (`infer` takes any integer or floating datatype for it); `BYTES`: a string "
+        "(an id may be sent as an integer datatype too)."
+    )
+    shape: list[int] = Field(
+        description="-1: any size. The first dimension: one element per candidate (-1), or 1 for a request-scope "
+        "input (given once, or one element per candidate, all equal); a second -1: a list of values per candidate "
+        '(`[N, K]`, padded with "" where a candidate has fewer).'
+    )
     parameters: dict[str, str] | None = Field(default=None, description="`scope`: " + SCOPE_DOC)
 
 
@@ -107,3 +122,79 @@ class KServeModelMetadata(BaseModel):
     platform: str
     inputs: list[MetadataTensor]
     outputs: list[MetadataTensor]
+
+
+# The KServe v2 inference request and answer (REST ``/v2/models/{name}[/versions/{v}]/infer``). ``data`` is any
+# JSON array: its elements are checked against the datatype by offgraph.server.api.tensor_inputs, which words
+# the 400s naming the input (a schema could not say which elements go with which datatype, nor the shape).
+_DATA_SCHEMA = {
+    "type": "array",
+    "items": {"anyOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "array"}]},
+    "description": "The tensor's elements, flat in row-major order (or nested): strings for BYTES, booleans for "
+    "BOOL, numbers otherwise. Absent when `parameters.binary_data_size` gives them as binary data after the JSON.",
+}
+InferParameter = Union[StrictBool, StrictInt, float, StrictStr]
+
+
+class InferInputTensor(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="A raw input of the model (`GET /v2/models/{name}` lists them).")
+    shape: list[Annotated[int, Field(ge=0)]] = Field(
+        description="`[N]` or `[N, 1]`: one element per candidate; `[N, K]`: a list of K values per candidate "
+        '(padded with ""); `[1]` (`[1, K]`) for a request-scope input given once.'
+    )
+    datatype: Literal[DATATYPES] = Field(  # type: ignore[valid-type]
+        description="As the metadata says, or a compatible one: any integer or floating datatype for a number, "
+        "BYTES (or an integer datatype) for an id or a string."
+    )
+    parameters: dict[str, InferParameter] | None = Field(
+        default=None,
+        description="`binary_data_size`: the byte size of this input's binary data (the binary tensor extension: "
+        "the bytes follow the JSON, in input order, after `Inference-Header-Content-Length` bytes of JSON).",
+    )
+    data: Annotated[list[Any] | None, WithJsonSchema(_DATA_SCHEMA)] = None
+
+
+class InferRequestedOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["scores"] = Field(description="The model's only output.")
+    parameters: dict[str, InferParameter] | None = Field(
+        default=None,
+        description="`binary_data`: true for the scores as binary data (little-endian FP32) after the JSON.",
+    )
+
+
+class InferRequest(BaseModel):
+    """A KServe v2 inference request: the candidates' raw features as named tensors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(default=None, description="Echoed in the answer.")
+    parameters: dict[str, InferParameter] | None = Field(
+        default=None,
+        description="`label`: a version label (`canary`): the version it names scores (404 for an unknown label; "
+        "with `/versions/{v}` it must name v). `binary_data_output`: true for binary outputs. Others are ignored.",
+    )
+    inputs: list[InferInputTensor] = Field(min_length=1, description="The model's raw inputs, each at most once.")
+    outputs: list[InferRequestedOutput] | None = Field(default=None, description="`scores`, the only output.")
+
+
+class InferOutputTensor(BaseModel):
+    name: Literal["scores"]
+    datatype: Literal["FP32"]
+    shape: list[int] = Field(description="`[N]`: one score per candidate.")
+    data: list[float] | None = Field(
+        default=None, description="The scores, in candidate order (absent when sent as binary data)."
+    )
+    parameters: dict[str, int] | None = Field(default=None, description="`binary_data_size` of binary scores.")
+
+
+class InferResponse(BaseModel):
+    """The scores the `:score` route gives for the same candidates, and the version that made them."""
+
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[InferOutputTensor]

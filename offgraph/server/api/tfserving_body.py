@@ -1,4 +1,5 @@
-"""TensorFlow Serving's ``{"instances": [...]}`` as one score request: the request and its candidates.
+"""TensorFlow Serving's predict body (``{"instances": [...]}`` rows, or ``{"inputs": {...}}`` columns) as one score
+request: the request and its candidates.
 
 Each instance is one candidate's raw features, and may carry the request-scope inputs too (TF Serving
 users send whole rows). The inputs the model reads only at request scope are taken out of the instances:
@@ -6,17 +7,18 @@ each has one value for the whole request, so it must be the same in every instan
 them unless ``context`` (the body's field for the shared request features) gives it (a row without it
 would be a row with no value), and agree with ``context``. A conflict is a 422 naming the input and the
 two places. The other keys of an instance stay in its candidate (the score path ignores those the model
-does not read).
+does not read). Columns (``inputs``) are made rows by ``offgraph.server.api.tensor_inputs.rows_from_columns``, as
+KServe's tensors are, and then follow the same rule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from offgraph.server.api.schemas import Features, ScoreRequest
+from offgraph.server.api.schemas import Features, FeatureValue, ScoreRequest
 from offgraph.server.api.score_body import JsonBody
 from offgraph.server.http.errors import ApiError
 
@@ -34,30 +36,68 @@ CONTEXT_DOC = (
 _SCORE: dict[str, Any] = cast(dict, ScoreRequest.model_config["json_schema_extra"])["examples"][0]  # one example
 
 
+INPUTS_DOC = (
+    "TensorFlow Serving's columnar format, instead of `instances`: one list per input name, holding that input's "
+    'value for each candidate in order (a value list is one item: `[["Drama"], ["Comedy", "Drama"]]`). '
+    "Every list has the same length (the candidates, at most --max-candidates), except a request-scope input, "
+    "which may be a list of one value (given once). Names are the model's inputs (`GET /v1/models/{name}/metadata`); "
+    'another name is a 422. The answer is `{"outputs": [...]}`.'
+)
+
+
 class PredictRequest(BaseModel):
-    """TensorFlow Serving's row format: the instances to score, and the request features they share."""
+    """TensorFlow Serving's predict body: the row format (`instances`, and the request features they share in
+    `context`) or the columnar format (`inputs`), one of the two."""
 
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={"examples": [{"context": _SCORE["request"], "instances": _SCORE["candidates"]}]},
     )
 
-    instances: list[Features] = Field(min_length=1, description=INSTANCES_DOC)
+    instances: list[Features] | None = Field(default=None, min_length=1, description=INSTANCES_DOC)
+    inputs: dict[str, list[FeatureValue]] | None = Field(default=None, min_length=1, description=INPUTS_DOC)
     context: Features = Field(default_factory=dict, description=CONTEXT_DOC)
     signature_name: Literal["serving_default"] | None = Field(
         default=None, description="TensorFlow Serving's signature: `serving_default` (the only one), or omitted."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _named_columns_only(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("inputs"), list):
+            raise ValueError(
+                "'inputs' is a list: TensorFlow Serving's unnamed columnar form is not taken, name each input "
+                '(\'{"inputs": {"movie_id": [242, 302]}}\')'
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _one_format(self) -> PredictRequest:
+        if (self.instances is None) == (self.inputs is None):
+            raise ValueError("send either 'instances' (the row format) or 'inputs' (the columnar format), one of them")
+        if self.inputs is not None and self.context:
+            raise ValueError(
+                "'context' goes with 'instances': in the columnar format a request-scope input is a list of one value"
+            )
+        return self
+
 
 class PredictBody(JsonBody):
-    """``parse(request)`` -> ``PredictRequest`` with at most ``max_candidates`` instances."""
+    """``parse(request)`` -> ``PredictRequest`` with at most ``max_candidates`` instances (or values per input)."""
 
     def __init__(self, max_candidates: int):
         model = create_model(
             "PredictRequest",
             __base__=PredictRequest,
             __doc__=PredictRequest.__doc__,
-            instances=(list[Features], Field(min_length=1, max_length=max_candidates, description=INSTANCES_DOC)),
+            instances=(
+                list[Features] | None,
+                Field(default=None, min_length=1, max_length=max_candidates, description=INSTANCES_DOC),
+            ),
+            inputs=(
+                dict[str, Annotated[list[FeatureValue], Field(min_length=1, max_length=max_candidates)]] | None,
+                Field(default=None, min_length=1, description=INPUTS_DOC),
+            ),
         )
         super().__init__(model, "predict body")
 
@@ -76,12 +116,29 @@ def _show(v: Any, limit: int = 60) -> str:
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
-def _conflict(key: str, where: str, value: Any, other: str, other_value: Any = None, missing: bool = False) -> ApiError:
+_ONCE = {
+    "instances": "send it once in 'context', or the same in every instance",
+    "candidates": "send it once (shape [1]; in the columnar format a list of one value), or the same value for "
+    "every candidate",
+}
+"""How to send a request-scope input right, by what the rows are called: the row format's instances, or the
+candidates that named tensors' elements stand for (``offgraph.server.api.tensor_inputs``)."""
+
+
+def _conflict(
+    key: str,
+    where: str,
+    value: Any,
+    other: str,
+    other_value: Any = None,
+    missing: bool = False,
+    rows: str = "instances",
+) -> ApiError:
     said = "does not send it" if missing else f"has {_show(other_value)}"
     return ApiError(
         422,
         f"request-scope input '{key}' has one value per request, but {where} has {_show(value)} and {other} {said}: "
-        "send it once in 'context', or the same in every instance",
+        + _ONCE[rows],
     )
 
 
@@ -90,9 +147,11 @@ def split_instances(
     context: Mapping[str, Any],
     request_only: Collection[str],
     item_only: Collection[str],
+    rows: str = "instances",
 ) -> tuple[dict[str, Any], list[Mapping[str, Any]]]:
     """(request, candidates) of a predict body, for a model reading ``request_only`` inputs at request scope
-    only and ``item_only`` at item scope only; an ``ApiError`` 422 names a conflict."""
+    only and ``item_only`` at item scope only; an ``ApiError`` 422 names a conflict, calling the instances
+    ``rows`` (``instances``, or ``candidates``: the elements of named tensors)."""
     for key in context:
         if key in item_only:
             raise ApiError(422, f"input '{key}' in 'context' is an item-scope input: send it in each instance instead")
@@ -105,12 +164,12 @@ def split_instances(
             where, value = "'context'", context[key]
         else:
             first = next(i for i, inst in enumerate(instances) if key in inst)
-            where, value = f"instances[{first}]", instances[first][key]
+            where, value = f"{rows}[{first}]", instances[first][key]
         for i, inst in enumerate(instances):
             if key not in inst:
                 if key not in context:
-                    raise _conflict(key, where, value, f"instances[{i}]", missing=True)
+                    raise _conflict(key, where, value, f"{rows}[{i}]", missing=True, rows=rows)
             elif not _same(inst[key], value):
-                raise _conflict(key, where, value, f"instances[{i}]", inst[key])
+                raise _conflict(key, where, value, f"{rows}[{i}]", inst[key], rows=rows)
         request[key] = value
     return request, [{k: v for k, v in inst.items() if k not in keys} for inst in instances]

@@ -1,23 +1,23 @@
 """TensorFlow Serving's REST API, beside offgraph's own: ``:predict``, model status and metadata.
 
 ``POST /v1/models/{name}[/versions/{v}]:predict`` takes ``{"instances": [...], "context": {...}}``
-(``offgraph.server.api.tfserving_body``) and answers ``{"predictions": [...]}``: the request and candidates it
-stands for are scored by the ``:score`` path itself (``ModelHolder.score`` in the scoring pool, the same
-metrics), so the scores are the same. ``GET /v1/models/{name}/versions/{v}`` is TF Serving's model status
+(``offgraph.server.api.tfserving_body``) and answers ``{"predictions": [...]}``, or takes the columnar
+``{"inputs": {...}}`` and answers ``{"outputs": [...]}``: the request and candidates it stands for are scored
+by the ``:score`` path itself (``offgraph.server.api.predict_scoring``: ``ModelHolder.score`` in the scoring pool,
+the same metrics), so the scores are the same. ``GET /v1/models/{name}/versions/{v}`` is TF Serving's model status
 of one version (``GET /v1/models/{name}`` carries ``model_version_status`` for all of them),
 ``GET /v1/models/{name}[/versions/{v}]/metadata`` the ``serving_default`` signature of the served version.
 ``/labels/{label}`` stands in for ``/versions/{v}`` on each of these routes: the version the label names.
 Errors are ``{"error": ...}`` (``offgraph.server.api.anchor_errors``).
 """
 
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from offgraph.features import FeatureValueError
 from offgraph.server.api.anchor_errors import AnchorError, ErrorKeyRoute, error_key_responses
 from offgraph.server.api.anchor_schemas import (
+    ColumnarPredictResponse,
     MetadataBody,
     ModelMetadata,
     ModelSpec,
@@ -31,14 +31,16 @@ from offgraph.server.api.anchor_schemas import (
 )
 from offgraph.server.api.deps import Holder, LabelName, PathView, State, VersionNumber
 from offgraph.server.api.model_inputs import describe_inputs, shape
+from offgraph.server.api.predict_scoring import score_rows, scored
 from offgraph.server.api.schemas import ErrorResponse
 from offgraph.server.api.state import ServerState
-from offgraph.server.api.tfserving_body import PredictBody, split_instances
+from offgraph.server.api.tensor_inputs import rows_from_columns
+from offgraph.server.api.tfserving_body import PredictBody
 from offgraph.server.api.version_status import serving_version, version_status
 from offgraph.server.config import ServerConfig
 from offgraph.server.http import path_convertors  # noqa: F401 - registers the no_colon convertor
 from offgraph.server.http.errors import ApiError
-from offgraph.server.models.served import ModelHolder, NotServing
+from offgraph.server.models.served import ModelHolder
 from offgraph.server.process.metrics import START_KEY
 
 SIGNATURE = "serving_default"
@@ -61,37 +63,27 @@ _PREDICT_ERRORS = {
 _STATUS_ERRORS = error_key_responses(**_NAME_ERRORS, e503="The model's first load is under way (`Retry-After`).")
 
 
-def _score_instances(holder: ModelHolder, body: Any, version: int | None, label: str | None) -> tuple[int, Any]:
-    """Split the instances with the scopes of the version asked for and score them (in a scoring thread).
-
-    A swap between the split and the score to a version whose spec moves an input to the other scope
-    is refused by the score path's own scope check (a 422), never scored silently wrong."""
-    sv = holder.peek(version, label)
-    if sv is None:  # the score call answers why (loading, unloaded, not served)
-        request, candidates = dict(body.context), body.instances
-    else:
-        spec = sv.scorer.spec
-        req_in, item_in = set(spec.raw_inputs("request")), set(spec.raw_inputs("item"))
-        request, candidates = split_instances(body.instances, body.context, req_in - item_in, item_in - req_in)
-    try:
-        served, scores, _, _ = holder.score(request, candidates, version, label)
-    except FeatureValueError as e:  # the score path's words, with the instances' name for the candidates
-        raise ApiError(422, f"bad feature value: {str(e).replace('candidates[', 'instances[')}") from None
-    return served, scores
+def score_instances(holder: ModelHolder, body: Any, version: int | None, label: str | None) -> tuple[int, Any]:
+    """The row format's ``body.instances`` sharing ``body.context``, scored (in a scoring thread): the gRPC
+    ``Predict``'s entry too (``offgraph.server.grpc.tfserving``)."""
+    return score_rows(holder, body.instances, body.context, version, label)
 
 
 async def _predict(
     holder: ModelHolder, state: ServerState, request: Request, body: Any, version: int | None, label: str | None = None
 ) -> Response:
-    try:
-        _, scores = await state.run_scoring(_score_instances, holder, body, version, label)
-    except NotServing as e:
-        raise ApiError(404, str(e)) from None
-    state.metrics.observe_score(
-        holder.name, len(body.instances), time.perf_counter() - request.scope.get(START_KEY, 0.0)
-    )
+    started = request.scope.get(START_KEY, 0.0)
+    out: PredictResponse | ColumnarPredictResponse
+    if body.inputs is None:  # the row format
+        _, scores = await scored(state, holder, started, score_instances, body, version, label)
+        out = PredictResponse(predictions=scores.tolist())
+    else:  # the columnar format: the same rows, made of the named columns for the version's inputs
+        inputs = describe_inputs(serving_version(holder, version, label).scorer.spec)
+        rows, once = rows_from_columns(body.inputs, inputs, state.config.max_candidates)
+        _, scores = await scored(state, holder, started, score_rows, rows, once, version, label, "candidates")
+        out = ColumnarPredictResponse(outputs=scores.tolist())
     # pydantic's own encoder, as :score (FastAPI's default path would render each float in Python)
-    return Response(PredictResponse(predictions=scores.tolist()).model_dump_json(), media_type="application/json")
+    return Response(out.model_dump_json(), media_type="application/json")
 
 
 def build_router(config: ServerConfig) -> APIRouter:
@@ -107,12 +99,14 @@ def build_router(config: ServerConfig) -> APIRouter:
     predict_doc = (
         "TensorFlow Serving's row format: one instance per candidate, scores in instance order (the same as "
         "`:score` gives). Request-scope inputs go once in `context`, or in the instances (whole rows), with the "
-        'same value in each: two values are a 422 naming the input. Errors are `{"error": ...}`.'
+        "same value in each: two values are a 422 naming the input. Or its columnar format: `inputs`, one list "
+        "per input name (one value per candidate; a request-scope input may be a list of one), answered "
+        '`{"outputs": [...]}`. Errors are `{"error": ...}`.'
     )
 
     @router.post(
         "/v1/models/{name}:predict",
-        response_model=PredictResponse,
+        response_model=PredictResponse | ColumnarPredictResponse,
         summary="Predict (TensorFlow Serving)",
         description=predict_doc,
         responses=_PREDICT_ERRORS,
@@ -123,7 +117,7 @@ def build_router(config: ServerConfig) -> APIRouter:
 
     @router.post(
         "/v1/models/{name}/versions/{version}:predict",
-        response_model=PredictResponse,
+        response_model=PredictResponse | ColumnarPredictResponse,
         summary="Predict with a version (TensorFlow Serving)",
         description=predict_doc + " The version must serve, by default or labelled (404 otherwise).",
         responses=_PREDICT_ERRORS,
@@ -136,7 +130,7 @@ def build_router(config: ServerConfig) -> APIRouter:
 
     @router.post(
         "/v1/models/{name}/labels/{label}:predict",
-        response_model=PredictResponse,
+        response_model=PredictResponse | ColumnarPredictResponse,
         summary="Predict with a labelled version (TensorFlow Serving)",
         description=predict_doc + " Scored by the version the label names (404 for an unknown label).",
         responses=_PREDICT_ERRORS,

@@ -1,0 +1,254 @@
+"""Named tensors as rows of raw features: KServe v2 inputs (REST, its binary tensor extension, gRPC's typed contents
+and ``raw_input_contents``) and TensorFlow Serving's columnar format (``{"inputs": {...}}``).
+
+Each protocol decodes its own wire form into ``Tensor`` s (or, columnar JSON, straight into columns); this module
+turns them into the rows and shared request features of the row format, which ``predict_scoring.score_rows``
+scores by the ``:score`` path (``tfserving_body.split_instances`` decides the request scope, ``Scorer.score_joined``
+everything else): one conversion for every named-tensor protocol, no second copy of the request maths or checks.
+
+The conventions (offgraph/server/README.md, "KServe v2 inference"):
+
+- an input is one of the model's raw inputs, by the name the metadata lists; any other name is refused;
+- one element per candidate: shape ``[N]`` or ``[N, 1]``, the same N for every input; a request-scope input may
+  instead be given once (``[1]``). Given N times, its elements must all be equal (the row format's rule);
+- a list of values per candidate (an input whose metadata shape ends in -1: ``id`` and ``tokenize`` inputs): shape
+  ``[N, K]``, K values per candidate, padded with no value (``""``, NaN) where a candidate has fewer (the padding
+  is dropped: the list is what the candidate has); ``[1, K]`` for a request-scope list given once;
+- a number input (metadata ``FP64``) takes any integer or floating datatype; NaN is *no value*;
+- any other input (strings, ids: metadata ``BYTES``) takes ``BYTES`` (UTF-8 text; ``""`` is no value), an integer
+  datatype or ``BOOL`` (an id hashes as its decimal text: 196 and "196" are one id), or a floating one.
+
+Every problem is an ``ApiError`` 422 naming the input (the score path's status for a bad body; KServe's REST route
+answers it 400, gRPC ``INVALID_ARGUMENT``); the score path's own errors keep their words.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from offgraph.server.api.model_inputs import InputInfo
+from offgraph.server.http.errors import ApiError
+
+NUMPY_DTYPES: dict[str, str] = {
+    "BOOL": "?",
+    "INT8": "<i1",
+    "INT16": "<i2",
+    "INT32": "<i4",
+    "INT64": "<i8",
+    "UINT8": "<u1",
+    "UINT16": "<u2",
+    "UINT32": "<u4",
+    "UINT64": "<u8",
+    "FP16": "<f2",
+    "FP32": "<f4",
+    "FP64": "<f8",
+}
+"""KServe v2 datatypes of fixed size and their raw (little-endian) layout."""
+
+DATATYPES = (*NUMPY_DTYPES, "BYTES")
+INTEGERS = frozenset(d for d in NUMPY_DTYPES if "INT" in d)
+FLOATS = frozenset({"FP16", "FP32", "FP64"})
+NUMBERS = INTEGERS | FLOATS
+
+_LENGTH = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One named input as sent: ``data`` its elements (flat, or nested as JSON may send them), or ``raw`` its bytes
+    (fixed-size elements little-endian, ``BYTES`` elements each a 4-byte little-endian length and the bytes)."""
+
+    name: str
+    datatype: str
+    shape: Sequence[int]
+    data: Sequence[Any] | None = None
+    raw: bytes | None = None
+
+
+def _bad(message: str) -> ApiError:
+    return ApiError(422, message)
+
+
+def metadata_datatype(info: InputInfo) -> str:
+    """The datatype the model metadata gives an input (the one clients are told to send)."""
+    return "FP64" if info.number else "BYTES"
+
+
+def _dims(t: Tensor, info: InputInfo, max_candidates: int) -> tuple[int, int | None]:
+    """(candidates N, values per candidate K, or None for one value each) of the tensor's shape."""
+    shape = list(t.shape)
+    if not all(type(d) is int and d >= 0 for d in shape):
+        raise _bad(f"input '{t.name}' has shape {shape}: dimensions are non-negative integers")
+    lists = " or [N, K] (K values per candidate)" if info.takes_list else ""
+    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1 and not info.takes_list):
+        raise _bad(f"input '{t.name}' has shape {shape}: send one element per candidate, shape [N] or [N, 1]{lists}")
+    if shape[0] == 0:
+        raise _bad(f"input '{t.name}' has shape {shape}: no candidates (at least one)")
+    if shape[0] > max_candidates:
+        raise _bad(
+            f"input '{t.name}' has {shape[0]} candidates, at most {max_candidates} per request (--max-candidates)"
+        )
+    return shape[0], (shape[1] if len(shape) == 2 and shape[1] != 1 else None)
+
+
+def _flat(data: Sequence[Any]) -> list[Any]:
+    """JSON ``data`` flattened in row-major order (KServe lets clients send it nested)."""
+    if not any(type(x) is list for x in data):
+        return list(data)
+    out: list[Any] = []
+    for x in data:
+        out.extend(_flat(x) if type(x) is list else [x])
+    return out
+
+
+def _raw_bytes_elements(t: Tensor, raw: bytes, count: int) -> list[bytes]:
+    out: list[bytes] = []
+    at = 0
+    while at < len(raw):
+        if at + 4 > len(raw):
+            raise _bad(f"input '{t.name}': raw BYTES data ends inside an element's 4-byte length (at byte {at})")
+        (n,) = _LENGTH.unpack_from(raw, at)
+        if at + 4 + n > len(raw):
+            raise _bad(f"input '{t.name}': raw BYTES element {len(out)} is {n} bytes long, past the data's end")
+        out.append(raw[at + 4 : at + 4 + n])
+        at += 4 + n
+        if len(out) > count:
+            break
+    if len(out) != count:
+        raise _bad(
+            f"input '{t.name}' has shape {list(t.shape)} ({count} elements) but its raw data holds more or fewer"
+        )
+    return out
+
+
+def _elements(t: Tensor, count: int) -> list[Any]:
+    """The tensor's ``count`` elements as Python values, checked against its datatype."""
+    if t.raw is not None:
+        if t.datatype == "BYTES":
+            return _raw_bytes_elements(t, t.raw, count)
+        dtype = np.dtype(NUMPY_DTYPES[t.datatype])
+        if len(t.raw) != count * dtype.itemsize:
+            raise _bad(
+                f"input '{t.name}' has {len(t.raw)} bytes of raw data, but shape {list(t.shape)} of {t.datatype} "
+                f"takes {count * dtype.itemsize}"
+            )
+        return np.frombuffer(t.raw, dtype).tolist()
+    elements = _flat(t.data or ())
+    if len(elements) != count:
+        raise _bad(
+            f"input '{t.name}' has {len(elements)} elements in its data, but its shape {list(t.shape)} says {count}"
+        )
+    want: tuple[type, ...]
+    if t.datatype == "BYTES":
+        want, what = (str, bytes), "strings"
+    elif t.datatype == "BOOL":
+        want, what = (bool,), "booleans"
+    elif t.datatype in INTEGERS:
+        want, what = (int,), "integers"
+    else:
+        want, what = (int, float), "numbers"
+    for i, x in enumerate(elements):
+        if type(x) not in want:
+            raise _bad(f"input '{t.name}' element {i} is {_show(x)}: {t.datatype} data are {what}")
+    return elements
+
+
+def _show(x: Any) -> str:
+    r = repr(x)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _text(t: Tensor, i: int, x: str | bytes) -> str:
+    if type(x) is str:
+        return x
+    try:
+        return x.decode("utf-8")  # type: ignore[union-attr]
+    except UnicodeDecodeError:
+        raise _bad(f"input '{t.name}' element {i} is not UTF-8 text") from None
+
+
+def _no_nan(x: Any) -> Any:
+    return None if type(x) is float and math.isnan(x) else x
+
+
+def _no_value(x: Any) -> bool:
+    return x == "" or x is None or (type(x) is float and math.isnan(x))
+
+
+def column(t: Tensor, info: InputInfo, max_candidates: int) -> list[Any]:
+    """The raw feature values of ``t`` (one per candidate), for the model input ``info`` it names."""
+    if t.datatype not in DATATYPES:
+        raise _bad(f"input '{t.name}' has datatype {t.datatype!r}: one of {', '.join(DATATYPES)}")
+    n, k = _dims(t, info, max_candidates)
+    elements = _elements(t, n * (1 if k is None else k))
+    if info.number:
+        if t.datatype not in NUMBERS:
+            raise _bad(f"input '{t.name}' is a number: send it as FP64, FP32 or an integer datatype, not {t.datatype}")
+        values = [_no_nan(x) for x in elements]
+    elif t.datatype == "BYTES":
+        values = [_text(t, i, x) for i, x in enumerate(elements)]
+    else:
+        values = [_no_nan(x) for x in elements]
+    if k is None:
+        return values
+    # K values per candidate: its list, the no-value padding dropped (a list is never cut or padded by the score
+    # path: its length is what the field's max_values checks)
+    return [[x for x in values[i * k : (i + 1) * k] if not _no_value(x)] for i in range(n)]
+
+
+def rows_from_columns(
+    columns: Mapping[str, Sequence[Any]], inputs: Sequence[InputInfo], max_candidates: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(rows, request features given once) of named columns of raw feature values: one value per candidate,
+    or one for a request-scope input given once. An unknown name, an empty column or columns of different
+    lengths is a 422 naming the input."""
+    known = {i.name: i for i in inputs}
+    names = ", ".join(known)
+    if not columns:
+        raise _bad(f"no inputs: send the model's inputs by name ({names})")
+    for name in columns:
+        if name not in known:
+            raise _bad(f"unknown input '{name[:60]}': the model's inputs are {names}")
+    longest = max(columns, key=lambda k: len(columns[k]))
+    n = len(columns[longest])
+    if n > max_candidates:
+        raise _bad(f"input '{longest}' has {n} elements, at most {max_candidates} per request (--max-candidates)")
+    per_row: dict[str, Sequence[Any]] = {}
+    once: dict[str, Any] = {}
+    for name, col in columns.items():
+        if len(col) == n:
+            per_row[name] = col
+        elif len(col) == 1 and known[name].scope == "request":
+            once[name] = col[0]
+        else:
+            given_once = " (or one, a request-scope input)" if known[name].scope == "request" else ""
+            raise _bad(
+                f"inputs disagree on the number of candidates: '{name}' has {len(col)} elements, '{longest}' "
+                f"has {n}: every input has one per candidate{given_once}"
+            )
+    if not per_row:
+        return [{}], once
+    keys = list(per_row)
+    return [dict(zip(keys, values)) for values in zip(*per_row.values())], once
+
+
+def rows_from_tensors(
+    tensors: Sequence[Tensor], inputs: Sequence[InputInfo], max_candidates: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``rows_from_columns`` of KServe v2 input tensors, each decoded by ``column`` for the input it names."""
+    known = {i.name: i for i in inputs}
+    columns: dict[str, list[Any]] = {}
+    for t in tensors:
+        if t.name in columns:
+            raise _bad(f"input '{t.name[:60]}' is sent twice")
+        info = known.get(t.name)
+        if info is None:
+            raise _bad(f"unknown input '{t.name[:60]}': the model's inputs are {', '.join(known)}")
+        columns[t.name] = column(t, info, max_candidates)
+    return rows_from_columns(columns, inputs, max_candidates)
