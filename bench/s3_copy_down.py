@@ -155,6 +155,8 @@ def main() -> int:
     mib_s = {a: [mib / s for s in xs] for a, xs in seconds.items()}
     med = {a: statistics.median(xs) for a, xs in mib_s.items()}
     ratio = med["copy_down"] / med["obstore"]
+    # the same alternation's two arms met the same load: their ratio, alternation by alternation
+    paired = [c / o for c, o in zip(mib_s["copy_down"], mib_s["obstore"], strict=True)]
     report = {
         "rows": float(args.rows),
         "version_mib": mib,
@@ -166,6 +168,8 @@ def main() -> int:
         "mib_s": mib_s,
         "median_mib_s": med,
         "copy_down_over_obstore": ratio,
+        "copy_down_over_obstore_paired": paired,
+        "copy_down_over_obstore_paired_median": statistics.median(paired),
         "boto3_over_obstore": med["boto3"] / med["obstore"],
         "cache_disk_bytes_during_copy": peak_disk,
         "cpus": os.cpu_count(),
@@ -185,6 +189,8 @@ def main() -> int:
             "",
             f"copy_down / obstore: x{ratio:.2f} (acceptance >= x{LIMITS['copy_down / obstore throughput']}): "
             f"{'PASS' if report['passed'] else 'FAIL'}; boto3 / obstore x{report['boto3_over_obstore']:.2f}",
+            f"copy_down / obstore alternation by alternation: {', '.join(f'x{r:.2f}' for r in paired)} "
+            f"(median x{statistics.median(paired):.2f})",
             f"local cache disk during a copy: {peak_disk / 2**20:.0f} MiB (the version; --model-cache-mb must hold "
             "the versions that serve plus this one)",
         ]
