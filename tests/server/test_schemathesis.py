@@ -45,8 +45,20 @@ values = ["canary"]
 "path.name" = { dictionary = "models", probability = 0.8 }
 "path.version" = { dictionary = "versions", probability = 0.8 }
 "path.label" = { dictionary = "labels", probability = 0.8 }
+
+# Named tensors and columns (KServe v2's infer, TF Serving's columnar :predict): which names a model takes and that
+# every input has one element per candidate are the model's (its metadata), which a JSON Schema cannot say. A
+# schema-valid body may name an input the model lacks or give inputs of two lengths: its answer is the documented
+# 400 (KServe) or 422 (TF Serving) naming the input, not a 2xx. Every other check holds for them as for any route.
+[[operations]]
+include-path-regex = "/infer$"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404", "503"]
+
+[[operations]]
+include-path-regex = ":predict$"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "404", "422", "503"]
 """
-OPERATIONS = 26
+OPERATIONS = 28
 """Every operation of /openapi.json: offgraph's own, TensorFlow Serving's and KServe v2's."""
 
 

@@ -51,7 +51,10 @@ class PredictRequest(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"context": _SCORE["request"], "instances": _SCORE["candidates"]}]},
+        json_schema_extra={
+            "examples": [{"context": _SCORE["request"], "instances": _SCORE["candidates"]}],
+            "oneOf": [{"required": ["instances"]}, {"required": ["inputs"]}],  # the row or the columnar format
+        },
     )
 
     instances: list[Features] | None = Field(default=None, min_length=1, description=INSTANCES_DOC)
