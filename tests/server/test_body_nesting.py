@@ -189,7 +189,8 @@ def test_every_body_route_refuses_a_deep_body_naming_the_limit(app):
                         assert 400 <= r.status_code < 500, case  # never a 500
                         if schema is None:
                             continue  # a route that reads no body (:unload, :rollback): its own answer
-                        assert r.status_code == 422, case
+                        # KServe v2's inference answers any request it cannot use 400 (the same words)
+                        assert r.status_code == (400 if path.endswith("/infer") else 422), case
                         text = r.json().get("detail") or r.json().get("error")
                         total = depth + where.count(".") + where.count("[") + (where != "top-level")
                         assert (NAMED in text) == (total > MAX_JSON_DEPTH), case
