@@ -107,6 +107,11 @@ def tensors(meta: dict, req: dict, cands: list[dict], once: bool = True) -> list
     return out
 
 
+def _data(arr: np.ndarray) -> list:
+    """A tensor's elements as JSON ``data``: flat, BYTES as text."""
+    return [x.decode() if isinstance(x, bytes) else x for x in arr.flatten().tolist()]
+
+
 def expected(http, req, cands, version: str | None, label: str | None) -> tuple[np.ndarray, int]:
     body = {"request": req, "candidates": cands}
     if version is not None:
@@ -160,7 +165,24 @@ def test_rest_infer_without_outputs_answers_binary_scores_as_triton_asks(server,
         inputs.append(t)
     res = client.infer("ml", inputs)
     assert "data" not in res.get_output("scores") and res.get_output("scores")["parameters"]["binary_data_size"]
-    assert np.abs(res.as_numpy("scores") - expected(http, req, cands, None, None)[0]).max() <= TOL
+    want = expected(http, req, cands, None, None)[0]
+    assert np.abs(res.as_numpy("scores") - want).max() <= TOL
+    # an output's own binary_data wins over the request's binary_data_output, which holds for the others
+    body = {
+        "inputs": [
+            {"name": n, "datatype": d, "shape": list(a.shape), "data": _data(a)}
+            for n, d, a in tensors(meta, req, cands)
+        ],
+        "parameters": {"binary_data_output": True},
+    }
+    r = http.post(
+        "/v2/models/ml/infer", json={**body, "outputs": [{"name": "scores", "parameters": {"binary_data": False}}]}
+    )
+    assert r.status_code == 200 and np.abs(np.asarray(r.json()["outputs"][0]["data"]) - want).max() <= TOL, r.text
+    r = http.post("/v2/models/ml/infer", json={**body, "outputs": [{"name": "scores"}]})
+    head = int(r.headers["inference-header-content-length"])
+    assert json.loads(r.content[:head])["outputs"][0]["parameters"] == {"binary_data_size": 4 * len(cands)}
+    assert np.abs(np.frombuffer(r.content[head:], dtype="<f4") - want).max() <= TOL
 
 
 # -- gRPC ModelInfer with tritonclient.grpc ------------------------------------------------------------------------
@@ -419,6 +441,11 @@ def test_grpc_bad_requests_are_invalid_argument_or_not_found(server):
             ),
             C.INVALID_ARGUMENT,
             f"at most {MAX_CANDIDATES}",
+        ),
+        (
+            dict(model_name="ml", inputs=[inp("movie_id", "INT64", [100_000])], raw=[b"\0" * 800_000]),
+            C.INVALID_ARGUMENT,
+            "100000 candidates",
         ),
         (dict(model_name="ml", inputs=[]), C.INVALID_ARGUMENT, "no inputs"),
         (dict(model_name="ml", model_version="x", inputs=[movies]), C.INVALID_ARGUMENT, "invalid version"),

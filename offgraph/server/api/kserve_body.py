@@ -53,9 +53,13 @@ def _label(body: InferRequest) -> str | None:
 
 
 def _binary_output(body: InferRequest) -> bool:
-    if body.outputs:
-        return any((o.parameters or {}).get("binary_data") is True for o in body.outputs)
-    return (body.parameters or {}).get("binary_data_output") is True
+    """Whether the scores go back as binary data: the output's own ``binary_data`` if the request names it with
+    one, else the request's ``binary_data_output`` (the protocol's default: JSON)."""
+    default = (body.parameters or {}).get("binary_data_output") is True
+    for o in body.outputs or ():
+        if "binary_data" in (o.parameters or {}):
+            return (o.parameters or {})["binary_data"] is True
+    return default
 
 
 class InferBody(JsonBody):
