@@ -6,7 +6,7 @@ turns them into the rows and shared request features of the row format, which ``
 scores by the ``:score`` path (``tfserving_body.split_instances`` decides the request scope, ``Scorer.score_joined``
 everything else): one conversion for every named-tensor protocol, no second copy of the request maths or checks.
 
-The conventions (offgraph/server/README.md, "KServe v2 inference"):
+The conventions (offgraph/server/README.md, "Named tensors: one conversion"):
 
 - an input is one of the model's raw inputs, by the name the metadata lists; any other name is refused;
 - one element per candidate: shape ``[N]`` or ``[N, 1]``, the same N for every input; a request-scope input may
