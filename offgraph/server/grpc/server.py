@@ -35,7 +35,7 @@ import grpc
 from grpc_reflection.v1alpha import reflection
 
 from offgraph.server.api.state import ServerState
-from offgraph.server.grpc import health, kserve
+from offgraph.server.grpc import health, kserve, tfserving
 from offgraph.server.grpc.context import GrpcContext
 from offgraph.server.process.graceful_stop import on_stop
 
@@ -43,7 +43,7 @@ log = logging.getLogger("offgraph.server")
 
 __all__ = ["SERVICES", "GrpcContext", "GrpcPort"]
 
-SERVICES: tuple[Any, ...] = (health, kserve)
+SERVICES: tuple[Any, ...] = (health, tfserving, kserve)
 """The service modules the gRPC port serves (each: ``SERVICE_NAMES``, ``add_to_server(server, ctx)``)."""
 
 
