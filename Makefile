@@ -9,13 +9,11 @@ DEMO   ?= out/demo
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml offgraph/server/grpc/tfserving-api.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[server,test,lint]'
-	# TF Serving's gRPC protos (offgraph serve --grpc-port, its tests): --no-deps, as the package requires
-	# `tensorflow`, a second TensorFlow beside tensorflow-cpu, whose tensorflow.core protos it uses
-	$(VENV)/bin/pip install -q --no-deps 'tensorflow-serving-api==2.21.0'
+	$(VENV)/bin/pip install -q --no-deps -r offgraph/server/grpc/tfserving-api.txt  # why: that file
 	touch $@
 
 demo: setup

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
+from pathlib import Path
 
 from offgraph.cli import add_cpus_argument, pin_cpus
 from offgraph.cli.settings_flags import add_settings_flags, settings_from_args
@@ -29,6 +31,14 @@ NOT_FLAGS = {
 }
 
 
+def _pin(path: Path) -> str:
+    return next(line for line in path.read_text().splitlines() if line and not line.startswith("#"))
+
+
+_TFSERVING_API = f"pip install --no-deps '{_pin(Path(__file__).parents[1] / 'server' / 'grpc' / 'tfserving-api.txt')}'"
+"""How to install TF Serving's protos (offgraph/server/grpc/tfserving-api.txt says why --no-deps)."""
+
+
 def register_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve every model under MODELS over HTTP (FastAPI + uvicorn)")
     add_settings_flags(p, ServerConfig, exclude=NOT_FLAGS, defaults={"intra_threads": 1, "inter_threads": 1})
@@ -43,6 +53,9 @@ def run(args) -> int:
     pin_cpus(args.cpus)  # first: every thread and worker process inherits it
     config = settings_from_args(ServerConfig, args)  # the admin token too: --admin-token or OFFGRAPH_ADMIN_TOKEN
     listen = settings_from_args(ListenConfig, args)
+    if listen.grpc_port is not None and importlib.util.find_spec("tensorflow_serving") is None:
+        print(f"offgraph serve: error: --grpc-port needs TF Serving's protos: {_TFSERVING_API}", file=sys.stderr)
+        return 2
     if listen.workers > 1:
         from offgraph.server.process.workers import Supervisor
 
