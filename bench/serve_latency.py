@@ -8,6 +8,9 @@ core, sharing the port with SO_REUSEPORT), the same TF threads and scoring-pool 
   linked into a private MODELS directory);
 * in-graph: ``bench.ingraph_baseline``: the run's full Keras model as ONE SavedModel on padded ids
   + masks, fed by the same FG, behind the same kind of FastAPI endpoint;
+* gRPC (``--grpc``, default on): the new code's own ``--grpc-port``, called with TF Serving's ``Predict`` and KServe
+  v2's ``ModelInfer`` on the same bodies as named tensors (``bench.lib.grpc_client``), beside ``:score`` on the same
+  server (its CPU per request is the same processes' CPU);
 * old code (``--baseline-repo DIR``, a ``git archive REV | tar -x -C DIR``): its ``offgraph serve``
   (``python -m offgraph_cli serve`` in the old layout) run from DIR with DIR first on PYTHONPATH, over
   the same versions.
@@ -46,6 +49,7 @@ import numpy as np
 from bench.lib.bodies import build_bodies
 from bench.lib.breakdown import breakdown_lines, layout
 from bench.lib.client import fetch_scores, run_cell
+from bench.lib.grpc_client import fetch_grpc_scores, grpc_bodies, model_inputs, run_grpc_cell
 from bench.lib.latency_table import (
     Roles,
     acceptance,
@@ -149,6 +153,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-breakdown", action="store_true", help="skip the in-process phase breakdown")
     ap.add_argument("--no-ids-only", action="store_true", help="skip the ids-only requests at N = 1000")
+    ap.add_argument(
+        "--no-grpc", action="store_true", help="skip the gRPC clients (TF Serving Predict, KServe v2 ModelInfer)"
+    )
     args = ap.parse_args(argv)
     args.sizes = [int(x) for x in args.sizes.split(",")]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
@@ -181,6 +188,7 @@ def ids_only_model(models: Path, name: str):
 
 
 IDS_N = 1000  # ids-only requests are measured at this N
+GRPC_LABELS = {"tfserving": "grpc Predict", "kserve": "grpc ModelInfer"}  # protocol -> its cells' label suffix
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,10 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.score_threads:
         threads += ["--score-threads", str(args.score_threads)]
 
+    grpc_port = None if args.no_grpc else free_port()
+
     def offgraph_proc(tag: str, repo: Path) -> ServerProcess:
         port = free_port()
         models = work / ("models" if repo == REPO else "old-models")
         cmd = serve_command(models, port, module=serve_module(repo))
+        cmd += ["--grpc-port", str(grpc_port)] if repo == REPO and grpc_port is not None else []
         cmd += ["--cache-mb", str(args.cache_mb), "--log-level", "warning", *threads]
         cmd += ["--follow-seconds", str(args.follow_seconds)] if args.follow_seconds else []
         return start(tag, cmd, port, out / f"{tag}_server.log", cwd=repo, pythonpath=None if repo == REPO else repo)
@@ -253,7 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     procs.append(ingraph)
     targets = [
-        {"label": f"{p.name}:{n}", "port": p.port, "path": f"/v1/models/{n}:score", "pid": p.pid, "bodies": bodies}
+        {
+            "label": f"{p.name}:{n}",
+            "port": p.port,
+            "path": f"/v1/models/{n}:score",
+            "pid": p.pid,
+            "bodies": bodies,
+            "protocol": "rest",
+        }
         for p in procs[:-1]
         for n in names
     ]
@@ -264,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             "path": "/v1/models/ingraph:score",
             "pid": ingraph.pid,
             "bodies": bodies,
+            "protocol": "rest",
         }
     )
     roles = Roles(
@@ -271,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         ingraph="in-graph",
         old=f"old:{names[0]}" if args.baseline_repo is not None else None,
         ids=f"new:{names[0]} ids-only" if ids_bodies else None,
+        grpc=() if grpc_port is None else tuple(f"new:{names[0]} {GRPC_LABELS[p]}" for p in GRPC_LABELS),
     )
     if ids_bodies:
         targets.append({**targets[0], "label": roles.ids, "bodies": ids_bodies})
@@ -279,13 +299,32 @@ def main(argv: list[str] | None = None) -> int:
         for p in procs:
             p.wait_ready(180)
         print("servers ready: " + ", ".join(f"{p.name} :{p.port}" for p in procs), flush=True)
+        if grpc_port is not None:  # the first model's bodies as each protocol's messages, on the new code's port
+            inputs = model_inputs(procs[0].port, names[0])
+            for protocol, label in GRPC_LABELS.items():
+                targets.append(
+                    {
+                        **targets[0],
+                        "label": f"new:{names[0]} {label}",
+                        "port": grpc_port,
+                        "path": protocol,
+                        "bodies": grpc_bodies(protocol, names[0], bodies, inputs),
+                        "protocol": protocol,
+                    }
+                )
 
         async def measure():
             parity = {}
-            probe = bodies[200 if 200 in bodies else sizes[0]][0]
+            probe_n = 200 if 200 in bodies else sizes[0]
+            probe = bodies[probe_n][0]
             ref = await fetch_scores("127.0.0.1", ig_port, "/v1/models/ingraph:score", probe)
+            mine = await fetch_scores("127.0.0.1", targets[0]["port"], targets[0]["path"], probe)
             for t in targets:
-                if t["label"] != "in-graph" and t["bodies"] is bodies:
+                if t["protocol"] != "rest":  # the same candidates as named tensors: :score's scores
+                    got = await fetch_grpc_scores(t["protocol"], t["port"], t["bodies"][probe_n][0])
+                    parity[t["label"]] = float(np.abs(got - ref).max())
+                    parity[f"{t['label']} vs {targets[0]['label']}"] = float(np.abs(got - mine).max())
+                elif t["label"] != "in-graph" and t["bodies"] is bodies:
                     got = await fetch_scores("127.0.0.1", t["port"], t["path"], probe)
                     parity[t["label"]] = float(np.abs(got - ref).max())
             for n in sizes:
@@ -293,18 +332,11 @@ def main(argv: list[str] | None = None) -> int:
                     here = [t for t in targets if n in t["bodies"]]
                     for k in range(args.alternations):
                         for t in rotation(here, k):
-                            r = await run_cell(
-                                "127.0.0.1",
-                                t["port"],
-                                t["path"],
-                                t["bodies"][n],
-                                c,
-                                args.requests,
-                                args.seconds,
-                                args.warmup,
-                                n,
-                                t["pid"],
-                            )
+                            cell = (t["bodies"][n], c, args.requests, args.seconds, args.warmup, n, t["pid"])
+                            if t["protocol"] == "rest":
+                                r = await run_cell("127.0.0.1", t["port"], t["path"], *cell)
+                            else:
+                                r = await run_grpc_cell(t["protocol"], t["port"], *cell)
                             r.update(server=t["label"], n=n, concurrency=c, alternation=k)
                             cells.append(r)
                             print(

@@ -1,5 +1,6 @@
 """A minimal keep-alive HTTP/1.1 client on asyncio (one connection per concurrent stream, bodies serialized
-beforehand) and one measured cell of requests: latency percentiles, throughput, server CPU per request."""
+beforehand) and one measured cell of requests of any protocol (``measure_calls``; HTTP: ``run_cell``): latency
+percentiles, throughput, server CPU per request."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import socket
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,39 +61,69 @@ async def run_cell(
     check_n: int,
     pid: int,
 ) -> dict:
+    """One measured cell of ``POST path`` (one keep-alive connection per concurrent stream): ``measure_calls``."""
     conns = [await Conn.open(host, port) for _ in range(concurrency)]
+
+    async def call(conn: Conn, body: bytes) -> tuple[bool, Any, bytes]:
+        status, payload = await conn.post(path, body)
+        return status == 200, status, payload
+
+    def count(payload: bytes) -> int:
+        return len(json.loads(payload)["scores"])
+
     try:
-        for i in range(warmup):  # warm: connections, item caches, row caches, TF
-            status, payload = await conns[i % concurrency].post(path, bodies[i % len(bodies)])
-            if status != 200:
-                raise RuntimeError(f"warm-up request to {path} failed: {status} {payload[:300]!r}")
-        scores = json.loads(payload)["scores"]
-        if len(scores) != check_n:
-            raise RuntimeError(f"{path}: {len(scores)} scores for {check_n} candidates")
-        lat: list[float] = []
-        errors: dict[int, int] = {}
-        issued = 0
-        deadline = time.perf_counter() + max_seconds
-
-        async def stream(conn: Conn, k: int):
-            nonlocal issued
-            j = k
-            while issued < max_requests and time.perf_counter() < deadline:
-                issued += 1
-                body = bodies[j % len(bodies)]
-                j += concurrency
-                t0 = time.perf_counter()
-                status, _ = await conn.post(path, body)
-                lat.append(time.perf_counter() - t0)
-                if status != 200:
-                    errors[status] = errors.get(status, 0) + 1
-
-        cpu0, own0, t0 = cpu_seconds(pid), time.process_time(), time.perf_counter()
-        await asyncio.gather(*(stream(c, k) for k, c in enumerate(conns)))
-        wall, cpu, own = time.perf_counter() - t0, cpu_seconds(pid) - cpu0, time.process_time() - own0
+        return await measure_calls(conns, call, count, path, bodies, max_requests, max_seconds, warmup, check_n, pid)
     finally:
         for c in conns:
             c.close()
+
+
+async def measure_calls(
+    conns: Sequence[Any],
+    call: Callable[[Any, bytes], Awaitable[tuple[bool, Any, bytes]]],
+    count: Callable[[bytes], int],
+    what: str,
+    bodies: list[bytes],
+    max_requests: int,
+    max_seconds: float,
+    warmup: int,
+    check_n: int,
+    pid: int,
+) -> dict:
+    """One measured cell of any protocol: ``call(conn, body)`` -> (ok, status, payload) on one stream per connection
+    of ``conns``, after ``warmup`` calls (the last one's ``count(payload)`` must be ``check_n`` scores); at most
+    ``max_requests`` calls or ``max_seconds``. Latency percentiles, req/s, the server's (``pid``'s process tree)
+    CPU per request."""
+    concurrency = len(conns)
+    payload = b""
+    for i in range(warmup):  # warm: connections, item caches, row caches, TF
+        ok, status, payload = await call(conns[i % concurrency], bodies[i % len(bodies)])
+        if not ok:
+            raise RuntimeError(f"warm-up request to {what} failed: {status} {payload[:300]!r}")
+    got = count(payload)
+    if got != check_n:
+        raise RuntimeError(f"{what}: {got} scores for {check_n} candidates")
+    lat: list[float] = []
+    errors: dict[Any, int] = {}
+    issued = 0
+    deadline = time.perf_counter() + max_seconds
+
+    async def stream(conn: Any, k: int):
+        nonlocal issued
+        j = k
+        while issued < max_requests and time.perf_counter() < deadline:
+            issued += 1
+            body = bodies[j % len(bodies)]
+            j += concurrency
+            t0 = time.perf_counter()
+            ok, status, _ = await call(conn, body)
+            lat.append(time.perf_counter() - t0)
+            if not ok:
+                errors[status] = errors.get(status, 0) + 1
+
+    cpu0, own0, t0 = cpu_seconds(pid), time.process_time(), time.perf_counter()
+    await asyncio.gather(*(stream(c, k) for k, c in enumerate(conns)))
+    wall, cpu, own = time.perf_counter() - t0, cpu_seconds(pid) - cpu0, time.process_time() - own0
     a = np.asarray(lat) * 1e3
     return {
         "requests": len(lat),

@@ -2,8 +2,8 @@
 
 A cell is one (server, N, concurrency, alternation) measurement of ``bench.serve_latency.run_cell``. The
 servers of a run are named by their roles: the new code (``new``), the old code (``old``, from
-``--baseline-repo``), the in-graph baseline (``ingraph``) and the new code sent ids-only bodies
-(``ids``). Pure functions of the numbers, so that they are tested on synthetic cells.
+``--baseline-repo``), the in-graph baseline (``ingraph``), the new code sent ids-only bodies
+(``ids``) and the new code's gRPC clients on the same bodies (``grpc``: TF Serving ``Predict``, KServe ``ModelInfer``). Pure functions of the numbers, so that they are tested on synthetic cells.
 """
 
 from __future__ import annotations
@@ -23,7 +23,11 @@ LIMITS = {
     "p50_new_over_ingraph_small_n": 0.8,  # c = 1 and 8, N = 50 and 200
     "p50_new_over_old": 1.0,  # c = 1 and 8, N = 50 and 200: no slower than the old code
     "p50_ids_only_over_every_feature": 1.1,  # N = 1000, c = 1
+    # each gRPC protocol against :score on the same server and bodies, N = 200 and 1000, c = 1 and 8 (issue 51)
+    "server_cpu_grpc_over_score": 1.0,
+    "p50_grpc_over_score": 1.0,
 }
+GRPC_SIZES = (200, 1000)
 CPU_LIMIT_N = 1000
 
 
@@ -35,6 +39,7 @@ class Roles:
     ingraph: str
     old: str | None = None
     ids: str | None = None
+    grpc: tuple[str, ...] = ()
 
 
 def rotation(servers: list, k: int) -> list:
@@ -148,6 +153,21 @@ def acceptance(rows: list[dict], roles: Roles) -> list[dict]:
             True,
         )
     )
+    for g in roles.grpc:
+        for n in GRPC_SIZES:
+            for conc in (1, 8):
+                for metric, key, what in (
+                    ("server_cpu_ms_per_request", "server_cpu_grpc_over_score", "server CPU per request"),
+                    ("p50_ms", "p50_grpc_over_score", "p50"),
+                ):
+                    out.append(
+                        _check(
+                            f"N={n} c={conc}: {what} {g.split(' ', 1)[-1]}/:score",
+                            ratio(rows, g, roles.new, n, conc, metric),
+                            LIMITS[key],
+                            True,
+                        )
+                    )
     return out
 
 
@@ -169,7 +189,7 @@ def _fmt(v: float | None, spec: str) -> str:
 def table_lines(rows: list[dict], roles: Roles) -> list[str]:
     """One line per cell: p50, p99, req/s and server CPU of each server (new / old / in-graph / ids-only)
     and the ratios new/in-graph and new/old."""
-    servers = [s for s in (roles.new, roles.old, roles.ingraph, roles.ids) if s is not None]
+    servers = [s for s in (roles.new, roles.old, roles.ingraph, roles.ids, *roles.grpc) if s is not None]
     head = ["N", "c", "p50 ms", "p99 ms", "req/s", "CPU ms/req", "p50 new/ig", "new/old", "req/s new/ig", "new/old"]
     body = []
     for n, conc in sorted({(r["n"], r["concurrency"]) for r in rows}):
