@@ -108,19 +108,33 @@ def _flat(data: Sequence[Any]) -> list[Any]:
 
 
 def _raw_bytes_elements(t: Tensor, raw: bytes, count: int) -> list[bytes]:
+    """The ``count`` elements of raw BYTES data: one walk over the lengths (each element's place depends on the
+    lengths before it), the checks done once after it where they can be."""
     out: list[bytes] = []
-    at = 0
-    while at < len(raw):
-        if at + 4 > len(raw):
+    append, unpack, end, at = out.append, _LENGTH.unpack_from, len(raw), 0
+    try:
+        for _ in range(count):
+            (n,) = unpack(raw, at)
+            at += 4
+            append(raw[at : at + n])
+            at += n
+    except struct.error:  # fewer than 4 bytes left: the data ended inside a length, or held fewer elements
+        if at < end:
+            raise _bad(
+                f"input '{t.name}': raw BYTES data ends inside an element's 4-byte length (at byte {at})"
+            ) from None
+    if at > end:  # the last element read ran past the end (a slice stops at the end: its length says more)
+        i = len(out) - 1
+        raise _bad(
+            f"input '{t.name}': raw BYTES element {i} is {at - end + len(out[i])} bytes long, past the data's end"
+        )
+    if len(out) == count and at < end:  # more data: as the element after the last would be read
+        if at + 4 > end:
             raise _bad(f"input '{t.name}': raw BYTES data ends inside an element's 4-byte length (at byte {at})")
-        (n,) = _LENGTH.unpack_from(raw, at)
-        if at + 4 + n > len(raw):
-            raise _bad(f"input '{t.name}': raw BYTES element {len(out)} is {n} bytes long, past the data's end")
-        out.append(raw[at + 4 : at + 4 + n])
-        at += 4 + n
-        if len(out) > count:
-            break
-    if len(out) != count:
+        (n,) = unpack(raw, at)
+        if at + 4 + n > end:
+            raise _bad(f"input '{t.name}': raw BYTES element {count} is {n} bytes long, past the data's end")
+    if len(out) != count or at != end:
         raise _bad(
             f"input '{t.name}' has shape {list(t.shape)} ({count} elements) but its raw data holds more or fewer"
         )
@@ -138,7 +152,7 @@ def _elements(t: Tensor, count: int) -> list[Any]:
                 f"input '{t.name}' has {len(t.raw)} bytes of raw data, but shape {list(t.shape)} of {t.datatype} "
                 f"takes {count * dtype.itemsize}"
             )
-        return np.frombuffer(t.raw, dtype).tolist()
+        return _numbers(np.frombuffer(t.raw, dtype))
     elements = _flat(t.data or ())
     if len(elements) != count:
         raise _bad(
@@ -153,10 +167,18 @@ def _elements(t: Tensor, count: int) -> list[Any]:
         want, what = (int,), "integers"
     else:
         want, what = (int, float), "numbers"
-    for i, x in enumerate(elements):
-        if type(x) not in want:
-            raise _bad(f"input '{t.name}' element {i} is {_show(x)}: {t.datatype} data are {what}")
+    if not set(map(type, elements)) <= set(want):  # one pass in C; the loop only to name the first wrong element
+        for i, x in enumerate(elements):
+            if type(x) not in want:
+                raise _bad(f"input '{t.name}' element {i} is {_show(x)}: {t.datatype} data are {what}")
     return elements
+
+
+def _numbers(a: np.ndarray) -> list[Any]:
+    """A numeric column as Python values, NaN as None (no value): whole-column numpy, no per-element Python."""
+    if a.dtype.kind == "f" and np.isnan(a).any():
+        return np.where(np.isnan(a), None, a.astype(np.float64)).tolist()
+    return a.tolist()
 
 
 def _show(x: Any) -> str:
@@ -177,6 +199,24 @@ def _no_nan(x: Any) -> Any:
     return None if type(x) is float and math.isnan(x) else x
 
 
+def _texts(t: Tensor, elements: list[Any]) -> list[str]:
+    """BYTES elements as text: the column decoded in one C-level pass (the loop only to name a bad element)."""
+    kinds = set(map(type, elements))
+    if kinds <= {str}:
+        return elements
+    if kinds == {bytes}:
+        try:
+            return list(map(bytes.decode, elements))
+        except UnicodeDecodeError:
+            pass
+    return [_text(t, i, x) for i, x in enumerate(elements)]
+
+
+def _no_nans(elements: list[Any]) -> list[Any]:
+    """NaN as None (no value) over a column; the column itself where it holds no float."""
+    return [_no_nan(x) for x in elements] if float in set(map(type, elements)) else elements
+
+
 def _no_value(x: Any) -> bool:
     return x == "" or x is None or (type(x) is float and math.isnan(x))
 
@@ -190,15 +230,17 @@ def column(t: Tensor, info: InputInfo, max_candidates: int) -> list[Any]:
     if info.number:
         if t.datatype not in NUMBERS:
             raise _bad(f"input '{t.name}' is a number: send it as FP64, FP32 or an integer datatype, not {t.datatype}")
-        values = [_no_nan(x) for x in elements]
+        values = _no_nans(elements)
     elif t.datatype == "BYTES":
-        values = [_text(t, i, x) for i, x in enumerate(elements)]
+        values = _texts(t, elements)
     else:
-        values = [_no_nan(x) for x in elements]
+        values = _no_nans(elements)
     if k is None:
         return values
     # K values per candidate: its list, the no-value padding dropped (a list is never cut or padded by the score
     # path: its length is what the field's max_values checks)
+    if set(map(type, values)) <= {str}:  # text: the padding is "", the one falsy string
+        return [list(filter(None, values[i : i + k])) for i in range(0, n * k, k)]
     return [[x for x in values[i * k : (i + 1) * k] if not _no_value(x)] for i in range(n)]
 
 
