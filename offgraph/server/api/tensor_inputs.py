@@ -177,7 +177,9 @@ def _elements(t: Tensor, count: int) -> list[Any]:
 def _numbers(a: np.ndarray) -> list[Any]:
     """A numeric column as Python values, NaN as None (no value): whole-column numpy, no per-element Python."""
     if a.dtype.kind == "f" and np.isnan(a).any():
-        return np.where(np.isnan(a), None, a.astype(np.float64)).tolist()
+        out = a.astype(object)  # Python floats, as tolist gives
+        out[np.isnan(a)] = None
+        return out.tolist()
     return a.tolist()
 
 
