@@ -80,6 +80,23 @@ class ScoreHammer:
         return self.seen
 
 
+def worker_processes(pid: int) -> list[int]:
+    """Worker processes of the supervisor ``pid`` (not multiprocessing's resource tracker)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if parent == pid and b"resource_tracker" not in cmd:
+                out.append(int(entry))
+    return out
+
+
 def serve_process(
     models: Path,
     log: Path,

@@ -13,20 +13,18 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_helpers import NOT_SERVING, SERVING, health, predict, predict_request, rest_scores, tensor, value_tensor
 from server_helpers import TOKEN, free_port, serve_process, stop_server, wait_ready
-from tensorflow.core.framework import tensor_pb2, types_pb2
+from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
     model_service_pb2_grpc,
-    predict_pb2,
     prediction_service_pb2_grpc,
 )
 
 pytestmark = pytest.mark.slow
 C = grpc.StatusCode
-SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 REQ_IN = ("user_id", "age", "gender", "occupation", "zip_prefix")
 ITEM_IN = ("movie_id", "genres", "title_words", "release_year")
 
@@ -41,15 +39,6 @@ def versions(tiny_model, tmp_path_factory):
     shutil.copytree(pristine, models)
     export_run(pristine.parent / "run", models / "ml" / "2", shards=2, quant="int8", progress=False)
     return models
-
-
-def _health(channel, service: str = "") -> object:
-    try:
-        return (
-            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
-        )
-    except grpc.RpcError as e:
-        return e.code()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +58,7 @@ def server(versions, tmp_path_factory):
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:  # poll from the start: loading, then ready
-            status = _health(channel)
+            status = health(channel)
             if not seen or seen[-1] != status:
                 seen.append(status)
             if status == SERVING:
@@ -82,71 +71,13 @@ def server(versions, tmp_path_factory):
         stop_server(proc)
 
 
-def _tensor(values, dtype) -> tensor_pb2.TensorProto:
-    t = tensor_pb2.TensorProto(dtype=dtype)
-    t.tensor_shape.dim.add(size=len(values))
-    if dtype == types_pb2.DT_STRING:
-        t.string_val.extend(v.encode() for v in values)
-    elif dtype == types_pb2.DT_INT64:
-        t.int64_val.extend(values)
-    else:
-        t.double_val.extend(values)
-    return t
-
-
-def _value_tensor(values) -> tensor_pb2.TensorProto:
-    """One element per value: integers as DT_INT64, other numbers DT_DOUBLE, other values as DT_STRING; lists as
-    DT_STRING [N, K], padded with "" (the documented convention of every named-tensor protocol)."""
-    if any(isinstance(v, list) for v in values):
-        lists = [v if isinstance(v, list) else [v] for v in values]
-        k = max(1, max(len(v) for v in lists))
-        t = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING)
-        t.tensor_shape.dim.add(size=len(lists))
-        t.tensor_shape.dim.add(size=k)
-        t.string_val.extend(str(x).encode() for v in lists for x in v + [""] * (k - len(v)))
-        return t
-    if all(type(v) is int for v in values):  # ids hash as their decimal text: 196, never 196.0
-        return _tensor(values, types_pb2.DT_INT64)
-    if all(type(v) in (int, float) for v in values):
-        return _tensor([float(v) for v in values], types_pb2.DT_DOUBLE)
-    return _tensor([str(v) for v in values], types_pb2.DT_STRING)
-
-
-def predict_request(request: dict, candidates: list[dict], version=None, label=None) -> predict_pb2.PredictRequest:
-    req = predict_pb2.PredictRequest()
-    req.model_spec.name = "ml"
-    if version is not None:
-        req.model_spec.version.value = version
-    if label is not None:
-        req.model_spec.version_label = label
-    for k, v in request.items():  # request scope given once: shape [1]
-        req.inputs[k].CopyFrom(_value_tensor([v]))
-    for k in candidates[0]:
-        req.inputs[k].CopyFrom(_value_tensor([c[k] for c in candidates]))
-    return req
-
-
-def _rest_scores(url, request, candidates, **pick) -> list[float]:
-    r = httpx.post(f"{url}/v1/models/ml:score", json={"request": request, "candidates": candidates, **pick}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()["scores"]
-
-
-def _predict(channel, req, timeout=30):
-    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-    out = stub.Predict(req, timeout=timeout)
-    t = out.outputs["predictions"]
-    assert t.dtype == types_pb2.DT_FLOAT
-    return out, np.frombuffer(t.tensor_content, "<f4") if t.tensor_content else np.asarray(t.float_val)
-
-
 def test_health_not_serving_while_loading_then_serving(server):
     _, channel, seen = server
     assert seen[-1] == SERVING, seen
     assert NOT_SERVING in seen[: seen.index(SERVING)], seen  # before the models were ready
-    assert _health(channel, "tensorflow.serving.PredictionService") == SERVING
-    assert _health(channel, "ml") == SERVING
-    assert _health(channel, "no-such-model") == C.NOT_FOUND
+    assert health(channel, "tensorflow.serving.PredictionService") == SERVING
+    assert health(channel, "ml") == SERVING
+    assert health(channel, "no-such-model") == C.NOT_FOUND
 
 
 def test_predict_equals_score_fp32_int8_by_version_and_label(server, requests_):
@@ -160,14 +91,14 @@ def test_predict_equals_score_fp32_int8_by_version_and_label(server, requests_):
     assert r.status_code == 200, r.text
     for request, candidates in requests_[:6]:
         for pick, grpc_pick in (({}, {}), ({"version": 1}, {"version": 1}), ({"label": "canary"}, {"label": "canary"})):
-            want = _rest_scores(url, request, candidates, **pick)
-            out, got = _predict(channel, predict_request(request, candidates, **grpc_pick))
+            want = rest_scores(url, request, candidates, **pick)
+            out, got = predict(channel, predict_request(request, candidates, **grpc_pick))
             np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
             assert out.model_spec.version.value == (1 if pick else 2)
     # int8 and fp32 differ: the two versions were really both scored
     request, candidates = requests_[0]
-    _, v1 = _predict(channel, predict_request(request, candidates, version=1))
-    _, v2 = _predict(channel, predict_request(request, candidates, version=2))
+    _, v1 = predict(channel, predict_request(request, candidates, version=1))
+    _, v2 = predict(channel, predict_request(request, candidates, version=2))
     assert not np.array_equal(v1, v2)
 
 
@@ -199,7 +130,7 @@ def test_metadata_and_status(server):
 
 def _code(channel, req, timeout=30):
     try:
-        _predict(channel, req, timeout)
+        predict(channel, req, timeout)
     except grpc.RpcError as e:
         return e.code(), e.details()
     return C.OK, ""
@@ -209,14 +140,14 @@ def _hostile(requests_) -> list[tuple[str, object, C, str]]:
     request, candidates = requests_[0]
     out = []
     r = predict_request(request, candidates)
-    r.inputs["age"].CopyFrom(_tensor(["old"], types_pb2.DT_STRING))  # a number input sent as a string
+    r.inputs["age"].CopyFrom(tensor(["old"], types_pb2.DT_STRING))  # a number input sent as a string
     out.append(("wrong dtype", r, C.INVALID_ARGUMENT, "age"))
     r = predict_request(request, candidates)
     r.inputs["movie_id"].dtype = types_pb2.DT_COMPLEX64
     out.append(("unsupported dtype", r, C.INVALID_ARGUMENT, "movie_id"))
     out.append(("missing inputs", predict_request({}, [{}]), C.INVALID_ARGUMENT, "input"))
     r = predict_request(request, candidates)
-    r.inputs["movie_id"].CopyFrom(_value_tensor([c["movie_id"] for c in candidates][:-1] or [1, 2]))
+    r.inputs["movie_id"].CopyFrom(value_tensor([c["movie_id"] for c in candidates][:-1] or [1, 2]))
     out.append(("shapes disagree", r, C.INVALID_ARGUMENT, "movie_id"))
     r = predict_request(request, candidates)
     r.inputs["movie_id"].tensor_shape.dim[0].size += 3  # shape says more than the values hold
@@ -236,7 +167,7 @@ def _hostile(requests_) -> list[tuple[str, object, C, str]]:
     r.model_spec.signature_name = "other"
     out.append(("signature", r, C.INVALID_ARGUMENT, "signature"))
     r = predict_request(request, candidates)
-    r.inputs["user_id"].CopyFrom(_value_tensor([1, 2, *([3] * (len(candidates) - 2))]))  # two values, request scope
+    r.inputs["user_id"].CopyFrom(value_tensor([1, 2, *([3] * (len(candidates) - 2))]))  # two values, request scope
     out.append(("request scope conflict", r, C.INVALID_ARGUMENT, "user_id"))
     return out
 
@@ -250,7 +181,7 @@ def test_hostile_inputs_right_codes_never_internal(server, requests_):
     # 64 MiB: over --max-body-mb (8), refused by gRPC before decoding
     request, candidates = requests_[0]
     r = predict_request(request, candidates)
-    r.inputs["pad"].CopyFrom(_tensor(["x" * (1 << 20)] * 64, types_pb2.DT_STRING))
+    r.inputs["pad"].CopyFrom(tensor(["x" * (1 << 20)] * 64, types_pb2.DT_STRING))
     assert _code(channel, r)[0] == C.RESOURCE_EXHAUSTED
     # an expired deadline: never scored, DEADLINE_EXCEEDED (also when it passes while queued)
     assert _code(channel, predict_request(request, candidates), timeout=0.0001)[0] == C.DEADLINE_EXCEEDED
@@ -265,7 +196,7 @@ def test_valid_client_p99_under_hostile_load(server, requests_):
         times = []
         for _ in range(n):
             t = time.perf_counter()
-            _predict(channel, req)
+            predict(channel, req)
             times.append(time.perf_counter() - t)
         return float(np.percentile(times, 99))
 
@@ -302,16 +233,16 @@ def test_drain_health_not_serving_calls_still_answer(versions, requests_, tmp_pa
     try:
         wait_ready(url, 120, proc, log=str(tmp_path / "log"))
         t_end = time.monotonic() + 10
-        while _health(channel) != SERVING and time.monotonic() < t_end:
+        while health(channel) != SERVING and time.monotonic() < t_end:
             time.sleep(0.05)
-        assert _health(channel) == SERVING
+        assert health(channel) == SERVING
         proc.send_signal(15)
         t_end = time.monotonic() + 3
-        while _health(channel) != NOT_SERVING and time.monotonic() < t_end:
+        while health(channel) != NOT_SERVING and time.monotonic() < t_end:
             time.sleep(0.05)
-        assert _health(channel) == NOT_SERVING and _health(channel, "ml") == NOT_SERVING
+        assert health(channel) == NOT_SERVING and health(channel, "ml") == NOT_SERVING
         request, candidates = requests_[2]
-        _, scores = _predict(channel, predict_request(request, candidates))  # still answered during the drain
+        _, scores = predict(channel, predict_request(request, candidates))  # still answered during the drain
         assert len(scores) == len(candidates)
         assert proc.wait(30) == 0
     finally:

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
+from grpc_helpers import tensors
 from server_helpers import TOKEN, copy_models, score, serve_process, stop_server, wait_ready
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -82,29 +83,6 @@ def meta(http):
 def cases(requests_):
     """Real requests of 3 to MAX_CANDIDATES candidates."""
     return [(req, cands[:MAX_CANDIDATES]) for req, cands in requests_[:4]]
-
-
-def tensors(meta: dict, req: dict, cands: list[dict], once: bool = True) -> list[tuple[str, str, np.ndarray]]:
-    """(name, datatype, array) of each input the metadata lists, as a client builds them from it: one element per
-    candidate, a request-scope input once (``once``) or repeated; a list input [N, K] padded with b""."""
-    out = []
-    n = len(cands)
-    for m in meta["inputs"]:
-        name, scope = m["name"], m["parameters"]["scope"]
-        if scope == "request":
-            values = [req.get(name)] * (1 if once else n)
-        else:
-            values = [c.get(name) for c in cands]
-        if m["datatype"] == "FP64":
-            arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-        elif len(m["shape"]) == 2:  # a list of values per candidate
-            rows = [v if isinstance(v, list) else ([] if v is None else [v]) for v in values]
-            k = max(1, *map(len, rows))
-            arr = np.array([[str(x).encode() for x in r] + [b""] * (k - len(r)) for r in rows], dtype=object)
-        else:
-            arr = np.array([b"" if v is None else str(v).encode() for v in values], dtype=object)
-        out.append((name, m["datatype"], arr))
-    return out
 
 
 def _data(arr: np.ndarray) -> list:

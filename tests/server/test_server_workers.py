@@ -14,29 +14,22 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from server_helpers import TOKEN, copy_models, copy_version, free_port, serve_process, stop_server, wait_for, wait_ready
+from server_helpers import (
+    TOKEN,
+    copy_models,
+    copy_version,
+    free_port,
+    serve_process,
+    stop_server,
+    wait_for,
+    wait_ready,
+    worker_processes,
+)
 from tf_noise import TF_NOISE
 
 import offgraph
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _children(pid: int) -> list[int]:
-    """Worker processes of the supervisor ``pid`` (not multiprocessing's resource tracker)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read()
-            except OSError:
-                continue
-            if parent == pid and b"resource_tracker" not in cmd:
-                out.append(int(entry))
-    return out
 
 
 def _worker_pids(url: str) -> set[str]:
@@ -69,7 +62,7 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
     try:
         wait_ready(url, 120, proc)
         wait_for(lambda: len(_worker_pids(url)) == 2, 60, "both workers publishing metrics")
-        workers = set(_children(proc.pid))
+        workers = set(worker_processes(proc.pid))
         assert len(workers) == 2, workers
         # the supervisor only supervises: TensorFlow is loaded in the workers alone
         maps = [Path(f"/proc/{p}/maps").read_text() for p in (proc.pid, *workers)]
@@ -111,7 +104,7 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
             return r.status_code == 503 and "not yet" in r.json()["detail"]
 
         wait_for(not_ready, 10, "/readyz 503 while a worker is down")
-        wait_for(lambda: len(set(_children(proc.pid)) - workers) == 1, 30, "a restarted worker")
+        wait_for(lambda: len(set(worker_processes(proc.pid)) - workers) == 1, 30, "a restarted worker")
         wait_ready(url, 120, proc)
         assert {httpx.get(url + "/readyz", timeout=10).status_code for _ in range(10)} == {200}
         wait_for(
@@ -149,7 +142,7 @@ def test_two_workers_share_the_port_admin_decisions_and_metrics(tiny_model, requ
         assert 'offgraph_model_label_version{label="stable",model="ml"} 1.0' in text
         # each live worker's process figures (the killed one's gone), CPU seconds summed over all of them
         live = set(re.findall(r'^process_resident_memory_bytes\{pid="(\d+)"\} [0-9.e+]+$', text, re.M))
-        assert live == {str(p) for p in _children(proc.pid)}, (live, text[-3000:])
+        assert live == {str(p) for p in worker_processes(proc.pid)}, (live, text[-3000:])
         assert re.search(r"^process_cpu_seconds_total [0-9.e+]+$", text, re.M) and "python_info{" in text
     finally:
         admin.close()
