@@ -248,3 +248,51 @@ def test_drain_health_not_serving_calls_still_answer(versions, requests_, tmp_pa
     finally:
         channel.close()
         stop_server(proc)
+
+
+def test_reflection_resolves_every_service_and_a_json_request(server, requests_):
+    """What grpcurl does: list the services by reflection, fetch each one's file, build a PredictRequest from JSON
+    (protobuf's JSON mapping: int64 as strings, bytes as base64) with the reflected descriptors only, call it."""
+    import base64
+    import json
+
+    from google.protobuf import descriptor_pool, json_format, message_factory
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    url, channel, _ = server
+    db = ProtoReflectionDescriptorDatabase(channel)
+    services = set(db.get_services())
+    assert {"tensorflow.serving.PredictionService", "tensorflow.serving.ModelService"} <= services
+    assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= services
+    pool = descriptor_pool.DescriptorPool(db)
+    for name in services:
+        assert pool.FindServiceByName(name).methods, name  # its file is served, not only its name
+
+    request, candidates = requests_[3]
+    inputs = {
+        "user_id": {"dtype": "DT_INT64", "tensorShape": {"dim": [{"size": "1"}]}, "int64Val": [str(request["user_id"])]},
+        "movie_id": {
+            "dtype": "DT_INT64",
+            "tensorShape": {"dim": [{"size": str(len(candidates))}]},
+            "int64Val": [str(c["movie_id"]) for c in candidates],
+        },
+        "gender": {
+            "dtype": "DT_STRING",
+            "tensorShape": {"dim": [{"size": "1"}]},
+            "stringVal": [base64.b64encode(request["gender"].encode()).decode()],
+        },
+    }
+    body = json.dumps({"modelSpec": {"name": "ml"}, "inputs": inputs})
+    method = pool.FindServiceByName("tensorflow.serving.PredictionService").methods_by_name["Predict"]
+    request_type = message_factory.GetMessageClass(method.input_type)
+    response_type = message_factory.GetMessageClass(method.output_type)
+    call = channel.unary_unary(
+        "/tensorflow.serving.PredictionService/Predict",
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=response_type.FromString,
+    )
+    out = call(json_format.Parse(body, request_type()), timeout=10)
+    got = np.frombuffer(out.outputs["predictions"].tensor_content, "<f4")
+    subset = {"user_id": request["user_id"], "gender": request["gender"]}
+    want = rest_scores(url, subset, [{"movie_id": c["movie_id"]} for c in candidates])
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)

@@ -28,12 +28,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+
+# model_service_pb2 and prediction_service_pb2 are imported for their side effect: the package's *_pb2_grpc modules
+# do not import them, so the services' files would never be in the descriptor pool, and reflection would list the
+# services but answer "not found" for them (grpcurl could not call them)
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
     model_pb2,
+    model_service_pb2,  # noqa: F401 (see above)
     model_service_pb2_grpc,
     predict_pb2,
+    prediction_service_pb2,  # noqa: F401 (see above)
     prediction_service_pb2_grpc,
 )
 
