@@ -154,6 +154,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-breakdown", action="store_true", help="skip the in-process phase breakdown")
     ap.add_argument("--no-ids-only", action="store_true", help="skip the ids-only requests at N = 1000")
     ap.add_argument(
+        "--baseline-grpc",
+        action="store_true",
+        help="the old code serves --grpc-port too: its gRPC clients are measured beside the new code's",
+    )
+    ap.add_argument(
         "--no-grpc", action="store_true", help="skip the gRPC clients (TF Serving Predict, KServe v2 ModelInfer)"
     )
     args = ap.parse_args(argv)
@@ -230,13 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.score_threads:
         threads += ["--score-threads", str(args.score_threads)]
 
-    grpc_port = None if args.no_grpc else free_port()
+    grpc_ports: dict[str, int] = {}  # server tag -> its --grpc-port
 
     def offgraph_proc(tag: str, repo: Path) -> ServerProcess:
         port = free_port()
         models = work / ("models" if repo == REPO else "old-models")
         cmd = serve_command(models, port, module=serve_module(repo))
-        cmd += ["--grpc-port", str(grpc_port)] if repo == REPO and grpc_port is not None else []
+        if not args.no_grpc and (repo == REPO or args.baseline_grpc):
+            grpc_ports[tag] = free_port()
+            cmd += ["--grpc-port", str(grpc_ports[tag])]
         cmd += ["--cache-mb", str(args.cache_mb), "--log-level", "warning", *threads]
         cmd += ["--follow-seconds", str(args.follow_seconds)] if args.follow_seconds else []
         return start(tag, cmd, port, out / f"{tag}_server.log", cwd=repo, pythonpath=None if repo == REPO else repo)
@@ -290,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         ingraph="in-graph",
         old=f"old:{names[0]}" if args.baseline_repo is not None else None,
         ids=f"new:{names[0]} ids-only" if ids_bodies else None,
-        grpc=() if grpc_port is None else tuple(f"new:{names[0]} {GRPC_LABELS[p]}" for p in GRPC_LABELS),
+        grpc=() if args.no_grpc else tuple(f"new:{names[0]} {GRPC_LABELS[p]}" for p in GRPC_LABELS),
     )
     if ids_bodies:
         targets.append({**targets[0], "label": roles.ids, "bodies": ids_bodies})
@@ -299,19 +306,22 @@ def main(argv: list[str] | None = None) -> int:
         for p in procs:
             p.wait_ready(180)
         print("servers ready: " + ", ".join(f"{p.name} :{p.port}" for p in procs), flush=True)
-        if grpc_port is not None:  # the first model's bodies as each protocol's messages, on the new code's port
+        if grpc_ports:  # the first model's bodies as each protocol's messages, on each server's gRPC port
             inputs = model_inputs(procs[0].port, names[0])
-            for protocol, label in GRPC_LABELS.items():
-                targets.append(
-                    {
-                        **targets[0],
-                        "label": f"new:{names[0]} {label}",
-                        "port": grpc_port,
-                        "path": protocol,
-                        "bodies": grpc_bodies(protocol, names[0], bodies, inputs),
-                        "protocol": protocol,
-                    }
-                )
+            messages = {protocol: grpc_bodies(protocol, names[0], bodies, inputs) for protocol in GRPC_LABELS}
+            for p in procs[:-1]:
+                for protocol, label in GRPC_LABELS.items():
+                    if p.name in grpc_ports:
+                        targets.append(
+                            {
+                                "label": f"{p.name}:{names[0]} {label}",
+                                "port": grpc_ports[p.name],
+                                "path": protocol,
+                                "pid": p.pid,
+                                "bodies": messages[protocol],
+                                "protocol": protocol,
+                            }
+                        )
 
         async def measure():
             parity = {}
