@@ -270,7 +270,11 @@ def test_reflection_resolves_every_service_and_a_json_request(server, requests_)
 
     request, candidates = requests_[3]
     inputs = {
-        "user_id": {"dtype": "DT_INT64", "tensorShape": {"dim": [{"size": "1"}]}, "int64Val": [str(request["user_id"])]},
+        "user_id": {
+            "dtype": "DT_INT64",
+            "tensorShape": {"dim": [{"size": "1"}]},
+            "int64Val": [str(request["user_id"])],
+        },
         "movie_id": {
             "dtype": "DT_INT64",
             "tensorShape": {"dim": [{"size": str(len(candidates))}]},
