@@ -10,14 +10,33 @@ dict (the body's schema is looser than the candidate decoder in places).
 
 Candidates already decoded (the library's ``Scorer.score`` on dicts, a body the schema took where msgspec did
 not) are :meth:`RawCandidates.decoded`: no bytes (``raws`` None), nothing to key the candidate cache with.
+Candidates that come decoded on every request (the rows of TF Serving's bodies, the named tensors' candidates) are
+:meth:`RawCandidates.keyed`: their JSON encoding keys the cache, so that a candidate that comes back is neither
+joined nor generated again.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any
 
 import msgspec
+
+_ENCODE = msgspec.json.Encoder().encode
+_JSON_VALUES = frozenset({str, int, float, bool, type(None), list})
+
+
+def _plain(values: list[Any]) -> bool:
+    """Whether JSON says each of ``values`` as it is (text, an int, a finite float, a boolean, null, lists of those):
+    C-level passes over the values, one more over the lists' elements and the floats where there are any."""
+    kinds = set(map(type, values))
+    if not kinds <= _JSON_VALUES:
+        return False
+    if list in kinds and not _plain(list(chain.from_iterable(v for v in values if type(v) is list))):
+        return False
+    return float not in kinds or all(map(math.isfinite, (v for v in values if type(v) is float)))
 
 
 class RawCandidates(Sequence):
@@ -41,6 +60,26 @@ class RawCandidates(Sequence):
     def decoded(cls, candidates: Sequence[Any]) -> RawCandidates:
         """Candidates given decoded (no bytes to key them by)."""
         out = cls(None, None, None)
+        out._dicts = candidates
+        return out
+
+    @classmethod
+    def keyed(cls, candidates: Sequence[Any]) -> RawCandidates:
+        """Candidates given decoded, keyed by their JSON (msgspec's encoding, one C call per candidate). The
+        encoding is one-to-one on what a decoded body holds (text, numbers, booleans, null, lists of those: 1 and
+        1.0, "1" and 1 differ): the key is the candidate. Values JSON cannot say (bytes, NaN, objects) leave them
+        unkeyed (:meth:`decoded`): checked over every value, in C-level passes."""
+        try:
+            plain = _plain(list(chain.from_iterable(map(dict.values, candidates))))
+        except TypeError:  # not dicts
+            plain = False
+        if not plain:
+            return cls.decoded(candidates)
+        try:
+            raws = list(map(_ENCODE, candidates))
+        except (TypeError, msgspec.EncodeError, OverflowError):
+            return cls.decoded(candidates)
+        out = cls(raws, None, None)
         out._dicts = candidates
         return out
 

@@ -279,3 +279,27 @@ def test_the_score_route_decodes_the_bodies_a_full_cache_skips_and_scores_them_a
             assert looked() - before == len(cands)
     finally:
         srv.stop()
+
+
+def test_keyed_candidates_score_exactly_as_decoded_ones_and_come_back_from_the_cache(models, requests_):
+    """Rows of named tensors and TF Serving bodies (``RawCandidates.keyed``: their JSON as the key): the same scores,
+    bit for bit, as the same candidates given decoded, cold and held; a candidate that comes back is a cache hit."""
+    odd = [{"movie_id": 7, "genres": ["Drama", True]}, {"movie_id": 7.0}, {"movie_id": "7"}, {"movie_id": True}]
+    with Scorer(models / "ml" / "1") as keyed, Scorer(models / "ml" / "1") as plain:
+        for round_ in range(2):  # cold, then every candidate held
+            hits = keyed.candidates.hits
+            for request, cands in [*requests_[:20], (requests_[0][0], odd)]:
+                got, gj = keyed.score_joined(request, RawCandidates.keyed(cands))
+                want, wj = plain.score_joined(request, cands)
+                np.testing.assert_array_equal(got, want)
+                assert (gj.unknown_candidates, gj.unknown_request) == (wj.unknown_candidates, wj.unknown_request)
+            if round_:
+                assert keyed.candidates.hits - hits == sum(len(c) for _, c in requests_[:20]) + len(odd)
+        assert keyed.stats()["ignored_keys"] == plain.stats()["ignored_keys"]
+
+
+def test_keyed_candidates_have_one_key_per_value_and_none_where_json_cannot_say_it():
+    keys = RawCandidates.keyed([{"a": 1}, {"a": 1.0}, {"a": "1"}, {"a": True}, {"a": None}, {"a": [1]}]).raws
+    assert keys is not None and len(set(keys)) == 6
+    for values in ({"a": float("nan")}, {"a": b"x"}, {"a": [float("inf")]}, {"a": {"b": 1}}, {"a": (1,)}):
+        assert RawCandidates.keyed([{"a": 1}, values]).raws is None  # NaN and None, bytes and text: one JSON

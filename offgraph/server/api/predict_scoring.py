@@ -22,6 +22,7 @@ from typing import Any, cast
 import numpy as np
 
 from offgraph.features import FeatureValueError
+from offgraph.scoring.raw_candidates import RawCandidates
 from offgraph.server.api.model_inputs import describe_inputs
 from offgraph.server.api.state import ServerState
 from offgraph.server.api.tensor_inputs import Tensor, rows_from_tensors
@@ -51,8 +52,9 @@ def score_rows(
         req_in, item_in = set(spec.raw_inputs("request")), set(spec.raw_inputs("item"))
         request, candidates = split_instances(rows, context, req_in - item_in, item_in - req_in, rows_name)
     try:
-        # the candidates are mappings, which the score path reads as it reads a body's dicts
-        served, scores, _, _ = holder.score(request, cast(list, candidates), version, label)
+        # the candidates are the body's values, keyed by their JSON for the candidate cache (RawCandidates.keyed): a
+        # candidate that comes back is neither joined nor generated again, as on :score
+        served, scores, _, _ = holder.score(request, cast(list, RawCandidates.keyed(candidates)), version, label)
     except FeatureValueError as e:  # the score path's words, with the rows' own name for the candidates
         raise ApiError(422, f"bad feature value: {str(e).replace('candidates[', rows_name + '[')}") from None
     return served, scores

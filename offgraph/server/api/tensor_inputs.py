@@ -99,7 +99,7 @@ def _dims(t: Tensor, info: InputInfo, max_candidates: int) -> tuple[int, int | N
 
 def _flat(data: Sequence[Any]) -> list[Any]:
     """JSON ``data`` flattened in row-major order (KServe lets clients send it nested)."""
-    if not any(type(x) is list for x in data):
+    if list not in set(map(type, data)):  # one C-level pass: flat, as sent
         return list(data)
     out: list[Any] = []
     for x in data:
