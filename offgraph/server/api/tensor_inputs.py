@@ -207,10 +207,17 @@ def _texts(t: Tensor, elements: list[Any]) -> list[str]:
     if kinds <= {str}:
         return elements
     if kinds == {bytes}:
+        # decoded as one text, split at NULs put between the elements: a NUL is one byte in UTF-8 and never part of
+        # another character, so the text decodes exactly when each element does; an element holding a NUL itself
+        # splits in two (more parts than elements): decoded one by one then
         try:
-            return list(map(bytes.decode, elements))
+            parts = b"\0".join(elements).decode("utf-8").split("\0")
         except UnicodeDecodeError:
-            pass
+            parts = None
+        if parts is not None and len(parts) == len(elements):
+            return parts
+        if parts is not None:
+            return list(map(bytes.decode, elements))
     return [_text(t, i, x) for i, x in enumerate(elements)]
 
 
