@@ -185,6 +185,18 @@ def _wait_readable(pubsub, timeout_s: float) -> None:
     poller.poll(timeout_s * 1e3)
 
 
+def _healthy_replicas(conn) -> int:
+    """Replicas of the master ``conn`` talks to that the cluster sees up (no ``fail``/``fail?`` flag, link
+    connected): the ones a ``WAIT`` could have heard from."""
+    lines = conn.execute_command("CLUSTER", "REPLICAS", conn.execute_command("CLUSTER", "MYID"))
+    out = 0
+    for line in lines or []:
+        parts = (line.decode() if isinstance(line, bytes) else str(line)).split()
+        if len(parts) > 7 and "fail" not in parts[2] and parts[7] == "connected":
+            out += 1
+    return out
+
+
 def _close_quietly(pubsub) -> None:
     """Closes a subscription that may be broken already: nothing in it is left to save."""
     if pubsub is not None:
@@ -417,9 +429,10 @@ class RedisBackend(StoreBackend):
     # ------------------------------------------------------------------ writes
     def _write_batch(self, shard: int, keys: list[bytes], values: list[bytes], sync: bool, wal: bool = True) -> None:
         """One script on the shard's slot: every record of the batch, or none, and only on the state
-        this writer's previous batch left (the fence; :class:`StoreFenced` otherwise). ``sync`` and
-        ``wal`` are the cluster's own business (its AOF and replicas): what a failover loses, it loses
-        with the source positions written in the same batch, and the fence tells the writer so."""
+        this writer's previous batch left (the fence; :class:`StoreFenced` otherwise), confirmed by one
+        replica (``_write_durably``). ``sync`` and ``wal`` are the cluster's own business (its AOF): what a
+        failover still loses, it loses with the source positions written in the same batch, and the fence
+        tells the writer so."""
         if not keys:
             return
         pairs = dict(zip(keys, values))  # a repeated key: the last one wins
@@ -429,7 +442,9 @@ class RedisBackend(StoreBackend):
         args: list[bytes] = [WRITE_FENCE_KEY, self._fence[shard], token, self._channels[shard], rows]
         args.extend(itertools.chain.from_iterable(pairs.items()))  # field, value, ... (no loop in Python)
         try:
-            self._script(keys=[self._keys[shard]], args=args)
+            self._write_durably(shard, args)
+        except StoreRemoteError:  # (an OSError: said in full already)
+            raise
         except _redis_errors() as e:
             if "FENCED" in str(e):
                 raise StoreFenced(
@@ -442,6 +457,39 @@ class RedisBackend(StoreBackend):
                 errno.EIO, f"redis write of shard {shard} at {self.url}: {type(e).__name__}: {e}"
             ) from None
         self._fence[shard] = token
+
+    def _write_durably(self, shard: int, args: list[bytes]) -> None:
+        """The fenced script on the shard's master, then ``WAIT`` for one replica on the same connection
+        (WAIT counts the writes of its own connection): Redis replicates asynchronously, so a write the
+        master acknowledged and a failover then lost would be lost for good where the source forgets what
+        it acknowledged (the spool deletes an applied file). A replica that does not confirm within
+        half the store's ``remote_timeout_ms`` (the socket's timeout bounds the wait) makes the batch a failed write: the updater reopens and writes it again (rows
+        keep their seqs, so again is harmless). A master with no replica that the cluster sees up is not waited for (nothing could confirm: the
+        write goes on, as durable as that master)."""
+        from redis.exceptions import ConnectionError, ResponseError, TimeoutError  # noqa: A004 (redis's own)
+
+        key, wait_ms = self._keys[shard], max(1, self.config.remote_timeout_ms // 2)
+        for attempt in (1, 2):
+            node = self._client.get_node_from_key(key)
+            conn = self._client.get_redis_connection(node)
+            pipe = conn.pipeline(transaction=False)
+            self._script(keys=[key], args=args, client=pipe)
+            pipe.execute_command("WAIT", 1, wait_ms)
+            try:
+                _, confirmed = pipe.execute()
+                break
+            except (ConnectionError, TimeoutError, ResponseError) as e:
+                # straight to a node, this write bypasses the cluster client's own recovery: a dead master
+                # (failover) or a moved slot refreshes the map once and tries the new master
+                if attempt == 2 or "FENCED" in str(e):
+                    raise
+                self._client.nodes_manager.initialize()
+        if int(confirmed) < 1 and _healthy_replicas(conn):
+            raise StoreRemoteError(
+                errno.EIO,
+                f"redis write of shard {shard} at {self.url}: no replica confirmed it within {wait_ms} ms "
+                "(written again after a reopen)",
+            )
 
     def _flush(self, shard: int) -> None:
         """Nothing to do: a write is in the cluster when it returns."""

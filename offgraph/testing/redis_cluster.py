@@ -77,6 +77,7 @@ class RedisCluster:
             raise RuntimeError("redis-server and redis-cli are needed (Debian: apt-get install redis-server)")
         self.root, self.masters, self.replicas, self.maxmemory_mb = Path(root), masters, replicas, maxmemory_mb
         self.nodes = [RedisNode(port, self.root / str(port)) for port in free_node_ports(masters * (1 + replicas))]
+        self.created = False
 
     @property
     def url(self) -> str:
@@ -123,7 +124,7 @@ class RedisCluster:
         while True:
             try:
                 if node.cli("ping", timeout=2).strip() == "PONG":
-                    return
+                    break
             except (RuntimeError, subprocess.TimeoutExpired):
                 pass
             if node.proc.poll() is not None or time.monotonic() > t_end:
@@ -131,6 +132,9 @@ class RedisCluster:
                 self.kill(node)
                 raise RuntimeError(f"redis-server on port {node.port} did not start: {log}")
             time.sleep(0.05)
+        if self.created and all(n.proc is not None for n in self.nodes):  # a node back in a whole cluster:
+            self.wait_ok(timeout_s)  # until it is a replica in sync again (writers WAIT for replicas)
+            self.wait_replicated(timeout_s)
 
     def create(self, timeout_s: float = 60.0) -> None:
         """Start every node and join them into one cluster (slots spread over the masters)."""
@@ -146,6 +150,27 @@ class RedisCluster:
             timeout=timeout_s,
         )
         self.wait_ok(timeout_s)
+        self.wait_replicated(timeout_s)
+        self.created = True
+
+    def wait_replicated(self, timeout_s: float = 60.0) -> None:
+        """Until every live master has its replicas online (a writer's WAIT hears from them: a new cluster's
+        replicas first load their master's snapshot)."""
+        t_end = time.monotonic() + timeout_s
+        while True:
+            try:
+                infos = [self.info(m, "replication") for m in self.master_nodes()]
+                if infos and all(
+                    int(i.get("connected_slaves", 0)) >= self.replicas
+                    and all("state=online" in v for k, v in i.items() if k.startswith("slave") and k[5:].isdigit())
+                    for i in infos
+                ):
+                    return
+            except (RuntimeError, subprocess.TimeoutExpired, ValueError):
+                pass
+            if time.monotonic() > t_end:
+                raise RuntimeError(f"the Redis Cluster under {self.root}: replicas not online after {timeout_s}s")
+            time.sleep(0.1)
 
     def kill(self, node: RedisNode, sig: int = signal.SIGKILL) -> None:
         """Stop one node by PID (``kill -9`` by default)."""

@@ -69,3 +69,53 @@ def test_a_master_killed_under_a_stale_read_is_reopened_not_an_exit(cluster, red
     assert "error" not in outcome, f"the updater exited: {outcome['error']!r}"
     assert up.metrics.store_reopens >= 1 and outcome["summary"]["store_reopens"] == up.metrics.store_reopens
     assert_store_holds(redis_version, [first, stale, newer])
+
+
+@pytest.mark.timeout(240)
+def test_a_spool_file_is_deleted_only_once_a_replica_holds_its_rows(cluster, redis_version, tmp_path):  # noqa: F811
+    """The spool forgets what it acknowledged (an applied file is deleted), so an applied file must survive
+    the master's death: with shard 0's replica stopped and its link cut, the updater's writes there are
+    applied by the master alone and confirmed by no replica; the file must stay in the spool until a
+    replica holds it. Then the master is killed -9, the stale replica promoted, and the store must end
+    holding every row (before ``WAIT``, the file was gone and its rows with the master)."""
+    models, spool = redis_version.parent.parent, tmp_path / "spool"
+    namespace = json.loads((redis_version / "store" / "store.json").read_text())["config"]["namespace"]
+    rng = np.random.default_rng(5)
+    base = make_deltas(rng, 2000, seq0=100_000)
+    publish(spool, 1, base)
+    up = updater(models, spool)
+    up.start()
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["summary"] = up.run()
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            outcome["error"] = e
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    master = cluster.master_of(shard_key(namespace, 0))
+    (replica,) = cluster.replicas_of(master)
+    try:
+        wait_for(lambda: not spool_files(spool) or "error" in outcome, 60, what="the first file applied")
+        cluster.pause(replica)
+        cluster.cut_replication(master)
+        try:
+            unconfirmed = make_deltas(rng, 2000, seq0=200_000)
+            publish(spool, 1, unconfirmed)
+            wait_for(lambda: up.metrics.store_reopens >= 1 or "error" in outcome, 60, what="an unconfirmed write")
+            assert spool_files(spool), "the file was deleted though no replica held its rows"
+            cluster.kill(master)
+        finally:
+            cluster.resume(replica)
+        cluster.wait_failover(shard_key(namespace, 0), master)
+        wait_for(lambda: not spool_files(spool) or "error" in outcome, 120, what="the spool drained after the failover")
+        assert "error" not in outcome, f"the updater exited: {outcome['error']!r}"
+    finally:
+        up.stop()
+        worker.join(30)
+        if master.proc is None or master.proc.poll() is not None:
+            cluster.start(master)
+    assert "error" not in outcome, f"the updater exited: {outcome['error']!r}"
+    assert_store_holds(redis_version, [base, unconfirmed])
