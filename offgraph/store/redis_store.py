@@ -463,9 +463,10 @@ class RedisBackend(StoreBackend):
         (WAIT counts the writes of its own connection): Redis replicates asynchronously, so a write the
         master acknowledged and a failover then lost would be lost for good where the source forgets what
         it acknowledged (the spool deletes an applied file). A replica that does not confirm within
-        half the store's ``remote_timeout_ms`` (the socket's timeout bounds the wait) makes the batch a failed write: the updater reopens and writes it again (rows
-        keep their seqs, so again is harmless). A master with no replica that the cluster sees up is not waited for (nothing could confirm: the
-        write goes on, as durable as that master)."""
+        half the store's ``remote_timeout_ms`` (the socket's timeout bounds the wait) makes the batch a
+        failed write: the updater reopens and writes it again (rows keep their seqs, so again is harmless).
+        A master with no replica the cluster sees up cannot have one confirm: its write goes on once WAIT has
+        sat out its time, as durable as that master (a degraded cluster's writes are slower, not refused)."""
         from redis.exceptions import ConnectionError, ResponseError, TimeoutError  # noqa: A004 (redis's own)
 
         key, wait_ms = self._keys[shard], max(1, self.config.remote_timeout_ms // 2)
