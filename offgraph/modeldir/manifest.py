@@ -68,20 +68,19 @@ def check_version_dir(out: Path) -> None:
         raise ValueError(f"{out} is already a complete version; versions are immutable, export to a new one")
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def _file_digest(path: Path, h: Any) -> str:
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    return _file_digest(path, hashlib.sha256())
 
 
 def file_xxh3(path: Path) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return _file_digest(path, xxhash.xxh3_128())
 
 
 def tree_checksums(root: Path) -> dict[str, str]:

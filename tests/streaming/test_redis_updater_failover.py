@@ -27,13 +27,8 @@ def redis_version(tmp_path_factory, cluster):  # noqa: F811
     return vdir
 
 
-@pytest.mark.timeout(240)
-def test_a_master_killed_under_a_stale_read_is_reopened_not_an_exit(cluster, redis_version, tmp_path):  # noqa: F811
-    models, spool = redis_version.parent.parent, tmp_path / "spool"
-    namespace = json.loads((redis_version / "store" / "store.json").read_text())["config"]["namespace"]
-    rng = np.random.default_rng(3)
-    first = make_deltas(rng, 3000, seq0=10_000)
-    publish(spool, 1, first)
+def _running_updater(models, spool):
+    """An in-process updater running in a thread; ``outcome`` gets its summary, or the error it ended with."""
     up = updater(models, spool)
     up.start()
     outcome: dict = {}
@@ -46,6 +41,17 @@ def test_a_master_killed_under_a_stale_read_is_reopened_not_an_exit(cluster, red
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
+    return up, worker, outcome
+
+
+@pytest.mark.timeout(240)
+def test_a_master_killed_under_a_stale_read_is_reopened_not_an_exit(cluster, redis_version, tmp_path):  # noqa: F811
+    models, spool = redis_version.parent.parent, tmp_path / "spool"
+    namespace = json.loads((redis_version / "store" / "store.json").read_text())["config"]["namespace"]
+    rng = np.random.default_rng(3)
+    first = make_deltas(rng, 3000, seq0=10_000)
+    publish(spool, 1, first)
+    up, worker, outcome = _running_updater(models, spool)
     try:
         wait_for(lambda: not spool_files(spool) or "error" in outcome, 60, what="the first file applied")
         assert "error" not in outcome, outcome
@@ -83,18 +89,7 @@ def test_a_spool_file_is_deleted_only_once_a_replica_holds_its_rows(cluster, red
     rng = np.random.default_rng(5)
     base = make_deltas(rng, 2000, seq0=100_000)
     publish(spool, 1, base)
-    up = updater(models, spool)
-    up.start()
-    outcome: dict = {}
-
-    def run() -> None:
-        try:
-            outcome["summary"] = up.run()
-        except BaseException as e:  # noqa: BLE001 - the test reports it
-            outcome["error"] = e
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
+    up, worker, outcome = _running_updater(models, spool)
     master = cluster.master_of(shard_key(namespace, 0))
     (replica,) = cluster.replicas_of(master)
     try:
