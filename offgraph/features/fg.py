@@ -26,7 +26,7 @@ from offgraph.features.numeric import finish, numeric_values, pre_standardize
 from offgraph.features.ops import DERIVED_OPS, RAW_OPS, FeatureValueError, Values
 from offgraph.features.segment import prepare
 from offgraph.features.spec import LIST_OPS, FeatureSpec, FieldSpec
-from offgraph.features.value_limits import Bound, TooManyValues
+from offgraph.features.value_limits import Bound, TooManyValues, keep_last
 
 __all__ = ["FeatureGenerator", "RaggedIds", "FGBatch", "FeatureValueError", "ScopeError", "TooManyValues"]
 
@@ -252,7 +252,8 @@ class FeatureGenerator:
 
     ``transform`` (serving) refuses a row over a field's ``max_values`` and, with
     ``max_request_values``, a request over that many values (``offgraph.features.value_limits``);
-    ``transform_columns`` (training) takes every value.
+    ``transform_columns`` (training) takes every value. A field with ``overflow: keep_last`` is cut
+    to its last ``max_values`` values by both, never refused for its length.
     """
 
     def __init__(
@@ -403,8 +404,10 @@ class FeatureGenerator:
         bound: Bound | None = None,
     ) -> dict[str, Values]:
         """Values of ``fields`` (in order) from raw ``columns``; derived ops read ``known``.
-        With ``bound`` (serving), each id / tokenize field is checked against its limits before and
-        after its op (for an early refusal: ``transform`` counts every field's values exactly)."""
+        A ``keep_last`` field's values are cut to its last ``max_values`` (``value_limits.keep_last``),
+        with or without ``bound``, before any field reads them. With ``bound`` (serving), each id /
+        tokenize field is checked against its limits before and after its op (for an early refusal:
+        ``transform`` counts every field's values exactly)."""
         for f in fields:
             try:
                 if f.op in RAW_OPS:
@@ -415,6 +418,8 @@ class FeatureGenerator:
                     if checked is not None:
                         checked.raw(f, col)
                     vals = RAW_OPS[f.op](f.name, col, f.params)
+                    if f.op in LIST_OPS:  # ``overflow: keep_last``: the cut, here for training and serving alike
+                        vals = keep_last(f, vals)
                     if checked is not None:
                         checked.produced(f, vals)
                 else:

@@ -37,8 +37,8 @@ OPS = RAW_OPS + DERIVED_OPS + NUMERIC_OPS
 
 # parameters each op accepts besides name/scope/op/input(s)/rows/pooling
 _OP_PARAMS: dict[str, set[str]] = {
-    "id": {"separator", "max_values"},
-    "tokenize": {"separator", "lowercase", "max_values", "segmenter"},
+    "id": {"separator", "max_values", "overflow"},
+    "tokenize": {"separator", "lowercase", "max_values", "overflow", "segmenter"},
     "bucketize": {"boundaries"},
     "log_bucket": {"base"},
     "cross": {"separator", "max_values"},
@@ -62,7 +62,11 @@ _MODEL_KEYS = {
 }
 LIST_OPS = ("id", "tokenize")
 """Raw ops whose row may hold many values (a list, a split string, text): they take ``max_values``,
-the most values one row may hold when serving (a request with more is refused, never cut)."""
+the most values one row may hold, and ``overflow``, what becomes of a row with more (``OVERFLOWS``)."""
+OVERFLOWS = ("refuse", "keep_last")
+"""A list field's ``overflow`` (``offgraph.features.value_limits``): ``refuse`` (the default) refuses a
+served row over ``max_values`` and trains on every value; ``keep_last`` keeps a row's last ``max_values``
+values (a history's most recent, its list ordered oldest first) in training and serving alike."""
 _CALIB_KEYS = {"negative_rate", "scale", "power", "logit_scale", "logit_shift"}
 
 
@@ -408,6 +412,9 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
         params.setdefault("max_values", model.cross_max_values)
     if op in LIST_OPS:
         params.setdefault("max_values", model.max_values)
+        over = params.setdefault("overflow", "refuse")
+        if over not in OVERFLOWS:
+            fail(f"{where}: overflow must be one of {list(OVERFLOWS)}, got {over!r}{did_you_mean(over, OVERFLOWS)}")
     if "max_values" in params and not _positive_int(params["max_values"]):
         fail(f"{where}: max_values must be an integer >= 1, got {params['max_values']!r}")
     if op == "tokenize":

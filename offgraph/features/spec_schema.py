@@ -62,7 +62,13 @@ _FIELD_PROPS: dict[str, dict[str, Any]] = {
     "rows": {**_POSITIVE_INT, "description": "rows of its embedding table (values hash into them)"},
     "pooling": {"enum": list(S.POOLINGS)},
     "separator": {"type": "string", "minLength": 1},
-    "max_values": {**_POSITIVE_INT, "description": "the most values one row may hold when serving"},
+    "max_values": {**_POSITIVE_INT, "description": "the most values one row may hold (overflow: what becomes of more)"},
+    "overflow": {
+        "enum": list(S.OVERFLOWS),
+        "description": "a row over max_values: refuse (default: refused when serving, every value trained) or "
+        "keep_last (cut to its last max_values values, the most recent of a history listed oldest first, in "
+        "training and serving alike)",
+    },
     "lowercase": {"type": "boolean"},
     "segmenter": {"enum": list(SEGMENTERS)},
     "boundaries": {**_NUMBERS, "description": "strictly increasing bucket boundaries"},

@@ -1,11 +1,12 @@
-"""Serving bounds of feature generation: values per field and row, values per request.
+"""Bounds of feature generation: values per field and row, values per request.
 
 A request's cost grows with the number of feature values it carries (hashing, store reads,
 pooling), so the serving FG (``FeatureGenerator.transform``) refuses, before that work:
 
 * a row whose ``id`` / ``tokenize`` field holds more than the field's ``max_values`` values
-  (the entries of a list, null entries included, or the terms of a split string): the spec's
-  declared bound, never cut, because the model was trained on whole lists;
+  (the entries of a list, null entries included, or the terms of a split string), when the
+  field's ``overflow`` is ``refuse`` (the default): the spec's declared bound, never cut,
+  because the model was trained on whole lists;
 * a request holding more than ``max_request_values`` values in all (request fields once, item
   and cross fields once per candidate), when the generator has such a bound.
 
@@ -13,6 +14,13 @@ Both raise ``FeatureValueError`` naming the field, the request or candidate, and
 Training (``transform_columns``) is not bounded: real data with a long list trains as it is.
 The checks are length-based and run on the request's row and the item-cache misses only; a
 cache hit was checked when it was generated, and the request total is one sum over lengths.
+
+A field with ``overflow: keep_last`` (a history: recent item ids, oldest first) is never refused
+for its length: ``keep_last`` cuts each row to its last ``max_values`` values, the op's values
+after nulls are dropped and strings split. It is part of FG itself, run by ``FeatureGenerator``
+on every row in training and serving alike (as a cross's ``max_values`` cuts its product), so a
+model is trained on the histories it serves. Before the cut, a list's entries still count
+against ``max_request_values`` (the op reads them all).
 
 ``value_errors`` applies the same rules (the ops' value checks, ``max_values``, the numeric
 fields' checks) to whole raw columns and returns EVERY row the serving FG would refuse, rather
@@ -25,12 +33,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, cast
 
 import numpy as np
 
 from offgraph.features.numeric import numeric_values
-from offgraph.features.ops import RAW_OPS, FeatureValueError
+from offgraph.features.ops import RAW_OPS, FeatureValueError, Values
 from offgraph.features.segment import prepare
 from offgraph.features.spec import LIST_OPS, FeatureSpec, FieldSpec
 
@@ -65,10 +74,11 @@ class Bound:
 
     def raw(self, f: FieldSpec, column: Sequence[Any]) -> None:
         """Before the op runs (its per-value work is what a long list costs): the entries of each
-        list, null entries included, against ``max_values`` and the budget."""
+        list, null entries included, against ``max_values`` (unless the field cuts: ``keep_last``)
+        and the budget."""
         # lists only (what JSON gives; a tuple or array is still checked after the op): the type
         # test is most of this pass's cost, and it runs on every cache miss
-        self._check(f, [len(v) if type(v) is list else 0 for v in column], spend=False)
+        self._check(f, [len(v) if type(v) is list else 0 for v in column], spend=False, cap=not cuts(f))
 
     def produced(self, f: FieldSpec, values: Sequence[Sequence[str]]) -> None:
         """After the op: values per row against ``max_values`` (split strings), spent from the budget."""
@@ -85,12 +95,11 @@ class Bound:
         if self.limit is not None and self.used > self.limit:
             raise TooManyValues(self.limit, self.used)
 
-    def _check(self, f: FieldSpec, lens: list[int], spend: bool) -> None:
+    def _check(self, f: FieldSpec, lens: list[int], spend: bool, cap: bool = True) -> None:
         # plain lists: a request's columns are short (1 row, or the item-cache misses), where
         # NumPy's per-call overhead would cost more than the loop
         top = max(lens, default=0)
-        cap = f.params["max_values"]
-        if top > cap:
+        if cap and top > f.params["max_values"]:
             r = lens.index(top)
             problem = too_many_values(f, top)
             raise FeatureValueError(
@@ -101,6 +110,27 @@ class Bound:
             self.spend(total)
         elif self.limit is not None and self.used + total > self.limit:
             raise TooManyValues(self.limit, self.used + total)
+
+
+def cuts(f: FieldSpec) -> bool:
+    """Whether list field ``f`` keeps its last ``max_values`` values (``overflow: keep_last``) rather than
+    refusing a longer row."""
+    return f.params.get("overflow") == "keep_last"
+
+
+def keep_last(f: FieldSpec, values: Values) -> Values:
+    """The op's ``values`` of list field ``f`` cut, row by row, to the last ``max_values`` (``cuts(f)``;
+    any other field's values are returned as they are). One function for training and serving: FG runs it
+    on every row of every call (``FeatureGenerator._values``)."""
+    if not cuts(f):
+        return values
+    cap = f.params["max_values"]
+    lens = np.fromiter(map(len, values), np.int64, len(values))
+    if not len(lens) or int(lens.max()) <= cap:
+        return values  # the usual case: one C-level pass over the lengths
+    # a slice of each row in C (map + itemgetter): the rows are the op's Python lists, which the crosses
+    # read as they are, so the cut is made on them (the ids then follow from the cut values)
+    return list(map(itemgetter(slice(-cap, None)), values))
 
 
 def too_many_values(f: FieldSpec, count: int) -> str:
@@ -135,8 +165,9 @@ def value_errors(
     serving FG (``FeatureGenerator.transform``) would refuse, with FG's own rules: each field reading
     a column runs its op on the column (types, numbers that are finite, log1p's domain) and ``id`` /
     ``tokenize`` fields are held to ``max_values``, before (list entries) and after (split terms) the
-    op, as ``Bound`` does. Sorted by row; with ``limit``, at most about that many (a file of bad rows
-    is named by its first ones, without checking it all)."""
+    op, as ``Bound`` does (a ``keep_last`` field's long rows are cut, never refused). Sorted by row;
+    with ``limit``, at most about that many (a file of bad rows is named by its first ones, without
+    checking it all)."""
     bad: dict[int, BadValue] = {}
     for f in fields_reading(spec, columns):
         if f.op == "tokenize":
@@ -149,7 +180,7 @@ def value_errors(
 
 def _field_errors(f: FieldSpec, numeric: bool, col: Sequence[Any], n: int, bad: dict[int, BadValue]) -> None:
     rows = np.array([r for r in range(n) if r not in bad], dtype=np.int64)
-    capped = not numeric and f.op in LIST_OPS
+    capped = not numeric and f.op in LIST_OPS and not cuts(f)
     column = cast(str, f.input)  # the caller's fields read a column
 
     def refuse(at: np.ndarray, problem: Callable[[int], str]) -> np.ndarray:
