@@ -6,8 +6,9 @@ SIGNATURE = "serving_default"
 SPLIT_SIGNATURE = "split"
 """Its signature that takes the request's fields once (recorded as the manifest's ``dense.split``)."""
 
-LOSSES = ("pointwise", "listwise", "both")
-"""The training losses a version may record (``training_loss``); its calibration and ranking follow from it."""
+LOSSES = ("pointwise", "listwise", "both", "pairwise", "lambdarank", "pointwise+pairwise", "pointwise+lambdarank")
+"""The training losses a version may record (``training_loss``); its calibration and ranking follow from it
+(``offgraph.model.losses``: "both" is pointwise + listwise, a name with "+" the sum of its parts)."""
 
 HOT_SET_FILE = "hot_set.npz"
 """A version's static hot set (``offgraph.modeldir.hot_set``), beside its manifest."""
