@@ -40,9 +40,18 @@ def run(args: argparse.Namespace) -> int:
 
     _, metrics = train_run(spec, table, cfg, args.out, source=str(args.data), progress=not args.no_progress)
     h = metrics["held_out"]
+    sel = h["selected_by"]
+    if sel["best_epoch"] is None:
+        chosen = "no validation rows: the last epoch kept"
+    else:
+        best = "undefined" if sel["best_validation"] is None else f"{sel['best_validation']:.4f}"
+        n = sel["best_epoch"]  # worded without "epoch N": each epoch is one line of the output
+        chosen = f"best validation {best} after {n} epoch{'s' if n != 1 else ''}"
     print(
         f"held-out: AUC {h['auc']:.4f}  logloss {h['logloss']:.4f}"
         + (f"  NDCG@10 {h['ndcg@10']:.4f}" if "ndcg@10" in h else "")
-        + f"  rows {h['rows']}  train {metrics['train_seconds']:.1f}s  -> {args.out}"
+        + (f"  {sel['metric']} {h[sel['metric']]:.4f}" if sel["metric"] not in ("auc", "logloss", "ndcg@10") else "")
+        + f"  rows {h['rows']}  train {metrics['train_seconds']:.1f}s  -> {args.out}\n"
+        + f"loss {metrics['config']['loss']}, epochs chosen by validation {sel['metric']} ({chosen})"
     )
     return 0

@@ -17,10 +17,11 @@ from offgraph.features.segment import segmenters_of
 from offgraph.features.spec import FeatureSpec
 from offgraph.model.curves import CURVES_FILE, write_curves
 from offgraph.model.inputs import Encoded, encode_table, finish_dense, fit_numeric_stats, needs_stats
-from offgraph.model.losses import LossKey, is_listwise, make_loss_fn
-from offgraph.model.metrics import logloss, make_metric_fn, needs_groups
+from offgraph.model.losses import PAIR_ROWS_MAX, LossFn, LossKey, is_listwise, make_loss_fn, uses_pairs
+from offgraph.model.metrics import higher_is_better, logloss, make_metric_fn, needs_groups
 from offgraph.model.model import CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_FILE, DeepFM, build_deepfm, predict_proba
 from offgraph.model.platt import fit_platt
+from offgraph.model.relevance import binarise
 from offgraph.model.splits import held_out_mask
 from offgraph.model.train_config import LOSSES, OPTIMIZERS, SCHEDULES, TrainConfig  # noqa: F401 (re-exported)
 
@@ -35,8 +36,64 @@ SCHEDULE_FACTORIES = {
 }
 assert set(OPTIMIZER_FACTORIES) == set(OPTIMIZERS) and set(SCHEDULE_FACTORIES) == set(SCHEDULES)
 
-# what evaluate reports, by name (offgraph.model.metrics); those needing request groups where the rows have them
-EVAL_METRICS = ("auc", "logloss", "ndcg@10")
+# what evaluate reports, by name (offgraph.model.metrics), with the run's selection metric; those needing
+# request groups where the rows have them
+EVAL_METRICS = ("auc", "logloss", "ndcg@1", "ndcg@5", "ndcg@10", "map", "mrr", "arp")
+
+
+def default_select(loss: str) -> str:
+    """The validation metric that picks the epoch when ``--select`` is not given: AUC for the pointwise loss;
+    NDCG@10 for a loss that compares a list's candidates (a softmax or a pair within one list says nothing
+    about how its scores sit against another list's, so a global AUC is the wrong yardstick)."""
+    return "ndcg@10" if is_listwise(loss) else "auc"
+
+
+def selection_metric(cfg: TrainConfig) -> str:
+    return cfg.select or default_select(cfg.loss)
+
+
+class EpochSelection:
+    """The best epoch by one validation metric (``higher_is_better`` says which way; a NaN, e.g. AUC of one
+    class, is never better; the first epoch is the best until one beats it), and when to stop: after
+    ``patience`` epochs without a better one."""
+
+    def __init__(self, metric: str, patience: int):
+        self.metric, self.patience, self._sign = metric, patience, 1.0 if higher_is_better(metric) else -1.0
+        self.best_epoch, self.best_value, self._best_key = 0, float("nan"), -np.inf
+
+    def update(self, epoch: int, validation: dict) -> tuple[bool, bool]:
+        """(``epoch`` is the best so far, stop after it) given its validation metrics by name."""
+        value = float(validation[self.metric])
+        key = self._sign * value if np.isfinite(value) else -np.inf
+        if self.best_epoch == 0 or key > self._best_key:
+            self.best_epoch, self.best_value, self._best_key = epoch, value, key
+            return True, False
+        return False, epoch - self.best_epoch >= self.patience
+
+
+def check_pair_rows(data: Encoded, cfg: TrainConfig) -> None:
+    """A pairwise loss's batches fit its [n, n] matrices: a batch of whole lists holds fewer than ``batch_size``
+    rows and then one more list (``_batches``), so at most batch_size - 1 + the longest list."""
+    _, sizes = np.unique(data.groups, return_counts=True)
+    longest = int(sizes.max()) if len(sizes) else 0
+    if cfg.batch_size - 1 + longest > PAIR_ROWS_MAX:
+        raise ValueError(
+            f"loss {cfg.loss!r} compares the pairs of a batch, at most {PAIR_ROWS_MAX} rows: --batch-size "
+            f"{cfg.batch_size} and lists of up to {longest} rows make batches of up to {cfg.batch_size - 1 + longest}"
+            + (": lower --batch-size" if longest <= PAIR_ROWS_MAX else ": the longest list alone is too long")
+        )
+
+
+def training_objective(model: DeepFM, loss_fn: LossFn, l2_embedding: float, xb, yb, seg, training: bool = True):
+    """(loss, loss + regularisation) of a batch: whichever the loss, the L2 penalty of the embedding rows the
+    batch looks up (``l2_embedding`` x their sum of squares / the batch's rows) and the dense head's kernel
+    penalties (``model.l2_dense``) are added to it."""
+    logits, sq = model.logit_and_l2(xb, training=training)
+    loss = loss_fn(yb, logits, seg)
+    reg = l2_embedding * sq / tf.cast(tf.shape(yb)[0], tf.float32)
+    if model.head.losses:
+        reg += tf.add_n(model.head.losses)
+    return loss, loss + reg
 
 
 def _batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator, listwise: bool):
@@ -91,13 +148,7 @@ class Trainer:
         @tf.function(input_signature=[sig, tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32)])
         def step(xb, yb, seg):
             with tf.GradientTape() as tape:
-                logits, sq = model.logit_and_l2(xb, training=True)
-                total = loss_fn(yb, logits, seg)
-                bs = tf.cast(tf.shape(yb)[0], tf.float32)
-                reg = l2_emb * sq / bs
-                if model.head.losses:
-                    reg += tf.add_n(model.head.losses)
-                obj = total + reg
+                total, obj = training_objective(model, loss_fn, l2_emb, xb, yb, seg)
             grads = tape.gradient(obj, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
             return total
@@ -108,19 +159,26 @@ class Trainer:
         return predict_proba(self.model, data.x, self.cfg.eval_batch_size)
 
     def evaluate(self, data: Encoded) -> dict:
+        """The metrics of ``EVAL_METRICS`` and the selection metric by name (those needing request groups where
+        the rows have them), the rows and the positive rate (of the binarised labels)."""
         p = self.predict(data)
-        res = {name: make_metric_fn(name)(data.labels, p) for name in EVAL_METRICS if not needs_groups(name)}
-        res.update(rows=int(data.n), positive_rate=float(data.labels.mean()))
+        names = dict.fromkeys((*EVAL_METRICS, selection_metric(self.cfg)))
+        res = {name: make_metric_fn(name)(data.labels, p) for name in names if not needs_groups(name)}
+        res.update(rows=int(data.n), positive_rate=float(binarise(data.labels).mean()))
         if data.groups is not None:
-            grouped = [name for name in EVAL_METRICS if needs_groups(name)]
+            grouped = [name for name in names if needs_groups(name)]
             res.update({name: make_metric_fn(name)(data.labels, p, data.groups) for name in grouped})
         return res
 
     def fit(self, train: Encoded, validation: Encoded | None, progress: bool = True, label: str = "epoch") -> dict:
-        """Epochs over ``train``; after each, AUC on ``validation`` (rows carved from the training rows,
-        never the held-out ones): the best epoch's weights are kept and restored, and training stops after
+        """Epochs over ``train``; after each, the metrics on ``validation`` (rows carved from the training rows,
+        never the held-out ones): the best epoch by the selection metric (``cfg.select``, else
+        ``default_select``; ``EpochSelection``) has its weights kept and restored, and training stops after
         ``cfg.patience`` epochs without a better one. No validation: every epoch runs, the last is kept."""
         cfg = self.cfg
+        if uses_pairs(cfg.loss):  # before the first step, not at the batch that would not fit
+            check_pair_rows(train, cfg)
+        selection = EpochSelection(selection_metric(cfg), cfg.patience)
         total_steps = cfg.epochs * int(np.ceil(train.n / cfg.batch_size))
         self.opt = OPTIMIZER_FACTORIES[cfg.optimizer](SCHEDULE_FACTORIES[cfg.schedule](cfg.lr, total_steps))
         self._build_fns(train.x)
@@ -128,7 +186,7 @@ class Trainer:
         listwise = is_listwise(cfg.loss)
         sig = (self._signature(train.x), tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32))
         history = []
-        best_auc, best_epoch, best_weights, stopped = -np.inf, 0, None, None
+        best_weights, stopped = None, None
         t0 = time.perf_counter()
         for epoch in range(1, cfg.epochs + 1):
             t_epoch = time.perf_counter()
@@ -153,27 +211,30 @@ class Trainer:
             v = ev.get("validation")
             print(
                 f"{label} {epoch}: train loss {ev['train_loss']:.4f}"
-                + (f"  validation AUC {v['auc']:.4f}  logloss {v['logloss']:.4f}" if v else "")
+                + (f"  validation {_metrics_text(v)}" if v else "")
                 + f"  ({ev['seconds']:.1f}s)",
                 flush=True,
             )
             if v is None:
                 continue
-            score = v["auc"] if np.isfinite(v["auc"]) else -np.inf  # undefined with one class: never better
-            if best_weights is None or score > best_auc:
-                best_auc, best_epoch = score, epoch
+            best, stop = selection.update(epoch, v)
+            if best:
                 best_weights = [w.copy() for w in self.model.get_weights()]
-            elif epoch - best_epoch >= cfg.patience:
+            elif stop:
                 stopped = epoch
                 break
+        best_epoch = selection.best_epoch
         restored = best_weights is not None and best_epoch != history[-1]["epoch"]
         if restored:
             self.model.set_weights(best_weights)
         early = None
         if validation is not None:
+            best_auc = history[best_epoch - 1]["validation"]["auc"]
             early = {
+                "select": selection.metric,
                 "best_epoch": best_epoch,
-                "best_validation_auc": float(best_auc) if np.isfinite(best_auc) else None,
+                "best_validation": _finite_or_none(selection.best_value),  # of the selection metric
+                "best_validation_auc": _finite_or_none(best_auc),  # the chosen epoch's, whichever metric chose it
                 "epochs_run": len(history),
                 "stopped_early_at": stopped,
                 "restored_best_weights": restored,
@@ -182,11 +243,21 @@ class Trainer:
             }
             # worded without "epoch N": each epoch is one line of the output
             print(
-                f"best validation AUC {best_auc:.4f} after {best_epoch} of {len(history)} epochs"
+                f"best validation {selection.metric} {selection.best_value:.4f}"
+                + f" after {best_epoch} of {len(history)} epochs"
                 + ("; those weights restored" if restored else ""),
                 flush=True,
             )
         return {"history": history, "train_seconds": time.perf_counter() - t0, "early_stopping": early}
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None
+
+
+def _metrics_text(res: dict) -> str:
+    """``name value`` of each metric of an ``evaluate`` result, as recorded."""
+    return "  ".join(f"{k} {v:.4f}" for k, v in res.items() if k not in ("rows", "positive_rate"))
 
 
 def split_encoded(spec: FeatureSpec, data: Encoded, cfg: TrainConfig) -> tuple[Encoded, Encoded]:
@@ -214,6 +285,7 @@ def train_run(
     """Encode, split, train, evaluate; write RUN (weights, spec, config, metrics) when out_dir is given."""
     t0 = time.perf_counter()
     cfg, split_why = cfg.for_spec(spec)
+    cfg = cfg.replace(select=selection_metric(cfg))  # the run records the metric that chose its epoch
     data = encode_table(spec, table, source)
     train, held = split_encoded(spec, data, cfg)
     fit_rows, validation = carve_validation(train, cfg)
@@ -244,15 +316,15 @@ def train_run(
         fit_rows = train
     final = trainer.evaluate(held)  # once, with the weights kept
     print(
-        f"held-out AUC {final['auc']:.4f}  logloss {final['logloss']:.4f}"
-        + (f"  NDCG@10 {final['ndcg@10']:.4f}" if "ndcg@10" in final else ""),
-        flush=True,
+        f"held-out AUC {final['auc']:.4f}  {_metrics_text({k: v for k, v in final.items() if k != 'auc'})}", flush=True
     )
     spec, calibration = fit_calibration(
         spec, cfg, trainer, validation, held, trained_on_validation=early is not None and cfg.refit
     )
     metrics = {
-        "held_out": {k: final[k] for k in ("auc", "logloss", "ndcg@10", "rows", "positive_rate") if k in final},
+        # the export copies held_out into the manifest's training record: with it, the metric that chose the
+        # epoch and its best validation value (None without validation rows: the last epoch was kept)
+        "held_out": {**final, "selected_by": selected_by(cfg, early)},
         "history": fit["history"],
         "early_stopping": fit["early_stopping"],
         "train_rows": int(fit_rows.n),
@@ -274,6 +346,15 @@ def train_run(
     return trainer.model, metrics
 
 
+def selected_by(cfg: TrainConfig, early: dict | None) -> dict:
+    """{metric, best_validation, best_epoch}: what chose the run's epoch count (``cfg.select`` resolved)."""
+    return {
+        "metric": selection_metric(cfg),
+        "best_validation": early["best_validation"] if early else None,
+        "best_epoch": early["best_epoch"] if early else None,
+    }
+
+
 def fit_calibration(
     spec: FeatureSpec,
     cfg: TrainConfig,
@@ -289,7 +370,8 @@ def fit_calibration(
     rows (``--validation 0``) or nothing to fit: the spec unchanged, its scores are ranking scores."""
     if cfg.loss == LossKey.POINTWISE:
         return spec, None
-    fit = fit_platt(trainer.predict(validation), validation.labels) if validation is not None else None
+    # a CTR is the probability of a relevant label (relevance.binarise), whatever the grades
+    fit = fit_platt(trainer.predict(validation), binarise(validation.labels)) if validation is not None else None
     if fit is None:
         why = (
             "no validation rows (--validation 0)"
@@ -313,7 +395,7 @@ def fit_calibration(
         q = platt(p, fit.logit_scale, fit.logit_shift)
         rec[name] = {
             "rows": int(part.n),
-            "positive_rate": float(part.labels.mean()) if part.n else None,
+            "positive_rate": float(binarise(part.labels).mean()) if part.n else None,
             "mean_score": float(p.mean()) if part.n else None,
             "mean_score_calibrated": float(q.mean()) if part.n else None,
             "logloss": logloss(part.labels, p),

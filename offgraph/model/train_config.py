@@ -27,9 +27,12 @@ class TrainConfig(ConfigModel, validate_assignment=True):
     validation: the fraction of the TRAINING rows (after the held-out ones are set aside) carved off, by
     the same split, to pick the best epoch on (early stopping with the best weights restored) and, with a
     listwise loss, to fit the calibration on (``offgraph.model.platt``; 0: no validation, the last epoch is
-    kept and a listwise model's scores are ranking scores); patience: epochs without a better validation AUC before stopping;
-    refit: then retrain from the same initial weights on all the training rows for the best epoch count
-    (the carved rows are each key's latest, the most useful to learn from; off: keep the restored weights).
+    kept and a listwise model's scores are ranking scores); select: the validation metric that picks the
+    epoch (``offgraph.model.metrics``; None: AUC for the pointwise loss, NDCG@10 for one that compares a list's
+    candidates, ``offgraph.model.train.default_select``, resolved and recorded by ``train_run``; logloss and
+    arp: lower is better); patience: epochs without a better value of it before stopping; refit: then
+    retrain from the same initial weights on all the training rows for the best epoch count (the carved rows
+    are each key's latest, the most useful to learn from; off: keep the restored weights).
     """
 
     epochs: int = option(6, ge=1, flag="--epochs", description="passes over the training rows")
@@ -53,8 +56,15 @@ class TrainConfig(ConfigModel, validate_assignment=True):
         description="fraction of the training rows (same split) that picks the best epoch: early stopping, "
         "best weights restored; 0: keep the last epoch",
     )
+    select: str | None = option(
+        None,
+        flag="--select",
+        shown="auc for --loss pointwise, ndcg@10 for the others",
+        description="validation metric that picks the best epoch (early stopping) and the refit's epoch count: "
+        "auc, logloss, ndcg@K, map, mrr or arp (logloss and arp: lower is better)",
+    )
     patience: int = option(
-        2, ge=1, flag="--patience", description="epochs without a better validation AUC before stopping"
+        2, ge=1, flag="--patience", description="epochs without a better validation --select metric before stopping"
     )
     refit: bool = option(
         True,
@@ -74,10 +84,24 @@ class TrainConfig(ConfigModel, validate_assignment=True):
             raise ValueError(f"unknown split {v!r}: expected one of {sorted(SPLITS)}")
         return v
 
+    @field_validator("select")
+    @classmethod
+    def _known_metric(cls, v: str | None) -> str | None:
+        from offgraph.model.metrics import make_metric_fn  # NumPy: only when a metric is given
+
+        if v is not None:
+            make_metric_fn(v)  # a ValueError naming the known ones
+        return v
+
     def validate(self, spec: FeatureSpec) -> None:
         """What depends on the spec (the fields themselves are checked when set): before any data is read."""
         if self.loss != "pointwise" and not spec.group:
             raise ValueError(f"loss {self.loss!r} needs request groups: the spec has no 'group' column")
+        if self.select is not None and not spec.group:
+            from offgraph.model.metrics import needs_groups
+
+            if needs_groups(self.select):
+                raise ValueError(f"--select {self.select} needs request groups: the spec has no 'group' column")
         lacking = [k for k in SPLIT_NEEDS.get(self.split or "", ()) if getattr(spec, k) is None]
         if lacking:
             needs = " and ".join(f"'{k}'" for k in SPLIT_NEEDS[str(self.split)])
