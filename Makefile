@@ -9,7 +9,7 @@ DEMO   ?= out/demo
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml offgraph/server/grpc/tfserving-api.txt
+$(VENV)/.installed: pyproject.toml setup.py offgraph/server/api/_wire_keys.c offgraph/server/grpc/tfserving-api.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[server,test,lint]'

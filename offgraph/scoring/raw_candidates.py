@@ -10,9 +10,11 @@ dict (the body's schema is looser than the candidate decoder in places).
 
 Candidates already decoded (the library's ``Scorer.score`` on dicts, a body the schema took where msgspec did
 not) are :meth:`RawCandidates.decoded`: no bytes (``raws`` None), nothing to key the candidate cache with.
-Candidates that come decoded on every request (the rows of TF Serving's bodies, the named tensors' candidates) are
-:meth:`RawCandidates.keyed`: their JSON encoding keys the cache, so that a candidate that comes back is neither
-joined nor generated again.
+Candidates that come decoded on every request (the rows of TF Serving's row format) are :meth:`RawCandidates.keyed`:
+their JSON encoding keys the cache, so that a candidate that comes back is neither joined nor generated again.
+Candidates that come as columns (named tensors, TF Serving's columnar format) are :meth:`RawCandidates.columns`: each
+one's key is the JSON of its elements across the columns, made in C-level passes over the columns, and its dict is
+made only where the cache lacks it.
 """
 
 from __future__ import annotations
@@ -28,15 +30,42 @@ _ENCODE = msgspec.json.Encoder().encode
 _JSON_VALUES = frozenset({str, int, float, bool, type(None), list})
 
 
-def _plain(values: list[Any]) -> bool:
-    """Whether JSON says each of ``values`` as it is (text, an int, a finite float, a boolean, null, lists of those):
-    C-level passes over the values, one more over the lists' elements and the floats where there are any."""
+def _plain(values: list[Any], array: type = list) -> bool:
+    """Whether JSON says each of ``values`` as it is (text, an int, a finite float, a boolean, null, arrays of those,
+    an array being a ``list``, or a ``tuple`` where ``array`` says so: never both, as both say the same JSON):
+    C-level passes over the values, one more over the arrays' elements and the floats where there are any."""
     kinds = set(map(type, values))
-    if not kinds <= _JSON_VALUES:
+    if not kinds <= (_JSON_VALUES if array is list else _JSON_VALUES - {list} | {array}):
         return False
-    if list in kinds and not _plain(list(chain.from_iterable(v for v in values if type(v) is list))):
-        return False
+    if array in kinds:
+        arrays: list[Any] = [v for v in values if type(v) is array]
+        if not _plain(list(chain.from_iterable(arrays)), array):
+            return False
     return float not in kinds or all(map(math.isfinite, (v for v in values if type(v) is float)))
+
+
+COLUMN_KEY_TAG = b"["
+"""Column keys are JSON arrays (the columns' description, then the candidate's elements); the other keys are JSON
+objects (a candidate's own JSON, or its dict's): a key made one way never equals one made the other."""
+
+
+def column_keys(description: Any, columns: Sequence[Sequence[Any]]) -> list[bytes] | None:
+    """Each candidate's key in the candidate cache, for candidates given as ``columns`` (element i of each is
+    candidate i's; JSON values, or tuples of them where a column sends a list as K elements): the JSON of
+    ``description`` (what makes a candidate's dict of its elements, e.g. the columns' names and how each is read),
+    then the JSON array of its elements. One-to-one on the candidate as sent under one description: None where an
+    element is a value JSON cannot say (bytes, NaN, infinity, objects), or a column holds both lists and tuples."""
+    if not columns:
+        return None
+    for c in columns:  # a column's arrays are lists (JSON) or tuples (K elements of a tensor), never both
+        if not _plain(list(c), tuple if tuple in set(map(type, c)) else list):
+            return None
+    try:
+        head = _ENCODE(description)
+        rows = map(_ENCODE, zip(*columns))
+        return list(map(head.__add__, rows))
+    except (TypeError, msgspec.EncodeError, OverflowError):
+        return None
 
 
 class RawCandidates(Sequence):
@@ -54,6 +83,7 @@ class RawCandidates(Sequence):
         self._decode_list = decode_list
         self._decode_all = decode_all
         self._dicts: Sequence[Any] | None = None
+        self._rows: Callable[[Sequence[int]], list[Any]] | None = None
         self.keyable = raws is not None
 
     @classmethod
@@ -83,6 +113,16 @@ class RawCandidates(Sequence):
         out._dicts = candidates
         return out
 
+    @classmethod
+    def columns(cls, n: int, keys: list[bytes] | None, rows: Callable[[Sequence[int]], list[Any]]) -> RawCandidates:
+        """``n`` candidates given as columns: ``keys`` their cache keys (``column_keys``; None: not keyable),
+        ``rows(which)`` the dicts of the candidates at ``which``, made when asked for (the ones the cache lacks)."""
+        if keys is None:
+            return cls.decoded(rows(range(n)))
+        out = cls(keys, None, None)
+        out._rows = rows
+        return out
+
     def __len__(self) -> int:
         return len(self.raws) if self.raws is not None else len(self._dicts or ())
 
@@ -108,6 +148,8 @@ class RawCandidates(Sequence):
         return [every[i] for i in which]
 
     def _decode(self, which: Sequence[int]) -> list[dict] | None:
+        if self._rows is not None:
+            return self._rows(which)
         raws = self.raws
         assert raws is not None and self._decode_list is not None
         try:

@@ -1,13 +1,16 @@
 """Rows of raw features (one per candidate) and the request features they share, scored by the ``:score`` path.
 
 Every protocol whose body is not offgraph's own ``{"request", "candidates"}`` ends here: TensorFlow Serving's row
-format (``{"instances": [...], "context": {...}}``, REST and gRPC) as it comes, and the named tensors of TF Serving's
-columnar format and of KServe v2 over REST and gRPC once ``offgraph.server.api.tensor_inputs`` has made rows of
-them. The request-scope inputs are taken out of the rows by ``tfserving_body.split_instances`` (one rule: the same
+format (``{"instances": [...], "context": {...}}``, REST) as rows (``score_rows``), and the named tensors of TF
+Serving's columnar format, TF Serving's gRPC ``Predict`` and KServe v2 over REST and gRPC as the columns
+``offgraph.server.api.tensor_inputs`` makes of them (``score_columns``, ``score_tensors``). The request-scope inputs
+are taken out of the rows or columns by ``tfserving_body.split_instances`` / ``split_columns`` (one rule: the same
 value in every row, or given once), and the request and candidates are scored by ``ModelHolder.score``
-(``Scorer.score_joined``): no second copy of the request maths, FG or validation.
+(``Scorer.score_joined``): no second copy of the request maths, FG or validation. Columns reach it as
+``RawCandidates.columns``: keyed in the candidate cache by their elements, a candidate's dict made only where the cache
+lacks it (as a JSON body's candidates are keyed by their bytes and decoded only where the cache lacks them).
 
-``score_rows`` and ``score_tensors`` run in a scoring thread (REST: ``scored``; gRPC: its context's ``score``, which
+``score_rows``, ``score_columns`` and ``score_tensors`` run in a scoring thread (REST: ``scored``; gRPC: its context's ``score``, which
 checks the deadline first). Their errors are the score path's: ``ApiError`` 422 (a bad value, a scope conflict, a
 bad tensor), ``NotServing`` (no such version or label: REST's 404), and the ``ModelLoading`` / ``StoreFailure`` /
 ``StoreOutage`` the app answers 503.
@@ -22,11 +25,12 @@ from typing import Any, cast
 import numpy as np
 
 from offgraph.features import FeatureValueError
-from offgraph.scoring.raw_candidates import RawCandidates
+from offgraph.scoring.raw_candidates import RawCandidates, column_keys
 from offgraph.server.api.model_inputs import describe_inputs
 from offgraph.server.api.state import ServerState
-from offgraph.server.api.tensor_inputs import Tensor, rows_from_tensors
-from offgraph.server.api.tfserving_body import split_instances
+from offgraph.server.api.tensor_inputs import Column, Tensor, checked_columns, json_columns, tensor_columns
+from offgraph.server.api.tfserving_body import split_columns, split_instances
+from offgraph.server.api.wire_keys import wire_candidates
 from offgraph.server.http.errors import ApiError
 from offgraph.server.models.served import ModelHolder, NotServing
 
@@ -60,15 +64,73 @@ def score_rows(
     return served, scores
 
 
+def _candidates(columns: Mapping[str, Column], n: int) -> RawCandidates:
+    """The candidates of ``columns`` (``n`` of them; no columns: one candidate with no features of its own), keyed
+    by their elements under the columns' names and forms, their dicts made where asked for."""
+    cols = list(columns.values())
+    if not cols:
+        return RawCandidates.decoded([{}])
+    names = list(columns)
+
+    def rows(which: Sequence[int]) -> list[dict[str, Any]]:
+        return [{name: c.value(i) for name, c in zip(names, cols)} for i in which]
+
+    keys = column_keys([[c.name, c.padded] for c in cols], [c.elements for c in cols])
+    return RawCandidates.columns(n, keys, rows)
+
+
+def score_columns(
+    holder: ModelHolder,
+    columns: Sequence[Column],
+    version: int | None,
+    label: str | None,
+    max_candidates: int,
+) -> tuple[int, np.ndarray]:
+    """(the version that scored, the scores in candidate order) of named columns (``tensor_inputs.Column``, element
+    i of each is candidate i: ``candidates[i]`` in the messages), read as the inputs of the version asked for."""
+    sv = holder.acquire(version, label)  # NotServing, ModelLoading: why none serves
+    holder.release(sv)  # its spec stays readable once it is closed (the score takes its own reference)
+    spec = sv.scorer.spec
+    per_row, once = checked_columns(columns, describe_inputs(spec), max_candidates)
+    n = len(next(iter(per_row.values()))) if per_row else 1
+    req_in, item_in = set(spec.raw_inputs("request")), set(spec.raw_inputs("item"))
+    request, per_row = split_columns(per_row, once, req_in - item_in, item_in - req_in)
+    return _score(holder, request, _candidates(per_row, n), version, label)
+
+
+def _score(
+    holder: ModelHolder, request: dict[str, Any], candidates: RawCandidates, version: int | None, label: str | None
+) -> tuple[int, np.ndarray]:
+    try:
+        served, scores, _, _ = holder.score(request, cast(list, candidates), version, label)
+    except FeatureValueError as e:  # the score path's words
+        raise ApiError(422, f"bad feature value: {e}") from None
+    return served, scores
+
+
+def score_json_columns(
+    holder: ModelHolder, columns: Mapping[str, Sequence[Any]], version: int | None, label: str | None, limit: int
+) -> tuple[int, np.ndarray]:
+    """``score_columns`` of TF Serving's columnar format (``{"inputs": {name: [value per candidate]}}``)."""
+    return score_columns(holder, json_columns(columns), version, label, limit)
+
+
 def score_tensors(
     holder: ModelHolder, tensors: Sequence[Tensor], version: int | None, label: str | None, max_candidates: int
 ) -> tuple[int, np.ndarray]:
-    """``score_rows`` of KServe v2 input tensors, read as the inputs of the version asked for (element i of each
-    input is candidate i: ``candidates[i]`` in the messages)."""
+    """``score_columns`` of KServe v2 / TF Serving input tensors, read as the inputs of the version asked for:
+    straight from the wire where ``wire_keys.wire_candidates`` can (each candidate keyed by its elements' bytes, read
+    only where the cache lacks it), else as ``Column`` s."""
     sv = holder.acquire(version, label)  # NotServing, ModelLoading: why none serves
     holder.release(sv)  # its spec stays readable once it is closed (the score takes its own reference)
-    rows, once = rows_from_tensors(tensors, describe_inputs(sv.scorer.spec), max_candidates)
-    return score_rows(holder, rows, once, version, label, rows_name="candidates")
+    spec = sv.scorer.spec
+    inputs = describe_inputs(spec)
+    req_in, item_in = set(spec.raw_inputs("request")), set(spec.raw_inputs("item"))
+    wire = wire_candidates(tensors, inputs, req_in - item_in, max_candidates)
+    if wire is None:
+        return score_columns(holder, tensor_columns(tensors, inputs, max_candidates), version, label, max_candidates)
+    request, candidates = wire
+    return _score(holder, request, candidates, version, label)
 
 
 async def scored(

@@ -2,9 +2,10 @@
 and ``raw_input_contents``) and TensorFlow Serving's columnar format (``{"inputs": {...}}``).
 
 Each protocol decodes its own wire form into ``Tensor`` s (or, columnar JSON, straight into columns); this module
-turns them into the rows and shared request features of the row format, which ``predict_scoring.score_rows``
-scores by the ``:score`` path (``tfserving_body.split_instances`` decides the request scope, ``Scorer.score_joined``
-everything else): one conversion for every named-tensor protocol, no second copy of the request maths or checks.
+turns them into ``Column`` s, one element per candidate, which ``predict_scoring.score_columns`` scores by the
+``:score`` path (``tfserving_body.split_columns`` decides the request scope, ``Scorer.score_joined`` everything else,
+each candidate keyed in the candidate cache by its elements, its dict made only where the cache lacks it): one
+conversion for every named-tensor protocol, no per-candidate dicts, no second copy of the request maths or checks.
 
 The conventions (offgraph/server/README.md, "Named tensors: one conversion"):
 
@@ -71,8 +72,13 @@ class Tensor:
     raw: bytes | None = None
 
 
-def _bad(message: str) -> ApiError:
+def bad_input(message: str) -> ApiError:
+    """A tensor's problem: the score path's status for a bad body (KServe's REST route answers it 400, gRPC
+    INVALID_ARGUMENT)."""
     return ApiError(422, message)
+
+
+_bad = bad_input
 
 
 def metadata_datatype(info: InputInfo) -> str:
@@ -80,7 +86,7 @@ def metadata_datatype(info: InputInfo) -> str:
     return "FP64" if info.number else "BYTES"
 
 
-def _dims(t: Tensor, info: InputInfo, max_candidates: int) -> tuple[int, int | None]:
+def dims(t: Tensor, info: InputInfo, max_candidates: int) -> tuple[int, int | None]:
     """(candidates N, values per candidate K, or None for one value each) of the tensor's shape."""
     shape = list(t.shape)
     if not all(type(d) is int and d >= 0 for d in shape):
@@ -226,80 +232,116 @@ def _no_nans(elements: list[Any]) -> list[Any]:
     return [_no_nan(x) for x in elements] if float in set(map(type, elements)) else elements
 
 
-def _no_value(x: Any) -> bool:
-    return x == "" or x is None or (type(x) is float and math.isnan(x))
+@dataclass(frozen=True)
+class Column:
+    """One input's elements as sent, one per candidate (or one: a request-scope input given once): each a value, or,
+    for a list input sent as ``[N, K]`` (``padded``), the tuple of its K elements, padding included (the candidate
+    cache's key is the candidate as sent: ``RawCandidates.columns``). ``value(i)`` is candidate i's raw feature value,
+    as FG reads it (the padding dropped: the list is what the candidate has)."""
+
+    name: str
+    elements: list[Any]
+    padded: bool = False
+
+    def __len__(self) -> int:
+        return len(self.elements)
+
+    def value(self, i: int) -> Any:
+        x = self.elements[i]
+        # the padding is no value: "" (text) or None (NaN numbers); 0 and False are values
+        return [v for v in x if v is not None and v != ""] if self.padded else x
 
 
-def column(t: Tensor, info: InputInfo, max_candidates: int) -> list[Any]:
-    """The raw feature values of ``t`` (one per candidate), for the model input ``info`` it names."""
+def check_datatype(t: Tensor) -> None:
     if t.datatype not in DATATYPES:
         raise _bad(f"input '{t.name}' has datatype {t.datatype!r}: one of {', '.join(DATATYPES)}")
-    n, k = _dims(t, info, max_candidates)
+
+
+def check_number(t: Tensor, info: InputInfo) -> None:
+    if info.number and t.datatype not in NUMBERS:
+        raise _bad(f"input '{t.name}' is a number: send it as FP64, FP32 or an integer datatype, not {t.datatype}")
+
+
+def column(t: Tensor, info: InputInfo, max_candidates: int) -> Column:
+    """The raw feature values of ``t`` (one per candidate), for the model input ``info`` it names."""
+    check_datatype(t)
+    n, k = dims(t, info, max_candidates)
     elements = _elements(t, n * (1 if k is None else k))
+    check_number(t, info)
     if info.number:
-        if t.datatype not in NUMBERS:
-            raise _bad(f"input '{t.name}' is a number: send it as FP64, FP32 or an integer datatype, not {t.datatype}")
         values = _no_nans(elements)
     elif t.datatype == "BYTES":
         values = _texts(t, elements)
     else:
         values = _no_nans(elements)
     if k is None:
-        return values
-    # K values per candidate: its list, the no-value padding dropped (a list is never cut or padded by the score
-    # path: its length is what the field's max_values checks)
-    if set(map(type, values)) <= {str}:  # text: the padding is "", the one falsy string
-        return [list(filter(None, values[i : i + k])) for i in range(0, n * k, k)]
-    return [[x for x in values[i * k : (i + 1) * k] if not _no_value(x)] for i in range(n)]
+        return Column(t.name, values)
+    # K values per candidate, as tuples in one C-level pass (a list is never cut or padded by the score path: the
+    # padding is dropped when a candidate's value is read, and its length is what the field's max_values checks)
+    return Column(t.name, list(zip(*[iter(values)] * k)), padded=True)
 
 
-def rows_from_columns(
-    columns: Mapping[str, Sequence[Any]], inputs: Sequence[InputInfo], max_candidates: int
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(rows, request features given once) of named columns of raw feature values: one value per candidate,
-    or one for a request-scope input given once. An unknown name, an empty column or columns of different
-    lengths is a 422 naming the input."""
+def checked_columns(
+    columns: Sequence[Column], inputs: Sequence[InputInfo], max_candidates: int
+) -> tuple[dict[str, Column], dict[str, Any]]:
+    """(the columns with one element per candidate, by name; the request features given once) of named columns of
+    raw feature values: one element per candidate, or one for a request-scope input given once. An unknown name, a
+    name sent twice, an empty column or columns of different lengths is a 422 naming the input."""
     known = {i.name: i for i in inputs}
     names = ", ".join(known)
     if not columns:
         raise _bad(f"no inputs: send the model's inputs by name ({names})")
-    for name in columns:
-        if name not in known:
-            raise _bad(f"unknown input '{name[:60]}': the model's inputs are {names}")
-    longest = max(columns, key=lambda k: len(columns[k]))
-    n = len(columns[longest])
+    seen: set[str] = set()
+    for c in columns:
+        if c.name not in known:
+            raise _bad(f"unknown input '{c.name[:60]}': the model's inputs are {names}")
+        if c.name in seen:
+            raise _bad(f"input '{c.name[:60]}' is sent twice")
+        seen.add(c.name)
+    n = candidate_count({c.name: len(c) for c in columns}, known, max_candidates)
+    per_row: dict[str, Column] = {}
+    once: dict[str, Any] = {}
+    for c in columns:
+        if len(c) == n:
+            per_row[c.name] = c
+        else:
+            once[c.name] = c.value(0)
+    return per_row, once
+
+
+def candidate_count(lengths: Mapping[str, int], known: Mapping[str, InputInfo], max_candidates: int) -> int:
+    """The number of candidates N of inputs with ``lengths`` elements (by name): the longest; every input has N, or
+    one if it is a request-scope input (given once). Else a 422 naming the input."""
+    longest = max(lengths, key=lengths.__getitem__)
+    n = lengths[longest]
     if n > max_candidates:
         raise _bad(f"input '{longest}' has {n} elements, at most {max_candidates} per request (--max-candidates)")
-    per_row: dict[str, Sequence[Any]] = {}
-    once: dict[str, Any] = {}
-    for name, col in columns.items():
-        if len(col) == n:
-            per_row[name] = col
-        elif len(col) == 1 and known[name].scope == "request":
-            once[name] = col[0]
-        else:
+    for name, count in lengths.items():
+        if count != n and not (count == 1 and known[name].scope == "request"):
             given_once = " (or one, a request-scope input)" if known[name].scope == "request" else ""
             raise _bad(
-                f"inputs disagree on the number of candidates: '{name}' has {len(col)} elements, '{longest}' "
+                f"inputs disagree on the number of candidates: '{name}' has {count} elements, '{longest}' "
                 f"has {n}: every input has one per candidate{given_once}"
             )
-    if not per_row:
-        return [{}], once
-    keys = list(per_row)
-    return [dict(zip(keys, values)) for values in zip(*per_row.values())], once
+    return n
 
 
-def rows_from_tensors(
-    tensors: Sequence[Tensor], inputs: Sequence[InputInfo], max_candidates: int
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """``rows_from_columns`` of KServe v2 input tensors, each decoded by ``column`` for the input it names."""
+def json_columns(columns: Mapping[str, Sequence[Any]]) -> list[Column]:
+    """TF Serving's columnar format: each input's list of JSON values, one per candidate."""
+    return [Column(name, list(values)) for name, values in columns.items()]
+
+
+def tensor_columns(tensors: Sequence[Tensor], inputs: Sequence[InputInfo], max_candidates: int) -> list[Column]:
+    """KServe v2 / TF Serving input tensors, each decoded by ``column`` for the input it names."""
     known = {i.name: i for i in inputs}
-    columns: dict[str, list[Any]] = {}
+    out: list[Column] = []
+    seen: set[str] = set()
     for t in tensors:
-        if t.name in columns:
+        if t.name in seen:
             raise _bad(f"input '{t.name[:60]}' is sent twice")
+        seen.add(t.name)
         info = known.get(t.name)
         if info is None:
             raise _bad(f"unknown input '{t.name[:60]}': the model's inputs are {', '.join(known)}")
-        columns[t.name] = column(t, info, max_candidates)
-    return rows_from_columns(columns, inputs, max_candidates)
+        out.append(column(t, info, max_candidates))
+    return out

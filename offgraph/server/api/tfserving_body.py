@@ -7,8 +7,8 @@ each has one value for the whole request, so it must be the same in every instan
 them unless ``context`` (the body's field for the shared request features) gives it (a row without it
 would be a row with no value), and agree with ``context``. A conflict is a 422 naming the input and the
 two places. The other keys of an instance stay in its candidate (the score path ignores those the model
-does not read). Columns (``inputs``) are made rows by ``offgraph.server.api.tensor_inputs.rows_from_columns``, as
-KServe's tensors are, and then follow the same rule.
+does not read). Columns (``inputs``) are read as KServe's tensors are (``offgraph.server.api.tensor_inputs``), and
+follow the same rule column by column (``split_columns``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from offgraph.server.api.schemas import Features, FeatureValue, ScoreRequest
 from offgraph.server.api.score_body import JsonBody
+from offgraph.server.api.tensor_inputs import Column
 from offgraph.server.http.errors import ApiError
 
 INSTANCES_DOC = (
@@ -176,3 +177,39 @@ def split_instances(
                 raise _conflict(key, where, value, f"{rows}[{i}]", inst[key], rows=rows)
         request[key] = value
     return request, [{k: v for k, v in inst.items() if k not in keys} for inst in instances]
+
+
+def _uniform(c: Column) -> bool:
+    """Whether every element of ``c`` is the same, type and value (``_same``): C-level passes where the elements are
+    not lists (lists of JSON may hold 1 and 1.0: compared one by one)."""
+    e = c.elements
+    first = e[0]
+    if type(first) is list:
+        return all(_same(x, first) for x in e)
+    return e.count(first) == len(e) and len(set(map(type, e))) == 1
+
+
+def split_columns(
+    columns: Mapping[str, Column],
+    once: Mapping[str, Any],
+    request_only: Collection[str],
+    item_only: Collection[str],
+) -> tuple[dict[str, Any], dict[str, Column]]:
+    """(request, the candidates' columns) of named columns (one element per candidate) and the request features given
+    once, for a model reading ``request_only`` inputs at request scope only and ``item_only`` at item scope only:
+    ``split_instances``' rule, column by column (a request-scope input sent per candidate has one value in all), and
+    its words for a conflict (the candidates named ``candidates[i]``)."""
+    for key in once:
+        if key in item_only:
+            raise ApiError(422, f"input '{key}' is given once but is an item-scope input: send one per candidate")
+    request = dict(once)
+    out = dict(columns)
+    for key in sorted(columns.keys() & request_only):
+        c = out.pop(key)
+        first = c.value(0)
+        if not _uniform(c):
+            i = next((i for i in range(1, len(c)) if not _same(c.value(i), first)), None)
+            if i is not None:
+                raise _conflict(key, "candidates[0]", first, f"candidates[{i}]", c.value(i), rows="candidates")
+        request[key] = first
+    return request, out

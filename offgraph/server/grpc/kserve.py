@@ -21,6 +21,7 @@ bad input.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -82,7 +83,7 @@ def tensors_of(request: service_pb2.ModelInferRequest) -> list[Tensor]:
             field = CONTENTS.get(t.datatype)
             if field is None and t.datatype in ("FP16", "BF16"):
                 raise _bad(f"input '{t.name[:60]}' is {t.datatype}: send it as raw_input_contents")
-            data = getattr(t.contents, field) if field is not None else ()
+            data = list(getattr(t.contents, field)) if field is not None else []
             out.append(Tensor(t.name, t.datatype, list(t.shape), data=data))
     return out
 
@@ -154,6 +155,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                     raise _bad(f"output '{o.name[:60]}': the model's only output is '{OUTPUT}'")
             args = (holder, tensors_of(request), version, label, ctx.state.config.max_candidates)
             served, scores = await ctx.state.run_scoring(score_tensors, *args)
+        except asyncio.CancelledError:
+            ctx.count_cancelled(context, self._method("ModelInfer"), name)
+            raise
         except Exception as e:
             await ctx.abort(context, self._method("ModelInfer"), name, e)
         ctx.state.metrics.observe_score(holder.name, len(scores), time.perf_counter() - started)

@@ -31,10 +31,9 @@ from offgraph.server.api.anchor_schemas import (
 )
 from offgraph.server.api.deps import Holder, LabelName, PathView, State, VersionNumber
 from offgraph.server.api.model_inputs import describe_inputs, shape
-from offgraph.server.api.predict_scoring import score_rows, scored
+from offgraph.server.api.predict_scoring import score_json_columns, score_rows, scored
 from offgraph.server.api.schemas import ErrorResponse
 from offgraph.server.api.state import ServerState
-from offgraph.server.api.tensor_inputs import rows_from_columns
 from offgraph.server.api.tfserving_body import PredictBody
 from offgraph.server.api.version_status import serving_version, version_status
 from offgraph.server.config import ServerConfig
@@ -77,10 +76,9 @@ async def _predict(
     if body.inputs is None:  # the row format
         _, scores = await scored(state, holder, started, score_instances, body, version, label)
         out = PredictResponse(predictions=scores.tolist())
-    else:  # the columnar format: the same rows, made of the named columns for the version's inputs
-        inputs = describe_inputs(serving_version(holder, version, label).scorer.spec)
-        rows, once = rows_from_columns(body.inputs, inputs, state.config.max_candidates)
-        _, scores = await scored(state, holder, started, score_rows, rows, once, version, label, "candidates")
+    else:  # the columnar format: the named columns, read as the version's inputs
+        limit = state.config.max_candidates
+        _, scores = await scored(state, holder, started, score_json_columns, body.inputs, version, label, limit)
         out = ColumnarPredictResponse(outputs=scores.tolist())
     # pydantic's own encoder, as :score (FastAPI's default path would render each float in Python)
     return Response(out.model_dump_json(), media_type="application/json")
