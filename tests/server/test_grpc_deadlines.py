@@ -2,7 +2,8 @@
 never scored, for TF Serving's ``Predict`` (tensorflow-serving-api stubs) and KServe v2's ``ModelInfer``
 (``tritonclient.grpc``), on a real ``offgraph serve --grpc-port`` with one scoring thread.
 
-The pool is kept busy by a backlog of large calls sent first; the late call is sent once the first of them has
+The pool is kept busy by a backlog of large calls sent first, each with candidates of its own (a candidate the
+candidate cache holds costs the server little, and the backlog must be work); the late call is sent once the first of them has
 been answered (so the backlog is on the server, not in the client), with a deadline far shorter than the backlog
 left. "Not scored" is read from the store's own work: every scored candidate looks its rows up in the row cache
 (``offgraph_row_cache_hits`` + ``offgraph_row_cache_misses``, counted by the scorer), so over the whole run the
@@ -76,12 +77,12 @@ def _work_of(url: str, call) -> tuple[int, float]:
 def _late_call_not_scored(url: str, big_call, late_call, method: str) -> None:
     """``BACKLOG`` × ``big_call`` in flight, then ``late_call(timeout)`` with a deadline shorter than what remains of
     the backlog: DEADLINE_EXCEEDED, and the run's lookups are the large calls' alone."""
-    per_big, big_s = _work_of(url, lambda: big_call(60))
+    per_big, big_s = _work_of(url, lambda: big_call(60, 0))
     per_late, _ = _work_of(url, lambda: late_call(30))
     deadline_s = max(0.05, 2 * big_s)  # the late call waits behind BACKLOG - 1 (>= 9) large calls
     errors_before, before = _deadline_errors(url, method), _lookups(url)
     with ThreadPoolExecutor(BACKLOG) as pool:
-        backlog = [pool.submit(big_call, 60) for _ in range(BACKLOG)]
+        backlog = [pool.submit(big_call, 60, i + 1) for i in range(BACKLOG)]
         next(as_completed(backlog, timeout=120)).result()  # one answered: the rest are queued on the server
         t = time.perf_counter()
         late = late_call(deadline_s)
@@ -99,18 +100,26 @@ def _late_call_not_scored(url: str, big_call, late_call, method: str) -> None:
         f"server-side DEADLINE_EXCEEDED counted: {_deadline_errors(url, method) - errors_before:.0f}"
     )
     assert lookups == BACKLOG * per_big, (lookups, per_big, per_late)
+    assert _deadline_errors(url, method) - errors_before == 1  # the server counts what its client saw
 
 
-def _big_candidates(requests_) -> tuple[dict, list[dict]]:
+def _big_candidates(requests_, variant: int) -> tuple[dict, list[dict]]:
+    """``BIG`` candidates; each ``variant`` moves every release year by its own thousandths of a year, so that no two
+    variants share a candidate and each makes the same row lookups (a year's bucket holds the year and its next
+    hundredth)."""
     request, _ = requests_[0]
     pool = [c for _, cands in requests_ for c in cands]
-    return request, (pool * (BIG // len(pool) + 1))[:BIG]
+    cands = (pool * (BIG // len(pool) + 1))[:BIG]
+    moved = [
+        c if c["release_year"] is None else {**c, "release_year": c["release_year"] + variant / 1000} for c in cands
+    ]
+    return request, moved
 
 
 def test_predict_deadline_passed_in_the_queue_is_not_scored(server, requests_):
     url, address = server
     channel = grpc.insecure_channel(address)
-    big = predict_request(*_big_candidates(requests_))
+    bigs = [predict_request(*_big_candidates(requests_, i)) for i in range(BACKLOG + 1)]
     late = predict_request(*requests_[1])
     stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
 
@@ -124,7 +133,7 @@ def test_predict_deadline_passed_in_the_queue_is_not_scored(server, requests_):
     try:
         _late_call_not_scored(
             url,
-            lambda timeout: stub.Predict(big, timeout=timeout),
+            lambda timeout, i: stub.Predict(bigs[i], timeout=timeout),
             late_call,
             "/tensorflow.serving.PredictionService/Predict",
         )
@@ -145,10 +154,11 @@ def test_model_infer_deadline_passed_in_the_queue_is_not_scored(server, requests
             out.append(t)
         return out
 
-    big, late = inputs(*_big_candidates(requests_)), inputs(*requests_[1])
+    bigs = [inputs(*_big_candidates(requests_, i)) for i in range(BACKLOG + 1)]
+    late = inputs(*requests_[1])
 
-    def big_call(timeout: float) -> np.ndarray:
-        return client.infer("ml", big, client_timeout=timeout).as_numpy("scores")
+    def big_call(timeout: float, i: int) -> np.ndarray:
+        return client.infer("ml", bigs[i], client_timeout=timeout).as_numpy("scores")
 
     def late_call(timeout: float) -> str:
         try:

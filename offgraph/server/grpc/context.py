@@ -39,6 +39,14 @@ class GrpcContext:
         CALL_DEADLINE.set(None if remaining is None else time.monotonic() + remaining)
         return time.perf_counter()
 
+    def count_cancelled(self, context: grpc.aio.ServicerContext, method: str, model: str | None) -> None:
+        """Count a call gRPC cancelled under way (its handler gets ``CancelledError``): its deadline passed
+        (DEADLINE_EXCEEDED: e.g. while it waited its turn in the scoring pool, where it is then not scored) or its
+        client went (CANCELLED). gRPC answers the client itself; this is what ``offgraph_http_errors_total`` sees."""
+        remaining = context.time_remaining()
+        code = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+        self.state.metrics.count_error_on(code, method, model)
+
     async def abort(
         self, context: grpc.aio.ServicerContext, method: str, model: str | None, exc: BaseException
     ) -> NoReturn:

@@ -24,6 +24,7 @@ against ``--max-candidates``; a message over ``--max-body-mb`` is refused by gRP
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -136,6 +137,9 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             tensors = [tensor_of(k, t) for k, t in request.inputs.items()]
             limit = ctx.state.config.max_candidates
             served, scores = await scored(ctx.state, holder, started, score_tensors, tensors, version, label, limit)
+        except asyncio.CancelledError:
+            ctx.count_cancelled(context, method, name)
+            raise
         except Exception as e:
             await ctx.abort(context, method, name, e)
         out = predict_pb2.PredictResponse()
