@@ -157,6 +157,14 @@ def test_runtime_user_and_packages(image, container):
     assert {"pytest", "ruff", "mypy", "schemathesis", "import-linter"} <= forbidden  # the extras' names, read right
     assert installed & forbidden == set()
     assert {"offgraph", "tensorflow-cpu", "uvicorn"} <= installed
+    # the compiled wire-key kernel is in the image's wheel (not its pure-Python twin)
+    out = subprocess.run(
+        _run(container, "python3", "-c", "from offgraph.server.api import wire_keys; print(wire_keys.KERNEL)"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and out.stdout.split()[-1] == "True", (out.stdout, out.stderr[-2000:])
 
 
 def test_sigterm_reaches_pid1_only_through_a_handler(image, container):
