@@ -16,12 +16,21 @@ in the old one of top-level ``server`` and ``features``), so that old and new co
 alike and TensorFlow's thread settings stay out of the caller. It imports nothing of ``bench`` for that reason:
 an old checkout has no ``bench.lib``.
 
-    python bench/serve_breakdown.py --model-dir MODELS/NAME --bodies BODIES.jsonl --out OUT.json
+    python bench/serve_breakdown.py --model-dir MODELS/NAME --bodies BODIES.jsonl --out OUT.json \
+        [--grpc MESSAGES.json]
+
+With ``--grpc`` (serialized ``ModelInferRequest`` / ``PredictRequest`` messages of the same candidates, by protocol:
+``{"kserve": [base64, ...], "tfserving": [...]}``), the named-tensor path of each protocol is timed per request
+too, unprofiled (medians, after two warm passes), in the phases its gRPC handler runs: ``parse`` (the message),
+``tensors`` (its inputs as the server's ``Tensor`` s), ``convert`` (``predict_scoring.score_tensors`` less the
+score: the wire keys or columns, the request-scope split) and ``score`` (``Scorer.score_joined``), beside the same
+split of REST ``:score`` (``parse``: the body; ``score``). A checkout without the gRPC services says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import cProfile
 import importlib
 import json
@@ -138,6 +147,105 @@ def breakdown(
     }
 
 
+def _median_ms(xs: list[float]) -> float:
+    return float(np.median(xs) * 1e3)
+
+
+def tensor_phases(
+    model_dir: Path,
+    bodies: list[bytes],
+    messages: dict[str, list[bytes]],
+    repeats: int,
+    row_cache_mb: float,
+    intra: int,
+    inter: int,
+) -> dict:
+    """Per-request phases (ms, medians) of REST ``:score`` and of each protocol's named-tensor path (the module's
+    docstring), on one scorer, the protocols taking turns over the same candidates."""
+    try:
+        from tensorflow_serving.apis import predict_pb2
+        from tritonclient.grpc import service_pb2
+
+        from offgraph.server.api.predict_scoring import score_tensors
+        from offgraph.server.grpc.kserve import tensors_of
+        from offgraph.server.grpc.tfserving import tensor_of
+    except ImportError as e:
+        return {"error": f"no named-tensor path in this checkout ({e})"}
+    _module("tf_threads", "package").configure_tf_threads(intra, inter)
+    s = _module("scorer", "package").load(model_dir, row_cache_mb=row_cache_mb)
+    parse = route_parser(bodies).validate
+    times: dict[str, dict[str, list[float]]] = {}
+
+    class _Holder:  # the registry's ModelHolder as score_tensors uses it, on the one scorer; times the score
+        class _Served:
+            scorer = s
+
+        def acquire(self, version, label):
+            return self._Served
+
+        def peek(self, version, label):
+            return self._Served
+
+        def release(self, sv):
+            pass
+
+        def score(self, request, candidates, version, label):
+            t0 = time.perf_counter()
+            scores, joined = s.score_joined(request, candidates)
+            self.score_s = time.perf_counter() - t0
+            return 1, scores, joined, None
+
+    holder = _Holder()
+    decoders = {
+        "kserve": (service_pb2.ModelInferRequest.FromString, tensors_of),
+        "tfserving": (predict_pb2.PredictRequest.FromString, lambda r: [tensor_of(k, t) for k, t in r.inputs.items()]),
+    }
+
+    def rest(i: int, into: dict[str, list[float]] | None) -> None:
+        t0 = time.perf_counter()
+        r = parse(bodies[i % len(bodies)])
+        t1 = time.perf_counter()
+        s.score_joined(r.request, r.candidates)
+        if into is not None:
+            into.setdefault("parse", []).append(t1 - t0)
+            into.setdefault("score", []).append(time.perf_counter() - t1)
+
+    def tensor(protocol: str, i: int, into: dict[str, list[float]] | None) -> None:
+        decode, tensors = decoders[protocol]
+        msgs = messages[protocol]
+        t0 = time.perf_counter()
+        m = decode(msgs[i % len(msgs)])
+        t1 = time.perf_counter()
+        ts = tensors(m)
+        t2 = time.perf_counter()
+        score_tensors(holder, ts, None, None, 1 << 30)
+        t3 = time.perf_counter()
+        if into is not None:
+            into.setdefault("parse", []).append(t1 - t0)
+            into.setdefault("tensors", []).append(t2 - t1)
+            into.setdefault("convert", []).append(t3 - t2 - holder.score_s)
+            into.setdefault("score", []).append(holder.score_s)
+
+    runs = {"rest": lambda i, into: rest(i, into)}
+    runs.update({p: (lambda i, into, p=p: tensor(p, i, into)) for p in messages if p in decoders})
+    try:
+        for _ in range(2):  # warm: the candidate cache (one per key form), the row cache, TF
+            for i in range(len(bodies)):
+                for run in runs.values():
+                    run(i, None)
+        for i in range(repeats):
+            for name, run in runs.items():
+                run(i, times.setdefault(name, {}))
+    finally:
+        s.close()
+    out = {}
+    for name, phases in times.items():
+        med = {k: _median_ms(v) for k, v in phases.items()}
+        total = _median_ms([sum(x) for x in zip(*phases.values())])
+        out[name] = {**med, "total": total}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-dir", required=True, help="a model directory (its newest version) or a version")
@@ -148,9 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--row-cache-mb", type=float, default=256.0)
     ap.add_argument("--intra-threads", type=int, default=1)
     ap.add_argument("--inter-threads", type=int, default=1)
+    ap.add_argument("--grpc", default=None, help="JSON of serialized gRPC messages by protocol (base64)")
     a = ap.parse_args(argv)
     bodies = [b for b in Path(a.bodies).read_bytes().split(b"\n") if b]
     b = breakdown(Path(a.model_dir), bodies, a.repeats, a.row_cache_mb, a.intra_threads, a.inter_threads, a.layout)
+    if a.grpc is not None and a.layout == "package":
+        messages = {p: [base64.b64decode(m) for m in ms] for p, ms in json.loads(Path(a.grpc).read_text()).items()}
+        b["per_request_ms"] = tensor_phases(
+            Path(a.model_dir), bodies, messages, a.repeats, a.row_cache_mb, a.intra_threads, a.inter_threads
+        )
     Path(a.out).write_text(json.dumps(b, indent=2))
     return 0
 

@@ -306,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in procs:
             p.wait_ready(180)
         print("servers ready: " + ", ".join(f"{p.name} :{p.port}" for p in procs), flush=True)
+        messages: dict[str, dict[int, list[bytes]]] = {}
         if grpc_ports:  # the first model's bodies as each protocol's messages, on each server's gRPC port
             inputs = model_inputs(procs[0].port, names[0])
             messages = {protocol: grpc_bodies(protocol, names[0], bodies, inputs) for protocol in GRPC_LABELS}
@@ -373,10 +374,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_breakdown:
         from bench.lib.breakdown import run_breakdown
 
-        forms = [(f"N={n}", bodies[n]) for n in sorted({IDS_N, max(sizes)} & set(sizes))]
-        forms += [(f"N={IDS_N} ids-only", ids_bodies[IDS_N])] if ids_bodies else []
+        forms = [(f"N={n}", bodies[n], n) for n in sorted({IDS_N, max(sizes)} & set(sizes))]
+        forms += [(f"N={IDS_N} ids-only", ids_bodies[IDS_N], None)] if ids_bodies else []
         codes = [("new", REPO)] + ([("old", args.baseline_repo)] if args.baseline_repo is not None else [])
-        for label, bs in forms:
+        for label, bs, n in forms:
+            # the same candidates as each gRPC protocol's messages: their per-request phases beside :score's
+            grpc_msgs = {p: ms[n] for p, ms in messages.items()} if messages and n is not None else None
             for tag, repo in codes:
                 key = f"{tag}:{names[0]}, {label}"
                 print(f"in-process breakdown: {key} ...", flush=True)
@@ -389,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                         args.cache_mb / max(1, len(names)),
                         args.intra_threads,
                         args.inter_threads,
+                        grpc_msgs,
                     )
                 except Exception as e:  # noqa: BLE001 - the breakdown is extra information
                     breakdown[key] = {"error": f"{type(e).__name__}: {e}"}
