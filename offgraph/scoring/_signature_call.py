@@ -43,6 +43,11 @@ class SignatureCall:
         self.flat = not args and hasattr(fn, "_call_flat") and placeholders == self._names
         self.direct = self.flat and self._probe_direct()
 
+    @property
+    def shapes(self) -> dict[str, list[int | None]]:
+        """{input name: its shape} (``None``: a dimension the signature leaves open)."""
+        return {k: s.shape.as_list() for k, s in self._specs.items()}
+
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, tf.Tensor]:
         if inputs.keys() != self._specs.keys():
             missing, extra = sorted(self._specs.keys() - inputs.keys()), sorted(inputs.keys() - self._specs.keys())

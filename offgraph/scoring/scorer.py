@@ -39,6 +39,7 @@ from offgraph.scoring._signature_call import SignatureCall
 from offgraph.scoring.batch import Segments, batch_keys, pool_rows, read_through_cache
 from offgraph.scoring.candidate_cache import LACKING, ONLY_KEY, CandidateCache
 from offgraph.scoring.memory_budget import CANDIDATE_BYTES, FG_ITEM_BYTES, JOIN_RECORD_BYTES
+from offgraph.scoring.numpy_head import NUMPY_HEAD_MAX_ROWS, NumpyHead, checked_head, read_weights
 from offgraph.scoring.raw_candidates import RawCandidates
 from offgraph.scoring.read_metrics import STORE_READ_SECONDS
 from offgraph.store import RowCache
@@ -66,6 +67,7 @@ class Scorer:
         pace: Callable[[], None] | None = None,
         direct_reads: bool | None = None,
         parallel_reads: bool = True,
+        numpy_head_max_rows: int = NUMPY_HEAD_MAX_ROWS,
     ):
         if isinstance(row_cache_mb, bool) or not isinstance(row_cache_mb, (int, float)) or row_cache_mb < 0:
             raise ValueError(f"row_cache_mb must be a number >= 0, got {row_cache_mb!r}")
@@ -150,6 +152,10 @@ class Scorer:
             self._loaded, serve = mv.dense
             self._serve = SignatureCall(serve)
             self._split = self._split_signature()
+            # the dense head's forward in NumPy (offgraph/scoring/numpy_head.py) for requests of at most this many
+            # candidates, where it matched the SavedModel at load; else (and above it) the SavedModel's signature
+            self._numpy_rows = int(numpy_head_max_rows)
+            self._numpy_dense = self._numpy_head() if self._numpy_rows > 0 else None
             pace()
             if store_mode == "follow":
                 self._follower = Follower(
@@ -232,6 +238,17 @@ class Scorer:
             np.asarray(split.candidate_fields, np.int64),
         )
 
+    def _numpy_head(self) -> Callable[[Mapping[str, Any]], np.ndarray] | None:
+        """The NumPy forward of the signature this version scores with (the split one when it has it), if it
+        gives the SavedModel's CTRs on a probe batch (``checked_head``); else None (logged)."""
+        w = read_weights(self._loaded, len(self.spec.fields), self.dim, self.num_dense)
+        if self._split is not None:
+            call, req, cand = self._split
+            head = NumpyHead(w, req, cand) if w is not None else None
+            return checked_head(head, call, call.shapes, split=True, source=str(self.version_dir))
+        head = NumpyHead(w) if w is not None else None
+        return checked_head(head, self._serve, self._serve.shapes, split=False, source=str(self.version_dir))
+
     def _dense_segments(self, segments: Segments, dense: np.ndarray | None) -> np.ndarray:
         """CTRs [N] of the pooled segments: through the split signature when the version has one (the
         request fields' part of the head once, from their one pooled row), else ``serving_default``."""
@@ -242,12 +259,16 @@ class Scorer:
 
     def _call_split(self, parts: dict[str, np.ndarray], dense: np.ndarray | None) -> np.ndarray:
         inputs: dict[str, Any] = {**parts, "dense": dense} if self.num_dense else parts
+        if self._numpy_dense is not None and len(parts["cand_emb"]) <= self._numpy_rows:
+            return self._numpy_dense(inputs)
         return self._split[0](inputs)["ctr"].numpy()
 
     def _call_whole(self, emb: np.ndarray, first_order: np.ndarray, dense: np.ndarray | None) -> np.ndarray:
         inputs: dict[str, Any] = {"emb": emb, "first_order": first_order}
         if self.num_dense:
             inputs["dense"] = dense
+        if self._numpy_dense is not None and len(emb) <= self._numpy_rows:
+            return self._numpy_dense(inputs)
         return self._serve(inputs)["ctr"].numpy()
 
     def score(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> np.ndarray:
@@ -500,7 +521,7 @@ class Scorer:
         self.fg.release(pace)
         self.candidates.release(pace)
         pace()
-        for attr in ("_follower", "row_cache", "_serve", "_split", "_loaded", "join"):
+        for attr in ("_follower", "row_cache", "_serve", "_split", "_numpy_dense", "_loaded", "join"):
             setattr(self, attr, None)
             pace()
 
