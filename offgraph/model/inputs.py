@@ -11,12 +11,19 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from offgraph.features.fg import FeatureGenerator, FeatureValueError
+from offgraph.features.fg import FeatureGenerator, FeatureValueError, RaggedIds
 from offgraph.features.numeric import fit_stats
 from offgraph.features.spec import FeatureSpec
 from offgraph.features.spec_columns import check_spec_columns
+from offgraph.features.value_limits import cuts
 
 MAX_VALUES_PER_FIELD = 64
+"""Values per row a field's training input holds: a row with more keeps its first ones, or its last ones for
+a field with ``overflow: keep_last`` (a history, oldest first: its most recent, as the serving FG cuts it)."""
+
+LABEL_MAX = 127.0
+"""The largest label: a label is a grade g >= 0 whose gain 2^g - 1 (``offgraph.model.relevance``) must stay
+finite in float32 (2^128 is not)."""
 
 
 @dataclass
@@ -52,8 +59,28 @@ def _column(table: pa.Table, name: str) -> list:
     return table.column(name).to_pylist()
 
 
+def padded_ids(rag: RaggedIds, max_len: int, last: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(ids [n, L] int64, mask [n, L] float32) of ``rag`` with L = min(its longest row, ``max_len``), at least
+    1: a longer row keeps its first ``max_len`` values, or with ``last`` its last ones (left-aligned, in
+    their order, like any row)."""
+    lengths = rag.lengths
+    L = max(min(int(lengths.max(initial=1)), max_len), 1)
+    keep = np.minimum(lengths, L)
+    starts = rag.offsets[1:] - keep if last else rag.offsets[:-1]
+    col = np.arange(L)[None, :]
+    mask = col < keep[:, None]
+    idx = np.minimum(starts[:, None] + col, max(len(rag.ids) - 1, 0))
+    ids = np.where(mask, rag.ids[idx] if len(rag.ids) else 0, 0).astype(np.int64)
+    return ids, mask.astype(np.float32)
+
+
 def encode_table(spec: FeatureSpec, table: pa.Table, source: str = "<table>") -> Encoded:
-    """Run the shared FG over a whole table. Errors name the field and the row."""
+    """Run the shared FG over a whole table. Errors name the field and the row.
+
+    Labels are relevance grades (``offgraph.model.relevance``): 0/1 clicks, integer grades 0..G, or a real
+    gain such as a play share; any finite value in [0, ``LABEL_MAX``]. A missing, NaN, negative or larger
+    label is refused, naming the first such row. The pointwise loss and AUC read the binarised label
+    (label > 0), the ranking losses and NDCG the grade itself."""
     n = table.num_rows
     fg = FeatureGenerator(spec)
     check_spec_columns(spec, table.column_names, source)
@@ -66,17 +93,17 @@ def encode_table(spec: FeatureSpec, table: pa.Table, source: str = "<table>") ->
         raise ValueError(f"data {source}: {e} (row numbers count data rows from 0)") from None
     x: dict[str, np.ndarray] = {}
     for i, rag in enumerate(batch.fields):
-        L = min(int(rag.lengths.max(initial=1)), MAX_VALUES_PER_FIELD)
-        ids, mask = rag.padded(L)
+        ids, mask = padded_ids(rag, MAX_VALUES_PER_FIELD, last=cuts(spec.fields[i]))
         x[f"ids_{i}"] = ids.astype(np.int32 if spec.fields[i].rows < 2**31 else np.int64)
         x[f"mask_{i}"] = mask
     raw_labels = _column(table, spec.label)
     labels = np.asarray([np.nan if v is None else v for v in raw_labels], dtype=np.float64)
-    bad = np.flatnonzero(~np.isin(labels, (0.0, 1.0)))
+    with np.errstate(invalid="ignore"):  # NaN compares False: refused with the others
+        bad = np.flatnonzero(~((labels >= 0) & (labels <= LABEL_MAX)))
     if len(bad):
         raise ValueError(
-            f"data {source}: row {bad[0]}: label '{spec.label}' must be 0 or 1, "
-            f"got {raw_labels[bad[0]]!r} ({len(bad)} bad rows)"
+            f"data {source}: row {bad[0]}: label '{spec.label}' must be a relevance grade in [0, {LABEL_MAX:g}] "
+            f"(0/1, an integer grade or a non-negative gain), got {raw_labels[bad[0]]!r} ({len(bad)} bad rows)"
         )
     groups = np.asarray(_column(table, spec.group)) if spec.group else None
     time = np.asarray(_column(table, spec.time), dtype=np.float64) if spec.time else None

@@ -17,7 +17,8 @@ from offgraph.features.segment import segmenters_of
 from offgraph.features.spec import FeatureSpec
 from offgraph.model.curves import CURVES_FILE, write_curves
 from offgraph.model.inputs import Encoded, encode_table, finish_dense, fit_numeric_stats, needs_stats
-from offgraph.model.losses import PAIR_ROWS_MAX, LossFn, LossKey, is_listwise, make_loss_fn, uses_pairs
+from offgraph.model.losses import PAIR_ROWS_MAX, LossFn, LossKey, is_listwise, loss_key, make_loss_fn, uses_pairs
+from offgraph.model.losses import _parts as loss_parts  # a mixture's parts: one definition, in losses.py
 from offgraph.model.metrics import higher_is_better, logloss, make_metric_fn, needs_groups
 from offgraph.model.model import CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_FILE, DeepFM, build_deepfm, predict_proba
 from offgraph.model.platt import fit_platt
@@ -73,9 +74,9 @@ class EpochSelection:
 
 def check_pair_rows(data: Encoded, cfg: TrainConfig) -> None:
     """A pairwise loss's batches fit its [n, n] matrices: a batch of whole lists holds fewer than ``batch_size``
-    rows and then one more list (``_batches``), so at most batch_size - 1 + the longest list."""
+    rows and then one more list of at most ``max_list_size`` rows (``list_batches``), so at most batch_size - 1 + the longest list."""
     _, sizes = np.unique(data.groups, return_counts=True)
-    longest = int(sizes.max()) if len(sizes) else 0
+    longest = min(int(sizes.max()) if len(sizes) else 0, cfg.max_list_size)  # a longer list is sampled
     if cfg.batch_size - 1 + longest > PAIR_ROWS_MAX:
         raise ValueError(
             f"loss {cfg.loss!r} compares the pairs of a batch, at most {PAIR_ROWS_MAX} rows: --batch-size "
@@ -97,35 +98,65 @@ def training_objective(model: DeepFM, loss_fn: LossFn, l2_embedding: float, xb, 
 
 
 def _batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator, listwise: bool):
-    """Yields (x, labels, segments). Listwise batches hold whole request groups."""
-    n = data.n
+    """Yields (x, labels, segments): rows in a fresh random order each epoch (segments all 0), or, for a loss
+    that compares a list's candidates, whole lists (``list_batches``)."""
     if not listwise:
-        order = rng.permutation(n)
-        for s in range(0, n, cfg.batch_size):
+        order = rng.permutation(data.n)
+        for s in range(0, data.n, cfg.batch_size):
             idx = order[s : s + cfg.batch_size]
             yield {k: v[idx] for k, v in data.x.items()}, data.labels[idx], np.zeros(len(idx), np.int32)
         return
-    _, gid = np.unique(data.groups, return_inverse=True)
-    by_group = np.argsort(gid, kind="stable")
-    starts = np.r_[0, np.flatnonzero(np.diff(gid[by_group])) + 1]
-    ends = np.r_[starts[1:], n]
+    for idx, seg in list_batches(data.groups, data.labels, cfg.batch_size, cfg.max_list_size, rng, cfg.loss):
+        yield {k: v[idx] for k, v in data.x.items()}, data.labels[idx], seg
+
+
+def list_batches(
+    groups: np.ndarray, labels: np.ndarray, batch_size: int, max_list_size: int, rng: np.random.Generator, loss: str
+):
+    """One epoch of a ranking loss's batches, as (row indices, segments 0..G-1 numbering each row's list in
+    the batch). How the spec's ``group`` becomes the lists a loss sees, drawn afresh from ``rng`` each epoch:
+
+    - a list is the rows of one group value;
+    - its rows come in a random order (a loss or metric that breaks ties by position learns no row order);
+    - a list of more than ``max_list_size`` rows is cut to a random ``max_list_size`` of them (a fresh sample
+      each epoch, so every row is seen over the epochs; a rare relevant row may be out of one epoch's sample);
+    - a list (as sampled) whose rows all share one grade, no relevant row included, has no order to learn: a
+      purely ranking loss (no pointwise part: pairwise, lambdarank, listwise) leaves it out of the epoch; a
+      mixture with a pointwise part keeps it for that part (its pairwise parts find no pair in it; listwise's
+      part: nothing if it has no gain, else a uniform target);
+    - the lists come in a random order, and a batch takes whole lists until it holds ``batch_size`` rows or
+      more (so at most ``batch_size - 1 + max_list_size`` rows)."""
+    n = len(labels)
+    if n == 0:
+        return
+    shuffled = rng.permutation(n)
+    _, gid = np.unique(groups[shuffled], return_inverse=True)
+    rows = shuffled[np.argsort(gid, kind="stable")]  # grouped, each list in the shuffled order
+    g = np.sort(gid)
+    starts = np.r_[0, np.flatnonzero(np.diff(g)) + 1]
+    sizes = np.diff(np.r_[starts, n])
+    rank = np.arange(n) - np.repeat(starts, sizes)
+    kept = rank < max_list_size  # the first max_list_size of a shuffled list: a uniform sample of it
+    rows, g = rows[kept], g[kept]
+    starts = np.r_[0, np.flatnonzero(np.diff(g)) + 1]
+    sizes = np.diff(np.r_[starts, len(rows)])
+    if not any(p == LossKey.POINTWISE for p in loss_parts(loss_key(loss))):
+        y = labels[rows]
+        varied = np.minimum.reduceat(y, starts) < np.maximum.reduceat(y, starts)
+        starts, sizes = starts[varied], sizes[varied]
     perm = rng.permutation(len(starts))
-    chunk: list[np.ndarray] = []
-    size = 0
-    for g in perm:
-        chunk.append(by_group[starts[g] : ends[g]])
-        size += ends[g] - starts[g]
-        if size >= cfg.batch_size:
-            yield _group_batch(data, chunk)
-            chunk, size = [], 0
-    if chunk:
-        yield _group_batch(data, chunk)
-
-
-def _group_batch(data: Encoded, chunk: list[np.ndarray]):
-    idx = np.concatenate(chunk)
-    seg = np.repeat(np.arange(len(chunk), dtype=np.int32), [len(c) for c in chunk])
-    return {k: v[idx] for k, v in data.x.items()}, data.labels[idx], seg
+    starts, sizes = starts[perm], sizes[perm]
+    ends = np.cumsum(sizes)
+    first = 0
+    while first < len(starts):
+        # the batch ends with the first list that brings it to batch_size rows
+        before = ends[first - 1] if first else 0
+        last = min(int(np.searchsorted(ends, before + batch_size, side="left")), len(starts) - 1)
+        b_starts, b_sizes = starts[first : last + 1], sizes[first : last + 1]
+        offsets = np.repeat(b_starts - np.r_[0, np.cumsum(b_sizes)[:-1]], b_sizes)
+        idx = rows[np.arange(int(b_sizes.sum())) + offsets]
+        yield idx, np.repeat(np.arange(len(b_sizes), dtype=np.int32), b_sizes)
+        first = last + 1
 
 
 class Trainer:

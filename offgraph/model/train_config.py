@@ -30,7 +30,9 @@ class TrainConfig(ConfigModel, validate_assignment=True):
     kept and a listwise model's scores are ranking scores); select: the validation metric that picks the
     epoch (``offgraph.model.metrics``; None: AUC for the pointwise loss, NDCG@10 for one that compares a list's
     candidates, ``offgraph.model.train.default_select``, resolved and recorded by ``train_run``; logloss and
-    arp: lower is better); patience: epochs without a better value of it before stopping; refit: then
+    arp: lower is better); max_list_size: the most rows of one list a batch of a loss that compares a list's
+    candidates holds (``offgraph.model.train.list_batches``: a longer list is sampled afresh each epoch);
+    patience: epochs without a better value of it before stopping; refit: then
     retrain from the same initial weights on all the training rows for the best epoch count (the carved rows
     are each key's latest, the most useful to learn from; off: keep the restored weights).
     """
@@ -45,6 +47,13 @@ class TrainConfig(ConfigModel, validate_assignment=True):
         flag="--split",
         shown="per-key-time when the spec has 'time' and 'split_key', else random",
         description="held-out split",
+    )
+    max_list_size: int = option(
+        100,
+        ge=2,
+        flag="--max-list-size",
+        description="most rows of one list (the spec's group) a ranking loss's batch holds: a longer list is "
+        "sampled afresh each epoch",
     )
     held_out: float = option(0.2, gt=0, lt=1, flag="--held-out", description="held-out fraction, in (0, 1)")
     seed: int = option(0, ge=0, flag="--seed", description="seeds the split, the initial weights and the shuffles")

@@ -121,7 +121,8 @@ def _lists(n_lists=300, size=6, seed=0):
 
 
 def test_a_listwise_run_keeps_the_epoch_ndcg_chose(capsys, tmp_path):
-    spec, table = parse_spec(_raw_spec()), _lists()
+    # lists drawn with seed 1: on them, with the trainer's seed 0, AUC and NDCG@10 peak at different epochs
+    spec, table = parse_spec(_raw_spec()), _lists(seed=1)
     cfg = TrainConfig(epochs=4, batch_size=64, lr=0.05, loss="listwise", patience=1, refit=False, split="random")
     model, m = train_run(spec, table, cfg, tmp_path / "run", progress=False)
     es, hist = m["early_stopping"], m["history"]

@@ -138,9 +138,9 @@ def test_cli_malformed_rows_name_the_line(tmp_path):
     r = run_cli("train", "--spec", str(spec), "--data", str(text), "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and "field 'price', row 1" in r.stderr and "Traceback" not in r.stderr
     lab = tmp_path / "lab.csv"
-    lab.write_text("y,p\n1,2\n7,3\n")
+    lab.write_text("y,p\n1,2\n-1,3\n")  # a grade 7 is a label; a negative one is not
     r = run_cli("train", "--spec", str(spec), "--data", str(lab), "--out", str(tmp_path / "run"))
-    assert r.returncode == 2 and "row 1: label 'y' must be 0 or 1" in r.stderr
+    assert r.returncode == 2 and "row 1: label 'y' must be a relevance grade" in r.stderr
 
 
 def test_cli_headerless_file_needs_columns(tmp_path):
