@@ -28,6 +28,7 @@ COMMANDS = [
     "offgraph.cli.update",
     "offgraph.cli.stream_train",
     "offgraph.cli.prune",
+    "offgraph.cli.experiment",
 ]
 
 

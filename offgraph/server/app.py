@@ -8,7 +8,7 @@ from fastapi import FastAPI
 
 from offgraph.server.api.docs_assets import install_docs
 from offgraph.server.api.openapi_examples import install_model_examples
-from offgraph.server.api.routers import admin, health, kserve, models, score, tfserving
+from offgraph.server.api.routers import admin, experiment, health, kserve, models, score, tfserving
 from offgraph.server.api.state import ServerState
 from offgraph.server.api.unavailable import install_unavailable_handlers
 from offgraph.server.config import ListenConfig, ServerConfig
@@ -16,6 +16,7 @@ from offgraph.server.http.body_limit import BodySizeLimitMiddleware
 from offgraph.server.http.errors import InternalErrorMiddleware, install_error_handlers
 from offgraph.server.http.http_limits import BodyTimeoutMiddleware
 from offgraph.server.http.request_id import RequestIdMiddleware
+from offgraph.server.models.experiment import Experiments
 from offgraph.server.process.gc_tuning import tune_gc
 from offgraph.server.process.metrics import HttpMetricsMiddleware
 from offgraph.server.process.tf_threads import configure_tf_threads
@@ -62,11 +63,12 @@ def create_app(config: ServerConfig, listen: ListenConfig | None = None) -> Fast
         title="offgraph", version="1", description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None
     )
     install_docs(app)
+    app.state.experiments = Experiments(state.models.models_dir)  # every worker reads the records under MODELS
     install_model_examples(app, state.models, config.max_candidates)
     # the score route, tried first (the busiest): one route, documented, answering without FastAPI's handler
     app.router.routes.insert(0, score.build_route(config))
     app.include_router(tfserving.build_router(config))
-    for module in (models, admin, health, kserve):
+    for module in (models, admin, experiment, health, kserve):
         app.include_router(module.router)
     install_error_handlers(app)
     install_unavailable_handlers(app, state)

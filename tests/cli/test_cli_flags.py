@@ -62,6 +62,9 @@ def test_the_subcommands_are_all_there():
         "update",
         "stream-train",
         "prune",
+        "experiment set",
+        "experiment show",
+        "experiment clear",
     }
 
 

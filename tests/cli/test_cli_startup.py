@@ -65,6 +65,7 @@ def test_help_builds_every_subcommand_without_heavy_imports():
         "update",
         "stream-train",
         "prune",
+        "experiment",
     ], r.stdout[:1000]
 
 

@@ -28,5 +28,9 @@ def test_the_dashboard_shows_what_operators_watch():
         "offgraph_memory_budget_bytes",
         "offgraph_row_cache_hits_total",
         "process_resident_memory_bytes",
+        "offgraph_arm_requests_total",  # per experiment arm
+        "offgraph_arm_latency_seconds_bucket",
+        "offgraph_arm_errors_total",
+        "offgraph_arm_scores_bucket",
     ):
         assert series in names, series

@@ -34,6 +34,7 @@ def test_the_kit_alerts_on_what_operators_watch():
         "OffgraphScoreLatencyP99High": "offgraph_request_latency_seconds_bucket",
         "OffgraphHigh5xxRate": "offgraph_http_errors_total",
         "OffgraphModelNotServing": "offgraph_model_loaded_version",
+        "OffgraphCanaryLatencyP99High": "offgraph_arm_latency_seconds_bucket",
     }
     rules = alerts()
     for alert, series in wanted.items():

@@ -57,8 +57,16 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404", "503"]
 [[operations]]
 include-path-regex = ":predict$"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "404", "422", "503"]
+
+# An experiment's weights must sum to 1 and its arms must serve now, which a JSON Schema cannot say: a schema-valid
+# body is then the documented 422 (the sum, an arm twice) or 409 (an arm not served) naming the problem (and, as for
+# every admin call, 401 without the token).
+[[operations]]
+include-path-regex = "/experiment$"
+include-method = "PUT"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "404", "409", "422"]
 """
-OPERATIONS = 28
+OPERATIONS = 31
 """Every operation of /openapi.json: offgraph's own, TensorFlow Serving's and KServe v2's."""
 
 

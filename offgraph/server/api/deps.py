@@ -29,6 +29,7 @@ from offgraph.server.config import ADMIN_TOKEN_ENV
 from offgraph.server.http.errors import ApiError
 from offgraph.server.http.redact import path_view, redacted_view, token_matches, view_for
 from offgraph.server.models.control import LABEL, LABEL_PATTERN, LABEL_RULE
+from offgraph.server.models.experiment import Experiments
 from offgraph.server.models.served import ModelHolder
 from offgraph.server.process.graceful_stop import draining
 
@@ -98,6 +99,14 @@ async def get_holder(name: ModelName, state: State) -> ModelHolder:
 
 
 Holder = Annotated[ModelHolder, Depends(get_holder)]
+
+
+async def get_experiments(request: Request) -> Experiments:
+    """The models' experiments (``create_app`` keeps them in ``app.state``; the score route reads them too)."""
+    return request.app.state.experiments
+
+
+ModelExperiments = Annotated[Experiments, Depends(get_experiments)]
 
 _bearer = HTTPBearer(auto_error=False, description="Admin token (--admin-token or " + ADMIN_TOKEN_ENV + ")")
 

@@ -17,12 +17,14 @@ from pydantic import (
     StrictStr,
     Tag,
     WithJsonSchema,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from offgraph.calibration import SCORE_KINDS
 from offgraph.model.train_config import LOSSES
 from offgraph.server.models.control import LABEL_PATTERN
+from offgraph.server.models.experiment import MAX_ARMS, WEIGHT_TOLERANCE, Arm, check_arms
 
 MAX_NUMBER = sys.float_info.max
 """Largest magnitude of a numeric feature value: FG reads numbers as float64, so an integer must fit one."""
@@ -187,7 +189,15 @@ class ScoreRequest(BaseModel):
 
 class ScoreResponse(BaseModel):
     model: str = Field(description="Model name.")
-    version: int = Field(description="Model version that computed the scores.")
+    version: int | None = Field(
+        description="Model version that computed the scores (null only for an experiment's prior arm, which "
+        "scores with no model)."
+    )
+    arm: str | None = Field(
+        None,
+        description="The experiment arm that answered (`PUT /v1/models/{name}/experiment`): its label, "
+        "`v<version>` or `prior`; absent when the request was outside an experiment.",
+    )
     scores: list[float] = Field(
         description="One per candidate, in candidate order: calibrated CTRs, or ranking scores (see `score_kind`)."
     )
@@ -220,6 +230,80 @@ class LabelRequest(BaseModel):
     version: Version = Field(
         description="The version the label names; loaded beside the default one if it does not serve."
     )
+
+
+class ExperimentArm(BaseModel):
+    """One arm: exactly one of `label`, `version` or `prior: true`, and its weight."""
+
+    model_config = ConfigDict(extra="forbid")
+    label: Label | None = Field(None, description="The label whose version serves this arm.")
+    version: Version | None = Field(None, description="The version that serves this arm (it must serve).")
+    prior: Literal[True] | None = Field(
+        None,
+        description="The rule-based arm: no model, the candidates answered in the order sent (scores "
+        "`(n - i) / n`, `score_kind` ranking, `version` null).",
+    )
+    weight: float = Field(gt=0, le=1, allow_inf_nan=False, description="Share of the sticky keys this arm gets.")
+
+    def arm(self) -> Arm:
+        if self.prior:
+            return Arm("prior", None, self.weight)
+        return (
+            Arm("label", self.label, self.weight)
+            if self.label is not None
+            else Arm("version", self.version, self.weight)
+        )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ExperimentArm:
+        if sum(x is not None for x in (self.label, self.version, self.prior)) != 1:
+            raise ValueError("an arm names exactly one of label, version or prior: true")
+        return self
+
+
+class ExperimentRequest(BaseModel):
+    """A model's experiment: the arms, in order (the first is the control), and the sticky key."""
+
+    model_config = ConfigDict(extra="forbid")
+    arms: list[ExperimentArm] = Field(
+        min_length=1,
+        max_length=MAX_ARMS,
+        description=f"The arms; their weights sum to 1 (within {WEIGHT_TOLERANCE:g}; not normalised). The "
+        "first arm also serves the requests without a sticky key value.",
+    )
+    sticky_key: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$",
+        description="The request feature whose value fixes the arm (`user_id`): a user stays in one arm.",
+    )
+    salt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="Hashed with the key; omitted: the current experiment's, or a new random one. A new salt "
+        "lays the arms out afresh (every user may move); the same salt moves only the users a weight change must.",
+    )
+
+    @model_validator(mode="after")
+    def _arms(self) -> ExperimentRequest:
+        check_arms([a.arm() for a in self.arms])
+        return self
+
+
+class ExperimentArmStatus(BaseModel):
+    arm: str = Field(description="The arm's name in metrics and responses: the label, `v<version>` or `prior`.")
+    label: str | None = None
+    version: int | None = None
+    prior: bool | None = None
+    weight: float
+    ranges: list[list[float]] = Field(description="The ranges of [0, 1) the arm owns ([low, high)).")
+
+
+class ExperimentStatus(BaseModel):
+    model: str
+    sticky_key: str
+    salt: str
+    generation: int = Field(description="When it was set (ns since the epoch).")
+    arms: list[ExperimentArmStatus]
 
 
 class LoadRequest(BaseModel):

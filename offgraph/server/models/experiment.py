@@ -163,7 +163,7 @@ def layout(arms: list[Arm], previous: list[Arm] | None) -> list[Arm]:
         at = max(at, hi)
     if at < 1.0:
         free.append((at, 1.0))
-    out = []
+    owned: list[list[tuple[float, float]]] = []
     for i, a in enumerate(arms):
         need = a.weight - sum(hi - lo for lo, hi in kept[i])
         got = list(kept[i])
@@ -176,11 +176,11 @@ def layout(arms: list[Arm], previous: list[Arm] | None) -> list[Arm]:
                 got.append((lo, lo + need))
                 free[0] = (lo + need, hi)
                 need = 0
-        out.append(got)
+        owned.append(got)
     # what float rounding leaves free (a few ulps, weights summing to 1 within the tolerance) goes to the first arm
     if free:
-        out[0].extend(free)
-    return [Arm(a.kind, a.ref, a.weight, _merge(rs)) for a, rs in zip(arms, out, strict=True)]
+        owned[0].extend(free)
+    return [Arm(a.kind, a.ref, a.weight, _merge(rs)) for a, rs in zip(arms, owned, strict=True)]
 
 
 class Experiment:

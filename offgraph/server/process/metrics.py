@@ -63,6 +63,11 @@ LATENCY_BUCKETS = (
 )
 GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 CANDIDATE_BUCKETS = (1, 5, 10, 25, 50, 100, 200, 300, 500, 1000, 2000, 5000)
+SCORE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0, 2.0, 5.0, 10.0)
+"""Scores served: CTRs in [0, 1] (most far below 0.5), and ranking scores, which may go beyond 1."""
+ARM_LABELS = ["model", "version", "arm"]
+"""Per-arm series: a served model, the version that answered (empty: the prior arm, or unknown for an error)
+and the experiment's arm (``offgraph.server.models.experiment``: at most MAX_ARMS a model, ``none`` outside one)."""
 
 # error labels take bounded values whatever the clients send: scanners' paths and made-up model
 # names would otherwise each make a new series
@@ -102,6 +107,39 @@ class ServerMetrics:
             "offgraph_event_loop_lag_seconds",
             "How late the event loop ran a 50-ms timer (a blocked loop delays every in-flight request)",
             buckets=GC_BUCKETS,
+            registry=self.registry,
+        )
+        self.arm_requests = Counter(
+            "offgraph_arm_requests",
+            "Score requests answered, by model, version that answered and experiment arm (none: outside one)",
+            ARM_LABELS,
+            registry=self.registry,
+        )
+        self.arm_errors = Counter(
+            "offgraph_arm_errors",
+            "Score requests that failed once their arm was chosen (the version not serving, a store failure...), by "
+            "model, version the arm names (empty when unknown) and arm",
+            ARM_LABELS,
+            registry=self.registry,
+        )
+        self.arm_latency = Histogram(
+            "offgraph_arm_latency_seconds",
+            "Score request latency (as offgraph_request_latency_seconds) by model, version and arm",
+            ARM_LABELS,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.arm_scores = Histogram(
+            "offgraph_arm_scores",
+            "Scores served, one observation per candidate, by model, version and arm",
+            ARM_LABELS,
+            buckets=SCORE_BUCKETS,
+            registry=self.registry,
+        )
+        self.unassigned = Counter(
+            "offgraph_experiment_unassigned",
+            "Requests to a model with an experiment that carried no value for its sticky key (served by the first arm)",
+            ["model"],
             registry=self.registry,
         )
         self.errors = Counter(
@@ -165,6 +203,32 @@ class ServerMetrics:
     def observe_score(self, model: str, n_candidates: int, seconds: float) -> None:
         self.latency.labels(model).observe(seconds)
         self.candidates.labels(model).observe(n_candidates)
+
+    def observe_arm(self, model: str, version: int | None, arm: str, seconds: float, scores) -> None:
+        """One answered request of ``arm``: its latency and each of its ``scores`` (an array; columnar: one
+        increment a bucket, not one observation a candidate)."""
+        labels = (model, "" if version is None else str(version), arm)
+        self.arm_requests.labels(*labels).inc()
+        self.arm_latency.labels(*labels).observe(seconds)
+        observe_many(self.arm_scores.labels(*labels), scores, SCORE_BUCKETS)
+
+    def count_arm_error(self, model: str, version: int | None, arm: str) -> None:
+        self.arm_errors.labels(model, "" if version is None else str(version), arm).inc()
+
+
+def observe_many(child, values, buckets: tuple[float, ...]) -> None:
+    """``child.observe(v)`` for each of ``values`` (a NumPy array), one increment a bucket: prometheus_client's
+    histogram holds a (non-cumulative) count per bucket, ``+Inf`` last, and a sum (``Histogram.observe``)."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return
+    # side="left": a value equal to a bound falls in that bound's bucket (le is "less or equal")
+    counts = np.bincount(np.searchsorted(np.asarray(buckets), values, side="left"), minlength=len(buckets) + 1)
+    for i in np.flatnonzero(counts):
+        child._buckets[i].inc(float(counts[i]))
+    child._sum.inc(float(values.sum()))
 
 
 FRESHNESS_HELP = "Seconds since the served rows last included everything the live writer had written"

@@ -1,0 +1,82 @@
+"""`offgraph experiment set|show|clear`: a running server's experiment for one model, through its admin API
+(``PUT``/``GET``/``DELETE /v1/models/{name}/experiment``, the admin bearer token). The rule of the split:
+``offgraph.server.models.experiment``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+TOKEN_ENV = "OFFGRAPH_ADMIN_TOKEN"  # offgraph.server.config.ADMIN_TOKEN_ENV (not imported: it loads pydantic)
+ARM_HELP = "an arm and its weight: version=N:W, label=NAME:W or prior:W (e.g. version=3:0.8); the first is the control"
+
+
+def parse_arm(text: str) -> dict:
+    """``version=3:0.8`` -> ``{"version": 3, "weight": 0.8}``; ``label=canary:0.1``; ``prior:0.1``."""
+    what, sep, weight = text.rpartition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r}: {ARM_HELP}")
+    try:
+        w = float(weight)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: the weight {weight!r} is not a number") from None
+    if what == "prior":
+        return {"prior": True, "weight": w}
+    kind, eq, ref = what.partition("=")
+    if kind == "version" and eq and ref.isdigit():
+        return {"version": int(ref), "weight": w}
+    if kind == "label" and eq and ref:
+        return {"label": ref, "weight": w}
+    raise argparse.ArgumentTypeError(f"{text!r}: {ARM_HELP}")
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("experiment", help="set, show or clear a running server's experiment for a model")
+    actions = p.add_subparsers(dest="action", required=True)
+    for name, doc in (
+        ("set", "split the model's requests over arms by a sticky request key"),
+        ("show", "print the model's experiment (its arms, weights and ranges)"),
+        ("clear", "end the model's experiment"),
+    ):
+        a = actions.add_parser(name, help=doc)
+        a.add_argument("--url", default="http://127.0.0.1:8500", help="the server's base URL (default %(default)s)")
+        a.add_argument("--model", required=True, help="model name")
+        a.add_argument("--admin-token", default=None, help=f"the server's admin token (default: ${TOKEN_ENV})")
+        a.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answer")
+        if name == "set":
+            a.add_argument("--arm", dest="arms", action="append", type=parse_arm, required=True, help=ARM_HELP)
+            a.add_argument("--sticky-key", required=True, help="the request feature that fixes a user's arm")
+            a.add_argument(
+                "--salt", default=None, help="hashed with the key (default: the current experiment's, or a new one)"
+            )
+        a.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import httpx
+
+    token = args.admin_token or os.environ.get(TOKEN_ENV)
+    if not token:
+        raise ValueError(f"an admin token is needed: --admin-token or ${TOKEN_ENV}")
+    url = f"{args.url.rstrip('/')}/v1/models/{args.model}/experiment"
+    headers = {"Authorization": f"Bearer {token}"}
+    if args.action == "set":
+        body = {"arms": args.arms, "sticky_key": args.sticky_key}
+        if args.salt is not None:
+            body["salt"] = args.salt
+        r = httpx.put(url, json=body, headers=headers, timeout=args.timeout)
+    elif args.action == "show":
+        r = httpx.get(url, headers=headers, timeout=args.timeout)
+    else:
+        r = httpx.delete(url, headers=headers, timeout=args.timeout)
+    if r.is_success:
+        print(json.dumps(r.json(), indent=2))
+        return 0
+    try:
+        detail = r.json().get("detail", r.text)
+    except ValueError:
+        detail = r.text
+    print(f"offgraph experiment {args.action}: error: {r.status_code}: {detail}", file=sys.stderr)
+    return 2
