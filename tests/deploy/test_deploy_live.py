@@ -171,3 +171,16 @@ def test_dashboard_queries_run_in_prometheus(prometheus):
         v["definition"] for v in json.loads(DASHBOARD.read_text())["templating"]["list"] if "definition" in v
     ]
     assert template_queries and all(q.startswith("label_values(") for q in template_queries)
+
+
+def test_prometheus_scrapes_the_per_arm_series(served, prometheus):
+    # every key missing is no value: the model scores it (outside any experiment: arm "none")
+    r = httpx.post(f"{served}/v1/models/{MODEL}:score", json={"request": {}, "candidates": [{}, {}]}, timeout=30)
+    assert r.status_code == 200 and "arm" not in r.json(), r.text
+
+    def arm_series() -> list:
+        query = 'offgraph_arm_scores_count{job="offgraph-serve", arm="none"}'
+        return prometheus.api("query", query=query)["result"]
+
+    found = wait_for(arm_series, 30, "the per-arm series scraped", interval=0.2)
+    assert [(s["metric"]["model"], s["metric"]["version"], s["value"][1]) for s in found] == [(MODEL, "1", "2")]
