@@ -21,6 +21,7 @@ exported so far has them; a version whose object lacks them keeps the SavedModel
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,9 +33,15 @@ log = logging.getLogger(__name__)
 PARITY = 1e-6
 """Max |CTR| difference from the SavedModel on the probe batch for the NumPy forward to serve (fp32)."""
 
-NUMPY_HEAD_MAX_ROWS = 2000
-"""The scorer's default: requests of at most this many candidates through the NumPy forward (measured in
-``bench/results/dense-head/``), larger ones through the SavedModel."""
+NUMPY_HEAD_MAX_ROWS = 200
+"""The scorer's default where BLAS may run several threads: requests of at most this many candidates through the
+NumPy forward, larger ones through the SavedModel. Measured (``bench/results/dense-head/``): with OpenBLAS's own
+threads on a busy machine the NumPy forward's median at N >= 1000 went from 0.6x to 12x the SavedModel's, run to
+run (a matmul waits for its BLAS threads' time slices), while at N <= 200 it stayed well under it; with one BLAS
+thread it was under the SavedModel's at every N up to 2000 (:func:`default_max_rows`)."""
+
+SINGLE_THREAD_MAX_ROWS = 1 << 30
+"""The default where BLAS runs one thread (:func:`blas_one_thread`): the NumPy forward at every N."""
 
 PROBE_ROWS = 64
 """Candidates in the load's probe batch."""
@@ -51,6 +58,21 @@ class HeadWeights:
     dense_w: np.ndarray | None
     num_fields: int
     dim: int
+
+
+def blas_one_thread() -> bool:
+    """Whether NumPy's BLAS runs one thread: OpenBLAS reads OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, when it
+    loads; a one-CPU machine has one either way."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(var, "").strip()
+        if value:
+            return value == "1"
+    return os.cpu_count() == 1
+
+
+def default_max_rows() -> int:
+    """The scorer's default bound on the candidates scored through the NumPy forward (the SavedModel above it)."""
+    return SINGLE_THREAD_MAX_ROWS if blas_one_thread() else NUMPY_HEAD_MAX_ROWS
 
 
 def _value(var: Any) -> np.ndarray:

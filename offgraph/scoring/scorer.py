@@ -39,7 +39,7 @@ from offgraph.scoring._signature_call import SignatureCall
 from offgraph.scoring.batch import Segments, batch_keys, pool_rows, read_through_cache
 from offgraph.scoring.candidate_cache import LACKING, ONLY_KEY, CandidateCache
 from offgraph.scoring.memory_budget import CANDIDATE_BYTES, FG_ITEM_BYTES, JOIN_RECORD_BYTES
-from offgraph.scoring.numpy_head import NUMPY_HEAD_MAX_ROWS, NumpyHead, checked_head, read_weights
+from offgraph.scoring.numpy_head import NumpyHead, checked_head, default_max_rows, read_weights
 from offgraph.scoring.raw_candidates import RawCandidates
 from offgraph.scoring.read_metrics import STORE_READ_SECONDS
 from offgraph.store import RowCache
@@ -67,7 +67,7 @@ class Scorer:
         pace: Callable[[], None] | None = None,
         direct_reads: bool | None = None,
         parallel_reads: bool = True,
-        numpy_head_max_rows: int = NUMPY_HEAD_MAX_ROWS,
+        numpy_head_max_rows: int | None = None,
     ):
         if isinstance(row_cache_mb, bool) or not isinstance(row_cache_mb, (int, float)) or row_cache_mb < 0:
             raise ValueError(f"row_cache_mb must be a number >= 0, got {row_cache_mb!r}")
@@ -153,8 +153,10 @@ class Scorer:
             self._serve = SignatureCall(serve)
             self._split = self._split_signature()
             # the dense head's forward in NumPy (offgraph/scoring/numpy_head.py) for requests of at most this many
-            # candidates, where it matched the SavedModel at load; else (and above it) the SavedModel's signature
-            self._numpy_rows = int(numpy_head_max_rows)
+            # candidates (None: as measured for the BLAS threads, default_max_rows; 0: never), where it matched the
+            # SavedModel at load; else (and above it) the SavedModel's signature
+            rows = default_max_rows() if numpy_head_max_rows is None else numpy_head_max_rows
+            self._numpy_rows = int(rows)
             self._numpy_dense = self._numpy_head() if self._numpy_rows > 0 else None
             pace()
             if store_mode == "follow":

@@ -19,7 +19,16 @@ from offgraph.export.export import export_run
 from offgraph.modeldir.layout import SIGNATURE
 from offgraph.modeldir.version import ModelVersion
 from offgraph.scoring._signature_call import SignatureCall
-from offgraph.scoring.numpy_head import HeadWeights, NumpyHead, checked_head, probe_inputs, read_weights
+from offgraph.scoring.numpy_head import (
+    NUMPY_HEAD_MAX_ROWS,
+    SINGLE_THREAD_MAX_ROWS,
+    HeadWeights,
+    NumpyHead,
+    checked_head,
+    default_max_rows,
+    probe_inputs,
+    read_weights,
+)
 from offgraph.scoring.scorer import Scorer
 
 PARITY = 1e-6  # max |CTR| of the NumPy forward against the SavedModel, fp32
@@ -156,6 +165,24 @@ def test_the_scorer_scores_through_numpy_as_through_the_saved_model(tiny_version
             assert a.shape == b.shape == (len(cands),)
             worst = max(worst, float(np.abs(a - b).max()))
     assert worst <= PARITY
+
+
+def test_above_its_bound_the_scorer_calls_the_saved_model(tiny_version, requests_):
+    request, cands = next((r, c) for r, c in requests_ if len(c) >= 3)
+    with Scorer(tiny_version, numpy_head_max_rows=2) as bounded, Scorer(tiny_version, numpy_head_max_rows=0) as tf_only:
+        assert bounded._numpy_dense is not None
+        assert np.array_equal(bounded.score(request, cands), tf_only.score(request, cands))  # the same TF call
+        assert np.abs(bounded.score(request, cands[:2]) - tf_only.score(request, cands[:2])).max() <= PARITY
+
+
+def test_the_default_bound_follows_the_blas_threads(monkeypatch):
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    assert default_max_rows() == SINGLE_THREAD_MAX_ROWS
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")  # OpenBLAS reads its own variable first
+    assert default_max_rows() == NUMPY_HEAD_MAX_ROWS == 200
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    assert default_max_rows() == SINGLE_THREAD_MAX_ROWS
 
 
 def test_a_weight_that_disagrees_keeps_the_saved_model(tiny_version, caplog):
