@@ -12,9 +12,9 @@ import tensorflow as tf
 import yaml
 from tqdm import tqdm
 
-from offgraph.calibration import platt, score_kind
+from offgraph.calibration import calibrate, platt, score_kind
 from offgraph.features.segment import segmenters_of
-from offgraph.features.spec import FeatureSpec
+from offgraph.features.spec import Calibration, FeatureSpec
 from offgraph.model.curves import CURVES_FILE, write_curves
 from offgraph.model.inputs import Encoded, encode_table, finish_dense, fit_numeric_stats, needs_stats
 from offgraph.model.losses import PAIR_ROWS_MAX, LossFn, LossKey, is_listwise, loss_key, make_loss_fn, uses_pairs
@@ -99,7 +99,11 @@ def training_objective(model: DeepFM, loss_fn: LossFn, l2_embedding: float, xb, 
 
 def _batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator, listwise: bool):
     """Yields (x, labels, segments): rows in a fresh random order each epoch (segments all 0), or, for a loss
-    that compares a list's candidates, whole lists (``list_batches``)."""
+    that compares a list's candidates, whole lists (``list_batches``). With ``cfg.negative_rate`` r < 1, each
+    epoch trains on every positive row and a fresh sample of r of the negative ones."""
+    if cfg.negative_rate < 1.0:
+        kept = np.flatnonzero(binarise(data.labels) | (rng.random(data.n) < cfg.negative_rate))
+        data = data.take(kept)
     if not listwise:
         order = rng.permutation(data.n)
         for s in range(0, data.n, cfg.batch_size):
@@ -187,7 +191,12 @@ class Trainer:
         self._step = step
 
     def predict(self, data: Encoded) -> np.ndarray:
-        return predict_proba(self.model, data.x, self.cfg.eval_batch_size)
+        """The model's sigmoid on ``data``; trained on sampled negatives, corrected for the rate
+        (``offgraph.calibration``, as the server corrects it from the run's spec): a CTR either way."""
+        p = predict_proba(self.model, data.x, self.cfg.eval_batch_size)
+        if self.cfg.negative_rate == 1.0:
+            return p
+        return calibrate(p, Calibration(negative_rate=self.cfg.negative_rate))
 
     def evaluate(self, data: Encoded) -> dict:
         """The metrics of ``EVAL_METRICS`` and the selection metric by name (those needing request groups where
@@ -332,6 +341,8 @@ def train_run(
         + f"{held.n} held-out ({cfg.split} split: {split_why}); FG {fg_seconds:.1f}s",
         flush=True,
     )
+    if cfg.negative_rate != 1.0:  # the served correction, from the run (validate refused a spec stating another)
+        spec = spec.with_calibration(negative_rate=cfg.negative_rate)
     trainer = Trainer(spec, cfg)
     fit = trainer.fit(fit_rows, validation, progress)
     early = fit["early_stopping"]

@@ -32,7 +32,10 @@ class TrainConfig(ConfigModel, validate_assignment=True):
     candidates, ``offgraph.model.train.default_select``, resolved and recorded by ``train_run``; logloss and
     arp: lower is better); max_list_size: the most rows of one list a batch of a loss that compares a list's
     candidates holds (``offgraph.model.train.list_batches``: a longer list is sampled afresh each epoch);
-    patience: epochs without a better value of it before stopping; refit: then
+    negative_rate: the share r of the negative rows (label 0) each epoch trains on, drawn afresh each epoch
+    (pointwise only; the run's spec then states ``model.calibration.negative_rate: r``, the serving correction
+    p / (p + (1 - p) / r); a spec stating another rate is refused); patience: epochs without a better value of
+    it before stopping; refit: then
     retrain from the same initial weights on all the training rows for the best epoch count (the carved rows
     are each key's latest, the most useful to learn from; off: keep the restored weights).
     """
@@ -54,6 +57,15 @@ class TrainConfig(ConfigModel, validate_assignment=True):
         flag="--max-list-size",
         description="most rows of one list (the spec's group) a ranking loss's batch holds: a longer list is "
         "sampled afresh each epoch",
+    )
+    negative_rate: float = option(
+        1.0,
+        gt=0,
+        le=1,
+        flag="--negative-rate",
+        description="share of the negative training rows (label 0) each epoch trains on, a fresh sample each "
+        "epoch (pointwise loss only); the run's spec then states it as model.calibration.negative_rate, so "
+        "served scores are corrected back to CTRs; 1: every row",
     )
     held_out: float = option(0.2, gt=0, lt=1, flag="--held-out", description="held-out fraction, in (0, 1)")
     seed: int = option(0, ge=0, flag="--seed", description="seeds the split, the initial weights and the shuffles")
@@ -104,6 +116,18 @@ class TrainConfig(ConfigModel, validate_assignment=True):
 
     def validate(self, spec: FeatureSpec) -> None:
         """What depends on the spec (the fields themselves are checked when set): before any data is read."""
+        stated = spec.model.calibration.negative_rate
+        if self.negative_rate != 1.0 and self.loss != "pointwise":
+            raise ValueError(
+                f"--negative-rate {self.negative_rate:g} needs --loss pointwise: a {self.loss!r} model's scores "
+                "are calibrated by a Platt fit on unsampled validation rows instead"
+            )
+        if self.negative_rate != 1.0 and stated != 1.0 and stated != self.negative_rate:
+            raise ValueError(
+                f"the spec states model.calibration.negative_rate {stated:g}, and this run samples negatives at "
+                f"--negative-rate {self.negative_rate:g}: the served correction would not match the training; "
+                "leave the rate out of the spec (training writes it into the run's spec) or give the same one"
+            )
         if self.loss != "pointwise" and not spec.group:
             raise ValueError(f"loss {self.loss!r} needs request groups: the spec has no 'group' column")
         if self.select is not None and not spec.group:
