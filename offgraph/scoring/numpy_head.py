@@ -33,12 +33,12 @@ log = logging.getLogger(__name__)
 PARITY = 1e-6
 """Max |CTR| difference from the SavedModel on the probe batch for the NumPy forward to serve (fp32)."""
 
-NUMPY_HEAD_MAX_ROWS = 200
+NUMPY_HEAD_MAX_ROWS = 50
 """The scorer's default where BLAS may run several threads: requests of at most this many candidates through the
-NumPy forward, larger ones through the SavedModel. Measured (``bench/results/dense-head/``): with OpenBLAS's own
-threads on a busy machine the NumPy forward's median at N >= 1000 went from 0.6x to 12x the SavedModel's, run to
-run (a matmul waits for its BLAS threads' time slices), while at N <= 200 it stayed well under it; with one BLAS
-thread it was under the SavedModel's at every N up to 2000 (:func:`default_max_rows`)."""
+NumPy forward, larger ones through the SavedModel. Measured (``bench/results/dense-head/``, a busy 2-CPU machine):
+with OpenBLAS's own threads the NumPy forward's median at N = 50 was 0.26-0.30x the SavedModel's in every run, but
+from N = 200 up it went from 0.3x to 12x run to run (a matmul waits for its BLAS threads' time slices); with one
+BLAS thread it was under the SavedModel's at every N up to 2000 (:func:`default_max_rows`)."""
 
 SINGLE_THREAD_MAX_ROWS = 1 << 30
 """The default where BLAS runs one thread (:func:`blas_one_thread`): the NumPy forward at every N."""

@@ -180,7 +180,7 @@ def test_the_default_bound_follows_the_blas_threads(monkeypatch):
     assert default_max_rows() == SINGLE_THREAD_MAX_ROWS
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")  # OpenBLAS reads its own variable first
-    assert default_max_rows() == NUMPY_HEAD_MAX_ROWS == 200
+    assert default_max_rows() == NUMPY_HEAD_MAX_ROWS == 50
     monkeypatch.delenv("OPENBLAS_NUM_THREADS")
     assert default_max_rows() == SINGLE_THREAD_MAX_ROWS
 
