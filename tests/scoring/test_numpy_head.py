@@ -198,7 +198,10 @@ def test_a_weight_that_disagrees_keeps_the_saved_model(tiny_version, caplog):
     with caplog.at_level(logging.WARNING, logger="offgraph.scoring.numpy_head"):
         assert checked_head(bad, whole, whole.shapes, split=False, source="v") is None
         assert checked_head(bad, split, split.shapes, split=True, source="v") is None
-    assert sum("the SavedModel serves" in r.getMessage() for r in caplog.records) == 2
+        layers[-1] = (kernel[:-1], b)  # a kernel one row short: the forward raises on the probe
+        short = NumpyHead(HeadWeights(tuple(layers), head.w.bias, head.w.dense_w, head.w.num_fields, head.w.dim))
+        assert checked_head(short, whole, whole.shapes, split=False, source="v") is None
+    assert sum("the SavedModel serves" in r.getMessage() for r in caplog.records) == 3
 
 
 def _split_fields(version):
