@@ -19,6 +19,7 @@ from offgraph.server.http.request_id import RequestIdMiddleware
 from offgraph.server.models.experiment import Experiments
 from offgraph.server.process.gc_tuning import tune_gc
 from offgraph.server.process.metrics import HttpMetricsMiddleware
+from offgraph.server.process.served_log import ServedLog
 from offgraph.server.process.tf_threads import configure_tf_threads
 
 DESCRIPTION = """\
@@ -36,9 +37,13 @@ DeepFM CTR scoring with the embedding tables out of the TensorFlow graph.
 """
 
 
-def create_app(config: ServerConfig, listen: ListenConfig | None = None) -> FastAPI:
+def create_app(
+    config: ServerConfig, listen: ListenConfig | None = None, served_log: ServedLog | None = None
+) -> FastAPI:
     """Build the app. TF's thread pools are set here if the config names them (before any TF op). With
-    ``listen.grpc_port``, the app's lifespan also runs the gRPC port (``offgraph.server.grpc.server``) on its loop."""
+    ``listen.grpc_port``, the app's lifespan also runs the gRPC port (``offgraph.server.grpc.server``) on its loop.
+    ``served_log``: where sampled :score requests are logged (``offgraph.server.process.served_log``; closed with
+    the app)."""
     configure_tf_threads(config.intra_threads, config.inter_threads)
     state = ServerState.build(config)
 
@@ -57,6 +62,8 @@ def create_app(config: ServerConfig, listen: ListenConfig | None = None) -> Fast
             if grpc_port is not None:
                 await grpc_port.stop()  # before the scoring pool and the models close
             await state.stop()
+            if served_log is not None:
+                served_log.close()
 
     # docs_url/redoc_url None: FastAPI's pages load their assets from a CDN; install_docs serves them locally
     app = FastAPI(
@@ -64,6 +71,13 @@ def create_app(config: ServerConfig, listen: ListenConfig | None = None) -> Fast
     )
     install_docs(app)
     app.state.experiments = Experiments(state.models.models_dir)  # every worker reads the records under MODELS
+    app.state.served_log = served_log
+    if served_log is not None:
+        metrics = state.metrics
+        served_log.count_with(
+            lambda model, n: metrics.served_log_dropped.labels(model).inc(n),
+            lambda model, n: metrics.served_log_written.labels(model).inc(n),
+        )
     install_model_examples(app, state.models, config.max_candidates)
     # the score route, tried first (the busiest): one route, documented, answering without FastAPI's handler
     app.router.routes.insert(0, score.build_route(config))

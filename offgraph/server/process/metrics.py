@@ -142,6 +142,19 @@ class ServerMetrics:
             ["model"],
             registry=self.registry,
         )
+        self.served_log_dropped = Counter(
+            "offgraph_served_log_dropped",
+            "Sampled served-request records not logged: the log's queue was full (its writer behind) or a batch "
+            "could not be written (offgraph.server.process.served_log); the requests were answered all the same",
+            ["model"],
+            registry=self.registry,
+        )
+        self.served_log_written = Counter(
+            "offgraph_served_log_records",
+            "Served-request records written to the served log",
+            ["model"],
+            registry=self.registry,
+        )
         self.errors = Counter(
             "offgraph_http_errors",
             "HTTP responses with a 4xx or 5xx status, by code, route template (unmatched: no route) and model "
