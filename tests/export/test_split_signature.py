@@ -94,7 +94,8 @@ def test_a_version_without_the_split_record_serves_with_the_old_signature(tiny_v
     old = tmp_path / "ml" / "1"
     copy_version(tiny_version, old, manifest_edit=lambda m: m["dense"].pop("split"))
     head_old, head_now = DenseHead(old), DenseHead(tiny_version)
-    with Scorer(old) as before, Scorer(tiny_version) as now:
+    # the SavedModel's signatures alone (numpy_head_max_rows=0): which one scores is what this test checks, bit for bit
+    with Scorer(old, numpy_head_max_rows=0) as before, Scorer(tiny_version, numpy_head_max_rows=0) as now:
         assert before.manifest.dense.split is None and before._split is None
         for request, cands in requests_[:20]:
             emb, fo, _ = pooled(before, request, cands)
