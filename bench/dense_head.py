@@ -6,6 +6,7 @@ alternated call by call, medians; and the NumPy forward's max |dCTR| against the
 
     python -m bench.dense_head --version V [--version V2 ...] [--make W] --out OUT [--blas-threads 1]
 
+``--tf-threads`` sets TensorFlow's intra- and inter-op threads (as ``offgraph serve --intra-threads``).
 ``--make W`` trains and exports, under W, the versions the tests export (``tests/conftest.py``: the tiny MovieLens
 model, the full-size one and the numeric one, 1 epoch each), added to the parity list. The first ``--version``
 is timed. ``--blas-threads`` sets OpenBLAS's threads (OPENBLAS_NUM_THREADS) before NumPy loads.
@@ -118,7 +119,7 @@ def _timings(version: Path, rounds: int, calls: int) -> dict:
 def _markdown(report: dict) -> str:
     lines = [
         f"# dense head: SavedModel vs NumPy per call ({report['timed']}, OpenBLAS threads "
-        f"{report['blas_threads']}, {report['cpus']} CPUs)",
+        f"{report['blas_threads']}, TensorFlow threads {report.get('tf_threads', 'default')}, {report['cpus']} CPUs)",
         "",
         "| signature | N | SavedModel us | NumPy us | NumPy / SavedModel |",
         "|---|---|---|---|---|",
@@ -155,7 +156,9 @@ def _plot(report: dict, path: Path) -> None:
         ax.set_ylabel("median us per call")
         ax.set_title(f"{sig} signature")
         ax.legend()
-    fig.suptitle(f"dense head per call, OpenBLAS threads {report['blas_threads']}")
+    fig.suptitle(
+        f"dense head per call, OpenBLAS threads {report['blas_threads']}, TF threads {report.get('tf_threads', 'default')}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -168,12 +171,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=60, help="calls of each runtime per round and N")
     ap.add_argument("--blas-threads", default="", help="OPENBLAS_NUM_THREADS (empty: OpenBLAS's default)")
+    ap.add_argument(
+        "--tf-threads", type=int, default=0, help="TensorFlow's intra- and inter-op threads (0: its default)"
+    )
     ap.add_argument("--stem", default="dense_head")
     args = ap.parse_args(argv)
     if args.blas_threads:
         os.environ["OPENBLAS_NUM_THREADS"] = args.blas_threads
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from bench.lib.report import write_report
+
+    if args.tf_threads:
+        from offgraph.server.process.tf_threads import configure_tf_threads
+
+        configure_tf_threads(args.tf_threads, args.tf_threads)
 
     versions = [Path(v) for v in args.version]
     if args.make:
@@ -183,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "timed": str(versions[0]),
         "blas_threads": args.blas_threads or "default",
+        "tf_threads": args.tf_threads or "default",
         "cpus": os.cpu_count(),
         "machine": platform.processor() or platform.machine(),
         "rounds": args.rounds,
