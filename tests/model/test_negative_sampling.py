@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from offgraph.calibration import calibrate
+from offgraph.export.export import export_run
 from offgraph.features.spec import parse_spec
 from offgraph.model.inputs import encode_table
 from offgraph.model.metrics import logloss
@@ -59,6 +60,10 @@ def test_a_sampled_run_states_its_rate_and_its_scores_stay_ctrs(tmp_path):
     assert abs(served.mean() - fresh.labels.mean()) < 0.02
     assert m["held_out"]["logloss"] < 0.4  # of the corrected scores; the raw sigmoid's is above 0.5
     assert logloss(fresh.labels, p) > 0.5
+    # the exported version's manifest: the rate in the training config and in the spec the server calibrates by
+    manifest = export_run(tmp_path / "run", tmp_path / "models" / "ns" / "1", shards=1, quant="fp32", progress=False)
+    assert manifest.training["config"]["negative_rate"] == 0.2
+    assert manifest.spec["model"]["calibration"]["negative_rate"] == 0.2
 
 
 def test_a_spec_stating_another_rate_is_refused_naming_both():
