@@ -60,8 +60,8 @@ def _make_versions(work: Path) -> list[Path]:
 def _heads(version: Path):
     """{signature name: (SignatureCall, the NumPy forward)} of a version: ``whole``, and ``split`` where it has it."""
     from offgraph.modeldir.version import ModelVersion
-    from offgraph.scoring._signature_call import SignatureCall
     from offgraph.scoring.numpy_head import NumpyHead, read_weights
+    from offgraph.scoring.signature_call import SignatureCall
 
     mv = ModelVersion.open(version)
     loaded, serve = mv.dense

@@ -21,11 +21,12 @@ class ScoreResult:
     """``POST /v1/models/{name}:score``: one score per candidate, in candidate order."""
 
     model: str
-    version: int
+    version: int | None  # None only for an experiment's prior arm (no model scored: the order sent)
     scores: list[float]
     score_kind: str = "ctr"  # "ctr": calibrated CTRs; "ranking": they order the candidates, not probabilities
     unknown_candidates: int = 0  # candidates whose key has no row in the model's item feature table
     unknown_request: bool = False  # the request's key has no row in its feature table
+    arm: str | None = None  # the model's experiment arm that answered (None: no experiment, or a named version)
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,13 @@ from offgraph.features.fg import FeatureGenerator, FeatureValueError
 from offgraph.features.segment import check_segmenters
 from offgraph.modeldir.manifest import ModelDirError, complete_versions, training_loss
 from offgraph.modeldir.version import ModelVersion
-from offgraph.scoring._signature_call import SignatureCall
 from offgraph.scoring.batch import Segments, batch_keys, pool_rows, read_through_cache
 from offgraph.scoring.candidate_cache import LACKING, ONLY_KEY, CandidateCache
 from offgraph.scoring.memory_budget import CANDIDATE_BYTES, FG_ITEM_BYTES, JOIN_RECORD_BYTES
 from offgraph.scoring.numpy_head import NumpyHead, checked_head, default_max_rows, read_weights
 from offgraph.scoring.raw_candidates import RawCandidates
 from offgraph.scoring.read_metrics import STORE_READ_SECONDS
+from offgraph.scoring.signature_call import SignatureCall
 from offgraph.store import RowCache
 from offgraph.store.feed import file_bytes as feed_file_bytes
 from offgraph.store.follower import NOT_FOLLOWING, Activity, Follower

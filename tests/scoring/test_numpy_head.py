@@ -18,7 +18,6 @@ from server_helpers import copy_version
 from offgraph.export.export import export_run
 from offgraph.modeldir.layout import SIGNATURE
 from offgraph.modeldir.version import ModelVersion
-from offgraph.scoring._signature_call import SignatureCall
 from offgraph.scoring.numpy_head import (
     NUMPY_HEAD_MAX_ROWS,
     SINGLE_THREAD_MAX_ROWS,
@@ -30,6 +29,7 @@ from offgraph.scoring.numpy_head import (
     read_weights,
 )
 from offgraph.scoring.scorer import Scorer
+from offgraph.scoring.signature_call import SignatureCall
 
 PARITY = 1e-6  # max |CTR| of the NumPy forward against the SavedModel, fp32
 

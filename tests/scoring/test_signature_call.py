@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from offgraph.scoring._signature_call import SignatureCall
+from offgraph.scoring.signature_call import SignatureCall
 
 
 class _Head(tf.Module):

@@ -67,8 +67,8 @@ def _not_served(holder: ModelHolder, arm: Arm) -> str | None:
 )
 async def put_experiment(
     name: ModelName,
+    body: Annotated[ExperimentRequest, Depends(experiment_request)],  # read first, as every route's body
     holder: Holder,
-    body: Annotated[ExperimentRequest, Depends(experiment_request)],
     experiments: ModelExperiments,
 ) -> ExperimentStatus:
     """Split the requests that name no version or label over `arms` by `sticky_key`: a user (a value of the
