@@ -12,7 +12,6 @@ nesting first and refused by the documented model with a 422 naming each problem
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi import Request
 
@@ -21,8 +20,6 @@ from offgraph.server.api.score_body import JsonBody, check_json_content_type
 from offgraph.server.api.tensor_inputs import Tensor
 from offgraph.server.http.errors import ApiError
 from offgraph.server.models.control import LABEL, LABEL_RULE
-
-REF_PREFIX = "#/components/schemas/"
 
 HEADER_LENGTH = "inference-header-content-length"
 """The binary tensor extension's header: how many bytes of the body are its JSON."""
@@ -84,25 +81,6 @@ class InferBody(JsonBody):
         self.check_depth(json_part)
         body: InferRequest = self.validate(json_part)
         return Inference(self._tensors(body, binary), _label(body), _binary_output(body), body.id)
-
-    def openapi_extra(self) -> dict:
-        """The JSON body's schema with its tensors' schemas in place (they are not among the app's components)."""
-        extra = super().openapi_extra()
-        schema = extra["requestBody"]["content"]["application/json"]["schema"]
-        defs = schema.pop("$defs", {})
-
-        def inline(node: Any) -> Any:
-            if isinstance(node, dict):
-                ref = node.get("$ref", "")
-                if ref.startswith(REF_PREFIX) and ref[len(REF_PREFIX) :] in defs:
-                    return inline(defs[ref[len(REF_PREFIX) :]])
-                return {k: inline(v) for k, v in node.items()}
-            if isinstance(node, list):
-                return [inline(v) for v in node]
-            return node
-
-        extra["requestBody"]["content"]["application/json"]["schema"] = inline(schema)
-        return extra
 
     def _tensors(self, body: InferRequest, binary: bytes) -> list[Tensor]:
         out, at = [], 0

@@ -117,19 +117,32 @@ class JsonBody:
                 [f.alias or k for k, f in self.model.model_fields.items()],
             ) from None
 
-    def openapi_extra(self) -> dict:
-        """The path operation's ``requestBody``: the pydantic model's JSON schema."""
+    def openapi_extra(self, inline: bool = False) -> dict:
+        """The path operation's ``requestBody``: the pydantic model's JSON schema. Its nested models are referred
+        to in the app's components, where a response or another body registers them; ``inline``: written out in
+        place instead (a body whose nested models nothing else registers: a reference to a component that does
+        not exist breaks the docs)."""
         required = any(f.is_required() for f in self.model.model_fields.values())
-        return {
-            "requestBody": {
-                "required": required,
-                "content": {
-                    "application/json": {
-                        "schema": self.model.model_json_schema(ref_template="#/components/schemas/{model}")
-                    }
-                },
-            }
-        }
+        if inline:
+            schema = self.model.model_json_schema(ref_template="#/$defs/{model}")
+            schema = _inlined(schema, schema.pop("$defs", {}))
+        else:
+            schema = self.model.model_json_schema(ref_template="#/components/schemas/{model}")
+        return {"requestBody": {"required": required, "content": {"application/json": {"schema": schema}}}}
+
+
+def _inlined(schema: Any, defs: dict) -> Any:
+    """``schema`` with each ``{"$ref": "#/$defs/X"}`` replaced by ``defs["X"]`` (the bodies' models nest, never
+    recursively)."""
+    if isinstance(schema, list):
+        return [_inlined(x, defs) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        return _inlined({**defs[ref.removeprefix("#/$defs/")], **rest}, defs)
+    return {k: _inlined(v, defs) for k, v in schema.items()}
 
 
 class ScoreBodyParser(JsonBody):

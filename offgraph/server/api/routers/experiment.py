@@ -56,7 +56,7 @@ def _not_served(holder: ModelHolder, arm: Arm) -> str | None:
 @router.put(
     PATH,
     summary="Set the model's experiment",
-    openapi_extra=_body.openapi_extra(),
+    openapi_extra=_body.openapi_extra(inline=True),  # ExperimentArm: no other route registers it
     responses=error_responses(
         e409="An arm names a label or version the model does not serve now (the message names it).",
         e413="Body larger than the server's limit.",

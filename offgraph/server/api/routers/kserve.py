@@ -204,7 +204,7 @@ async def _infer(holder: ModelHolder, state: Any, request: Request, body: Infere
 
 def _request_body() -> dict[str, Any]:
     """The infer operation's ``requestBody`` (its JSON; the binary extension is in the description)."""
-    return _parser.openapi_extra()
+    return _parser.openapi_extra(inline=True)  # the tensors' schemas: not among the app's components
 
 
 @_infer_router.post(
