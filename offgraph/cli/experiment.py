@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 
@@ -56,6 +57,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import httpx
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # quiet: the answer is the output, not a line per request
 
     token = args.admin_token or os.environ.get(TOKEN_ENV)
     if not token:

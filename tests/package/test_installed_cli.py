@@ -17,6 +17,7 @@ version) and checks its exit code and that it printed no traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import sysconfig
 import venv
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from pathlib import Path
 
@@ -230,30 +231,21 @@ def _features_load(i: Installed) -> None:
     assert f"loaded {len(first)} rows" in r.stdout
 
 
-@case("serve")
-def _serve(i: Installed) -> None:
-    import httpx
-
+@contextlib.contextmanager
+def _served(i: Installed, name: str, *flags: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """The installed ``offgraph serve`` on the exported models (one worker), its URL; stopped with SIGTERM, which
+    must be a graceful stop (exit status 0, the drain's line, no traceback in its log ``name``.log)."""
     from offgraph.testing.harness import free_port, wait_ready
 
-    models = i.models
     port = free_port()
-    log = i.work / "serve.log"
+    log = i.work / f"{name}.log"
+    cmd = [str(i.offgraph), "serve", "--models", str(i.models), "--port", str(port), "--workers", "1", *flags]
     with open(log, "w") as logf:
-        proc = subprocess.Popen(
-            [str(i.offgraph), "serve", "--models", str(models), "--port", str(port), "--workers", "1"],
-            cwd=i.work,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            env=i.env,
-        )
+        proc = subprocess.Popen(cmd, cwd=i.work, stdout=logf, stderr=subprocess.STDOUT, env={**i.env, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, 120, proc, log=str(log))
-        body = {"request": {"user_id": 196}, "candidates": [{"movie_id": 242}, {"movie_id": 302}]}
-        r = httpx.post(f"{url}/v1/models/ml:score", json=body, timeout=30)
-        assert r.status_code == 200, r.text
-        assert len(r.json()["scores"]) == 2
+        yield url
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -265,6 +257,58 @@ def _serve(i: Installed) -> None:
     # a graceful stop, its drain included (offgraph.server.process.graceful_stop): exit status 0
     assert proc.returncode == 0 and "Application shutdown complete" in out, out[-4000:]
     _no_traceback(out, "offgraph serve")
+
+
+BODY = {"request": {"user_id": 196}, "candidates": [{"movie_id": 242}, {"movie_id": 302}]}
+
+
+@case("serve")
+def _serve(i: Installed) -> None:
+    import httpx
+
+    with _served(i, "serve") as url:
+        r = httpx.post(f"{url}/v1/models/ml:score", json=BODY, timeout=30)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["scores"]) == 2
+
+
+TOKEN = "installed-cli-token"
+
+
+def _experiment(i: Installed, action: str) -> None:
+    """``offgraph experiment set``, ``show`` and ``clear`` against the installed server, in that order; ``action``:
+    the one whose case this is (the others run around it, as a user would)."""
+    import httpx
+
+    with _served(i, f"experiment-{action}", env={"OFFGRAPH_ADMIN_TOKEN": TOKEN}) as url:
+        common = ["--url", url, "--model", "ml", "--admin-token", TOKEN]
+        r = i.run(
+            "experiment", "set", *common, "--arm", "version=1:0.5", "--arm", "prior:0.5", "--sticky-key", "user_id"
+        )
+        assert [a["arm"] for a in json.loads(r.stdout)["arms"]] == ["v1", "prior"], r.stdout
+        scored = httpx.post(f"{url}/v1/models/ml:score", json=BODY, timeout=30).json()
+        assert scored["arm"] in ("v1", "prior"), scored
+        shown = json.loads(i.run("experiment", "show", *common).stdout)
+        assert shown["sticky_key"] == "user_id", shown
+        i.run("experiment", "clear", *common)
+        assert "httpx" not in r.stderr, r.stderr  # quiet: no line per HTTP request
+        assert "arm" not in httpx.post(f"{url}/v1/models/ml:score", json=BODY, timeout=30).json()
+        i.run(
+            "experiment",
+            action,
+            "--url",
+            url,
+            "--model",
+            "ml",
+            "--admin-token",
+            "wrong",
+            *(["--arm", "prior:1", "--sticky-key", "user_id"] if action == "set" else []),
+            rc=2,
+        )  # a wrong token: the server's 401, one line, exit status 2
+
+
+for _action in ("set", "show", "clear"):
+    case("experiment", _action)(lambda i, _a=_action: _experiment(i, _a))
 
 
 @case("plan")
