@@ -56,3 +56,20 @@ class DenseHead:
             inputs["dense"] = dense
         specs = fn.structured_input_signature[1]
         return fn(**{k: tf.constant(v, dtype=specs[k].dtype) for k, v in inputs.items()})["ctr"].numpy()
+
+
+def grouped_requests(spec, table, limit: int) -> list[tuple[dict, list[dict]]]:
+    """Real requests of ``table`` (at most ``limit``, each of 3 to 100 candidates): rows grouped by the spec's group
+    column, the request's and items' raw inputs."""
+    cols = table.to_pydict()
+    req_in, item_in = spec.raw_inputs("request"), spec.raw_inputs("item")
+    groups: dict = {}
+    for i, g in enumerate(cols[spec.group]):
+        groups.setdefault(g, []).append(i)
+    out = []
+    for rows in groups.values():
+        if len(rows) >= 3:
+            out.append(({c: cols[c][rows[0]] for c in req_in}, [{c: cols[c][i] for c in item_in} for i in rows[:100]]))
+        if len(out) == limit:
+            break
+    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scorer_parts import DenseHead, pooled
+from scorer_parts import DenseHead, grouped_requests, pooled
 from server_helpers import copy_version
 
 from offgraph.calibration import calibrate
@@ -26,22 +26,6 @@ def tiny_version(tiny_model):
 def numeric_version(numeric_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("split_numeric") / "num" / "1"
     export_run(numeric_run[0], out, shards=2, quant="fp32", progress=False)
-    return out
-
-
-def _requests(spec, table, limit: int = 40):
-    """Real requests of ``table``: rows grouped by the spec's group column, the request's and items' raw inputs."""
-    cols = table.to_pydict()
-    req_in, item_in = spec.raw_inputs("request"), spec.raw_inputs("item")
-    groups: dict = {}
-    for i, g in enumerate(cols[spec.group]):
-        groups.setdefault(g, []).append(i)
-    out = []
-    for rows in groups.values():
-        if len(rows) >= 3:
-            out.append(({c: cols[c][rows[0]] for c in req_in}, [{c: cols[c][i] for c in item_in} for i in rows[:100]]))
-        if len(out) == limit:
-            break
     return out
 
 
@@ -82,7 +66,7 @@ def test_split_head_scores_as_the_unsplit_one_on_real_requests(tiny_version, req
 def test_split_head_with_a_numeric_field_scores_as_the_unsplit_one(numeric_version, numeric_run):
     with Scorer(numeric_version) as s:
         assert s.num_dense == 1 and s._split is not None
-        reqs = _requests(s.spec, numeric_run[1].slice(20000))
+        reqs = grouped_requests(s.spec, numeric_run[1].slice(20000), 40)
         worst = _max_dp(s, reqs)
     print(f"numeric model: max |dp| split vs unsplit over {len(reqs)} requests: {worst:.3g}")
     assert worst <= PARITY

@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
-from scorer_parts import pooled
+from scorer_parts import grouped_requests, pooled
 from server_helpers import copy_version
 
 from offgraph.export.export import export_run
@@ -105,22 +105,6 @@ def _signatures(version):
     )
 
 
-def _requests(spec, table, limit: int = 30):
-    """Real requests of ``table``: rows grouped by the spec's group column, the request's and items' raw inputs."""
-    cols = table.to_pydict()
-    req_in, item_in = spec.raw_inputs("request"), spec.raw_inputs("item")
-    groups: dict = {}
-    for i, g in enumerate(cols[spec.group]):
-        groups.setdefault(g, []).append(i)
-    out = []
-    for rows in groups.values():
-        if len(rows) >= 3:
-            out.append(({c: cols[c][rows[0]] for c in req_in}, [{c: cols[c][i] for c in item_in} for i in rows[:100]]))
-        if len(out) == limit:
-            break
-    return out
-
-
 @pytest.mark.parametrize("which", ["tiny", "numeric"])
 def test_numpy_head_equals_the_saved_model_on_real_requests_and_the_probe(
     which, tiny_version, numeric_version, tiny_model, numeric_run
@@ -130,7 +114,7 @@ def test_numpy_head_equals_the_saved_model_on_real_requests_and_the_probe(
     worst = {"whole": 0.0, "split": 0.0}
     with Scorer(version) as s:
         assert (s.num_dense > 0) == (which == "numeric")
-        for request, cands in _requests(s.spec, table):
+        for request, cands in grouped_requests(s.spec, table, 30):
             emb, fo, dense = pooled(s, request, cands)
             w_in = {"emb": emb, "first_order": fo}
             s_in = {

@@ -25,8 +25,9 @@ from typing import Any, cast
 import numpy as np
 
 from offgraph.features import FeatureValueError
+from offgraph.features.spec import FeatureSpec
 from offgraph.scoring.raw_candidates import RawCandidates, column_keys
-from offgraph.server.api.model_inputs import describe_inputs
+from offgraph.server.api.model_inputs import InputInfo, describe_inputs
 from offgraph.server.api.state import ServerState
 from offgraph.server.api.tensor_inputs import Column, Tensor, checked_columns, json_columns, tensor_columns
 from offgraph.server.api.tfserving_body import split_columns, split_instances
@@ -79,19 +80,27 @@ def _candidates(columns: Mapping[str, Column], n: int) -> RawCandidates:
     return RawCandidates.columns(n, keys, rows)
 
 
+def _spec_of(holder: ModelHolder, version: int | None, label: str | None) -> tuple[FeatureSpec, list[InputInfo]]:
+    """(spec, raw inputs) of the version asked for; ``NotServing`` / ``ModelLoading`` say why none serves."""
+    sv = holder.acquire(version, label)
+    holder.release(sv)  # its spec stays readable once it is closed (the score takes its own reference)
+    spec = sv.scorer.spec
+    return spec, describe_inputs(spec)
+
+
 def score_columns(
     holder: ModelHolder,
     columns: Sequence[Column],
     version: int | None,
     label: str | None,
     max_candidates: int,
+    spec_inputs: tuple[FeatureSpec, list[InputInfo]] | None = None,
 ) -> tuple[int, np.ndarray]:
     """(the version that scored, the scores in candidate order) of named columns (``tensor_inputs.Column``, element
-    i of each is candidate i: ``candidates[i]`` in the messages), read as the inputs of the version asked for."""
-    sv = holder.acquire(version, label)  # NotServing, ModelLoading: why none serves
-    holder.release(sv)  # its spec stays readable once it is closed (the score takes its own reference)
-    spec = sv.scorer.spec
-    per_row, once = checked_columns(columns, describe_inputs(spec), max_candidates)
+    i of each is candidate i: ``candidates[i]`` in the messages), read as the inputs of the version asked for
+    (``spec_inputs``: its spec and raw inputs, where the caller has them already)."""
+    spec, inputs = spec_inputs or _spec_of(holder, version, label)
+    per_row, once = checked_columns(columns, inputs, max_candidates)
     n = len(next(iter(per_row.values()))) if per_row else 1
     req_in, item_in = set(spec.raw_inputs("request")), set(spec.raw_inputs("item"))
     request, per_row = split_columns(per_row, once, req_in - item_in, item_in - req_in)
@@ -121,14 +130,12 @@ def score_tensors(
     """``score_columns`` of KServe v2 / TF Serving input tensors, read as the inputs of the version asked for:
     straight from the wire where ``wire_keys.wire_candidates`` can (each candidate keyed by its elements' bytes, read
     only where the cache lacks it), else as ``Column`` s."""
-    sv = holder.acquire(version, label)  # NotServing, ModelLoading: why none serves
-    holder.release(sv)  # its spec stays readable once it is closed (the score takes its own reference)
-    spec = sv.scorer.spec
-    inputs = describe_inputs(spec)
+    spec, inputs = _spec_of(holder, version, label)
     req_in, item_in = set(spec.raw_inputs("request")), set(spec.raw_inputs("item"))
     wire = wire_candidates(tensors, inputs, req_in - item_in, max_candidates)
     if wire is None:
-        return score_columns(holder, tensor_columns(tensors, inputs, max_candidates), version, label, max_candidates)
+        columns = tensor_columns(tensors, inputs, max_candidates)
+        return score_columns(holder, columns, version, label, max_candidates, (spec, inputs))
     request, candidates = wire
     return _score(holder, request, candidates, version, label)
 

@@ -78,9 +78,6 @@ def bad_input(message: str) -> ApiError:
     return ApiError(422, message)
 
 
-_bad = bad_input
-
-
 def metadata_datatype(info: InputInfo) -> str:
     """The datatype the model metadata gives an input (the one clients are told to send)."""
     return "FP64" if info.number else "BYTES"
@@ -90,14 +87,16 @@ def dims(t: Tensor, info: InputInfo, max_candidates: int) -> tuple[int, int | No
     """(candidates N, values per candidate K, or None for one value each) of the tensor's shape."""
     shape = list(t.shape)
     if not all(type(d) is int and d >= 0 for d in shape):
-        raise _bad(f"input '{t.name}' has shape {shape}: dimensions are non-negative integers")
+        raise bad_input(f"input '{t.name}' has shape {shape}: dimensions are non-negative integers")
     lists = " or [N, K] (K values per candidate)" if info.takes_list else ""
     if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1 and not info.takes_list):
-        raise _bad(f"input '{t.name}' has shape {shape}: send one element per candidate, shape [N] or [N, 1]{lists}")
+        raise bad_input(
+            f"input '{t.name}' has shape {shape}: send one element per candidate, shape [N] or [N, 1]{lists}"
+        )
     if shape[0] == 0:
-        raise _bad(f"input '{t.name}' has shape {shape}: no candidates (at least one)")
+        raise bad_input(f"input '{t.name}' has shape {shape}: no candidates (at least one)")
     if shape[0] > max_candidates:
-        raise _bad(
+        raise bad_input(
             f"input '{t.name}' has {shape[0]} candidates, at most {max_candidates} per request (--max-candidates)"
         )
     return shape[0], (shape[1] if len(shape) == 2 and shape[1] != 1 else None)
@@ -126,22 +125,22 @@ def _raw_bytes_elements(t: Tensor, raw: bytes, count: int) -> list[bytes]:
             at += n
     except struct.error:  # fewer than 4 bytes left: the data ended inside a length, or held fewer elements
         if at < end:
-            raise _bad(
+            raise bad_input(
                 f"input '{t.name}': raw BYTES data ends inside an element's 4-byte length (at byte {at})"
             ) from None
     if at > end:  # the last element read ran past the end (a slice stops at the end: its length says more)
         i = len(out) - 1
-        raise _bad(
+        raise bad_input(
             f"input '{t.name}': raw BYTES element {i} is {at - end + len(out[i])} bytes long, past the data's end"
         )
     if len(out) == count and at < end:  # more data: as the element after the last would be read
         if at + 4 > end:
-            raise _bad(f"input '{t.name}': raw BYTES data ends inside an element's 4-byte length (at byte {at})")
+            raise bad_input(f"input '{t.name}': raw BYTES data ends inside an element's 4-byte length (at byte {at})")
         (n,) = unpack(raw, at)
         if at + 4 + n > end:
-            raise _bad(f"input '{t.name}': raw BYTES element {count} is {n} bytes long, past the data's end")
+            raise bad_input(f"input '{t.name}': raw BYTES element {count} is {n} bytes long, past the data's end")
     if len(out) != count or at != end:
-        raise _bad(
+        raise bad_input(
             f"input '{t.name}' has shape {list(t.shape)} ({count} elements) but its raw data holds more or fewer"
         )
     return out
@@ -154,14 +153,14 @@ def _elements(t: Tensor, count: int) -> list[Any]:
             return _raw_bytes_elements(t, t.raw, count)
         dtype = np.dtype(NUMPY_DTYPES[t.datatype])
         if len(t.raw) != count * dtype.itemsize:
-            raise _bad(
+            raise bad_input(
                 f"input '{t.name}' has {len(t.raw)} bytes of raw data, but shape {list(t.shape)} of {t.datatype} "
                 f"takes {count * dtype.itemsize}"
             )
         return _numbers(np.frombuffer(t.raw, dtype))
     elements = _flat(t.data or ())
     if len(elements) != count:
-        raise _bad(
+        raise bad_input(
             f"input '{t.name}' has {len(elements)} elements in its data, but its shape {list(t.shape)} says {count}"
         )
     want: tuple[type, ...]
@@ -176,7 +175,7 @@ def _elements(t: Tensor, count: int) -> list[Any]:
     if not set(map(type, elements)) <= set(want):  # one pass in C; the loop only to name the first wrong element
         for i, x in enumerate(elements):
             if type(x) not in want:
-                raise _bad(f"input '{t.name}' element {i} is {_show(x)}: {t.datatype} data are {what}")
+                raise bad_input(f"input '{t.name}' element {i} is {_show(x)}: {t.datatype} data are {what}")
     return elements
 
 
@@ -200,7 +199,7 @@ def _text(t: Tensor, i: int, x: str | bytes) -> str:
     try:
         return x.decode("utf-8")  # type: ignore[union-attr]
     except UnicodeDecodeError:
-        raise _bad(f"input '{t.name}' element {i} is not UTF-8 text") from None
+        raise bad_input(f"input '{t.name}' element {i} is not UTF-8 text") from None
 
 
 def _no_nan(x: Any) -> Any:
@@ -254,12 +253,12 @@ class Column:
 
 def check_datatype(t: Tensor) -> None:
     if t.datatype not in DATATYPES:
-        raise _bad(f"input '{t.name}' has datatype {t.datatype!r}: one of {', '.join(DATATYPES)}")
+        raise bad_input(f"input '{t.name}' has datatype {t.datatype!r}: one of {', '.join(DATATYPES)}")
 
 
 def check_number(t: Tensor, info: InputInfo) -> None:
     if info.number and t.datatype not in NUMBERS:
-        raise _bad(f"input '{t.name}' is a number: send it as FP64, FP32 or an integer datatype, not {t.datatype}")
+        raise bad_input(f"input '{t.name}' is a number: send it as FP64, FP32 or an integer datatype, not {t.datatype}")
 
 
 def column(t: Tensor, info: InputInfo, max_candidates: int) -> Column:
@@ -290,13 +289,13 @@ def checked_columns(
     known = {i.name: i for i in inputs}
     names = ", ".join(known)
     if not columns:
-        raise _bad(f"no inputs: send the model's inputs by name ({names})")
+        raise bad_input(f"no inputs: send the model's inputs by name ({names})")
     seen: set[str] = set()
     for c in columns:
         if c.name not in known:
-            raise _bad(f"unknown input '{c.name[:60]}': the model's inputs are {names}")
+            raise bad_input(f"unknown input '{c.name[:60]}': the model's inputs are {names}")
         if c.name in seen:
-            raise _bad(f"input '{c.name[:60]}' is sent twice")
+            raise bad_input(f"input '{c.name[:60]}' is sent twice")
         seen.add(c.name)
     n = candidate_count({c.name: len(c) for c in columns}, known, max_candidates)
     per_row: dict[str, Column] = {}
@@ -315,11 +314,11 @@ def candidate_count(lengths: Mapping[str, int], known: Mapping[str, InputInfo], 
     longest = max(lengths, key=lengths.__getitem__)
     n = lengths[longest]
     if n > max_candidates:
-        raise _bad(f"input '{longest}' has {n} elements, at most {max_candidates} per request (--max-candidates)")
+        raise bad_input(f"input '{longest}' has {n} elements, at most {max_candidates} per request (--max-candidates)")
     for name, count in lengths.items():
         if count != n and not (count == 1 and known[name].scope == "request"):
             given_once = " (or one, a request-scope input)" if known[name].scope == "request" else ""
-            raise _bad(
+            raise bad_input(
                 f"inputs disagree on the number of candidates: '{name}' has {count} elements, '{longest}' "
                 f"has {n}: every input has one per candidate{given_once}"
             )
@@ -338,10 +337,10 @@ def tensor_columns(tensors: Sequence[Tensor], inputs: Sequence[InputInfo], max_c
     seen: set[str] = set()
     for t in tensors:
         if t.name in seen:
-            raise _bad(f"input '{t.name[:60]}' is sent twice")
+            raise bad_input(f"input '{t.name[:60]}' is sent twice")
         seen.add(t.name)
         info = known.get(t.name)
         if info is None:
-            raise _bad(f"unknown input '{t.name[:60]}': the model's inputs are {', '.join(known)}")
+            raise bad_input(f"unknown input '{t.name[:60]}': the model's inputs are {', '.join(known)}")
         out.append(column(t, info, max_candidates))
     return out

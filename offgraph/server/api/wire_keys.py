@@ -107,11 +107,10 @@ candidate_keys = _candidate_keys_c if _candidate_keys_c is not None else _candid
 
 @dataclass(frozen=True)
 class _Layout:
-    """How a key's elements read back: per column its name, datatype, elements per candidate, and whether it is a
-    list input sent as ``[N, K]`` (its padding dropped) and a number input."""
+    """How a key's elements read back: per column its name, elements per candidate, whether it is a list input
+    sent as ``[N, K]`` (its padding dropped), and its numpy dtype (None: text)."""
 
     names: tuple[str, ...]
-    datatypes: tuple[str, ...]
     ks: tuple[int, ...]
     padded: tuple[bool, ...]
     dtypes: tuple[str | None, ...]  # fixed-size columns: their numpy dtype; text columns: None
@@ -216,6 +215,6 @@ def wire_candidates(
         keys = candidate_keys(prefix, n, columns)
     except (ValueError, TypeError):  # malformed raw data: the slow way says where
         return None
-    names, datatypes, ks, padded, dtypes = zip(*layout)
-    read = _Layout(names, datatypes, ks, padded, dtypes, len(prefix))
+    names, _, ks, padded, dtypes = zip(*layout)
+    read = _Layout(names, ks, padded, dtypes, len(prefix))
     return request, RawCandidates.columns(n, keys, lambda which: [read.row(keys[i], i) for i in which])
