@@ -27,6 +27,7 @@ from offgraph.features.ops import DERIVED_OPS, RAW_OPS, FeatureValueError, Value
 from offgraph.features.segment import prepare
 from offgraph.features.spec import LIST_OPS, FeatureSpec, FieldSpec
 from offgraph.features.value_limits import Bound, TooManyValues, keep_last
+from offgraph.features.vocabulary import UNKNOWN_ROW
 
 __all__ = ["FeatureGenerator", "RaggedIds", "FGBatch", "FeatureValueError", "ScopeError", "TooManyValues"]
 
@@ -290,6 +291,9 @@ class FeatureGenerator:
         self._cache: OrderedDict[tuple, tuple[Values, bytes, bytes]] = OrderedDict()
         self.cache_hits = 0
         self.cache_misses = 0
+        # values of vocabulary fields that fell to the unknown row, per field (an item's once while the item
+        # cache holds it, a cross's once per memoized group)
+        self.vocabulary_unknown: dict[str, int] = {}
         # Serving cross fields are computed once per distinct (request values, item value
         # sets) and memoized. A value-set id names one item field's value list; ids are
         # never reused (the intern table may be cleared, the counter is not), so a memo
@@ -435,7 +439,13 @@ class FeatureGenerator:
 
     def _ragged(self, f: FieldSpec, vals: Values) -> RaggedIds:
         lengths = np.fromiter((len(v) for v in vals), dtype=np.int64, count=len(vals))
-        ids = rows_of(chain.from_iterable(vals), self.hash, f.rows)
+        if f.vocabulary is None:
+            ids = rows_of(chain.from_iterable(vals), self.hash, f.rows)
+        else:  # no hashing: the vocabulary's rows, the unknown row for values it lacks (counted)
+            ids = f.vocabulary.rows_of(list(chain.from_iterable(vals)))
+            unknown = int(np.count_nonzero(ids == UNKNOWN_ROW))
+            if unknown:
+                self.vocabulary_unknown[f.name] = self.vocabulary_unknown.get(f.name, 0) + unknown
         return RaggedIds(ids, _offsets(lengths))
 
     # -- training ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -22,6 +23,7 @@ from offgraph.features.numeric import TRANSFORMS
 from offgraph.features.segment import SEGMENTERS
 from offgraph.features.suggest import did_you_mean, unknown_names
 from offgraph.features.table_spec import TableSpec, parse_tables
+from offgraph.features.vocabulary import Vocabulary, VocabularyError, read_vocabulary
 
 FG_VERSION = "offgraph-fg-1"
 """Semantics version of feature generation + hashing. Bump on any change that
@@ -37,8 +39,8 @@ OPS = RAW_OPS + DERIVED_OPS + NUMERIC_OPS
 
 # parameters each op accepts besides name/scope/op/input(s)/rows/pooling
 _OP_PARAMS: dict[str, set[str]] = {
-    "id": {"separator", "max_values", "overflow"},
-    "tokenize": {"separator", "lowercase", "max_values", "overflow", "segmenter"},
+    "id": {"separator", "max_values", "overflow", "vocabulary"},
+    "tokenize": {"separator", "lowercase", "max_values", "overflow", "segmenter", "vocabulary"},
     "bucketize": {"boundaries"},
     "log_bucket": {"base"},
     "cross": {"separator", "max_values"},
@@ -120,6 +122,8 @@ class FieldSpec:
     input: str | None = None
     inputs: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)
+    # ``vocabulary: FILE`` (offgraph.features.vocabulary): values map to its rows 1..V, the unknown to row 0
+    vocabulary: Vocabulary | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -174,11 +178,29 @@ class FeatureSpec:
         return copy.deepcopy(self.raw)
 
     def fingerprint(self) -> str:
-        """Stable JSON of the spec, for comparisons between a run and a model."""
-        return json.dumps(self.raw, sort_keys=True, separators=(",", ":"))
+        """Stable JSON of the spec, for comparisons between a run and a model; a vocabulary is its file's
+        sha256 (a version holds its own copy of the file, under another path)."""
+        raw = self.raw
+        if any(f.vocabulary is not None for f in self.fields):
+            raw = self.with_vocabulary_paths(
+                {f.name: f"sha256:{f.vocabulary.sha256}" for f in self.fields if f.vocabulary}
+            )
+        return json.dumps(raw, sort_keys=True, separators=(",", ":"))
+
+    def with_vocabulary_paths(self, paths: dict[str, str]) -> dict:
+        """The raw spec with these fields' ``vocabulary`` set to ``paths[name]`` and their ``rows`` written out
+        (a version's copy: its files under the version directory)."""
+        raw = copy.deepcopy(self.raw)
+        by_name = {f.name: f for f in self.fields}
+        for fr in raw["fields"]:
+            if fr.get("name") in paths:
+                fr["vocabulary"] = paths[fr["name"]]
+                fr["rows"] = by_name[fr["name"]].rows
+        return raw
 
 
 def load_spec(path: str | Path) -> FeatureSpec:
+    """The spec in ``path``; a field's ``vocabulary`` file is read relative to the spec's directory."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -188,7 +210,7 @@ def load_spec(path: str | Path) -> FeatureSpec:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise SpecError(f"spec {path}: not valid YAML{yaml_error_text(e)}") from None
-    return parse_spec(raw, source=str(path))
+    return parse_spec(raw, source=str(path), base=path.parent)
 
 
 def yaml_error_text(e: yaml.YAMLError) -> str:
@@ -206,7 +228,9 @@ def yaml_error_text(e: yaml.YAMLError) -> str:
     return f"{where}: {problem}" + (f", {context}" if context else "")
 
 
-def parse_spec(raw: Any, source: str = "<spec>") -> FeatureSpec:
+def parse_spec(raw: Any, source: str = "<spec>", base: str | Path | None = None) -> FeatureSpec:
+    """``base``: the directory a relative ``vocabulary`` path is read from (default: the working directory)."""
+
     def fail(msg: str) -> NoReturn:
         raise SpecError(f"spec {source}: {msg}")
 
@@ -232,13 +256,16 @@ def parse_spec(raw: Any, source: str = "<spec>") -> FeatureSpec:
     numeric: list[FieldSpec] = []
     by_name: dict[str, FieldSpec] = {}
     for i, fr in enumerate(fields_raw):
-        f = _parse_field(fr, i, model, by_name, fail)
+        f = _parse_field(fr, i, model, by_name, fail, base)
         by_name[f.name] = f
         (numeric if f.op in NUMERIC_OPS else fields).append(f)
     if not fields:
         fail("'fields' needs at least one embedding field (numeric fields alone have no tables)")
     tables = parse_tables(raw.get("tables"), fields + numeric, fail)
     normalized = copy.deepcopy(raw)  # a spec without 'tables' keeps its raw dict, hence its fingerprint
+    for fr in normalized["fields"]:  # a vocabulary's path as read, absolute: the spec re-parsed (with_*) or
+        if "vocabulary" in fr:  # written into a run reads the same file
+            fr["vocabulary"] = by_name[fr["name"]].vocabulary.source  # type: ignore[union-attr]
     return FeatureSpec(
         model=model, label=label, fields=tuple(fields), raw=normalized, numeric=tuple(numeric), tables=tables, **opt
     )
@@ -321,7 +348,7 @@ def _parse_model(m: Any, fail) -> ModelConfig:
     )
 
 
-def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec], fail) -> FieldSpec:
+def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec], fail, base=None) -> FieldSpec:
     if not isinstance(fr, dict):
         fail(f"fields[{i}] must be a mapping, got {fr!r}")
     name = fr.get("name")
@@ -341,7 +368,12 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
         fail(f"{where}: scope must be one of {SCOPES}, got {scope!r}{did_you_mean(scope, SCOPES)}")
     if op in NUMERIC_OPS:
         return _parse_numeric(fr, name, scope, fail)
-    rows = fr.get("rows")
+    vocab = _vocabulary(fr, where, base, fail) if "vocabulary" in fr else None
+    rows = fr.get("rows", vocab.rows if vocab is not None else None)
+    if vocab is not None and rows != vocab.rows:
+        fail(
+            f"{where}: rows {rows!r} but its vocabulary {vocab.source} has {vocab.size} keys: rows must be {vocab.rows}"
+        )
     if rows is None:
         fail(f"{where}: 'rows' is required (an integer >= 1: the rows of its embedding table, which ids hash into)")
     if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
@@ -426,9 +458,29 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
             fail(f"{where}: segmenter must be one of {list(SEGMENTERS)}, got {seg!r}")
         if seg != "whitespace" and "separator" in params:
             fail(f"{where}: 'separator' is for the whitespace segmenter; segmenter '{seg}' finds its own terms")
+    params.pop("vocabulary", None)  # held as the field's Vocabulary
     return FieldSpec(
-        name=name, scope=scope, op=op, rows=rows, pooling=pooling, input=inp, inputs=inputs_t, params=params
+        name=name,
+        scope=scope,
+        op=op,
+        rows=rows,
+        pooling=pooling,
+        input=inp,
+        inputs=inputs_t,
+        params=params,
+        vocabulary=vocab,
     )
+
+
+def _vocabulary(fr: dict, where: str, base, fail: Callable[[str], NoReturn]) -> Vocabulary:
+    """The field's ``vocabulary`` file, read (relative to ``base``)."""
+    path = fr["vocabulary"]
+    if not isinstance(path, str) or not path:
+        fail(f"{where}: vocabulary must name a file of keys (one a line), got {path!r}")
+    try:
+        return read_vocabulary((Path(base or ".") / path).absolute())
+    except VocabularyError as e:
+        fail(f"{where}: {e}")
 
 
 def _parse_numeric(fr: dict, name: str, scope: str, fail) -> FieldSpec:

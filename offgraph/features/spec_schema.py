@@ -70,6 +70,11 @@ _FIELD_PROPS: dict[str, dict[str, Any]] = {
         "training and serving alike)",
     },
     "lowercase": {"type": "boolean"},
+    "vocabulary": {
+        **_COLUMN,
+        "description": "a file of keys, one a line, relative to the spec: values map to rows 1..V by it, values it "
+        "lacks to row 0 (no hashing; rows, when given, must be V + 1)",
+    },
     "segmenter": {"enum": list(SEGMENTERS)},
     "boundaries": {**_NUMBERS, "description": "strictly increasing bucket boundaries"},
     "base": {"type": "number", "exclusiveMinimum": 1},
@@ -134,6 +139,9 @@ def _op_rule(op: str) -> dict[str, Any]:
         allowed -= {"input"}
         required = ["inputs", "rows"]
     rule: dict[str, Any] = {"required": required, "propertyNames": {"enum": sorted(allowed)}}
+    if "vocabulary" in allowed:  # its rows come from the vocabulary
+        rule["required"] = [k for k in required if k != "rows"]
+        rule["anyOf"] = [{"required": ["rows"]}, {"required": ["vocabulary"]}]
     if op in S.RAW_OPS + S.NUMERIC_OPS:
         rule["properties"] = {"scope": {"enum": ["request", "item"]}}
     if op == "match_count":

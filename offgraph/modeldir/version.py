@@ -38,7 +38,8 @@ class ModelVersion:
     @cached_property
     def spec(self) -> FeatureSpec:
         """The feature spec the version was trained with (SpecError names the manifest if it is wrong)."""
-        return parse_spec(self.manifest.spec, source=str(self.manifest_path))
+        # a vocabulary field's file is the version's own copy (relative to the version directory)
+        return parse_spec(self.manifest.spec, source=str(self.manifest_path), base=self.path)
 
     def open_store(
         self,

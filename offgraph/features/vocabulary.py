@@ -1,0 +1,146 @@
+"""Vocabulary lookups: the other way, beside hashing, to map a field's values to table rows.
+
+A field that declares ``vocabulary: FILE`` maps each of its values (the canonical strings of
+``offgraph.features.hashing``) to the row the vocabulary gives it: the key on line i of FILE (one
+key a line, UTF-8) is row i, 1..V, and a value the vocabulary lacks goes to row 0, the field's one
+unknown row. No two values share a row (no collisions); an id first seen after the vocabulary was
+written waits on the unknown row for the next vocabulary. Row 0 for the unknown is what a Keras
+``StringLookup`` with one OOV index (its default) gives, and what DeepCTR-style label encoders
+leave free, so tables trained elsewhere import as they are.
+
+The lookup is columnar: the keys' 64-bit xxHash, sorted once when the file is read, and a
+``searchsorted`` of a batch's hashes; the candidate key found is then compared with the value (a
+NumPy comparison of the two string arrays), so a value whose hash equals a key's is still unknown
+unless it is that key. Two keys with one 64-bit hash (odds ~V^2 / 2^65) are refused with the file,
+as are duplicate and empty keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from offgraph.features.hashing import hash_strings
+
+UNKNOWN_ROW = 0
+"""The row of every value a vocabulary does not hold."""
+
+KEY_HASH = "xxh64"
+"""The hash of the lookup's index (fixed: the rows come from the file, not from the spec's hash)."""
+
+__all__ = [
+    "UNKNOWN_ROW",
+    "Vocabulary",
+    "VocabularyError",
+    "read_vocabulary",
+    "vocabulary_from_keys",
+    "write_vocabulary",
+]
+
+
+class VocabularyError(ValueError):
+    """A vocabulary that cannot be used (unreadable, a duplicate or empty key); the message names the file."""
+
+
+@dataclass(frozen=True, eq=False)
+class Vocabulary:
+    """V keys; key ``keys[i]`` is row i + 1 (row 0: the unknown row). ``sha256``: of the file's bytes
+    (what a version records and a spec's fingerprint compares)."""
+
+    source: str
+    sha256: str
+    keys: np.ndarray  # object [V]: key of row i + 1
+    _hashes: np.ndarray  # uint64 [V], sorted
+    _sorted_keys: np.ndarray  # object [V]: the key of each sorted hash
+    _sorted_rows: np.ndarray  # int64 [V]: its row
+
+    @property
+    def size(self) -> int:
+        return len(self.keys)
+
+    @property
+    def rows(self) -> int:
+        """Rows of the field's table: V keys and the unknown row."""
+        return self.size + 1
+
+    def rows_of(self, values: Iterable[str]) -> np.ndarray:
+        """int64 rows of canonical value strings: the vocabulary's row, or ``UNKNOWN_ROW``."""
+        strings = np.asarray(values if isinstance(values, list) else list(values), dtype=object)
+        if not len(strings) or not self.size:
+            return np.zeros(len(strings), np.int64)
+        h = hash_strings(strings, KEY_HASH)
+        pos = np.minimum(np.searchsorted(self._hashes, h), self.size - 1)
+        hit = (self._hashes[pos] == h) & (self._sorted_keys[pos] == strings)
+        return np.where(hit, self._sorted_rows[pos], UNKNOWN_ROW).astype(np.int64)
+
+
+def vocabulary_from_keys(keys: list[str], source: str, sha256: str | None = None) -> Vocabulary:
+    """The vocabulary of ``keys`` (row i + 1 for ``keys[i]``); VocabularyError naming ``source`` and the key
+    for a duplicate or an empty key."""
+    arr = np.asarray(keys, dtype=object)
+    if len(arr):
+        empty = np.flatnonzero(arr == "")
+        if len(empty):
+            raise VocabularyError(f"vocabulary {source}: key {int(empty[0]) + 1} is empty (an empty value is no value)")
+    h = hash_strings(arr, KEY_HASH)
+    order = np.argsort(h, kind="stable")
+    hs, ks = h[order], arr[order]
+    same = np.flatnonzero(hs[1:] == hs[:-1])
+    if len(same):
+        j = int(same[0])
+        first, second = sorted((int(order[j]), int(order[j + 1])))
+        if ks[j] == ks[j + 1]:
+            raise VocabularyError(
+                f"vocabulary {source}: duplicate key {ks[j]!r} (rows {first + 1} and {second + 1}): "
+                "each key must name one row"
+            )
+        raise VocabularyError(
+            f"vocabulary {source}: keys {ks[j]!r} and {ks[j + 1]!r} share one 64-bit hash, which the lookup "
+            "cannot tell apart; rename one"
+        )
+    if sha256 is None:
+        sha256 = hashlib.sha256("".join(f"{k}\n" for k in keys).encode("utf-8")).hexdigest()  # as the file
+    return Vocabulary(source, sha256, arr, hs, ks, (order + 1).astype(np.int64))
+
+
+_CACHE: OrderedDict[tuple, Vocabulary] = OrderedDict()
+_CACHE_SIZE = 16  # a spec is parsed again on every with_* call: its files are read once
+
+
+def read_vocabulary(path: str | Path) -> Vocabulary:
+    """The vocabulary in ``path`` (one key a line, UTF-8; a final newline is optional), read once per file
+    state (path, size, mtime)."""
+    p = Path(path)
+    try:
+        st = p.stat()
+        key = (os.path.realpath(p), st.st_size, st.st_mtime_ns)
+        got = _CACHE.get(key)
+        if got is not None:
+            return got
+        data = p.read_bytes()
+    except OSError as e:
+        raise VocabularyError(f"vocabulary {p}: cannot read: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise VocabularyError(f"vocabulary {p}: not UTF-8 text (byte {e.start})") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    lines = [s[:-1] if s.endswith("\r") else s for s in lines]
+    vocab = vocabulary_from_keys(lines, str(p), hashlib.sha256(data).hexdigest())
+    _CACHE[key] = vocab
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return vocab
+
+
+def write_vocabulary(path: str | Path, keys: Iterable[str]) -> None:
+    """Write ``keys`` as a vocabulary file (one a line): the format :func:`read_vocabulary` reads."""
+    Path(path).write_text("".join(f"{k}\n" for k in keys), encoding="utf-8")
