@@ -30,6 +30,7 @@ from offgraph.modeldir.manifest import (
     ModelDirError,
     check_version_dir,
     digest,
+    file_sha256,
     store_file_records,
     training_loss,
     tree_checksums,
@@ -122,6 +123,27 @@ def prepare_version_dir(out: Path) -> None:
     out.mkdir(parents=True)
 
 
+VOCABULARY_DIR = "vocabulary"
+
+
+def copy_vocabularies(out: Path, spec) -> dict[str, dict]:
+    """Copy each vocabulary field's file into ``out/vocabulary/FIELD.txt``; returns the manifest's
+    ``vocabularies`` record: per field its path in the version, sha256 and key count."""
+    records = {}
+    for f in spec.fields:
+        if f.vocabulary is None:
+            continue
+        rel = f"{VOCABULARY_DIR}/{f.name}.txt"
+        (out / VOCABULARY_DIR).mkdir(exist_ok=True)
+        shutil.copyfile(f.vocabulary.source, out / rel)
+        if file_sha256(out / rel) != f.vocabulary.sha256:  # the file changed since the spec read it
+            raise ValueError(
+                f"field '{f.name}': vocabulary {f.vocabulary.source} changed while the version was written"
+            )
+        records[f.name] = {"path": rel, "sha256": f.vocabulary.sha256, "keys": f.vocabulary.size}
+    return records
+
+
 def write_version(
     out: Path,
     spec,
@@ -134,12 +156,16 @@ def write_version(
     workers: int | None = None,
     segmenters: dict | None = None,
     hot_set: HotSet | None = None,
+    split: bool = True,
 ) -> Manifest:
     """Write a version into the prepared directory ``out``: the store, bulk-loaded from ``tables``
     (per field in spec order, chunks ``(rows, vectors, first_order)`` in ascending rows), the dense
     SavedModel of ``head``, the ``hot_set`` when given (``offgraph.modeldir.hot_set``), then the
     manifest (last, by rename). ``segmenters``: those the model was trained with (default: the
-    spec's, as this library has them). Returns the manifest."""
+    spec's, as this library has them). ``split``: write the dense head's split signature when the spec has
+    request-scope fields (it needs offgraph's own DeepFM head; an imported head is served whole). A
+    vocabulary field's file is copied into ``vocabulary/`` and the manifest's spec refers to the copy.
+    Returns the manifest."""
     t0 = time.perf_counter()
     d = spec.model.embedding_dim
     fields, row_counts = [], {}
@@ -155,9 +181,9 @@ def write_version(
         store.flush()
         store_stats = store.stats()
     store_seconds = time.perf_counter() - t0
-    dense = save_dense(
-        head, len(spec.fields), d, out / DENSE_DIR, num_dense=len(spec.numeric), scopes=[f.scope for f in spec.fields]
-    )
+    scopes = [f.scope for f in spec.fields] if split else None
+    dense = save_dense(head, len(spec.fields), d, out / DENSE_DIR, num_dense=len(spec.numeric), scopes=scopes)
+    vocabularies = copy_vocabularies(out, spec)
     checksums = {"dense": tree_checksums(out / DENSE_DIR)}
     checksums["dense_digest"] = digest(checksums["dense"])
     checksums["store_files"] = store_file_records(out / STORE_DIR)
@@ -173,7 +199,9 @@ def write_version(
         "dense_inputs": [{"name": f.name, "scope": f.scope, "input": f.input, **f.params} for f in spec.numeric],
         # segmenter (and library version) of each tokenize field at training: a scorer with another refuses
         "segmenters": segmenters if segmenters is not None else segmenters_of(spec),
-        "spec": spec.to_dict(),
+        "spec": spec.with_vocabulary_paths({k: v["path"] for k, v in vocabularies.items()}),
+        # each vocabulary field's keys (its rows 1..V), a file of the version, with the checksum of its bytes
+        **({"vocabularies": vocabularies} if vocabularies else {}),
         "calibration": vars(spec.model.calibration),
         # the loss, and so what a score is: "ctr" (a calibrated probability) or "ranking" (a listwise model
         # without a fitted calibration); read by offgraph.scoring.scorer, which derives both for manifests without them

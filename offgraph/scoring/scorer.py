@@ -451,7 +451,8 @@ class Scorer:
     def stats(self) -> dict[str, Any]:
         """Cumulative counters (ints) and freshness of this scorer: ``store_rows_read``,
         ``cache_hits``, ``cache_misses``, ``cache_entries``, ``candidate_cache_hits`` / ``candidate_cache_misses``
-        (candidates looked up in the candidate cache: ``offgraph.scoring.candidate_cache``), ``block_cache_hits`` / ``block_cache_misses``
+        (candidates looked up in the candidate cache: ``offgraph.scoring.candidate_cache``), ``vocabulary_unknown``
+        (values of vocabulary fields scored on their unknown row), ``block_cache_hits`` / ``block_cache_misses``
         (RocksDB's block cache, with ``store_statistics``; else 0); when following:
         ``last_feed_poll_unix`` (when the follower last read the write feed: rows the writer
         fed before it are served; 0.0 before its first step), ``last_catch_up_unix`` (when
@@ -466,6 +467,7 @@ class Scorer:
             out: dict[str, Any] = dict(self._counts)
         cs = self.row_cache.stats() if self.row_cache is not None else None
         out["candidate_cache_hits"], out["candidate_cache_misses"] = self.candidates.hits, self.candidates.misses
+        out["vocabulary_unknown"] = sum(self.fg.vocabulary_unknown.values())
         out["cache_entries"] = cs["entries"] if cs else 0
         out["cache_capacity_rows"] = cs["capacity_rows"] if cs else 0
         out["cache_bytes"] = cs["bytes"] if cs else 0

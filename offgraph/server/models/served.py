@@ -46,6 +46,7 @@ COUNTERS = (
     "unusable_feature_rows",
     "candidate_cache_hits",
     "candidate_cache_misses",
+    "vocabulary_unknown",
 )
 
 

@@ -293,6 +293,11 @@ MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) 
         "offgraph_candidate_cache_misses",
         "Candidates the candidate cache did not hold when a request looked them up",
     ),
+    "vocabulary_unknown": (
+        "offgraph_vocabulary_unknown",
+        "Values of vocabulary fields that the vocabulary does not hold, scored on the field's unknown row "
+        "(an item's once while the item cache holds it; a rise shows ids newer than the vocabulary)",
+    ),
 }
 
 
