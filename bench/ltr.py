@@ -6,12 +6,13 @@ gain 2^grade - 1; binarised for AUC/MAP/MRR: rating >= 2), held-out = each user'
 two protocols: user-day lists (NDCG@10) and the TensorFlow Ranking tutorial's sampled lists of 5 rated movies
 per user (NDCG@5); and a generated data set whose lists differ by a list-level click propensity that says
 nothing about the order within a list (NDCG@10). Losses: ``LOSSES`` (``offgraph.model.losses``), each trained
-by ``offgraph.model.train.Trainer`` for ``--epochs`` epochs (no validation: fixed epochs, the same for every
-loss); on MovieLens also the pointwise loss on the demo's label (rating >= 4, ``DEMO_LABEL``), since the
-package binarises a grade as label > 0 (rating >= 2). Orders beside them: random, the items' popularity and
-the items' prior mean grade (both from the training rows). Each metric with its bootstrap interval over
-lists, and the paired interval of each learned order's difference from the prior order and from the
-pointwise model (``bench/lib/ltr_stats.py``).
+by ``offgraph.model.train.Trainer`` as a ranking team would: epochs on the fit rows, the validation lists (carved
+from the training period, never the held-out lists) scored after each by the protocol's graded NDCG, the best
+epoch kept (early stopping), then a refit on all the training rows for that many epochs; the learning rate, L2
+and (pointwise) the grade that counts as a click are each loss's ``SETTINGS``, chosen on seed 0's validation
+lists. Orders beside them: random, the items' popularity and the items' prior mean grade (both from the
+training rows). Each metric with its bootstrap interval over lists, and the paired interval of each learned
+order's difference from the prior order and from the pointwise model (``bench/lib/ltr_stats.py``).
 
     python -m bench.ltr --out bench/results/ltr
 """
@@ -20,64 +21,115 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from bench.lib.ltr_data import Protocol, generated_protocol, movielens_protocols
+from bench.lib.ltr_data import VALIDATION, Protocol, generated_protocol, movielens_protocols, with_model
 from bench.lib.ltr_stats import LIST_METRICS, auc_ci, draws, mean_ci, paired_diff_ci, per_list
 from bench.lib.report import write_report
+from offgraph.model.inputs import Encoded
+from offgraph.model.metrics import make_metric_fn
 
 LOSSES = ("pointwise", "pairwise", "lambdarank", "listwise", "pointwise+pairwise")
-# MovieLens only: the pointwise loss on the demo's label, rating >= 4 (grade >= 3), where the package's
-# binarisation of the grade (label > 0) makes every rating >= 2 relevant; scored on the same graded lists
-DEMO_LABEL = "pointwise r>=4"
-LEARNED = (*LOSSES, DEMO_LABEL)
+RANKING = ("pairwise", "lambdarank", "listwise")
 BASELINES = ("random", "popularity", "prior")
 DRAWS, AUC_DRAWS = 1000, 200
 
 
-def item_orders(p: Protocol, seed: int) -> dict[str, np.ndarray]:
-    """The non-learned scores of the held-out rows: random; the item's training rows (popularity); its mean
+def item_orders(train_items: np.ndarray, train_grades: np.ndarray, items: np.ndarray, seed: int) -> dict:
+    """The non-learned scores of rows showing ``items``: random; the item's training rows (popularity); its mean
     training grade (prior; an item without training rows gets the overall mean)."""
-    items, grades = p.train_items, p.train.labels.astype(np.float64)
-    ids, inv = np.unique(items, return_inverse=True)
+    grades = train_grades.astype(np.float64)
+    ids, inv = np.unique(train_items, return_inverse=True)
     count = np.bincount(inv).astype(np.float64)
     mean = np.bincount(inv, weights=grades) / count
-    pos = np.searchsorted(ids, p.held_items)
-    known = (pos < len(ids)) & (ids[np.minimum(pos, len(ids) - 1)] == p.held_items)
-    at = np.minimum(pos, len(ids) - 1)
+    at = np.minimum(np.searchsorted(ids, items), len(ids) - 1)
+    known = ids[at] == items
     return {
-        "random": np.random.default_rng(seed).random(p.held.n),
+        "random": np.random.default_rng(seed).random(len(items)),
         "popularity": np.where(known, count[at], 0.0),
         "prior": np.where(known, mean[at], grades.mean()),
     }
 
 
-def train_scores(p: Protocol, loss: str, seed: int, args) -> tuple[np.ndarray, float]:
-    """Held-out scores of ``loss`` (``DEMO_LABEL``: pointwise on grade >= 3) trained on ``p``'s training rows."""
-    train = p.train
-    if loss == DEMO_LABEL:
-        train = replace(train, labels=(train.labels >= 3).astype(np.float32))
-        loss = "pointwise"
+@dataclass(frozen=True)
+class Setting:
+    """How one arm learns: Adam's learning rate, the embedding rows' and the dense head's L2 (the spec's
+    ``model.l2_embedding`` / ``l2_dense``), at most ``epochs`` epochs (early stopping on the validation lists
+    picks fewer), and for the pointwise loss the grade a row needs to count as a click (``threshold``: its
+    label is grade >= threshold; the package's own binarisation, ``relevance.binarise``, is threshold 1)."""
+
+    lr: float
+    l2_embedding: float
+    l2_dense: float
+    epochs: int
+    threshold: int = 1
+
+
+# each loss's setting, chosen on seed 0's validation lists of both MovieLens protocols (bench/results/ltr/README.md
+# has the figures); the generated set uses the same, its labels are clicks already (threshold 1)
+SETTINGS: dict[str, Setting] = {
+    "pointwise": Setting(lr=0.001, l2_embedding=1e-6, l2_dense=1e-6, epochs=15, threshold=3),
+    "pairwise": Setting(lr=0.001, l2_embedding=1e-6, l2_dense=1e-6, epochs=15),
+    "lambdarank": Setting(lr=0.001, l2_embedding=1e-6, l2_dense=1e-6, epochs=15),
+    "listwise": Setting(lr=0.001, l2_embedding=1e-6, l2_dense=1e-6, epochs=15),
+    "pointwise+pairwise": Setting(lr=0.001, l2_embedding=1e-6, l2_dense=1e-6, epochs=15, threshold=1),
+}
+
+
+def binary_at(data: Encoded, threshold: int) -> Encoded:
+    """``data`` with the label 1 where the grade is >= ``threshold``, else 0 (a pointwise arm's clicks)."""
+    return replace(data, labels=(data.labels >= threshold).astype(np.float32))
+
+
+def train_arm(
+    p: Protocol, loss: str, seed: int, s: Setting, args, refit: bool = True, label: str = ""
+) -> tuple[object, dict]:
+    """(the trained ``Trainer``, what chose it) for ``loss`` with setting ``s`` on ``p``: epochs on the fit
+    rows with the validation lists' graded NDCG@cutoff after each (``offgraph.model.train.Trainer.fit``: the
+    best epoch kept, stopping after ``args.patience`` epochs without a better one); then, with ``refit``,
+    retrained from the same start on all the training rows for that many epochs (the package's refit: the
+    validation rows are each user's latest training ratings, the most like the held-out ones). A pointwise arm
+    trains on grade >= ``s.threshold`` and is still chosen by the graded NDCG of the validation lists. The
+    held-out rows are not touched here."""
     from offgraph.model.train import TrainConfig, Trainer
 
+    spec = with_model(p.spec, l2_embedding=s.l2_embedding, l2_dense=s.l2_dense)
+    fit, train = p.fit, p.train
+    if loss == "pointwise":
+        fit, train = binary_at(fit, s.threshold), binary_at(train, s.threshold)
     cfg = TrainConfig(
-        epochs=args.epochs,
+        epochs=s.epochs,
         batch_size=args.batch_size,
-        lr=args.lr,
+        lr=s.lr,
         loss=loss,
         seed=seed,
-        validation=0,
-        refit=False,
+        validation=VALIDATION,
+        select=f"ndcg@{p.cutoff}",
+        patience=args.patience,
+        refit=refit,
         max_list_size=args.max_list_size,
         split="random",  # unused: the bench splits itself
     )
     t0 = time.perf_counter()
-    trainer = Trainer(p.spec, cfg)
-    trainer.fit(train, None, progress=False, label=f"{p.name} {loss} seed {seed}")
-    return trainer.predict(p.held), time.perf_counter() - t0
+    trainer = Trainer(spec, cfg)
+    res = trainer.fit(fit, p.val, progress=False, label=label or f"{p.name} {loss} seed {seed}")
+    early = res["early_stopping"]
+    info = {
+        "setting": asdict(s),
+        "select": early["select"],
+        "best_epoch": early["best_epoch"],
+        "epochs_run": early["epochs_run"],
+        "validation": early["best_validation"],
+        "validation_curve": [h["validation"][early["select"]] for h in res["history"]],
+    }
+    if refit:
+        trainer = Trainer(spec, cfg.replace(epochs=early["best_epoch"]))
+        trainer.fit(train, None, progress=False, label=f"refit {label or loss}")
+    info["seconds"] = time.perf_counter() - t0
+    return trainer, info
 
 
 def evaluate(p: Protocol, scores: dict[str, np.ndarray], seed: int) -> dict:
@@ -90,12 +142,8 @@ def evaluate(p: Protocol, scores: dict[str, np.ndarray], seed: int) -> dict:
     for name, s in scores.items():
         res = {m: mean_ci(values[name][m], w) for m in LIST_METRICS}
         res["auc"] = auc_ci(y, s, g, AUC_DRAWS, seed)
-        if name in LEARNED:
+        if name in LOSSES:
             res["vs_prior"] = {m: paired_diff_ci(values[name][m], values["prior"][m], w) for m in LIST_METRICS}
-            if name in ("pairwise", "lambdarank", "listwise") and DEMO_LABEL in scores:
-                res["vs_pointwise_r4"] = {
-                    m: paired_diff_ci(values[name][m], values[DEMO_LABEL][m], w) for m in LIST_METRICS
-                }
             if name != "pointwise":
                 res["vs_pointwise"] = {
                     m: paired_diff_ci(values[name][m], values["pointwise"][m], w) for m in LIST_METRICS
@@ -123,29 +171,18 @@ def acceptance(results: dict) -> list[dict]:
                         "detail": {loss: o[loss]["vs_prior"][m] for loss in LOSSES},
                     }
                 )
-                reach = {loss: o[loss]["vs_pointwise"][m]["hi"] > 0 for loss in LEARNED if loss != "pointwise"}
+                reach = {loss: o[loss]["vs_pointwise"][m]["hi"] > 0 for loss in LOSSES if loss != "pointwise"}
                 lines.append(
                     {
                         "protocol": proto,
                         "seed": seed,
                         "line": f"a pairwise or listwise model matches or beats pointwise on {m} (CI reaches above 0)",
-                        "holds": any(reach[x] for x in ("pairwise", "lambdarank", "listwise")),
+                        "holds": any(reach[x] for x in RANKING),
                         "detail": {loss: o[loss]["vs_pointwise"][m] for loss in reach},
                     }
                 )
-                demo = {x: o[x]["vs_pointwise_r4"][m] for x in ("pairwise", "lambdarank", "listwise")}
-                lines.append(
-                    {
-                        "protocol": proto,
-                        "seed": seed,
-                        "line": f"(beside) a pairwise or listwise model matches or beats pointwise trained on rating >= 4"
-                        f" on {m} (CI reaches above 0)",
-                        "holds": any(d["hi"] > 0 for d in demo.values()),
-                        "detail": demo,
-                    }
-                )
             else:
-                beat = {x: o[x]["vs_pointwise"][m]["lo"] > 0 for x in ("pairwise", "lambdarank", "listwise")}
+                beat = {x: o[x]["vs_pointwise"][m]["lo"] > 0 for x in RANKING}
                 lines.append(
                     {
                         "protocol": proto,
@@ -180,10 +217,27 @@ def markdown(report: dict) -> str:
             ]
             for name, o in r["orders"].items():
                 cells = [_ci(o[m]) for m in (*LIST_METRICS, "auc")]
-                lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['train_seconds'].get(name, 0):.0f} |")
+                secs = r["validation"].get(name, {}).get("seconds", 0)
+                lines.append(f"| {name} | " + " | ".join(cells) + f" | {secs:.0f} |")
+            lines += [
+                "",
+                f"chosen on the validation lists ({r['validation_lists']} lists, {r['validation_rows']} rows, from the "
+                f"training period; prior order there: {r['validation']['prior']['validation']:.4f}):",
+                "",
+                "| loss | lr | l2 embedding | l2 dense | click: grade >= | best epoch of run | validation NDCG curve |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for name in (n for n in LOSSES if n in r["validation"]):
+                v, st = r["validation"][name], r["validation"][name]["setting"]
+                curve = " ".join(f"{x:.4f}" for x in v["validation_curve"])
+                thr = st["threshold"] if name == "pointwise" else "-"
+                lines.append(
+                    f"| {name} | {st['lr']:g} | {st['l2_embedding']:g} | {st['l2_dense']:g} | {thr} | "
+                    f"{v['best_epoch']} of {v['epochs_run']} | {curve} |"
+                )
             lines += ["", f"paired differences on NDCG@{k} (95% CI over lists):", ""]
             lines += ["| loss | vs prior order | vs pointwise |", "|---|---|---|"]
-            for name in (n for n in LEARNED if n in r["orders"]):
+            for name in (n for n in LOSSES if n in r["orders"]):
                 o = r["orders"][name]
                 vp = _d(o["vs_pointwise"][f"ndcg@{k}"]) if "vs_pointwise" in o else "-"
                 lines.append(f"| {name} | {_d(o['vs_prior'][f'ndcg@{k}'])} | {vp} |")
@@ -207,7 +261,7 @@ def plot(report: dict, path: Path) -> None:
     for ax, proto in zip(axes[0], protos, strict=True):
         by_seed = report["results"][proto]
         m = f"ndcg@{by_seed['cutoff']}"
-        names = [*BASELINES, *LEARNED] if proto != "generated" else [*BASELINES, *LOSSES]
+        names = [*BASELINES, *LOSSES]
         for j, (seed, r) in enumerate(by_seed["seeds"].items()):
             x = np.arange(len(names)) + (j - 0.5) * 0.3
             v = np.array([r["orders"][n][m]["value"] for n in names])
@@ -227,9 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--out", required=True, help="results directory (ltr.json, ltr.md, ltr.png)")
     ap.add_argument("--seeds", default="0,1", help="comma-separated seeds (split, sampling, initial weights)")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--patience", type=int, default=2, help="epochs without a better validation NDCG before stopping")
+    ap.add_argument(
+        "--no-refit", dest="refit", action="store_false", help="keep the best epoch's weights of the fit rows"
+    )
     ap.add_argument("--batch-size", type=int, default=512)
-    ap.add_argument("--lr", type=float, default=0.001)
     ap.add_argument("--max-list-size", type=int, default=100)
     ap.add_argument("--lists-per-user", type=int, default=20, help="sampled protocol: training lists per user")
     ap.add_argument("--held-lists-per-user", type=int, default=2, help="sampled protocol: held-out lists per user")
@@ -247,22 +303,29 @@ def main(argv: list[str] | None = None) -> int:
         for p in protos:
             if p.name not in wanted:
                 continue
-            scores = item_orders(p, seed)
-            secs = {}
-            for loss in LOSSES if p.name == "generated" else LEARNED:
-                scores[loss], secs[loss] = train_scores(p, loss, seed, args)
-                print(f"{p.name} seed {seed} {loss}: {secs[loss]:.0f}s", flush=True)
+            scores = item_orders(p.train_items, p.train.labels, p.held_items, seed)
+            prior_val = item_orders(p.fit_items, p.fit.labels, p.val_items, seed)["prior"]
+            k = f"ndcg@{p.cutoff}"
+            chosen = {"prior": {"validation": make_metric_fn(k)(p.val.labels, prior_val, p.val.groups)}}
+            for loss in LOSSES:
+                s = SETTINGS[loss] if p.name != "generated" else replace(SETTINGS[loss], threshold=1)
+                trainer, chosen[loss] = train_arm(p, loss, seed, s, args, refit=args.refit)
+                scores[loss] = trainer.predict(p.held)
+                print(f"{p.name} seed {seed} {loss}: {chosen[loss]['seconds']:.0f}s", flush=True)
             entry = results.setdefault(p.name, {"cutoff": p.cutoff, "seeds": {}})
             entry["seeds"][str(seed)] = {
                 "train_rows": int(p.train.n),
+                "fit_rows": int(p.fit.n),
+                "validation_rows": int(p.val.n),
+                "validation_lists": int(len(np.unique(p.val.groups))),
                 "held_rows": int(p.held.n),
                 "held_lists": int(len(np.unique(p.held.groups))),
-                "train_seconds": secs,
+                "validation": chosen,
                 "orders": evaluate(p, scores, seed),
             }
     report = {
         "command": "python -m bench.ltr " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
-        "settings": vars(args),
+        "settings": {**vars(args), "per_loss": {loss: asdict(s) for loss, s in SETTINGS.items()}},
         "seconds": time.perf_counter() - t0,
         "results": results,
     }

@@ -2,8 +2,10 @@
 whose lists differ by a list-level click propensity.
 
 Every protocol gives a ``Protocol``: the encoded training and held-out rows (``offgraph.model.inputs.Encoded``,
-their ``groups`` the lists), and per row the item id, for the non-learned orders (an item's prior mean grade
-and its popularity, both from the training rows only).
+their ``groups`` the lists), the training rows again as fit + validation rows (the validation rows carved from
+the TRAINING period only, as the held-out rows are from the whole: each user's latest ``VALIDATION`` of their
+training ratings; the generated set's latest training lists), and per row the item id, for the non-learned
+orders (an item's prior mean grade and its popularity, both from the training rows only).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from offgraph.model.splits import held_out_mask
 REPO = Path(__file__).resolve().parents[2]
 MOVIELENS_SPEC = REPO / "examples" / "movielens.yaml"
 HELD_OUT = 0.2  # each user's latest 20% of ratings (per-key-time, as the demo's run)
+# of the training ratings, each user's latest 20% (per-key-time again) pick the epochs and settings: the
+# held-out lists are never looked at before the final scoring
+VALIDATION = 0.2
 
 
 @dataclass
@@ -34,6 +39,18 @@ class Protocol:
     held: Encoded
     train_items: np.ndarray
     held_items: np.ndarray
+    fit: Encoded  # the training rows less the validation ones
+    val: Encoded  # validation rows, from the training period only
+    fit_items: np.ndarray
+    val_items: np.ndarray
+
+
+def with_model(spec: FeatureSpec, **model: object) -> FeatureSpec:
+    """``spec`` with these ``model:`` keys set (learning settings: l2_embedding, l2_dense, dropout, embedding_dim;
+    none changes the encoding, so a protocol's encoded rows serve every setting)."""
+    raw = spec.to_dict()
+    raw["model"] = {**raw.get("model", {}), **model}
+    return parse_spec(raw)
 
 
 def movielens_spec() -> FeatureSpec:
@@ -57,10 +74,28 @@ def movielens_protocols(lists_per_user: int, held_lists_per_user: int, list_size
     users = table.column("user_id").to_numpy()
     held = held_out_mask("per-key-time", data.n, HELD_OUT, seed, time=data.time, key=data.key)
     tr, te = np.flatnonzero(~held), np.flatnonzero(held)
-    day = Protocol("user-day", 10, spec, data.take(tr), data.take(te), items[tr], items[te])
+    train = data.take(tr)
+    val = held_out_mask("per-key-time", train.n, VALIDATION, seed, time=train.time, key=train.key)
+    fi, va = tr[~val], tr[val]
+    day = Protocol(
+        "user-day",
+        10,
+        spec,
+        train,
+        data.take(te),
+        items[tr],
+        items[te],
+        data.take(fi),
+        data.take(va),
+        items[fi],
+        items[va],
+    )
     rng = np.random.default_rng(seed)
     tr_rows, tr_lists = sample_lists(users[tr], lists_per_user, list_size, rng)
     te_rows, te_lists = sample_lists(users[te], held_lists_per_user, list_size, rng)
+    # drawn after the training and held-out lists, so those are the same lists with or without validation
+    fi_rows, fi_lists = sample_lists(users[fi], lists_per_user, list_size, rng)
+    va_rows, va_lists = sample_lists(users[va], held_lists_per_user, list_size, rng)
     sampled = Protocol(
         f"sampled-{list_size}",
         list_size,
@@ -69,6 +104,10 @@ def movielens_protocols(lists_per_user: int, held_lists_per_user: int, list_size
         replace(data.take(te[te_rows]), groups=te_lists),
         items[tr[tr_rows]],
         items[te[te_rows]],
+        replace(data.take(fi[fi_rows]), groups=fi_lists),
+        replace(data.take(va[va_rows]), groups=va_lists),
+        items[fi[fi_rows]],
+        items[va[va_rows]],
     )
     return [day, sampled]
 
@@ -116,8 +155,8 @@ def generated_protocol(seed: int, n_lists: int = 4000, size: int = 10, n_items: 
     is the items' quality alone. Which items a list shows follows its offset (probability ∝ exp(o * p): a
     high-propensity list shows promoted items), as exposure does in a real log, so an item's clicks across lists
     mix its quality with the offsets of the lists it was shown in. The held-out rows are the last 20% of lists
-    (the spec's time is the list's number: the 'time' split). ``ctx``: a list-level id, list mod 997, that
-    carries nothing."""
+    (the spec's time is the list's number: the 'time' split), the validation rows the last 20% of the training
+    lists. ``ctx``: a list-level id, list mod 997, that carries nothing."""
     rng = np.random.default_rng(1000 + seed)
     quality, promo = rng.normal(0, 1, n_items), rng.normal(0, 1, n_items)
     offset = rng.normal(0, 2, n_lists)
@@ -132,4 +171,18 @@ def generated_protocol(seed: int, n_lists: int = 4000, size: int = 10, n_items: 
     data = encode_table(spec, table, "generated")
     held = held_out_mask("time", data.n, HELD_OUT, seed, time=data.time)
     tr, te = np.flatnonzero(~held), np.flatnonzero(held)
-    return Protocol("generated", 10, spec, data.take(tr), data.take(te), item[tr], item[te])
+    val = held_out_mask("time", len(tr), VALIDATION, seed, time=data.time[tr])
+    fi, va = tr[~val], tr[val]
+    return Protocol(
+        "generated",
+        10,
+        spec,
+        data.take(tr),
+        data.take(te),
+        item[tr],
+        item[te],
+        data.take(fi),
+        data.take(va),
+        item[fi],
+        item[va],
+    )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from bench.lib.ltr_data import generated_protocol, sample_lists
+from bench.lib.ltr_data import generated_protocol, sample_lists, with_model
 from bench.lib.ltr_stats import auc_ci, draws, mean_ci, paired_diff_ci, per_list
 from offgraph.model.metrics import make_metric_fn
 
@@ -75,3 +76,34 @@ def test_generated_lists_offset_moves_clicks_not_order():
     rates = np.bincount(np.unique(p.train.groups, return_inverse=True)[1], weights=p.train.labels) / 10
     mean = rates.mean()
     assert rates.var() > 3 * mean * (1 - mean) / 10
+
+
+def test_generated_validation_is_carved_from_the_training_lists():
+    p = generated_protocol(seed=0, n_lists=600, size=10, n_items=50)
+    # 480 training lists: the last 20% of them (96) validate, the other 384 fit; the held-out 120 are apart
+    assert p.fit.n == 384 * 10 and p.val.n == 96 * 10
+    fit_lists, val_lists = np.unique(p.fit.groups), np.unique(p.val.groups)
+    assert fit_lists.max() < val_lists.min() and val_lists.max() < np.unique(p.held.groups).min()
+    assert set(fit_lists) | set(val_lists) == set(np.unique(p.train.groups))
+    # the items beside the rows, for the prior order on the validation lists: the validation rows' own
+    assert len(p.fit_items) == p.fit.n and len(p.val_items) == p.val.n
+    assert (np.sort(np.r_[p.fit_items, p.val_items]) == np.sort(p.train_items)).all()
+
+
+def test_with_model_sets_learning_settings_only():
+    p = generated_protocol(seed=0, n_lists=60, size=10, n_items=50)
+    spec = with_model(p.spec, l2_embedding=1e-4, l2_dense=3e-5)
+    assert spec.model.l2_embedding == 1e-4 and spec.model.l2_dense == 3e-5
+    assert spec.model.embedding_dim == p.spec.model.embedding_dim == 8  # the generated spec's, kept
+    assert [f.name for f in spec.fields] == [f.name for f in p.spec.fields]
+
+
+def test_item_orders_and_click_threshold_by_hand():
+    from bench.ltr import binary_at, item_orders
+
+    # item 1 graded 4 and 2 in training, item 2 graded 0, item 3 never seen: the overall mean (6 / 3 = 2)
+    o = item_orders(np.array([1, 1, 2]), np.array([4, 2, 0]), np.array([1, 2, 3]), seed=0)
+    assert o["prior"].tolist() == [3.0, 0.0, 2.0] and o["popularity"].tolist() == [2.0, 1.0, 0.0]
+    p = generated_protocol(seed=0, n_lists=60, size=10, n_items=50)
+    graded = replace(p.fit, labels=np.array([0, 1, 2, 3, 4] * (p.fit.n // 5), np.float32))
+    assert binary_at(graded, 3).labels[:5].tolist() == [0, 0, 0, 1, 1]
