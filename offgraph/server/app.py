@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -19,7 +20,7 @@ from offgraph.server.http.request_id import RequestIdMiddleware
 from offgraph.server.models.experiment import Experiments
 from offgraph.server.process.gc_tuning import tune_gc
 from offgraph.server.process.metrics import HttpMetricsMiddleware
-from offgraph.server.process.served_log import ServedLog
+from offgraph.server.process.served_log import ServedLog, open_served_log
 from offgraph.server.process.tf_threads import configure_tf_threads
 
 DESCRIPTION = """\
@@ -42,10 +43,13 @@ def create_app(
 ) -> FastAPI:
     """Build the app. TF's thread pools are set here if the config names them (before any TF op). With
     ``listen.grpc_port``, the app's lifespan also runs the gRPC port (``offgraph.server.grpc.server``) on its loop.
-    ``served_log``: where sampled :score requests are logged (``offgraph.server.process.served_log``; closed with
-    the app)."""
+    ``served_log``: where sampled scored requests are logged (``offgraph.server.process.served_log``; closed with
+    the app); by default the one ``config`` asks for (``--served-log-rate`` and its sink; none when off)."""
     configure_tf_threads(config.intra_threads, config.inter_threads)
     state = ServerState.build(config)
+    if served_log is None:
+        served_log = open_served_log(config)
+    state.served_log = served_log
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -62,8 +66,8 @@ def create_app(
             if grpc_port is not None:
                 await grpc_port.stop()  # before the scoring pool and the models close
             await state.stop()
-            if served_log is not None:
-                served_log.close()
+            if served_log is not None:  # writes what is queued: in a thread, the loop stays free meanwhile
+                await asyncio.get_running_loop().run_in_executor(None, served_log.close)
 
     # docs_url/redoc_url None: FastAPI's pages load their assets from a CDN; install_docs serves them locally
     app = FastAPI(
@@ -71,7 +75,6 @@ def create_app(
     )
     install_docs(app)
     app.state.experiments = Experiments(state.models.models_dir)  # every worker reads the records under MODELS
-    app.state.served_log = served_log
     if served_log is not None:
         metrics = state.metrics
         served_log.count_with(

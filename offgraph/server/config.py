@@ -121,6 +121,9 @@ class ServerConfig(ConfigModel, frozen=True):
     prefetch_mb_s: the prefetch's read rate limit in MiB/s (0: none) while the server answers
         requests, so that requests that still read the disk keep most of it; with nothing serving
         yet the prefetch reads as fast as the disk goes.
+    served_log_rate / served_log_dir / served_log_kafka / served_log_queue: the served log
+        (``offgraph.server.process.served_log``): the share of scored requests logged (0: off), its one sink (a
+        spool folder of Arrow files, or a ``kafka://HOST:PORT/TOPIC``), and its bounded queue per worker.
     verify: check the dense model's checksums when a version loads.
     tune_gc: ``gc.freeze()`` the objects alive when the app is built (TF's ~400k), raise the
         young-generation threshold and collect the young generation every 250 ms (see
@@ -280,6 +283,33 @@ class ServerConfig(ConfigModel, frozen=True):
         description="read rate limit of the prefetch in MiB/s while requests are served (0: none; with "
         "nothing serving yet it reads as fast as the disk goes)",
     )
+    served_log_rate: float = option(
+        0.0,
+        ge=0,
+        le=1,
+        flag="--served-log-rate",
+        shown="0: off",
+        description="share of scored requests (all protocols) logged to the served log, sampled by a hash of the "
+        "request id (1: every request); needs one sink, --served-log-dir or --served-log-kafka. Off the request "
+        "path: when the sink is slow or down, records are dropped and counted (offgraph_served_log_dropped_total)",
+    )
+    served_log_dir: LaxPath | None = option(
+        None,
+        flag="--served-log-dir",
+        description="the served log's spool: a folder of Arrow IPC files, one per batch (each worker its own files)",
+    )
+    served_log_kafka: str | None = option(
+        None,
+        flag="--served-log-kafka",
+        description="the served log's Kafka sink, kafka://HOST:PORT/TOPIC: each batch as Arrow IPC stream "
+        "messages on TOPIC (created when missing)",
+    )
+    served_log_queue: int = option(
+        10_000,
+        ge=1,
+        flag="--served-log-queue",
+        description="served-log records waiting for the sink at most, per worker; more are dropped and counted",
+    )
     verify: bool = True
     tune_gc: bool = True
     workers: int = Field(1, ge=1)  # set by offgraph.server.process.workers from ListenConfig.workers
@@ -319,6 +349,23 @@ class ServerConfig(ConfigModel, frozen=True):
     @classmethod
     def _blank_token_is_none(cls, v: str | None) -> str | None:
         return v if v is not None and v.strip() else None
+
+    @field_validator("served_log_kafka")
+    @classmethod
+    def _kafka_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            from offgraph.streaming.kafka.messages import parse_kafka_url
+
+            parse_kafka_url(v)  # its ValueError names the fault
+        return v
+
+    @model_validator(mode="after")
+    def _served_log_sink(self) -> ServerConfig:
+        if self.served_log_dir is not None and self.served_log_kafka is not None:
+            raise ValueError("the served log has one sink: --served-log-dir or --served-log-kafka, not both")
+        if self.served_log_rate > 0 and self.served_log_dir is None and self.served_log_kafka is None:
+            raise ValueError("--served-log-rate needs a sink: --served-log-dir DIR or --served-log-kafka URL")
+        return self
 
     @model_validator(mode="after")
     def _workers(self) -> ServerConfig:

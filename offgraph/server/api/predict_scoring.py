@@ -11,7 +11,9 @@ value in every row, or given once), and the request and candidates are scored by
 lacks it (as a JSON body's candidates are keyed by their bytes and decoded only where the cache lacks them).
 
 ``score_rows``, ``score_columns`` and ``score_tensors`` run in a scoring thread (REST: ``scored``; gRPC: its context's ``score``, which
-checks the deadline first). Their errors are the score path's: ``ApiError`` 422 (a bad value, a scope conflict, a
+checks the deadline first). Each returns ``(version, scores, joined)``: ``joined`` the feature join's result
+(``Joined``: the request after the join, the candidates the scorer saw), which ``scored`` offers to the served log
+(``ServerState.log_served``) once the scores are in. Their errors are the score path's: ``ApiError`` 422 (a bad value, a scope conflict, a
 bad tensor), ``NotServing`` (no such version or label: REST's 404), and the ``ModelLoading`` / ``StoreFailure`` /
 ``StoreOutage`` the app answers 503.
 """
@@ -24,6 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from offgraph.feature_tables.join import Joined
 from offgraph.features import FeatureValueError
 from offgraph.features.spec import FeatureSpec
 from offgraph.scoring.raw_candidates import RawCandidates, column_keys
@@ -33,6 +36,7 @@ from offgraph.server.api.tensor_inputs import Column, Tensor, checked_columns, j
 from offgraph.server.api.tfserving_body import split_columns, split_instances
 from offgraph.server.api.wire_keys import wire_candidates
 from offgraph.server.http.errors import ApiError
+from offgraph.server.models.experiment import NO_ARM
 from offgraph.server.models.served import ModelHolder, NotServing
 
 
@@ -43,7 +47,7 @@ def score_rows(
     version: int | None,
     label: str | None,
     rows_name: str = "instances",
-) -> tuple[int, np.ndarray]:
+) -> tuple[int, np.ndarray, Joined]:
     """(the version that scored, the scores in row order) of ``rows`` sharing ``context``, split with the scopes of
     the version asked for. ``rows_name`` names a row in the messages (``instances[3]``, ``candidates[3]``).
 
@@ -59,10 +63,10 @@ def score_rows(
     try:
         # the candidates are the body's values, keyed by their JSON for the candidate cache (RawCandidates.keyed): a
         # candidate that comes back is neither joined nor generated again, as on :score
-        served, scores, _, _ = holder.score(request, cast(list, RawCandidates.keyed(candidates)), version, label)
+        served, scores, joined, _ = holder.score(request, cast(list, RawCandidates.keyed(candidates)), version, label)
     except FeatureValueError as e:  # the score path's words, with the rows' own name for the candidates
         raise ApiError(422, f"bad feature value: {str(e).replace('candidates[', rows_name + '[')}") from None
-    return served, scores
+    return served, scores, joined
 
 
 def _candidates(columns: Mapping[str, Column], n: int) -> RawCandidates:
@@ -95,7 +99,7 @@ def score_columns(
     label: str | None,
     max_candidates: int,
     spec_inputs: tuple[FeatureSpec, list[InputInfo]] | None = None,
-) -> tuple[int, np.ndarray]:
+) -> tuple[int, np.ndarray, Joined]:
     """(the version that scored, the scores in candidate order) of named columns (``tensor_inputs.Column``, element
     i of each is candidate i: ``candidates[i]`` in the messages), read as the inputs of the version asked for
     (``spec_inputs``: its spec and raw inputs, where the caller has them already)."""
@@ -109,24 +113,24 @@ def score_columns(
 
 def _score(
     holder: ModelHolder, request: dict[str, Any], candidates: RawCandidates, version: int | None, label: str | None
-) -> tuple[int, np.ndarray]:
+) -> tuple[int, np.ndarray, Joined]:
     try:
-        served, scores, _, _ = holder.score(request, cast(list, candidates), version, label)
+        served, scores, joined, _ = holder.score(request, cast(list, candidates), version, label)
     except FeatureValueError as e:  # the score path's words
         raise ApiError(422, f"bad feature value: {e}") from None
-    return served, scores
+    return served, scores, joined
 
 
 def score_json_columns(
     holder: ModelHolder, columns: Mapping[str, Sequence[Any]], version: int | None, label: str | None, limit: int
-) -> tuple[int, np.ndarray]:
+) -> tuple[int, np.ndarray, Joined]:
     """``score_columns`` of TF Serving's columnar format (``{"inputs": {name: [value per candidate]}}``)."""
     return score_columns(holder, json_columns(columns), version, label, limit)
 
 
 def score_tensors(
     holder: ModelHolder, tensors: Sequence[Tensor], version: int | None, label: str | None, max_candidates: int
-) -> tuple[int, np.ndarray]:
+) -> tuple[int, np.ndarray, Joined]:
     """``score_columns`` of KServe v2 / TF Serving input tensors, read as the inputs of the version asked for:
     straight from the wire where ``wire_keys.wire_candidates`` can (each candidate keyed by its elements' bytes, read
     only where the cache lacks it), else as ``Column`` s."""
@@ -141,14 +145,24 @@ def score_tensors(
 
 
 async def scored(
-    state: ServerState, holder: ModelHolder, started: float, fn: Callable[..., tuple[int, np.ndarray]], *args: Any
+    state: ServerState,
+    holder: ModelHolder,
+    started: float,
+    fn: Callable[..., tuple[int, np.ndarray, Joined]],
+    *args: Any,
 ) -> tuple[int, np.ndarray]:
-    """``fn(holder, *args)`` (``score_rows``, ``score_tensors``) in the scoring pool, for a REST route: a version
-    that does not serve is a 404, the latency (from ``started``, the request's ``time.perf_counter()`` at arrival)
-    and candidates go to the request metrics."""
+    """``fn(holder, *args)`` (``score_rows``, ``score_tensors``) in the scoring pool, for a REST route or gRPC's
+    ``Predict``: a version that does not serve is a 404, the latency (from ``started``, the request's
+    ``time.perf_counter()`` at arrival) and candidates go to the request metrics, the request to the served log."""
     try:
-        served, scores = await state.run_scoring(fn, holder, *args)
+        served, scores, joined = await state.run_scoring(fn, holder, *args)
     except NotServing as e:
         raise ApiError(404, str(e)) from None
     state.metrics.observe_score(holder.name, len(scores), time.perf_counter() - started)
+    log_scored(state, holder, served, scores, joined)
     return served, scores
+
+
+def log_scored(state: ServerState, holder: ModelHolder, served: int, scores: np.ndarray, joined: Joined) -> None:
+    """A request scored outside an experiment (every protocol but ``:score``), offered to the served log."""
+    state.log_served(holder.name, served, NO_ARM, joined.request, joined.candidates, scores)

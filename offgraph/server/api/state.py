@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from offgraph.server.config import ServerConfig
+from offgraph.server.http.request_id import REQUEST_ID
 from offgraph.server.models.registry import ModelRegistry
 from offgraph.server.process.gc_tuning import GcPauses, collect_young_forever
 from offgraph.server.process.loop_lag import watch_loop_lag
 from offgraph.server.process.metrics import ServerMetrics
+from offgraph.server.process.served_log import ServedLog
 
 log = logging.getLogger("offgraph.server")
 
@@ -44,6 +46,7 @@ class ServerState:
     models: ModelRegistry
     metrics: ServerMetrics
     pool: ThreadPoolExecutor | None = None
+    served_log: ServedLog | None = None
     _poll_task: asyncio.Task | None = field(default=None, repr=False)
     _gc: GcPauses | None = field(default=None, repr=False)
     _lag_task: asyncio.Task | None = field(default=None, repr=False)
@@ -53,6 +56,17 @@ class ServerState:
     def build(cls, config: ServerConfig) -> ServerState:
         models = ModelRegistry(config)
         return cls(config, models, ServerMetrics(models, multiprocess=config.workers > 1))
+
+    def log_served(self, model: str, version: int | None, arm: str, request: Any, candidates: Any, scores: Any) -> None:
+        """Offer a scored request to the served log (``offgraph.server.process.served_log``), if there is one and
+        it samples the request's id (``REQUEST_ID``: the HTTP header's, or the gRPC call's metadata's): every
+        protocol's scored requests, after the answer is computed. References only (the features as the scorer
+        saw them, the scores' array): the writer thread encodes them; never blocks."""
+        log = self.served_log
+        if log is not None:
+            rid = REQUEST_ID.get() or ""
+            if log.sampled(rid):
+                log.offer(rid, model, version, arm, request, candidates, scores)
 
     async def run_scoring(self, fn: Callable[..., Any], *args) -> Any:
         """Run ``fn(*args)`` in the bounded scoring pool, without blocking the event loop, in a copy of the

@@ -13,6 +13,7 @@ import grpc
 
 from offgraph.server.api.state import CALL_DEADLINE, ServerState
 from offgraph.server.grpc import status
+from offgraph.server.http.request_id import REQUEST_ID, request_id_of
 
 
 @dataclass
@@ -33,8 +34,12 @@ class GrpcContext:
     background: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
 
     def begin(self, context: grpc.aio.ServicerContext) -> float:
-        """Start a call: its deadline for the scoring pool (``CALL_DEADLINE``, in the call's own task); returns
-        ``time.perf_counter()`` now, the start of its latency."""
+        """Start a call: its deadline for the scoring pool (``CALL_DEADLINE``, in the call's own task) and its
+        request id (``REQUEST_ID``: its ``x-request-id`` metadata if that is a sane id, else a fresh one, as over
+        HTTP: its log lines and its served-log record carry it); returns ``time.perf_counter()`` now, the start
+        of its latency."""
+        metadata = context.invocation_metadata() or ()
+        REQUEST_ID.set(request_id_of([(k.encode(), v if isinstance(v, bytes) else v.encode()) for k, v in metadata]))
         remaining = context.time_remaining()
         CALL_DEADLINE.set(None if remaining is None else time.monotonic() + remaining)
         return time.perf_counter()

@@ -1,15 +1,21 @@
-"""The served-request log: what each sampled :score request was answered with, for training and experiment reports.
+"""The served-request log: what each sampled scored request was answered with, for training and experiment reports.
 
-``ServedLog(directory, rate)``: a request is sampled when xxhash64 of its request id falls under ``rate`` (the same
-id is sampled the same way in every worker; 0: none, 1: all). ``offer`` takes a sampled request's record without
+``ServedLog(sink, rate)``: a request is sampled when xxhash64 of its request id falls under ``rate`` (the same id
+is sampled the same way in every worker; 0: none, 1: all). ``offer`` takes a sampled request's record without
 blocking: the request path only puts references into a bounded queue (``queue_size``); a full queue drops the
-record and counts it (``dropped``, ``offgraph_served_log_dropped_total``), so a slow or failing disk never holds
-up or fails a request. One writer thread turns the queued records into Arrow (the features as FG saw them,
-after the feature-table join, as JSON text: types vary per model and JSON keeps each value exactly) and writes
-each batch as an Arrow IPC file ``served-<pid>-<ns>.arrow`` in ``directory``, atomically (a reader never sees a
-partial file); a batch it cannot write is dropped and counted too.
+record and counts it (``dropped``, ``offgraph_served_log_dropped_total``), so a slow, failing or unreachable sink
+never holds up or fails a request. One writer thread turns the queued records into one Arrow table per batch (the
+features as the scorer saw them, as JSON text: types vary per model and JSON keeps each value exactly) and hands
+it to the sink (``ServedSink.write``); a batch the sink cannot take (it raises) is dropped and counted too, and
+the next batch is tried afresh: a sink that comes back is written to again. Every record offered is either
+written or counted as dropped, once.
 
-Columns (``SCHEMA``): request_id, time (UTC, ns), model, version (null: the prior arm), arm (``none`` outside an
+Sinks, one module each: ``served_log_spool.SpoolSink`` (a directory of Arrow IPC files, ``--served-log-dir``) and
+``served_log_kafka.KafkaServedSink`` (one Arrow IPC stream per message on a Kafka topic, ``--served-log-kafka``);
+their readers (``read_served``, ``read_served_kafka``) give the records back as one table. ``open_served_log``
+builds the log an `offgraph serve` process (each worker its own) is configured with.
+
+Columns (``served_log_base.schema()``): request_id, time (UTC, ns), model, version (null: the prior arm), arm (``none`` outside an
 experiment), request (JSON object), candidates (a JSON object each), scores (float32, candidate order) and order
 (the candidates' indices by descending score: the order the caller shows).
 """
@@ -17,16 +23,22 @@ experiment), request (JSON object), candidates (a JSON object each), scores (flo
 from __future__ import annotations
 
 import json
-import os
+import logging
 import queue
 import threading
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import xxhash
 
-QUEUE_SIZE = 10_000
+from offgraph.config import default
+from offgraph.server.config import ServerConfig
+from offgraph.server.process.served_log_base import PartlyWritten, ServedSink, schema
+
+log = logging.getLogger("offgraph.server.served_log")
+
+QUEUE_SIZE: int = default(ServerConfig, "served_log_queue")
 """Records waiting for the writer at most (each holds its request's joined features until written)."""
 BATCH_ROWS = 1_000
 FLUSH_S = 1.0
@@ -39,39 +51,44 @@ def sampled(request_id: str, rate: float) -> bool:
     return rate >= 1.0 or (rate > 0.0 and xxhash.xxh64_intdigest(request_id.encode()) * _UNIT < rate)
 
 
-def _schema():
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("request_id", pa.string()),
-            ("time", pa.timestamp("ns", tz="UTC")),
-            ("model", pa.string()),
-            ("version", pa.int64()),
-            ("arm", pa.string()),
-            ("request", pa.string()),
-            ("candidates", pa.list_(pa.string())),
-            ("scores", pa.list_(pa.float32())),
-            ("order", pa.list_(pa.int32())),
-        ]
-    )
-
-
 def _json(value: Any) -> str:
     return json.dumps(dict(value), separators=(",", ":"), default=_plain)
 
 
 def _plain(v: Any) -> Any:
-    """NumPy scalars and arrays (FG may hold them) as JSON's numbers and lists."""
+    """NumPy scalars and arrays (FG and tensor columns may hold them) as JSON's numbers and lists; bytes (a BYTES
+    tensor's elements) as text."""
     if hasattr(v, "tolist"):
         return v.tolist()
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "surrogateescape")
     raise TypeError(f"not JSON: {type(v).__name__}")
+
+
+def _encoded(record: tuple) -> tuple:
+    """A queued record (``ServedLog.offer``'s tuple) with its features as JSON text and its scores as float32."""
+    import numpy as np
+
+    rid, t, model, version, arm, request, candidates, scores = record
+    return (rid, t, model, version, arm, _json(request), [_json(c) for c in candidates], np.asarray(scores, np.float32))
+
+
+def to_table(encoded: list) -> Any:
+    """The Arrow table of encoded records (``_encoded``), in the writer thread."""
+    import numpy as np
+    import pyarrow as pa
+
+    cols = {name: [r[i] for r in encoded] for i, name in enumerate(schema().names[:7])}
+    cols["scores"] = [r[7].tolist() for r in encoded]
+    # stable: ties keep the order sent
+    cols["order"] = [np.argsort(-r[7], kind="stable").astype(np.int32).tolist() for r in encoded]
+    return pa.Table.from_pydict(cols, schema=schema())
 
 
 class ServedLog:
     def __init__(
         self,
-        directory: str | Path,
+        sink: ServedSink,
         rate: float,
         queue_size: int = QUEUE_SIZE,
         batch_rows: int = BATCH_ROWS,
@@ -79,18 +96,19 @@ class ServedLog:
     ):
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"the served log's rate is in [0, 1], got {rate!r}")
-        self.directory, self.rate = Path(directory), float(rate)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.sink, self.rate = sink, float(rate)
         self.batch_rows, self.flush_s = batch_rows, flush_s
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
-        self.dropped = self.written = 0  # records (dropped: counted by whoever dropped them, under _lock)
+        self.dropped = self.written = 0  # records (counted by whoever dropped or wrote them, under _lock)
         self._lock = threading.Lock()
-        self._on_drop = self._on_write = None  # count_with
+        self._on_drop: Callable[[str, int], None] | None = None
+        self._on_write: Callable[[str, int], None] | None = None
+        self._failing = False  # the last batch failed: its error was logged, the next ones' are not
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="offgraph-served-log", daemon=True)
         self._thread.start()
 
-    def count_with(self, on_drop, on_write) -> None:
+    def count_with(self, on_drop: Callable[[str, int], None], on_write: Callable[[str, int], None]) -> None:
         """Report each batch dropped and written: ``on_drop(model, n)``, ``on_write(model, n)`` (the server's
         counters; called from the writer thread, and ``on_drop`` from the request path when the queue is full)."""
         self._on_drop, self._on_write = on_drop, on_write
@@ -102,20 +120,24 @@ class ServedLog:
         self, request_id: str, model: str, version: int | None, arm: str, request: Any, candidates: Any, scores: Any
     ) -> bool:
         """Queue one record (never blocks); False: the queue was full, the record dropped and counted.
-        ``request``/``candidates``: the joined features (mappings); ``scores``: a NumPy array."""
+        ``request``/``candidates``: the features (a mapping; a sequence of mappings); ``scores``: a NumPy array."""
         record = (request_id, time.time_ns(), model, version, arm, request, candidates, scores)
         try:
             self._queue.put_nowait(record)
             return True
         except queue.Full:
-            self._count_drop(model, 1)
+            self._count(self._on_drop, [record], dropped=True)
             return False
 
-    def _count_drop(self, model: str, n: int) -> None:
+    def _count(self, report: Callable[[str, int], None] | None, batch: list, dropped: bool) -> None:
         with self._lock:
-            self.dropped += n
-        if self._on_drop is not None:
-            self._on_drop(model, n)
+            if dropped:
+                self.dropped += len(batch)
+            else:
+                self.written += len(batch)
+        if report is not None:
+            for model in {r[2] for r in batch}:
+                report(model, sum(r[2] == model for r in batch))
 
     def _run(self) -> None:
         batch: list = []
@@ -133,51 +155,65 @@ class ServedLog:
             ):
                 self._write(batch)
                 batch = []
+        self.sink.close()
 
     def _write(self, batch: list) -> None:
-        import numpy as np
-        import pyarrow as pa
-
-        try:
-            scores = [np.asarray(r[7], dtype=np.float32) for r in batch]
-            cols = {
-                "request_id": [r[0] for r in batch],
-                "time": [r[1] for r in batch],
-                "model": [r[2] for r in batch],
-                "version": [r[3] for r in batch],
-                "arm": [r[4] for r in batch],
-                "request": [_json(r[5]) for r in batch],
-                "candidates": [[_json(c) for c in r[6]] for r in batch],
-                "scores": [s.tolist() for s in scores],
-                # stable: ties keep the order sent
-                "order": [np.argsort(-s, kind="stable").astype(np.int32).tolist() for s in scores],
-            }
-            table = pa.Table.from_pydict(cols, schema=_schema())
-            name = f"served-{os.getpid()}-{time.time_ns()}.arrow"
-            tmp = self.directory / f".{name}.tmp"
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table)
-            os.replace(tmp, self.directory / name)
-        except Exception:  # a disk full or gone, a value JSON cannot hold: the batch is lost, counted, serving goes on
-            for model in {r[2] for r in batch}:
-                self._count_drop(model, sum(r[2] == model for r in batch))
+        encoded, kept = [], []
+        for r in batch:
+            try:
+                encoded.append(_encoded(r))
+                kept.append(r)
+            except Exception as e:  # a value JSON cannot hold, a candidate list that cannot be read: this one only
+                self._fail(f"a record of {r[2]} cannot be encoded: {e}", [r])
+        if not kept:
             return
-        with self._lock:
-            self.written += len(batch)
-        if self._on_write is not None:
-            for model in {r[2] for r in batch}:
-                self._on_write(model, sum(r[2] == model for r in batch))
+        try:
+            self.sink.write(to_table(encoded))
+        except Exception as e:  # a sink down or full: the batch (or its rest) is lost, counted
+            written = e.written if isinstance(e, PartlyWritten) else 0
+            if written:
+                self._count(self._on_write, kept[:written], dropped=False)
+            self._fail(str(e), kept[written:])
+            return
+        if self._failing:
+            log.warning("served log %s: written again", self.sink.describe())
+        self._failing = False
+        self._count(self._on_write, kept, dropped=False)
+
+    def _fail(self, why: str, records: list) -> None:
+        """Count ``records`` dropped; log why, once per run of failures."""
+        if not self._failing:
+            log.error("served log %s: %d record(s) dropped: %s", self.sink.describe(), len(records), why)
+        self._failing = True
+        self._count(self._on_drop, records, dropped=True)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Write what is queued, then stop the writer."""
+        """Write what is queued, then stop the writer (and close the sink); what is still queued after
+        ``timeout_s`` (a sink that hangs) is counted as dropped, never lost uncounted."""
         self._stop.set()
         self._thread.join(timeout_s)
+        left = []
+        while True:
+            try:
+                left.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        if left:
+            self._count(self._on_drop, left, dropped=True)
 
 
-def read_served(directory: str | Path):
-    """Every record of the served log in ``directory`` as one Arrow table (files in name order)."""
-    import pyarrow as pa
+def open_served_log(config: ServerConfig) -> ServedLog | None:
+    """The served log ``config`` asks for (``--served-log-rate`` and its sink), None when off."""
+    if config.served_log_rate <= 0:
+        return None
+    sink: ServedSink
+    if config.served_log_kafka is not None:
+        from offgraph.server.process.served_log_kafka import KafkaServedSink
 
-    files = sorted(Path(directory).glob("served-*.arrow"))
-    tables = [pa.ipc.open_file(str(f)).read_all() for f in files]
-    return pa.concat_tables(tables) if tables else _schema().empty_table()
+        sink = KafkaServedSink(config.served_log_kafka)
+    else:
+        from offgraph.server.process.served_log_spool import SpoolSink
+
+        assert config.served_log_dir is not None  # ServerConfig checks that a rate has its sink
+        sink = SpoolSink(config.served_log_dir)
+    return ServedLog(sink, config.served_log_rate, queue_size=config.served_log_queue)

@@ -28,7 +28,6 @@ from offgraph.server.api.schemas import CANDIDATES_DOC, Features, ScoreRequest, 
 from offgraph.server.api.score_body import ScoreBodyParser
 from offgraph.server.config import ServerConfig
 from offgraph.server.http.errors import ApiError
-from offgraph.server.http.request_id import REQUEST_ID
 from offgraph.server.models.experiment import NO_ARM, prior_scores
 from offgraph.server.models.served import NotServing
 from offgraph.server.process.metrics import START_KEY
@@ -106,14 +105,10 @@ async def _answer(body: Any, holder: Any, state: Any, request: Request) -> Respo
     seconds = time.perf_counter() - request.scope.get(START_KEY, 0.0)
     metrics.observe_score(holder.name, n, seconds)
     metrics.observe_arm(holder.name, version, arm_name, seconds, scores)
-    served_log = request.app.state.served_log
-    if served_log is not None:
-        rid = REQUEST_ID.get() or ""
-        if served_log.sampled(rid):  # references only: the writer thread encodes them
-            if joined is None:  # the prior arm: the features as sent (no model, no join)
-                served_log.offer(rid, holder.name, version, arm_name, body.request, body.candidates.dicts(), scores)
-            else:
-                served_log.offer(rid, holder.name, version, arm_name, joined.request, joined.candidates, scores)
+    if joined is None:  # the prior arm: the features as sent (no model, no join)
+        state.log_served(holder.name, version, arm_name, body.request, body.candidates, scores)
+    else:
+        state.log_served(holder.name, version, arm_name, joined.request, joined.candidates, scores)
     out = ScoreResponse(
         model=holder.name,
         version=version,

@@ -62,7 +62,7 @@ _PREDICT_ERRORS = {
 _STATUS_ERRORS = error_key_responses(**_NAME_ERRORS, e503="The model's first load is under way (`Retry-After`).")
 
 
-def score_instances(holder: ModelHolder, body: Any, version: int | None, label: str | None) -> tuple[int, Any]:
+def score_instances(holder: ModelHolder, body: Any, version: int | None, label: str | None) -> tuple[int, Any, Any]:
     """The row format's ``body.instances`` sharing ``body.context``, scored (in a scoring thread): the gRPC
     ``Predict``'s entry too (``offgraph.server.grpc.tfserving``)."""
     return score_rows(holder, body.instances, body.context, version, label)
