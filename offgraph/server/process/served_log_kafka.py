@@ -65,6 +65,8 @@ class KafkaServedSink(ServedSink):
                 "linger.ms": 5,
                 "message.max.bytes": MAX_MESSAGE_BYTES + 65536,
                 "message.timeout.ms": int(timeout_s * 1000),
+                # a broker back from an outage is found within a second (librdkafka's default backs off to 10 s)
+                "reconnect.backoff.max.ms": 1000,
                 **BrokerHealth(self.bootstrap, log).client_config(),  # a log line per change of the broker's state
             }
         )
