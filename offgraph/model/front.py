@@ -10,6 +10,7 @@ Inputs per field ``f``: ``ids_f`` [N, L_f] int and ``mask_f`` [N, L_f] float
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 from keras import layers, ops
 
 from offgraph.features.spec import FeatureSpec
@@ -18,6 +19,14 @@ from offgraph.model.head import masked_pool
 
 def table_names(field_name: str) -> tuple[str, str]:
     return f"emb_{field_name}", f"w_{field_name}"
+
+
+def lookup(table: layers.Embedding, ids):
+    """Rows ``ids`` of ``table``: a gather on its variable itself (TensorFlow's ResourceGather), whose gradient is
+    a ``tf.IndexedSlices`` of those rows. Calling the ``Embedding`` would read the whole table as a tensor first,
+    which TensorFlow copies whole once the variable has had scatter updates (its copy-on-read mode, as
+    ``LazyAdam`` gives it), so a step would cost the table's size (``bench/results/train-step/``)."""
+    return tf.gather(table.embeddings.value, ids)
 
 
 class EmbeddingFront(keras.Model):
@@ -45,8 +54,8 @@ class EmbeddingFront(keras.Model):
         embs, firsts, sq = [], [], 0.0
         for i, (et, wt, mode) in enumerate(zip(self.emb_tables, self.w_tables, self.poolings)):
             ids, mask = inputs[f"ids_{i}"], inputs[f"mask_{i}"]
-            v = et(ids)  # [N, L, D]
-            w = wt(ids)  # [N, L, 1]
+            v = lookup(et, ids)  # [N, L, D]
+            w = lookup(wt, ids)  # [N, L, 1]
             embs.append(masked_pool(v, mask, mode))
             firsts.append(ops.squeeze(masked_pool(w, mask, mode), -1))
             sq = sq + ops.sum(ops.sum(v * v, axis=-1) * mask) + ops.sum(ops.squeeze(w * w, -1) * mask)

@@ -23,12 +23,14 @@ from offgraph.model.metrics import higher_is_better, logloss, make_metric_fn, ne
 from offgraph.model.model import CONFIG_FILE, METRICS_FILE, SPEC_FILE, WEIGHTS_FILE, DeepFM, build_deepfm, predict_proba
 from offgraph.model.platt import fit_platt
 from offgraph.model.relevance import binarise
+from offgraph.model.sparse_optimizer import LazyAdam
 from offgraph.model.splits import held_out_mask
 from offgraph.model.train_config import LOSSES, OPTIMIZERS, SCHEDULES, TrainConfig  # noqa: F401 (re-exported)
 
 # the Keras object behind each name of train_config.OPTIMIZERS / SCHEDULES
 OPTIMIZER_FACTORIES = {
     "adam": lambda lr: tf.keras.optimizers.Adam(lr),
+    "lazy_adam": lambda lr: LazyAdam(lr),
     "adagrad": lambda lr: tf.keras.optimizers.Adagrad(lr, initial_accumulator_value=0.1),
 }
 SCHEDULE_FACTORIES = {
@@ -175,6 +177,15 @@ class Trainer:
     def _signature(self, x: dict[str, np.ndarray]):
         return {k: tf.TensorSpec([None] + list(v.shape[1:]), tf.as_dtype(v.dtype)) for k, v in x.items()}
 
+    def prepare(self, x: dict[str, np.ndarray], total_steps: int):
+        """A fresh optimizer (``cfg.optimizer``, its learning rate on ``cfg.schedule`` over ``total_steps``) and the
+        compiled training step for inputs shaped like ``x``, which it returns: ``step(x, labels, segments)`` ->
+        the batch's loss (``bench/train_step.py`` times it)."""
+        cfg = self.cfg
+        self.opt = OPTIMIZER_FACTORIES[cfg.optimizer](SCHEDULE_FACTORIES[cfg.schedule](cfg.lr, total_steps))
+        self._build_fns(x)
+        return self._step
+
     def _build_fns(self, x: dict[str, np.ndarray]):
         sig = self._signature(x)
         model, opt, spec, loss_fn = self.model, self.opt, self.spec, make_loss_fn(self.cfg.loss)
@@ -219,9 +230,7 @@ class Trainer:
         if uses_pairs(cfg.loss):  # before the first step, not at the batch that would not fit
             check_pair_rows(train, cfg)
         selection = EpochSelection(selection_metric(cfg), cfg.patience)
-        total_steps = cfg.epochs * int(np.ceil(train.n / cfg.batch_size))
-        self.opt = OPTIMIZER_FACTORIES[cfg.optimizer](SCHEDULE_FACTORIES[cfg.schedule](cfg.lr, total_steps))
-        self._build_fns(train.x)
+        self.prepare(train.x, cfg.epochs * int(np.ceil(train.n / cfg.batch_size)))
         rng = np.random.default_rng(cfg.seed)
         listwise = is_listwise(cfg.loss)
         sig = (self._signature(train.x), tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32))

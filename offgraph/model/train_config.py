@@ -14,7 +14,9 @@ from offgraph.modeldir.layout import LOSSES  # one definition: the manifest reco
 if TYPE_CHECKING:  # only a type here: importing features would load NumPy into `offgraph --help`
     from offgraph.features.spec import FeatureSpec
 
-OPTIMIZERS = ("adam", "adagrad")
+OPTIMIZERS = ("adam", "lazy_adam", "adagrad")
+"""adam: Keras Adam, every row of every table each step; lazy_adam (the default): the rows a batch looked up only
+(``offgraph.model.sparse_optimizer``), a step's cost the batch's, not the tables' (``bench/results/train-step/``)."""
 SCHEDULES = ("constant", "cosine")
 
 
@@ -43,7 +45,12 @@ class TrainConfig(ConfigModel, validate_assignment=True):
     epochs: int = option(6, ge=1, flag="--epochs", description="passes over the training rows")
     batch_size: int = option(512, ge=1, flag="--batch-size", description="rows per step")
     lr: float = option(0.001, gt=0, flag="--lr", description="learning rate")
-    optimizer: Literal[OPTIMIZERS] = option("adam", flag="--optimizer", description="optimizer")
+    optimizer: Literal[OPTIMIZERS] = option(
+        "lazy_adam",
+        flag="--optimizer",
+        description="optimizer: lazy_adam updates only the table rows a batch looked up (and their Adam moments); "
+        "adam (Keras') updates every row each step",
+    )
     loss: Literal[LOSSES] = option("pointwise", flag="--loss", description="loss")
     split: str | None = option(
         None,
