@@ -172,3 +172,58 @@ def test_an_element_not_utf8_is_refused_naming_it_when_read():
 )
 def test_what_it_does_not_read_is_left_to_the_slow_way(change):
     assert wire_candidates(change(_tensors(True)), INPUTS, {"user"}, 100) is None
+
+
+def test_field_contents_reads_a_tensor_proto_as_raw_contents():
+    # TF Serving's Predict sends strings and floats as typed repeated fields; the kernel reads them as KServe's raw
+    # contents: strings framed by their 4-byte lengths, numbers as their little-endian bytes
+    from tensorflow.core.framework import tensor_pb2
+
+    from offgraph.server.api.wire_keys import field_contents
+
+    assert field_contents is not None
+    long = bytes(range(256)) * 3  # 768 bytes: a two-byte varint length
+    t = tensor_pb2.TensorProto(dtype=7, string_val=[b"ab", b"", long, b"\xff\xfe"], double_val=[1.5, -2.0])
+    t.tensor_shape.dim.add(size=4)
+    msg = t.SerializeToString()
+    raw, count = field_contents(msg, 8, 0)  # string_val is field 8
+    assert count == 4
+    assert raw == b"\x02\x00\x00\x00ab" + b"\x00\x00\x00\x00" + b"\x00\x03\x00\x00" + long + b"\x02\x00\x00\x00\xff\xfe"
+    raw, count = field_contents(msg, 6, 8)  # double_val, packed: 1.5 is 0x3FF8 << 48, -2.0 is 0xC000 << 48
+    assert count == 2 and raw == b"\x00" * 6 + b"\xf8\x3f" + b"\x00" * 6 + b"\x00\xc0"
+    f = tensor_pb2.TensorProto(dtype=1, float_val=[0.5, float("nan")]).SerializeToString()
+    raw, count = field_contents(f, 5, 4)
+    assert count == 2 and raw[:4] == b"\x00\x00\x00\x3f" and np.isnan(np.frombuffer(raw, "<f4")[1])
+    assert field_contents(msg, 5, 4) == (b"", 0)  # absent
+    # unpacked doubles (wire type 1, as a proto2 writer may send them), one field 6 entry each: read the same
+    unpacked = bytes([6 << 3 | 1]) + struct.pack("<d", 3.25) + bytes([6 << 3 | 1]) + struct.pack("<d", -1.0)
+    assert field_contents(unpacked, 6, 8) == (struct.pack("<2d", 3.25, -1.0), 2)
+    # random messages against protobuf's own reading of them
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        strings = [rng.bytes(int(rng.integers(0, 300))) for _ in range(int(rng.integers(0, 40)))]
+        numbers = rng.normal(size=int(rng.integers(0, 40)))
+        m = tensor_pb2.TensorProto(dtype=7, string_val=strings, double_val=numbers, int64_val=[1, -5, 1 << 40])
+        m.tensor_shape.dim.add(size=len(strings))
+        wire = m.SerializeToString()
+        assert field_contents(wire, 8, 0) == (framed(*strings), len(strings))
+        assert field_contents(wire, 6, 8) == (numbers.astype("<f8").tobytes(), len(numbers))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        bytes([8 << 3 | 2, 5]) + b"abc",  # a length past the end
+        bytes([8 << 3 | 2, 0x80]),  # a varint that never ends
+        bytes([6 << 3 | 2, 3]) + b"abc",  # a packed double run that is not whole doubles
+        bytes([8 << 3 | 0, 1]),  # string_val as a varint: a wire type it cannot have
+        bytes([1 << 3 | 3]),  # a group
+        bytes([6 << 3 | 1]) + b"\x00" * 7,  # a fixed64 cut short
+    ],
+)
+def test_field_contents_refuses_malformed_messages(message):
+    from offgraph.server.api.wire_keys import field_contents
+
+    field, width = (6, 8) if message[0] >> 3 == 6 else (8, 0)
+    with pytest.raises(ValueError, match="malformed"):
+        field_contents(message, field, width)

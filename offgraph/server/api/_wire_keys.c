@@ -191,8 +191,110 @@ done:
     return out;
 }
 
+/* field_contents(message: bytes-like, field: int, width: int) -> tuple[bytes, int]
+ *
+ * One repeated field of a serialized protobuf message (TensorFlow's TensorProto: string_val, float_val, double_val)
+ * as contents the score path reads like KServe's raw contents, without a Python object per element:
+ *   width 0: the field's elements are length-delimited (repeated bytes): each becomes a 4-byte little-endian
+ *            length and its bytes (raw BYTES contents);
+ *   width 4 or 8: the field holds fixed-size numbers (float, double), packed (wire type 2) or not (wire types 5,
+ *            1): their little-endian bytes, concatenated.
+ * Returns (contents, element count). Every other field is skipped by its wire type. Malformed data (a varint or a
+ * length running past the end, a wire type this field cannot have, a packed run that is not a whole number of
+ * elements) raises ValueError: protobuf's own parser accepted the message before, so this never happens to a
+ * message gRPC delivered; the check keeps a read past the buffer impossible all the same.
+ */
+static int read_varint(const unsigned char *p, Py_ssize_t end, Py_ssize_t *at, uint64_t *out) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (*at >= end) return -1;
+        unsigned char b = p[(*at)++];
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static PyObject *field_contents(PyObject *self, PyObject *args) {
+    Py_buffer msg;
+    unsigned long long want;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "y*Kn", &msg, &want, &width)) return NULL;
+    PyObject *result = NULL;
+    const unsigned char *p = (const unsigned char *)msg.buf;
+    Py_ssize_t end = msg.len, at = 0, size = 0, count = 0;
+    if (width != 0 && width != 4 && width != 8) {
+        PyErr_SetString(PyExc_ValueError, "width is 0 (length-delimited), 4 or 8");
+        goto done;
+    }
+    /* one pass into a buffer as large as the contents can be, shrunk at the end: an element takes at least 2 bytes
+     * on the wire (its tag and length) and 4 + its bytes here, so at most twice the message; numbers no more */
+    result = PyBytes_FromStringAndSize(NULL, width ? end : 2 * end);
+    if (result == NULL) goto done;
+    char *out = PyBytes_AS_STRING(result);
+    while (at < end) {
+        uint64_t tag, len;
+        if (read_varint(p, end, &at, &tag)) goto malformed;
+        uint64_t field = tag >> 3;
+        int type = (int)(tag & 7);
+        Py_ssize_t start = at, n = 0;
+        if (type == 0) {
+            if (read_varint(p, end, &at, &len)) goto malformed;
+        } else if (type == 1 || type == 5) {
+            n = type == 1 ? 8 : 4;
+            if (end - at < n) goto malformed;
+            at += n;
+        } else if (type == 2) {
+            if (read_varint(p, end, &at, &len) || len > (uint64_t)(end - at)) goto malformed;
+            start = at;
+            n = (Py_ssize_t)len;
+            at += n;
+        } else {
+            goto malformed; /* groups (3, 4) and 6, 7: not in these messages */
+        }
+        if (field != want) continue;
+        if (width == 0) {
+            if (type != 2 || n > 0xffffffffLL) goto malformed;
+            uint32_t le = (uint32_t)n;
+            out[0] = (char)(le & 0xff);
+            out[1] = (char)((le >> 8) & 0xff);
+            out[2] = (char)((le >> 16) & 0xff);
+            out[3] = (char)((le >> 24) & 0xff);
+            memcpy(out + 4, p + start, n);
+            out += 4 + n;
+            count++;
+        } else {
+            if (type == 2) {
+                if (n % width) goto malformed;
+            } else if (!((type == 1 && width == 8) || (type == 5 && width == 4))) {
+                goto malformed;
+            }
+            memcpy(out, p + start, n); /* fixed-size numbers are little-endian on the wire whatever the host */
+            out += n;
+            count += n / width;
+        }
+    }
+    size = out - PyBytes_AS_STRING(result);
+    if (_PyBytes_Resize(&result, size)) goto done; /* it cleared result */
+    {
+        PyObject *pair = Py_BuildValue("(Nn)", result, count);
+        result = pair; /* Py_BuildValue's N took the bytes' reference */
+    }
+    goto done;
+malformed:
+    Py_CLEAR(result);
+    PyErr_SetString(PyExc_ValueError, "malformed protobuf message");
+done:
+    PyBuffer_Release(&msg);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"candidate_keys", candidate_keys, METH_VARARGS, "candidate_keys(prefix, n, columns) -> list[bytes]"},
+    {"field_contents", field_contents, METH_VARARGS, "field_contents(message, field, width) -> (bytes, int)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -46,10 +46,12 @@ from offgraph.server.http.errors import ApiError
 
 try:
     from offgraph.server.api._wire_keys import candidate_keys as _candidate_keys_c
-except ImportError:  # not built (no C compiler at install): the pure-Python twin
+    from offgraph.server.api._wire_keys import field_contents
+except ImportError:  # not built (no C compiler at install): the pure-Python twin; protobuf fields as lists
     _candidate_keys_c = None
+    field_contents = None
 
-__all__ = ["KERNEL", "candidate_keys", "wire_candidates"]
+__all__ = ["KERNEL", "candidate_keys", "field_contents", "wire_candidates"]
 
 RAW_BYTES, BYTES_LIST, FIXED = 0, 1, 2
 """A column's form (``candidate_keys``): raw BYTES contents, a list of bytes, fixed-size elements."""
