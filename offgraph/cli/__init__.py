@@ -21,6 +21,7 @@ COMMANDS = [
     "offgraph.cli.train",
     "offgraph.cli.spec",
     "offgraph.cli.export",
+    "offgraph.cli.import_model",
     "offgraph.cli.synth",
     "offgraph.cli.features",
     "offgraph.cli.serve",

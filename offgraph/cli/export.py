@@ -63,7 +63,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
     c = sub.add_parser("check", help="skew check: trained Keras model vs the out-of-graph scorer")
     c.add_argument("--model", required=True, help="MODELS/NAME/VERSION (or MODELS/NAME: newest version)")
-    c.add_argument("--run", required=True)
+    c.add_argument(
+        "--run",
+        help="the run the version was exported from (default: none, for a version made by `offgraph import`: "
+        "its scores are compared with the import's sources, every row of --data)",
+    )
     c.add_argument("--data", required=True)
     add_table_args(c)
     c.add_argument("--limit", type=int, default=10000, help="rows to score (0: all)")
@@ -164,6 +168,12 @@ def run_check_cli(args) -> int:
     if args.max_diff is not None and not args.max_diff >= 0:
         print(f"offgraph check: error: --max-diff must be a number >= 0, got {args.max_diff}", file=sys.stderr)
         return 2
+    reference = None
+    if args.run is None:
+        from offgraph.export.import_model import imported_reference
+        from offgraph.scoring.scorer import resolve_version
+
+        reference = imported_reference(resolve_version(args.model))
     res = run_check(
         args.model,
         args.run,
@@ -173,6 +183,7 @@ def run_check_cli(args) -> int:
         source=args.data,
         data_path=args.data,
         ids_only=args.ids_only,
+        reference=reference,
     )
     max_diff = args.max_diff if args.max_diff is not None else res["derived_max_diff"]
     how = (

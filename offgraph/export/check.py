@@ -84,6 +84,18 @@ def quantized_model(model, spec, quant: str):
     return q
 
 
+class RunReference:
+    """The scores of a trained run's Keras model (``run_check``'s reference by default)."""
+
+    def __init__(self, run_dir):
+        self.model, self.spec, self.metrics = load_run(run_dir)
+
+    def proba(self, x: dict, quant: str | None = None) -> np.ndarray:
+        """Sigmoid scores of padded inputs ``x``; with ``quant``, of the tables through that store codec."""
+        model = self.model if quant in (None, "fp32") else quantized_model(self.model, self.spec, quant)
+        return predict_proba(model, x)
+
+
 def run_check(
     model_dir,
     run_dir,
@@ -94,15 +106,24 @@ def run_check(
     source: str = "<table>",
     data_path=None,
     ids_only: bool = False,
+    reference=None,
 ) -> dict:
     """``rows`` None: ``default_rows`` (held-out rows of the training file, else all). ``ids_only``: also
     score each request in its ids-only form (the columns the feature tables fill left out: the server
     joins them) and compare with the full-feature form (``ids_only_max_abs_dp``; 0 when the tables
     hold the rows' values) and with Keras. The keys the tables lack are counted apart: candidates whose
     item key has no row (``ids_only_unknown_candidates``) and requests whose request-scope key (user,
-    site, app) has none (``ids_only_unknown_requests``)."""
-    model, spec, metrics = load_run(run_dir)
-    rows = rows or default_rows(metrics, data_path)
+    site, app) has none (``ids_only_unknown_requests``).
+
+    ``reference``: what the served scores are compared with instead of run ``run_dir``'s Keras model (None
+    then): an object with ``spec``, ``metrics`` and ``proba(x, quant)`` (an imported version's sources,
+    ``offgraph.export.import_model.SourceReference``); its rows are "all" (no run, no held-out split)."""
+    if reference is None:
+        reference = RunReference(run_dir)
+    elif rows == "held-out":
+        raise ValueError("held-out rows are a training run's: a version checked against its sources takes 'all'")
+    spec, metrics = reference.spec, reference.metrics
+    rows = rows or ("all" if run_dir is None else default_rows(metrics, data_path))
     own_scorer = scorer is None
     scorer = scorer or Scorer(resolve_version(model_dir))
     try:
@@ -118,7 +139,7 @@ def run_check(
         idx = idx[:limit] if limit else idx
         sub = data.take(idx)
         t0 = time.perf_counter()
-        p_keras = calibrate(predict_proba(model, sub.x), spec.model.calibration)
+        p_keras = calibrate(reference.proba(sub.x), spec.model.calibration)
         keras_s = time.perf_counter() - t0
         inputs = set(spec.raw_inputs("request")) | set(spec.raw_inputs("item"))
         columns = {c: table.column(c).to_pylist() for c in inputs}
@@ -144,7 +165,7 @@ def run_check(
         quant = scorer.manifest.store.quant
         quant_dp = 0.0
         if quant != "fp32":
-            p_quant = calibrate(predict_proba(quantized_model(model, spec, quant), sub.x), spec.model.calibration)
+            p_quant = calibrate(reference.proba(sub.x, quant), spec.model.calibration)
             quant_dp = float(np.abs(p_quant.astype(np.float64) - p_keras).max(initial=0.0))
         extra = {}
         if ids_only:
