@@ -213,6 +213,46 @@ def _check(i: Installed) -> None:
     assert "FAIL" not in r.stdout, r.stdout
 
 
+@case("import")
+def _import(i: Installed) -> None:
+    """A tiny model made here (tables of random rows, a one-layer Keras head), imported and checked on 300 rows."""
+    import keras
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = i.work / "import-src"
+    (root / "tables").mkdir(parents=True)
+    movies = sorted({str(m) for m in pq.read_table(i.small, columns=["movie_id"]).column(0).to_pylist()})
+    (root / "movie.txt").write_text("".join(f"{m}\n" for m in movies))
+    (root / "spec.yaml").write_text(
+        "model: {embedding_dim: 4}\nlabel: label\nfields:\n"
+        "  - {name: user, scope: request, op: id, input: user_id, rows: 50}\n"
+        "  - {name: movie, scope: item, op: id, input: movie_id, vocabulary: movie.txt}\n"
+    )
+    rng = np.random.default_rng(0)
+    for name, rows in (("user", 50), ("movie", len(movies) + 1)):
+        vectors = rng.normal(0, 0.1, (rows, 4)).astype(np.float32)
+        t = {
+            "row": np.arange(rows),
+            "vector": pa.array(list(vectors), pa.list_(pa.float32())),
+            "first_order": rng.normal(0, 0.1, rows),
+        }
+        pq.write_table(pa.table(t), root / "tables" / f"{name}.parquet")
+    emb, fo = keras.Input((2, 4)), keras.Input((2,))
+    flat = keras.layers.Concatenate()([keras.layers.Flatten()(emb), fo])
+    keras.Model([emb, fo], keras.layers.Dense(1)(flat)).save(root / "head.keras")
+    sample = i.work / "import-sample.parquet"
+    pq.write_table(pq.read_table(i.small).slice(0, 300), sample)
+    out = i.work / "imported" / "tiny" / "1"
+    args = ["import", "--spec", root / "spec.yaml", "--tables", root / "tables", "--dense", root / "head.keras"]
+    r = i.run(*args, "--out", out, "--shards", "2", "--no-progress", "--check-rows", sample)
+    assert "check on 300 rows" in r.stdout, r.stdout
+    r = i.run("check", "--model", out, "--data", sample)
+    assert "OK: max |dp|" in r.stdout, r.stdout
+    i.run(*args[:-1], root / "spec.yaml", "--out", i.work / "imported" / "tiny" / "2", rc=2)  # not a head: one line
+
+
 @case("synth")
 def _synth(i: Installed) -> None:
     assert (i.synth_models / "syn" / "1" / "store").is_dir()
