@@ -28,9 +28,11 @@ from offgraph.modeldir.manifest import (
     FORMAT_VERSION,
     STORE_DIR,
     ModelDirError,
+    check_negative_rate,
     check_version_dir,
     digest,
     file_sha256,
+    sampled_negative_rate,
     store_file_records,
     training_loss,
     tree_checksums,
@@ -260,6 +262,10 @@ def export_run(
     model, spec, metrics = load_run(run_dir)
     _check_run(model, spec, metrics, run_dir)
     check_segmenters(spec, metrics.get("segmenters"), f"run {run_dir}")
+    run_config = metrics.get("config") or _run_config(run_dir)
+    check_negative_rate(
+        spec.model.calibration.negative_rate, sampled_negative_rate({"config": run_config}), f"run {run_dir}"
+    )
     if feature_rows not in ("training", "all"):
         raise ValueError(f"feature_rows must be 'training' or 'all', got {feature_rows!r}")
     if isinstance(hot_set_rows, bool) or not isinstance(hot_set_rows, int) or hot_set_rows < 0:
@@ -284,7 +290,7 @@ def export_run(
     training = {
         "held_out": metrics.get("held_out"),
         "train_rows": metrics.get("train_rows"),
-        "config": metrics.get("config") or _run_config(run_dir),
+        "config": run_config,
         "run": str(run_dir.resolve()),
         # a listwise run's calibration fit: a, b, mean score and logloss before and after it
         **({"calibration": metrics["calibration"]} if metrics.get("calibration") else {}),

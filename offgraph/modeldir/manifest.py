@@ -341,3 +341,24 @@ def training_loss(manifest: Manifest | Mapping[str, Any], source: str = "manifes
     if loss not in LOSSES:
         raise ModelDirError(f"{source}: training loss {loss!r} is none of {list(LOSSES)}")
     return loss
+
+
+def sampled_negative_rate(training: Mapping[str, Any] | None) -> float:
+    """The share of negative rows each epoch trained on (``offgraph train --negative-rate``), from a run's record
+    (a manifest's ``training``: its ``config``); 1.0 where none is recorded (every row, or a run from before)."""
+    config = training.get("config") if isinstance(training, Mapping) else None
+    rate = config.get("negative_rate", 1.0) if isinstance(config, Mapping) else 1.0
+    return 1.0 if rate is None else float(rate)
+
+
+def check_negative_rate(stated: float, sampled: float, source: str) -> None:
+    """Refuse a spec whose ``model.calibration.negative_rate`` (the served correction) is not the rate the run
+    sampled its negatives at, naming both: its scores would be corrected for another sampling than the one it
+    was trained on. A run that sampled nothing (``sampled`` 1.0) may state a rate by hand: its data were sampled
+    before training."""
+    if sampled != 1.0 and stated != sampled:
+        raise ModelDirError(
+            f"{source}: the spec states model.calibration.negative_rate {stated:g}, and the run sampled negatives "
+            f"at --negative-rate {sampled:g}: its served scores would be corrected for another rate than the "
+            "one it was trained at (training writes the run's rate into the run's spec.yaml; leave it as written)"
+        )

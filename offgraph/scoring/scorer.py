@@ -33,7 +33,13 @@ from offgraph.calibration import calibrate, score_kind
 from offgraph.feature_tables.join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
 from offgraph.features.fg import FeatureGenerator, FeatureValueError
 from offgraph.features.segment import check_segmenters
-from offgraph.modeldir.manifest import ModelDirError, complete_versions, training_loss
+from offgraph.modeldir.manifest import (
+    ModelDirError,
+    check_negative_rate,
+    complete_versions,
+    sampled_negative_rate,
+    training_loss,
+)
 from offgraph.modeldir.version import ModelVersion
 from offgraph.scoring.batch import Segments, batch_keys, pool_rows, read_through_cache
 from offgraph.scoring.candidate_cache import LACKING, ONLY_KEY, CandidateCache
@@ -102,6 +108,8 @@ class Scorer:
         except ValueError as e:
             raise ModelDirError(str(e)) from None
         self.calibration = self.spec.model.calibration
+        # the down-sampling correction is the one the run trained at (its spec, as exported), never another
+        check_negative_rate(self.calibration.negative_rate, sampled_negative_rate(m.training), str(self.version_dir))
         # what a score is: "ctr", or "ranking" for a listwise model without a fitted calibration (a manifest from
         # before these were recorded: its training config's loss, else pointwise)
         self.training_loss = training_loss(m, source=str(mv.manifest_path))
