@@ -126,6 +126,13 @@ class RawCandidates(Sequence):
     def __len__(self) -> int:
         return len(self.raws) if self.raws is not None else len(self._dicts or ())
 
+    @property
+    def json_raws(self) -> list[bytes] | None:
+        """Each candidate's JSON text (the body's bytes as sent, or :meth:`keyed`'s encoding), without decoding
+        anything; None where there are none (candidates given decoded, or as columns: their keys are not JSON
+        objects). The served log writes these as they are."""
+        return self.raws if self._rows is None else None
+
     def __getitem__(self, i):  # type: ignore[override]
         return self.dicts()[i]
 

@@ -34,6 +34,11 @@ COMMANDS = {
     if name in ("serve", "update")
 }
 NOT_SETTINGS = {"help", "config", "print_config"}
+# settings the generic values below do not suit: (two values as text, the flags they need beside them)
+SPECIAL = {
+    "served-log-rate": (("0.5", "0.25"), ["--served-log-dir", "served"]),  # a share; a rate needs a sink
+    "served-log-kafka": (("kafka://127.0.0.1:9092/a", "kafka://127.0.0.1:9092/b"), []),
+}
 RULE = "flags > environment > file > defaults"
 
 
@@ -67,6 +72,8 @@ class Setting:
     def texts(self, tmp: Path) -> tuple[str, str]:
         """Two values as text, the first never the default (a switch: the flag's, then the other)."""
         a = self.action
+        if self.name in SPECIAL:
+            return SPECIAL[self.name][0]
         if self.switch:
             on = not a.default if isinstance(a, argparse.BooleanOptionalAction) else self.flag == "--" + self.name
             return ("true", "false") if on else ("false", "true")
@@ -120,7 +127,7 @@ class Run:
 
     def base(self, s: Setting) -> list[str]:
         """Flags for the command's required settings but ``s``."""
-        argv = []
+        argv = list(SPECIAL.get(s.name, ((), []))[1])
         for o in settings_of(s.command):
             if o.action.required and o.name != s.name:
                 argv += [o.flag, o.texts(self.tmp)[0]]

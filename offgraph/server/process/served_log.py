@@ -66,22 +66,33 @@ def _plain(v: Any) -> Any:
 
 
 def _encoded(record: tuple) -> tuple:
-    """A queued record (``ServedLog.offer``'s tuple) with its features as JSON text and its scores as float32."""
+    """A queued record (``ServedLog.offer``'s tuple) with its features as JSON text and its scores as float32. The
+    candidates' own JSON bytes where the scorer has them (a JSON body's candidates as sent): nothing decoded."""
     import numpy as np
 
     rid, t, model, version, arm, request, candidates, scores = record
-    return (rid, t, model, version, arm, _json(request), [_json(c) for c in candidates], np.asarray(scores, np.float32))
+    raws = getattr(candidates, "json_raws", None)
+    texts = [b.decode() for b in raws] if raws is not None else [_json(c) for c in candidates]
+    return (rid, t, model, version, arm, _json(request), texts, np.asarray(scores, np.float32))
 
 
 def to_table(encoded: list) -> Any:
-    """The Arrow table of encoded records (``_encoded``), in the writer thread."""
+    """The Arrow table of encoded records (``_encoded``), in the writer thread: the per-candidate columns built
+    flat (one array and the records' offsets), the order by one stable sort over (record, -score)."""
     import numpy as np
     import pyarrow as pa
 
-    cols = {name: [r[i] for r in encoded] for i, name in enumerate(schema().names[:7])}
-    cols["scores"] = [r[7].tolist() for r in encoded]
+    cols: dict[str, Any] = {name: [r[i] for r in encoded] for i, name in enumerate(schema().names[:6])}
+    sizes = np.fromiter((len(r[7]) for r in encoded), np.int64, len(encoded))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32))
+    scores = np.concatenate([r[7] for r in encoded]) if encoded else np.zeros(0, np.float32)
+    record = np.repeat(np.arange(len(encoded)), sizes)
     # stable: ties keep the order sent
-    cols["order"] = [np.argsort(-r[7], kind="stable").astype(np.int32).tolist() for r in encoded]
+    order = np.lexsort((-scores, record)) - np.repeat(offsets.to_numpy()[:-1], sizes)
+    texts = pa.array([t for r in encoded for t in r[6]], pa.string())
+    cols["candidates"] = pa.ListArray.from_arrays(offsets, texts)
+    cols["scores"] = pa.ListArray.from_arrays(offsets, pa.array(scores, pa.float32()))
+    cols["order"] = pa.ListArray.from_arrays(offsets, pa.array(order.astype(np.int32)))
     return pa.Table.from_pydict(cols, schema=schema())
 
 
@@ -158,6 +169,11 @@ class ServedLog:
         self.sink.close()
 
     def _write(self, batch: list) -> None:
+        try:  # before any encoding: a sink known down costs the process nothing but this call
+            self.sink.ready()
+        except Exception as e:
+            self._fail(str(e), batch)
+            return
         encoded, kept = [], []
         for r in batch:
             try:

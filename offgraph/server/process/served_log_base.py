@@ -34,9 +34,13 @@ class PartlyWritten(OSError):
 
 
 class ServedSink:
-    """Where the writer thread puts each batch: ``write(table)`` (a ``schema()`` table) returns once the batch is
+    """Where the writer thread puts each batch: ``ready()``, then ``write(table)`` (a ``schema()`` table) returns once the batch is
     stored, or raises (the batch is then dropped and counted; ``PartlyWritten``: its first rows were stored);
     called from the writer thread only."""
+
+    def ready(self) -> None:
+        """Raise when the sink cannot take a batch now (a broker known down): the writer then drops the batch
+        before encoding it. Called before each write."""
 
     def write(self, table: Any) -> None:
         raise NotImplementedError

@@ -85,11 +85,18 @@ class KafkaServedSink(ServedSink):
             ensure_topic(self.bootstrap, self.topic, self.partitions, timeout_s=self.timeout_s)
         self._topic_known = True
 
+    def ready(self) -> None:
+        """The topic looked up (and created when missing) after a failed batch: while the broker is down this
+        fails, after a metadata timeout, and the batch is dropped unencoded."""
+        if not self._topic_known:
+            try:
+                self._ensure_topic()
+            except Exception as e:
+                raise OSError(f"{self.url}: {e}") from None
+
     def write(self, table: Any) -> None:
         written = 0
         try:
-            if not self._topic_known:
-                self._ensure_topic()
             for rows, value in encode_streams(table):
                 self._deliver(value)
                 written += rows
