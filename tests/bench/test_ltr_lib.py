@@ -107,3 +107,19 @@ def test_item_orders_and_click_threshold_by_hand():
     p = generated_protocol(seed=0, n_lists=60, size=10, n_items=50)
     graded = replace(p.fit, labels=np.array([0, 1, 2, 3, 4] * (p.fit.n // 5), np.float32))
     assert binary_at(graded, 3).labels[:5].tolist() == [0, 0, 0, 1, 1]
+
+
+def test_train_arm_picks_the_best_validation_epoch_then_refits():
+    from types import SimpleNamespace
+
+    from bench.ltr import Setting, train_arm
+
+    p = generated_protocol(seed=0, n_lists=200, size=10, n_items=30)
+    args = SimpleNamespace(batch_size=256, patience=5, max_list_size=100)
+    trainer, info = train_arm(p, "pairwise", 0, Setting(0.01, 1e-6, 1e-6, epochs=3, mlp=()), args)
+    # patience 5 > 3 epochs: every epoch runs, and the kept one is the curve's best (NDCG: higher is better)
+    assert info["epochs_run"] == 3 and len(info["validation_curve"]) == 3 and info["select"] == "ndcg@10"
+    assert info["validation"] == max(info["validation_curve"])
+    assert info["validation_curve"][info["best_epoch"] - 1] == info["validation"]
+    assert info["setting"]["mlp"] == () and trainer.model.head.hidden == []  # the FM alone: no hidden layer
+    assert trainer.predict(p.held).shape == (p.held.n,)
