@@ -58,6 +58,7 @@ def test_help_builds_every_subcommand_without_heavy_imports():
         "spec",
         "export",
         "check",
+        "import",
         "synth",
         "features",
         "serve",
