@@ -53,6 +53,7 @@ def test_the_subcommands_are_all_there():
         "train",
         "export",
         "check",
+        "import",
         "synth",
         "features load",
         "spec check",
