@@ -31,6 +31,9 @@ changes a value's row; stored with every trained run and exported model."""
 
 SCOPES = ("request", "item", "cross")
 POOLINGS = ("mean", "sum")
+FIELD_POOLINGS = POOLINGS + ("recency",)
+"""A field's own pooling may also be ``recency`` (with ``half_life``: ``offgraph.features.pooling.recency_weights``),
+a weighting of a history's most recent values; the model-wide default is mean or sum."""
 RAW_OPS = ("id", "tokenize", "bucketize", "log_bucket")
 DERIVED_OPS = ("cross", "match_count")
 NUMERIC_OPS = ("numeric",)
@@ -47,7 +50,7 @@ _OP_PARAMS: dict[str, set[str]] = {
     "match_count": {"boundaries"},
     "numeric": {"transform", "clip", "stats", "missing"},
 }
-_COMMON = {"name", "scope", "op", "input", "inputs", "rows", "pooling"}
+_COMMON = {"name", "scope", "op", "input", "inputs", "rows", "pooling", "half_life"}
 _TOP = {"model", "label", "group", "time", "split_key", "item_key", "fields", "tables"}
 _MODEL_KEYS = {
     "embedding_dim",
@@ -69,6 +72,8 @@ OVERFLOWS = ("refuse", "keep_last")
 """A list field's ``overflow`` (``offgraph.features.value_limits``): ``refuse`` (the default) refuses a
 served row over ``max_values`` and trains on every value; ``keep_last`` keeps a row's last ``max_values``
 values (a history's most recent, its list ordered oldest first) in training and serving alike."""
+HALF_LIFE_MAX = 1e6
+"""A longer half-life weighs a history's values alike to float32 rounding: a mean."""
 _CALIB_KEYS = {"negative_rate", "scale", "power", "logit_scale", "logit_shift"}
 
 
@@ -122,6 +127,8 @@ class FieldSpec:
     input: str | None = None
     inputs: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)
+    # ``pooling: recency``: values back from the most recent at which a value's weight halves
+    half_life: float | None = None
     # ``vocabulary: FILE`` (offgraph.features.vocabulary): values map to its rows 1..V, the unknown to row 0
     vocabulary: Vocabulary | None = field(default=None, compare=False, repr=False)
 
@@ -381,8 +388,17 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
     if rows >= 2**63:
         fail(f"{where}: rows must be < 2**63")
     pooling = fr.get("pooling", model.pooling)
-    if pooling not in POOLINGS:
-        fail(f"{where}: pooling must be one of {POOLINGS}, got {pooling!r}")
+    if pooling not in FIELD_POOLINGS:
+        fail(f"{where}: pooling must be one of {FIELD_POOLINGS}, got {pooling!r}")
+    half_life = fr.get("half_life")
+    if pooling == "recency" and half_life is None:
+        fail(
+            f"{where}: pooling 'recency' needs 'half_life' (values back from the most recent at which a weight halves)"
+        )
+    if pooling != "recency" and half_life is not None:
+        fail(f"{where}: 'half_life' is recency pooling's: this field's pooling is {pooling!r}")
+    if half_life is not None and (not _num(half_life) or not 0 < half_life <= HALF_LIFE_MAX):
+        fail(f"{where}: half_life must be a number in (0, {HALF_LIFE_MAX:g}], got {half_life!r}")
     params = {k: fr[k] for k in _OP_PARAMS[op] if k in fr}
     inp, inputs = fr.get("input"), fr.get("inputs")
     if op in RAW_OPS:
@@ -469,6 +485,7 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
         inputs=inputs_t,
         params=params,
         vocabulary=vocab,
+        half_life=None if half_life is None else float(half_life),
     )
 
 

@@ -60,7 +60,17 @@ _FIELD_PROPS: dict[str, dict[str, Any]] = {
         "description": "fields declared above it that it combines",
     },
     "rows": {**_POSITIVE_INT, "description": "rows of its embedding table (values hash into them)"},
-    "pooling": {"enum": list(S.POOLINGS)},
+    "pooling": {
+        "enum": list(S.FIELD_POOLINGS),
+        "description": "how a row's values pool: mean, sum, or recency (a weighted mean whose weights halve every "
+        "half_life values back from the last, the most recent of a history listed oldest first)",
+    },
+    "half_life": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "maximum": S.HALF_LIFE_MAX,
+        "description": "recency pooling's half-life, in values back from the most recent",
+    },
     "separator": {"type": "string", "minLength": 1},
     "max_values": {**_POSITIVE_INT, "description": "the most values one row may hold (overflow: what becomes of more)"},
     "overflow": {
@@ -130,7 +140,7 @@ def _op_rule(op: str) -> dict[str, Any]:
     """The keys op ``op`` takes, and those it needs."""
     allowed = S._COMMON | S._OP_PARAMS[op]
     if op in S.NUMERIC_OPS:
-        allowed -= {"rows", "pooling", "inputs"}
+        allowed -= {"rows", "pooling", "half_life", "inputs"}
         required = ["input"]
     elif op in S.RAW_OPS:
         allowed -= {"inputs"}
@@ -147,6 +157,14 @@ def _op_rule(op: str) -> dict[str, Any]:
     if op == "match_count":
         rule["properties"] = {"inputs": {"maxItems": 2}}
     return {"if": {"properties": {"op": {"const": op}}, "required": ["op"]}, "then": rule}
+
+
+# recency pooling takes its half-life, and only it does
+_RECENCY_RULE: dict[str, Any] = {
+    "if": {"properties": {"pooling": {"const": "recency"}}, "required": ["pooling"]},
+    "then": {"required": ["half_life"]},
+    "else": {"not": {"required": ["half_life"]}},
+}
 
 
 def spec_schema() -> dict[str, Any]:
@@ -172,7 +190,7 @@ def spec_schema() -> dict[str, Any]:
                 "type": "object",
                 "required": ["name", "scope", "op"],
                 "properties": _exactly(_FIELD_PROPS, params, "field"),
-                "allOf": [_op_rule(op) for op in S.OPS],
+                "allOf": [_op_rule(op) for op in S.OPS] + [_RECENCY_RULE],
             },
             "table": {
                 "type": "object",

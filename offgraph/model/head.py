@@ -40,7 +40,9 @@ def first_order_term(first_order):
 
 
 def masked_pool(vectors, mask, mode: str):
-    """vectors [N, L, K], mask [N, L] (1 = value present) -> [N, K]; no value -> zeros."""
+    """vectors [N, L, K], mask [N, L] (1 = value present) -> [N, K]; no value -> zeros. A ``recency`` field's mask
+    holds each value's weight (``offgraph.model.inputs``: ``recency_weights``, summing to 1 a row), so the mean's
+    sum divided by max(sum of the weights, 1) is the weighted mean."""
     m = ops.expand_dims(mask, -1)
     total = ops.sum(vectors * m, axis=1)
     if mode == "sum":

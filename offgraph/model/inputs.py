@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from offgraph.features.fg import FeatureGenerator, FeatureValueError, RaggedIds
 from offgraph.features.numeric import fit_stats
+from offgraph.features.pooling import recency_weights
 from offgraph.features.spec import FeatureSpec
 from offgraph.features.spec_columns import check_spec_columns
 from offgraph.features.value_limits import cuts
@@ -93,7 +94,12 @@ def encode_table(spec: FeatureSpec, table: pa.Table, source: str = "<table>") ->
         raise ValueError(f"data {source}: {e} (row numbers count data rows from 0)") from None
     x: dict[str, np.ndarray] = {}
     for i, rag in enumerate(batch.fields):
-        ids, mask = padded_ids(rag, MAX_VALUES_PER_FIELD, last=cuts(spec.fields[i]))
+        f = spec.fields[i]
+        ids, mask = padded_ids(rag, MAX_VALUES_PER_FIELD, last=cuts(f))
+        if f.pooling == "recency" and f.half_life is not None:
+            # the front pools by the mask (masked_pool): it holds each kept value's recency weight, summing to 1;
+            # boolean indexing walks the kept values row by row in order, as recency_weights lays them out
+            mask[mask > 0] = recency_weights(np.count_nonzero(mask, axis=1), f.half_life)
         x[f"ids_{i}"] = ids.astype(np.int32 if spec.fields[i].rows < 2**31 else np.int64)
         x[f"mask_{i}"] = mask
     raw_labels = _column(table, spec.label)

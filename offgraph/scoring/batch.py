@@ -7,11 +7,13 @@ once, looked up once, scattered back and pooled per field with NumPy.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from offgraph.features.fg import FGBatch
+from offgraph.features.pooling import POOLING_MODES, recency_weights
 from offgraph.store.keys import combine_keys, split_keys, unique_inverse
 
 
@@ -68,23 +70,58 @@ class Segments:
 
 
 def pool_batch(
-    batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.ndarray, poolings: list[str], dim: int
+    batch: FGBatch,
+    keys: Keys,
+    vectors: np.ndarray,
+    first_order: np.ndarray,
+    poolings: list[str],
+    dim: int,
+    half_lives: Sequence[float | None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Unique rows' vectors [U, D] / weights [U] -> emb [N, F, D], first_order [N, F] (:func:`pool_segments`)."""
-    return pool_segments(batch, keys, vectors, first_order, poolings, dim).whole()
+    return pool_segments(batch, keys, vectors, first_order, poolings, dim, half_lives).whole()
 
 
 def pool_segments(
-    batch: FGBatch, keys: Keys, vectors: np.ndarray, first_order: np.ndarray, poolings: list[str], dim: int
+    batch: FGBatch,
+    keys: Keys,
+    vectors: np.ndarray,
+    first_order: np.ndarray,
+    poolings: list[str],
+    dim: int,
+    half_lives: Sequence[float | None] | None = None,
 ) -> Segments:
     """Unique rows' vectors [U, D] / weights [U] -> the pooled segments of every (field, row) (:func:`pool_rows`)."""
     table = np.empty((len(vectors), dim + 1), dtype=np.float32)
     table[:, :dim] = vectors
     table[:, dim] = first_order
-    return pool_rows(batch, keys, table, poolings)
+    return pool_rows(batch, keys, table, poolings, half_lives)
 
 
-def pool_rows(batch: FGBatch, keys: Keys, table: np.ndarray, poolings: list[str]) -> Segments:
+def _value_weights(batch: FGBatch, poolings: list[str], half_lives: Sequence[float | None] | None) -> np.ndarray | None:
+    """Each lookup's weight (lookups in (field, row, value) order) where some field pools by recency
+    (``recency_weights`` of its rows' lengths; 1 for the other fields' values); None where none does."""
+    recency = {f: None if half_lives is None else half_lives[f] for f, p in enumerate(poolings) if p == "recency"}
+    if not recency:
+        return None
+    sizes = np.fromiter((int(r.offsets[-1]) for r in batch.fields), dtype=np.int64, count=len(batch.fields))
+    starts = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    out = np.ones(int(starts[-1]), dtype=np.float32)
+    for f, half_life in recency.items():  # a loop over fields, not values
+        if half_life is None:
+            raise ValueError(f"field {f}: recency pooling needs its half_life")
+        out[starts[f] : starts[f + 1]] = recency_weights(batch.fields[f].lengths, half_life)
+    return out
+
+
+def pool_rows(
+    batch: FGBatch,
+    keys: Keys,
+    table: np.ndarray,
+    poolings: list[str],
+    half_lives: Sequence[float | None] | None = None,
+) -> Segments:
     """Unique rows [U, D+1] (each vector, then its weight: ``read_through_cache``) -> the pooled
     segments of every (field, row).
 
@@ -93,15 +130,18 @@ def pool_rows(batch: FGBatch, keys: Keys, table: np.ndarray, poolings: list[str]
     values are gathered in one go, then the j-th values added for the segments longer
     than j (a loop over positions, not values: as many steps as the longest segment;
     the same summation order as ``offgraph.features.pooling.pool_numpy``). Mean divides by the
-    count. A broadcast request field has one segment, pooled once; a grouped field
-    (``FGBatch.segment_of``) one per distinct value list.
+    count. Recency (``half_lives[f]``, the spec's ``half_life``) weighs each value by
+    ``offgraph.features.pooling.recency_weights`` as it is added (the weights sum to 1: nothing to divide).
+    A broadcast request field has one segment, pooled once; a grouped field (``FGBatch.segment_of``) one
+    per distinct value list.
     """
     n, F = batch.n, len(batch.fields)
     if len(poolings) != F:
         raise ValueError(f"{len(poolings)} poolings for {F} fields")
-    bad = set(poolings) - {"mean", "sum"}
+    bad = set(poolings) - set(POOLING_MODES)
     if bad:
-        raise ValueError(f"unknown pooling {sorted(bad)[0]!r}: expected 'mean' or 'sum'")
+        raise ValueError(f"unknown pooling {sorted(bad)[0]!r}: expected one of {list(POOLING_MODES)}")
+    weights = _value_weights(batch, poolings, half_lives)
     dim = table.shape[1] - 1
     inverse = keys.inverse  # lookup k's row of ``table``: gathered straight into the sums, no [K, D+1] copy
     if F:
@@ -129,11 +169,16 @@ def pool_rows(batch: FGBatch, keys: Keys, table: np.ndarray, poolings: list[str]
         sl, st = lengths[order], starts[order]
         longer = np.searchsorted(-sl, -np.arange(int(sl[0]) if len(sl) else 0), side="left")  # #segments > j
         sums = np.zeros((len(lengths), dim + 1), dtype=np.float32)
-        if len(longer):
-            sums[: longer[0]] = table[inverse[st[: longer[0]]]]
-        for j in range(1, len(longer)):
-            c = longer[j]
-            sums[:c] += table[inverse[st[:c] + j]]
+        if weights is None:
+            if len(longer):
+                sums[: longer[0]] = table[inverse[st[: longer[0]]]]
+            for j in range(1, len(longer)):
+                c = longer[j]
+                sums[:c] += table[inverse[st[:c] + j]]
+        else:  # the same walk, each value times its weight
+            for j in range(len(longer)):
+                at = st[: longer[j]] + j
+                sums[: longer[j]] += table[inverse[at]] * weights[at][:, None]
         mean = np.repeat(np.array([p == "mean" for p in poolings]), nseg)[order] & (sl > 1)
         if mean.any():  # one pass over all segments (dividing by 1 is exact): cheaper than a masked gather+scatter
             np.divide(sums, np.where(mean, sl, 1).astype(np.float32)[:, None], out=sums)

@@ -97,6 +97,7 @@ class Scorer:
         self.spec = mv.spec
         self.dim = m.embedding_dim
         self.poolings = [f.pooling for f in self.spec.fields]
+        self.half_lives = [f.half_life for f in self.spec.fields]
         if m.field_names() != self.spec.field_names:
             raise ModelDirError(f"{self.version_dir}: manifest field order differs from its spec")
         if max(f.rows for f in self.spec.fields) > ROW_LIMIT:
@@ -217,7 +218,7 @@ class Scorer:
             if self.row_cache is not None:
                 c["cache_hits"] += hits
                 c["cache_misses"] += read
-        segments = pool_rows(batch, keys, rows, self.poolings)
+        segments = pool_rows(batch, keys, rows, self.poolings, self.half_lives)
         stats = {
             "lookups": int(len(keys.inverse)),
             "unique_rows": int(len(keys.unique_rows)),

@@ -34,13 +34,14 @@ enter the logit linearly and tolerate larger steps than the embeddings.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
 from offgraph.features.fg import FGBatch
+from offgraph.features.pooling import recency_weights
 from offgraph.scoring.batch import batch_keys
 from offgraph.store.keys import ROW_LIMIT, combine_keys, split_keys  # noqa: F401 (ROW_LIMIT: stream_train)
 from offgraph.streaming.stream_train_config import TIME_UNITS
@@ -64,8 +65,9 @@ class BatchIndex:
         return combine_keys(self.tables, self.rows)
 
 
-def batch_index(batch: FGBatch, poolings: list[str]) -> BatchIndex:
-    """Unique rows and pooling segments of an FG batch (``transform_columns``: no broadcast)."""
+def batch_index(batch: FGBatch, poolings: list[str], half_lives: Sequence[float | None] | None = None) -> BatchIndex:
+    """Unique rows and pooling segments of an FG batch (``transform_columns``: no broadcast); a ``recency``
+    field's scale is each value's ``recency_weights`` (``half_lives[f]``, the spec's ``half_life``)."""
     if any(batch.broadcast):
         raise ValueError(
             "stream training needs one FG row per event (transform_columns), not a broadcast request batch"
@@ -77,14 +79,15 @@ def batch_index(batch: FGBatch, poolings: list[str]) -> BatchIndex:
     segs, scales = [], []
     for f, (rag, mode) in enumerate(zip(batch.fields, poolings)):
         lengths = rag.lengths
-        if mode == "mean":
-            per_event = 1.0 / np.maximum(lengths, 1).astype(np.float32)
-        elif mode == "sum":
-            per_event = np.ones(n, np.float32)
-        else:
-            raise ValueError(f"field {f}: unknown pooling {mode!r}: expected 'mean' or 'sum'")
         segs.append(np.repeat(np.arange(n, dtype=np.int64) * F + f, lengths))
-        scales.append(np.repeat(per_event, lengths))
+        if mode == "mean":
+            scales.append(np.repeat(1.0 / np.maximum(lengths, 1).astype(np.float32), lengths))
+        elif mode == "sum":
+            scales.append(np.ones(int(lengths.sum()), np.float32))
+        elif mode == "recency" and half_lives is not None and half_lives[f] is not None:
+            scales.append(recency_weights(lengths, float(half_lives[f])))
+        else:
+            raise ValueError(f"field {f}: unknown pooling {mode!r} (recency needs its half_life)")
     segment = np.concatenate(segs).astype(np.int32) if segs else np.zeros(0, np.int32)
     scale = np.concatenate(scales).astype(np.float32) if scales else np.zeros(0, np.float32)
     if len(segment) != len(keys.inverse):

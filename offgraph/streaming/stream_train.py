@@ -140,6 +140,7 @@ class StreamTrainer:
         self.source, self.cfg, self.spec = source, config, spec
         self.model_name, self.model_version = model_name, int(model_version)
         self.poolings = [f.pooling for f in spec.fields]
+        self.half_lives = [f.half_life for f in spec.fields]
         if config.fields is not None:
             unknown = sorted(set(config.fields) - set(spec.field_names))
             if unknown or not config.fields:
@@ -177,7 +178,7 @@ class StreamTrainer:
         """CTRs (before calibration) of n events with the trainer's current rows; no update."""
         if n == 0:
             return np.zeros(0, np.float32)
-        idx = impl.batch_index(self.fg.transform_columns(columns, n), self.poolings)
+        idx = impl.batch_index(self.fg.transform_columns(columns, n), self.poolings, self.half_lives)
         _, v, w = self._current(idx)
         logits = self._predict(
             tf.constant(v),
@@ -197,7 +198,7 @@ class StreamTrainer:
         if n == 0:
             return {"n": 0, "bce": 0.0, "p": np.zeros(0, np.float32)}
         batch = self.fg.transform_columns(columns, n)
-        idx = impl.batch_index(batch, self.poolings)
+        idx = impl.batch_index(batch, self.poolings, self.half_lives)
         slots, v, w = self._current(idx)
         bce, logits, gv, gw = self._grad(
             tf.constant(v),
