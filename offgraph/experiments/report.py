@@ -128,7 +128,11 @@ def _json_field_slice(texts: pa.Array, name: str) -> pa.Array:
     error = None
     # an explicit type: inferring every field would fail on a field whose type varies, and read them all
     for typ in (pa.int64(), pa.string(), pa.float64(), pa.bool_()):
-        parse = pj.ParseOptions(explicit_schema=pa.schema([(name, typ)]), unexpected_field_behavior="ignore")
+        parse = pj.ParseOptions(
+            explicit_schema=pa.schema([(name, typ)]),
+            unexpected_field_behavior="ignore",
+            newlines_in_values=True,  # a candidate is logged as the caller sent its bytes: it may span lines
+        )
         try:
             col = pj.read_json(pa.BufferReader(buf), read_options=read, parse_options=parse).column(name)
         except pa.ArrowInvalid as e:
@@ -204,7 +208,8 @@ def _outcome_pairs(outcomes: pa.Table, item_field: str, gain_event: str) -> pa.T
         }
     )
     agg = t.group_by(["request_id", "item"]).aggregate([("clicked", "max"), ("gain", "sum")])
-    return agg.rename_columns(["request_id", "item", "clicked", "gain"])
+    names = {"request_id": "request_id", "item": "item", "clicked": "clicked_max", "gain": "gain_sum"}
+    return pa.table({name: agg.column(col) for name, col in names.items()})  # by name: the order varies by version
 
 
 def _ndcg(gain: np.ndarray, rank: np.ndarray, parent: np.ndarray, n: np.ndarray, k: int) -> tuple:

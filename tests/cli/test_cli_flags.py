@@ -66,6 +66,7 @@ def test_the_subcommands_are_all_there():
         "experiment set",
         "experiment show",
         "experiment clear",
+        "experiment report",
     }
 
 
