@@ -74,7 +74,8 @@ def create_app(
         title="offgraph", version="1", description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None
     )
     install_docs(app)
-    app.state.experiments = Experiments(state.models.models_dir)  # every worker reads the records under MODELS
+    # every worker reads the records under MODELS; every protocol's score path assigns arms from them
+    state.experiments = app.state.experiments = Experiments(state.models.models_dir)
     if served_log is not None:
         metrics = state.metrics
         served_log.count_with(

@@ -17,11 +17,20 @@ SCOPE_DOC = (
 
 
 # -- TensorFlow Serving -----------------------------------------------------------------------------------------
+ARM_DOC = (
+    "Only in an experiment (`PUT /v1/models/{name}/experiment`) and when the request named no version or label: "
+    "the arm that answered (the label, `v<version>`, or `prior`), as `:score` names it."
+)
+ARM_VERSION_DOC = "Only with `arm`: the version that answered (absent for the prior arm, which is no model)."
+
+
 class PredictResponse(BaseModel):
     predictions: list[float] = Field(
         description="One score per instance, in instance order: the same as `:score` gives for those candidates "
         "(calibrated CTRs, or ranking scores: `GET /v1/models/{name}` `loaded.score_kind`)."
     )
+    arm: str | None = Field(None, description=ARM_DOC)
+    version: int | None = Field(None, description=ARM_VERSION_DOC)
 
 
 class ColumnarPredictResponse(BaseModel):
@@ -29,6 +38,8 @@ class ColumnarPredictResponse(BaseModel):
         description="TensorFlow Serving's columnar answer (to `inputs`): one score per candidate, in the inputs' "
         "order, the same as `:score` gives for those candidates."
     )
+    arm: str | None = Field(None, description=ARM_DOC)
+    version: int | None = Field(None, description=ARM_VERSION_DOC)
 
 
 class VersionStatusList(BaseModel):
@@ -195,6 +206,9 @@ class InferResponse(BaseModel):
     """The scores the `:score` route gives for the same candidates, and the version that made them."""
 
     model_name: str
-    model_version: str
+    model_version: str | None = Field(
+        default=None, description="The version that made the scores (absent only for an experiment's prior arm)."
+    )
     id: str | None = None
+    parameters: dict[str, str] | None = Field(default=None, description="`arm`: " + ARM_DOC)
     outputs: list[InferOutputTensor]

@@ -13,6 +13,7 @@ from typing import Any
 
 from offgraph.server.config import ServerConfig
 from offgraph.server.http.request_id import REQUEST_ID
+from offgraph.server.models.experiment import Experiments
 from offgraph.server.models.registry import ModelRegistry
 from offgraph.server.process.gc_tuning import GcPauses, collect_young_forever
 from offgraph.server.process.loop_lag import watch_loop_lag
@@ -47,6 +48,7 @@ class ServerState:
     metrics: ServerMetrics
     pool: ThreadPoolExecutor | None = None
     served_log: ServedLog | None = None
+    experiments: Experiments | None = None  # the models' experiments (create_app), read by every protocol's score
     _poll_task: asyncio.Task | None = field(default=None, repr=False)
     _gc: GcPauses | None = field(default=None, repr=False)
     _lag_task: asyncio.Task | None = field(default=None, repr=False)

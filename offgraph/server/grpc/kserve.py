@@ -22,7 +22,6 @@ bad input.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,7 +29,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from offgraph import __version__
 from offgraph.server.api.deps import get_holder, label_name, model_name, readiness, version_number
-from offgraph.server.api.predict_scoring import log_scored, score_tensors
+from offgraph.server.api.predict_scoring import score_tensors, scored
 from offgraph.server.api.routers.kserve import OUTPUT, describe_model
 from offgraph.server.api.tensor_inputs import Tensor
 from offgraph.server.http.errors import ApiError
@@ -153,16 +152,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for o in request.outputs:
                 if o.name != OUTPUT:
                     raise _bad(f"output '{o.name[:60]}': the model's only output is '{OUTPUT}'")
-            args = (holder, tensors_of(request), version, label, ctx.state.config.max_candidates)
-            served, scores, joined = await ctx.state.run_scoring(score_tensors, *args)
+            args = (tensors_of(request), version, label, ctx.state.config.max_candidates)
+            served, scores, arm = await scored(ctx.state, holder, started, version, label, score_tensors, *args)
         except asyncio.CancelledError:
             ctx.count_cancelled(context, self._method("ModelInfer"), name)
             raise
         except Exception as e:
             await ctx.abort(context, self._method("ModelInfer"), name, e)
-        ctx.state.metrics.observe_score(holder.name, len(scores), time.perf_counter() - started)
-        log_scored(ctx.state, holder, served, scores, joined)
-        out = service_pb2.ModelInferResponse(model_name=holder.name, model_version=str(served), id=request.id)
+        out = service_pb2.ModelInferResponse(
+            model_name=holder.name, model_version="" if served is None else str(served), id=request.id
+        )
+        if arm is not None:  # in an experiment: the arm that answered, as REST's parameters name it
+            out.parameters["arm"].string_param = arm.name
         out.outputs.add(name=OUTPUT, datatype="FP32", shape=[len(scores)])
         out.raw_output_contents.append(np.asarray(scores, dtype="<f4").tobytes())
         return out

@@ -46,7 +46,7 @@ from tensorflow_serving.apis import (
 )
 
 from offgraph.server.api.deps import get_holder, label_name, model_name
-from offgraph.server.api.predict_scoring import score_tensors, scored
+from offgraph.server.api.predict_scoring import ArmChoice, Scored, score_tensors, scored
 from offgraph.server.api.routers.tfserving import SIGNATURE, metadata
 from offgraph.server.api.tensor_inputs import Tensor
 from offgraph.server.api.version_status import version_status
@@ -63,6 +63,7 @@ PREDICTION = "tensorflow.serving.PredictionService"
 MODEL = "tensorflow.serving.ModelService"
 SERVICE_NAMES = (PREDICTION, MODEL)
 OUTPUT = "predictions"  # REST :predict's key, and the output GetModelMetadata names
+ARM_METADATA = "offgraph-arm"  # Predict's answer in an experiment: the arm that answered (PredictResponse has no room)
 
 DT = types_pb2.DataType
 DATATYPES = {  # TensorProto dtype -> (KServe v2 datatype of offgraph.server.api.tensor_inputs, its typed field)
@@ -135,11 +136,13 @@ def _check_signature(spec: model_pb2.ModelSpec) -> None:
         raise _bad(f"signature_name {spec.signature_name[:60]!r}: the model's only signature is '{SIGNATURE}'")
 
 
-def _score_inputs(holder: Any, inputs: Any, version: int | None, label: str | None, limit: int) -> Any:
+def _score_inputs(
+    holder: Any, inputs: Any, version: int | None, label: str | None, limit: int, experiment: ArmChoice | None = None
+) -> Scored:
     """``score_tensors`` of a ``PredictRequest``'s inputs, read as ``Tensor`` s here, in the scoring thread: work
     the event loop need not do (with the kernel a ``string_val`` is copied out as raw contents; without it, it
     becomes a Python object per element)."""
-    return score_tensors(holder, [tensor_of(k, t) for k, t in inputs.items()], version, label, limit)
+    return score_tensors(holder, [tensor_of(k, t) for k, t in inputs.items()], version, label, limit, experiment)
 
 
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
@@ -157,9 +160,8 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             if n > ctx.state.config.max_candidates:  # before any input is decoded
                 raise _bad(too_many_candidates(n, ctx.state.config.max_candidates))
             limit = ctx.state.config.max_candidates
-            served, scores = await scored(
-                ctx.state, holder, started, _score_inputs, request.inputs, version, label, limit
-            )
+            args = (request.inputs, version, label, limit)
+            served, scores, arm = await scored(ctx.state, holder, started, version, label, _score_inputs, *args)
         except asyncio.CancelledError:
             ctx.count_cancelled(context, method, name)
             raise
@@ -167,7 +169,10 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             await ctx.abort(context, method, name, e)
         out = predict_pb2.PredictResponse()
         out.model_spec.name, out.model_spec.signature_name = holder.name, SIGNATURE
-        out.model_spec.version.value = served
+        if served is not None:  # the prior arm of an experiment is no version
+            out.model_spec.version.value = served
+        if arm is not None:  # in an experiment: the arm that answered, in the response's metadata
+            await context.send_initial_metadata(((ARM_METADATA, arm.name),))
         scores_out = out.outputs[OUTPUT]
         scores_out.dtype = DT.Value("DT_FLOAT")
         scores_out.tensor_shape.dim.add(size=len(scores))

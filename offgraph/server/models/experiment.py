@@ -89,6 +89,13 @@ class Arm:
     def identity(self) -> tuple[str, Any]:
         return self.kind, self.ref
 
+    @property
+    def selection(self) -> tuple[int | None, str | None]:
+        """(version, label) a model arm scores with, as a body naming it would ask (the prior arm: neither)."""
+        if self.kind == "version":
+            return self.ref, None  # type: ignore[return-value]  # a version arm's ref is its version (an int)
+        return (None, str(self.ref)) if self.kind == "label" else (None, None)
+
     def as_json(self) -> dict:
         out: dict[str, Any] = {"prior": True} if self.kind == "prior" else {self.kind: self.ref}
         return {**out, "arm": self.name, "weight": self.weight, "ranges": [list(r) for r in self.ranges]}

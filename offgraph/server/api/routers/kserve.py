@@ -37,6 +37,7 @@ from offgraph.server.api.predict_scoring import score_tensors, scored
 from offgraph.server.api.schemas import ErrorResponse
 from offgraph.server.api.tensor_inputs import metadata_datatype
 from offgraph.server.api.version_status import serving_version
+from offgraph.server.models.experiment import Arm
 from offgraph.server.models.served import ModelHolder
 from offgraph.server.process.metrics import START_KEY
 
@@ -178,16 +179,21 @@ async def _infer_body(request: Request) -> Inference:
 InferBodyDep = Annotated[Inference, Depends(_infer_body)]
 
 
-def _answer(holder: ModelHolder, served: int, scores: np.ndarray, body: Inference) -> Response:
+def _answer(holder: ModelHolder, served: int | None, scores: np.ndarray, body: Inference, arm: Arm | None) -> Response:
     n = len(scores)
+    said = {
+        "model_name": holder.name,
+        "model_version": None if served is None else str(served),
+        "id": body.id,
+        "parameters": None if arm is None else {"arm": arm.name},
+    }
     if not body.binary_output:
         out = InferOutputTensor(name=OUTPUT, datatype="FP32", shape=[n], data=scores.tolist())
-        answer = InferResponse(model_name=holder.name, model_version=str(served), id=body.id, outputs=[out])
+        answer = InferResponse(**said, outputs=[out])
         return Response(answer.model_dump_json(exclude_none=True), media_type="application/json")
     data = np.asarray(scores, dtype="<f4").tobytes()
     out = InferOutputTensor(name=OUTPUT, datatype="FP32", shape=[n], parameters={"binary_data_size": len(data)})
-    header = InferResponse(model_name=holder.name, model_version=str(served), id=body.id, outputs=[out])
-    head = header.model_dump_json(exclude_none=True).encode()
+    head = InferResponse(**said, outputs=[out]).model_dump_json(exclude_none=True).encode()
     return Response(
         head + data,
         media_type="application/octet-stream",
@@ -198,8 +204,8 @@ def _answer(holder: ModelHolder, served: int, scores: np.ndarray, body: Inferenc
 async def _infer(holder: ModelHolder, state: Any, request: Request, body: Inference, version: int | None) -> Response:
     started = request.scope.get(START_KEY, 0.0)
     args = (body.tensors, version, body.label, state.config.max_candidates)
-    served, scores = await scored(state, holder, started, score_tensors, *args)
-    return _answer(holder, served, scores, body)
+    served, scores, arm = await scored(state, holder, started, version, body.label, score_tensors, *args)
+    return _answer(holder, served, scores, body, arm)
 
 
 def _request_body() -> dict[str, Any]:

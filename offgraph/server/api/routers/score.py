@@ -24,11 +24,13 @@ from pydantic import Field, create_model
 from starlette.routing import request_response
 
 from offgraph.server.api.deps import Holder, get_holder, model_name
+from offgraph.server.api.predict_scoring import arm_name as arm_label
+from offgraph.server.api.predict_scoring import arm_version
 from offgraph.server.api.schemas import CANDIDATES_DOC, Features, ScoreRequest, ScoreResponse, error_responses
 from offgraph.server.api.score_body import ScoreBodyParser
 from offgraph.server.config import ServerConfig
 from offgraph.server.http.errors import ApiError
-from offgraph.server.models.experiment import NO_ARM, prior_scores
+from offgraph.server.models.experiment import prior_scores
 from offgraph.server.models.served import NotServing
 from offgraph.server.process.metrics import START_KEY
 
@@ -66,12 +68,12 @@ async def _answer(body: Any, holder: Any, state: Any, request: Request) -> Respo
     metrics = state.metrics
     arm = None
     if body.version is None and body.label is None:
-        exp = request.app.state.experiments.get(holder.name)
+        exp = state.experiments.get(holder.name)
         if exp is not None:
             arm, assigned = exp.assign(body.request)
             if not assigned:
                 metrics.unassigned.labels(holder.name).inc()
-    arm_name = NO_ARM if arm is None else arm.name
+    arm_name = arm_label(arm)
     try:
         if arm is not None and arm.kind == "prior":
             version, scores, kind, unknown_candidates, unknown_request = (
@@ -83,23 +85,17 @@ async def _answer(body: Any, holder: Any, state: Any, request: Request) -> Respo
             )
             joined = None
         else:
-            version_asked, label = (
-                (body.version, body.label)
-                if arm is None
-                else (arm.ref, None)
-                if arm.kind == "version"
-                else (None, arm.ref)
-            )
+            version_asked, label = (body.version, body.label) if arm is None else arm.selection
             version, scores, joined, kind = await state.run_scoring(
                 holder.score, body.request, body.candidates, version_asked, label
             )
             unknown_candidates, unknown_request = joined.unknown_candidates, joined.unknown_request
     except NotServing as e:
-        metrics.count_arm_error(holder.name, _arm_version(holder, arm, body), arm_name)
+        metrics.count_arm_error(holder.name, arm_version(holder, arm, body.version, body.label), arm_name)
         body.candidates.dicts()  # the body is refused first: a candidate the model refuses is its 422, not this 404
         raise ApiError(404, str(e)) from None
     except Exception:
-        metrics.count_arm_error(holder.name, _arm_version(holder, arm, body), arm_name)
+        metrics.count_arm_error(holder.name, arm_version(holder, arm, body.version, body.label), arm_name)
         raise
     n = len(body.candidates)
     seconds = time.perf_counter() - request.scope.get(START_KEY, 0.0)
@@ -121,17 +117,6 @@ async def _answer(body: Any, holder: Any, state: Any, request: Request) -> Respo
     # serialized by pydantic's own encoder: the default path re-validates the model and renders it with
     # json.dumps, which costs a float's repr per candidate in Python. exclude_unset: ``arm`` only in an experiment
     return Response(out.model_dump_json(exclude_unset=True), media_type="application/json")
-
-
-def _arm_version(holder: Any, arm: Any, body: Any) -> int | None:
-    """The version a failed request was meant for, as far as it is known (None: unknown, or the prior arm)."""
-    if arm is None:
-        sv = holder.peek(body.version, body.label)
-    elif arm.kind == "prior":
-        return None
-    else:
-        sv = holder.peek(arm.ref, None) if arm.kind == "version" else holder.peek(None, arm.ref)
-    return None if sv is None else sv.version
 
 
 class _ScoreRoute(APIRoute):

@@ -31,7 +31,7 @@ from offgraph.server.api.anchor_schemas import (
 )
 from offgraph.server.api.deps import Holder, LabelName, PathView, State, VersionNumber
 from offgraph.server.api.model_inputs import describe_inputs, shape
-from offgraph.server.api.predict_scoring import score_json_columns, score_rows, scored
+from offgraph.server.api.predict_scoring import ArmChoice, Scored, score_json_columns, score_rows, scored
 from offgraph.server.api.schemas import ErrorResponse
 from offgraph.server.api.state import ServerState
 from offgraph.server.api.tfserving_body import PredictBody
@@ -62,10 +62,11 @@ _PREDICT_ERRORS = {
 _STATUS_ERRORS = error_key_responses(**_NAME_ERRORS, e503="The model's first load is under way (`Retry-After`).")
 
 
-def score_instances(holder: ModelHolder, body: Any, version: int | None, label: str | None) -> tuple[int, Any, Any]:
-    """The row format's ``body.instances`` sharing ``body.context``, scored (in a scoring thread): the gRPC
-    ``Predict``'s entry too (``offgraph.server.grpc.tfserving``)."""
-    return score_rows(holder, body.instances, body.context, version, label)
+def score_instances(
+    holder: ModelHolder, body: Any, version: int | None, label: str | None, experiment: ArmChoice | None = None
+) -> Scored:
+    """The row format's ``body.instances`` sharing ``body.context``, scored (in a scoring thread)."""
+    return score_rows(holder, body.instances, body.context, version, label, experiment=experiment)
 
 
 async def _predict(
@@ -74,14 +75,21 @@ async def _predict(
     started = request.scope.get(START_KEY, 0.0)
     out: PredictResponse | ColumnarPredictResponse
     if body.inputs is None:  # the row format
-        _, scores = await scored(state, holder, started, score_instances, body, version, label)
+        served, scores, arm = await scored(
+            state, holder, started, version, label, score_instances, body, version, label
+        )
         out = PredictResponse(predictions=scores.tolist())
     else:  # the columnar format: the named columns, read as the version's inputs
         limit = state.config.max_candidates
-        _, scores = await scored(state, holder, started, score_json_columns, body.inputs, version, label, limit)
+        args = (body.inputs, version, label, limit)
+        served, scores, arm = await scored(state, holder, started, version, label, score_json_columns, *args)
         out = ColumnarPredictResponse(outputs=scores.tolist())
+    if arm is not None:  # in an experiment: the arm and version that answered, as :score names them
+        out.arm = arm.name
+        if served is not None:  # the prior arm is no version
+            out.version = served
     # pydantic's own encoder, as :score (FastAPI's default path would render each float in Python)
-    return Response(out.model_dump_json(), media_type="application/json")
+    return Response(out.model_dump_json(exclude_unset=True), media_type="application/json")
 
 
 def build_router(config: ServerConfig) -> APIRouter:
