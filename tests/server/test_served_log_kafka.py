@@ -100,3 +100,38 @@ def test_a_broker_down_drops_and_counts_never_failing_a_request_and_writing_resu
     finally:
         stop_server(proc, 60)
         broker.kill()
+
+
+def test_a_batch_bigger_than_a_message_is_split_into_streams_that_each_fit():
+    """``encode_streams``: halves until each stream fits ``max_bytes`` (a row alone bigger: one stream of it); the
+    streams read back, in order, are the table."""
+    import pyarrow as pa
+
+    from offgraph.server.process.served_log_base import schema
+    from offgraph.server.process.served_log_kafka import encode_streams
+
+    rng = np.random.default_rng(0)
+    rows = 40
+    texts = [[rng.bytes(3000).hex() for _ in range(4)] for _ in range(rows)]  # ~24 kB of incompressible text a row
+    table = pa.Table.from_pydict(
+        {
+            "request_id": [f"r{i}" for i in range(rows)],
+            "time": [i for i in range(rows)],
+            "model": ["ml"] * rows,
+            "version": [1] * rows,
+            "arm": ["none"] * rows,
+            "request": ["{}"] * rows,
+            "candidates": texts,
+            "scores": [[0.5] * 4] * rows,
+            "order": [[0, 1, 2, 3]] * rows,
+        },
+        schema=schema(),
+    )
+    streams = encode_streams(table, max_bytes=100_000)
+    # a row is ~12 kB compressed (hex of random bytes: zstd halves it): halved 40 -> 20 -> 10 (120 kB) -> 5 (60 kB)
+    assert [n for n, _ in streams] == [5] * 8
+    assert all(len(s) <= 100_000 for _, s in streams)
+    back = pa.concat_tables([pa.ipc.open_stream(s).read_all() for _, s in streams])
+    assert back.equals(table)
+    (one,) = encode_streams(table.slice(0, 1), max_bytes=100)  # a row alone bigger than a message: as it is
+    assert one[0] == 1 and len(one[1]) > 100
