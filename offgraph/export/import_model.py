@@ -399,7 +399,8 @@ class SourceReference:
             for i, (f, t) in enumerate(zip(self.spec.fields, tables)):
                 ids, mask = x[f"ids_{i}"][s : s + batch], x[f"mask_{i}"][s : s + batch]
                 count = mask.sum(1, keepdims=True)
-                scale = 1.0 / np.maximum(count, 1.0) if f.pooling == "mean" else np.ones_like(count)
+                # as offgraph.model.head.masked_pool: a recency field's mask holds its values' weights
+                scale = np.ones_like(count) if f.pooling == "sum" else 1.0 / np.maximum(count, 1.0)
                 embs.append(np.einsum("nl,nld->nd", mask, t.vectors[ids]) * scale)
                 fos.append((mask * t.first_order[ids]).sum(1) * scale[:, 0])
             parts = [tf.constant(np.stack(embs, 1), tf.float32), tf.constant(np.stack(fos, 1), tf.float32)]
