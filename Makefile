@@ -32,7 +32,7 @@ demo: setup
 # An online experiment replayed on MovieLens-100k's held-out user-days (examples/experiment_replay.py): a pointwise and
 # a listwise model exported as two versions, served with the served log, three arms sticky by user (the items' prior
 # order, pointwise, listwise), one request per user-day, outcomes from the ratings, `offgraph experiment report`.
-# About 5 minutes on 2 cores; a second run reuses the models. Figures: README "Experiments", bench/results/experiment-replay/
+# 272 s on the 2 idle cores (up to 8 min while other jobs load them); a second run reuses the models. Figures: README "Experiments", bench/results/experiment-replay/
 EXPERIMENT ?= out/demo-experiment
 EXPERIMENT_ARGS ?=
 demo-experiment: setup
