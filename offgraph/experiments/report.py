@@ -12,7 +12,7 @@ candidate's features as JSON and the order returned) and an outcome log (``read_
 - **UCTR**: the share of the arm's users with at least one clicked candidate;
 - **mean gain**: the candidates' summed gain / served candidates. A candidate's gain is the sum of the values
   of its ``gain_event`` events (``play_share`` by default: the share of the item played; ``click`` and
-  ``play`` events count 1 each unless the log gives a ``value``);
+  ``play`` events count 1 each unless the log gives a ``value``; a null value counts 1);
 - **NDCG@k of the served order**: per request, DCG@k of the gains in the order the arm returned
   (``order``: by descending score; the prior arm's is the order sent) over the DCG@k of the same gains sorted
   descending, discount 1 / log2(1 + rank), the gains as measured (not 2^g - 1: a gain is already a gain);
