@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -94,6 +94,59 @@ class Joined:
     unknown_request: bool = False
     unusable: int = 0  # stored rows left out because FG refuses their values (FeatureJoin.screen)
     lacking: Sequence[bool] = ()  # per candidate (with item tables): its key was looked up and has no row
+    # per item table (FeatureJoin.item_tables' order), per candidate: the stored record merged into it (the record
+    # cache's own bytes object, not a copy), None where nothing was (no row, a row left out, a body with every column)
+    records: Sequence[Sequence[bytes | None]] = ()
+    # the candidates as FG saw them, by reference (JoinedCandidates), where ``candidates`` are the ones sent (the
+    # scorer's candidate cache): what the served log writes (``as_seen``)
+    seen: JoinedCandidates | None = None
+
+    @property
+    def as_seen(self) -> Any:
+        """The candidates as FG saw them: ``seen`` where the scorer set it, else ``candidates`` (already so)."""
+        return self.candidates if self.seen is None else self.seen
+
+
+def _merged(cand: Mapping[str, Any], row: Mapping[str, Any], columns: Sequence[str], whole: bool) -> dict[str, Any]:
+    """``cand`` with ``row``'s values of ``columns`` it lacks (the body's values win), a new dict: the held row and the
+    caller's dict are never changed. ``whole``: every column of the row is one of ``columns`` (merged in one call)."""
+    if whole:
+        return {**row, **cand}
+    merged = dict(cand)
+    for col in columns:
+        if col not in merged and col in row:
+            merged[col] = row[col]
+    return merged
+
+
+class JoinedCandidates:
+    """A request's candidates as the join gave them to FG, held as references until asked for (the served log's
+    writer thread, for a sampled request only): the candidates as sent (``sent``: each one's dict, decoded when
+    asked) and, per candidate, the stored records the join merged into it (``records(i)``: one per item table, in
+    ``join.item_tables``' order, None where none was). A candidate the scorer's candidate cache held was not joined
+    by its request: its records are the ones its cache entry kept from the join that made it, which are the table's
+    state that request scored with (the cache is emptied when a table changes: ``FeatureJoin.generation``), never a
+    read of the table now. Nothing is decoded or merged on the request path."""
+
+    __slots__ = ("sent", "records", "join")
+
+    def __init__(self, sent: Any, records: Callable[[int], Sequence[bytes | None]], join: FeatureJoin):
+        self.sent, self.records, self.join = sent, records, join
+
+    def __len__(self) -> int:
+        return len(self.sent)
+
+    def dicts(self) -> list[dict[str, Any]]:
+        """Every candidate as FG saw it: its dict as sent with each record merged as ``FeatureJoin.fill`` merged it."""
+        join = self.join
+        sent = self.sent.dicts() if hasattr(self.sent, "dicts") else self.sent
+        out = []
+        for i, cand in enumerate(sent):
+            for t, v in zip(join.item_tables, self.records(i)):
+                if v is not None:
+                    cand = _merged(cand, cast(dict, decode_row(v)), t.columns, join._whole.get(t.name, False))
+            out.append(cand)
+        return out
 
 
 def ids_only_checks(spec: FeatureSpec) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
@@ -285,12 +338,15 @@ class FeatureJoin:
                         request[c] = row[c]
         unknown = 0
         lacking: list[bool] = []
+        records: list[list[bytes | None]] = []
         if self.item_tables:
             out = list(candidates)  # a candidate is copied only when a row is merged into it
             lacking = [False] * len(out)
             for t in self.item_tables:
                 keys = row_keys([c.get(t.key) for c in candidates])  # None where the key is absent: no lookup
                 entries = self._item_entries(t.name, keys)
+                merged_records: list[bytes | None] = [None] * len(out)
+                records.append(merged_records)
                 cols = self._columns[t.name]
                 whole = self._whole.get(t.name, False)
                 bad = self._bad.get(t.name)  # rows known to be unusable, by their record's hash (screen)
@@ -310,18 +366,13 @@ class FeatureJoin:
                         found.append((t.name, known[1], known[2]))
                         lacking[i] = True
                         continue
-                    if whole:
-                        out[i] = {**row, **cand}  # the body's values win; the held row is never changed
-                    else:
-                        merged = out[i] = dict(cand)  # never the caller's dict
-                        for col in t.columns:
-                            if col not in merged and col in row:
-                                merged[col] = row[col]
+                    out[i] = _merged(cand, row, t.columns, whole)
+                    merged_records[i] = v
             unknown = sum(lacking)
             candidates = out
         if found:
             self._log_unusable(found)
-        return Joined(request, candidates, unknown, unknown_request, len(found), lacking)
+        return Joined(request, candidates, unknown, unknown_request, len(found), lacking, records)
 
     def screen(
         self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]], joined: Joined

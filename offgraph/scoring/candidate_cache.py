@@ -6,7 +6,8 @@ feature-table row into it and building its item-cache key from its values costs 
 candidate on every request (``bench/results/serve-latency-candidate-cache/``). A candidate's bytes
 decide all of it, so the server keeps, per candidate bytes, what ``FeatureGenerator.candidate_entries``
 made of the joined candidate (its item-cache entry, the keys the spec does not read, its item-scope
-numeric values), whether the join found its key unknown, and whether it sent only the item key. A
+numeric values), whether the join found its key unknown, whether it sent only the item key, and the stored
+records the join merged into it (references: what the served log writes of it, ``RECORDS``). A
 request whose candidates this cache holds decodes none of them: one dict lookup per candidate.
 
 Exact: the bytes are the candidate, and what they give changes only with the feature tables. A
@@ -17,8 +18,8 @@ than the change). Nothing of a request that fails anywhere (a value FG refuses, 
 used, an undecodable or invalid candidate) is stored: the scorer's one path refuses it, or screens it
 (``Scorer.score_joined``).
 
-Bounded: an entry is counted as its key's length, its entry's bytes, the values a cross reads (their
-objects' sizes) and ``ENTRY_OVERHEAD`` (the tuple, the dict's slot, the FG entry's other objects, which it
+Bounded: an entry is counted as its key's length, its entry's bytes (the stored records it keeps included), the
+values a cross reads (their objects' sizes) and ``ENTRY_OVERHEAD`` (the tuple, the dict's slot, the FG entry's other objects, which it
 keeps alive after the item cache dropped them;
 ``tests/scoring/test_candidate_cache.py`` checks the count against tracemalloc); past ``max_bytes`` the
 oldest go first (FIFO: a hit moves nothing).
@@ -44,14 +45,19 @@ FULL = 0.9
 PROBE_EVERY = 16
 """While requests skip the cache, one in this many still looks (and holds), so a return of repeated candidates is seen."""
 
-LACKING, ONLY_KEY = 5, 6
+LACKING, ONLY_KEY, RECORDS = 5, 6, 7
 """Positions in an entry: after ``candidate_entries``' five parts (the FG entry's three, ignored keys,
-item-scope numeric bytes), the join's unknown flag, then whether it holds the item key alone."""
+item-scope numeric bytes), the join's unknown flag, whether it holds the item key alone, then (with item tables) the
+stored record the join merged into the candidate, one per item table (``Joined.records``; None: none): the served
+log's source for a held candidate's joined features (``JoinedCandidates``), as they were when it was joined."""
 
 
 def entry_bytes(key: bytes, entry: tuple, crossed: Sequence[int]) -> int:
     """What ``entry`` (of ``key``) is counted at; ``crossed``: the positions of its values a cross reads."""
     n = len(key) + len(entry[1]) + len(entry[2]) + len(entry[4]) + ENTRY_OVERHEAD
+    for r in entry[RECORDS:]:  # the record cache's own bytes, kept alive here once it dropped them: counted
+        if r is not None:
+            n += len(r)
     values = entry[0]
     for j in crossed:  # the values a cross reads: a tuple of str per position
         n += sys.getsizeof(values[j]) + sum(map(sys.getsizeof, values[j]))

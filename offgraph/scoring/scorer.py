@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from offgraph.calibration import calibrate, score_kind
-from offgraph.feature_tables.join import FeatureJoin, Joined, check_not_ids_only, ids_only_checks
+from offgraph.feature_tables.join import FeatureJoin, Joined, JoinedCandidates, check_not_ids_only, ids_only_checks
 from offgraph.features.fg import FeatureGenerator, FeatureValueError
 from offgraph.features.segment import check_segmenters
 from offgraph.modeldir.manifest import (
@@ -42,7 +43,7 @@ from offgraph.modeldir.manifest import (
 )
 from offgraph.modeldir.version import ModelVersion
 from offgraph.scoring.batch import Segments, batch_keys, pool_rows, read_through_cache
-from offgraph.scoring.candidate_cache import LACKING, ONLY_KEY, CandidateCache
+from offgraph.scoring.candidate_cache import LACKING, ONLY_KEY, RECORDS, CandidateCache
 from offgraph.scoring.memory_budget import CANDIDATE_BYTES, FG_ITEM_BYTES, JOIN_RECORD_BYTES
 from offgraph.scoring.numpy_head import NumpyHead, checked_head, default_max_rows, read_weights
 from offgraph.scoring.raw_candidates import RawCandidates
@@ -338,8 +339,19 @@ class Scorer:
             raise
         if looked and cands.keyable and not joined.unusable and miss:
             cache.put(gen, list(miss), [entries[i] for i in miss.values()])
+        # the candidates as FG saw them, for the served log: references to the entries' records, merged only if asked
+        seen = (
+            JoinedCandidates(cands, lambda i: entries[i][RECORDS:], self.join)
+            if self.join is not None and self.join.item_tables
+            else None
+        )
         done = Joined(
-            joined.request, cands, sum(map(itemgetter(LACKING), entries)), joined.unknown_request, joined.unusable
+            joined.request,
+            cands,
+            sum(map(itemgetter(LACKING), entries)),
+            joined.unknown_request,
+            joined.unusable,
+            seen=seen,
         )
         with self.activity:  # the follower defers its work while a score runs
             try:
@@ -363,10 +375,12 @@ class Scorer:
         entries = list(got)
         if miss:
             lacking = joined.lacking or (False,) * len(miss)
+            # the records the join merged into each (RECORDS on): what the served log writes of a held candidate
+            records = zip(*joined.records) if joined.records else repeat(())
             with self._fg_lock:
                 made = self.fg.candidate_entries(joined.candidates)
-            for i, e, lack, ok in zip(miss.values(), made, lacking, only_key):
-                entries[i] = (*e, lack, ok)
+            for i, e, lack, ok, rec in zip(miss.values(), made, lacking, only_key, records):
+                entries[i] = (*e, lack, ok, *rec)
             if raws is not None and len(miss) < got.count(None):  # a candidate sent twice: its first one's entry
                 entries = [e if e is not None else entries[miss[r]] for e, r in zip(entries, raws)]
         n = len(entries)

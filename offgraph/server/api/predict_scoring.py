@@ -255,7 +255,7 @@ async def scored(
     seconds = time.perf_counter() - started
     metrics.observe_score(holder.name, len(scores), seconds)
     metrics.observe_arm(holder.name, served, arm_name(arm), seconds, scores)
-    state.log_served(holder.name, served, arm_name(arm), joined.request, joined.candidates, scores)
+    state.log_served(holder.name, served, arm_name(arm), joined.request, joined.as_seen, scores)
     return served, scores, arm
 
 

@@ -10,6 +10,17 @@ it to the sink (``ServedSink.write``); a batch the sink cannot take (it raises) 
 the next batch is tried afresh: a sink that comes back is written to again. Every record offered is either
 written or counted as dropped, once.
 
+The candidates are logged as FG saw them, after the feature-table join: for a model with item tables the scorer
+hands over references, never values (``Joined.as_seen``: a ``JoinedCandidates`` over the candidates as sent and the
+scorer's per-candidate entries), and the writer thread merges each candidate's stored records into its dict as sent
+(``FeatureJoin.fill``'s own rule), for a sampled request only: nothing is decoded, merged or copied per candidate
+on the request path. The records are the very bytes the join merged when the candidate was joined, kept in its
+candidate-cache entry (``candidate_cache.RECORDS``, from the record cache, one per item table): a candidate the
+candidate cache held was not joined by its request, and reading the table again in the writer would log the
+table's state at writing, not the one scored; the cache's entries are dropped whenever a table changes
+(``FeatureJoin.generation``), so a held entry's records are the state its request was scored with. Without item
+tables FG saw the candidates as sent: their JSON bytes are written as they are.
+
 Sinks, one module each: ``served_log_spool.SpoolSink`` (a directory of Arrow IPC files, ``--served-log-dir``) and
 ``served_log_kafka.KafkaServedSink`` (one Arrow IPC stream per message on a Kafka topic, ``--served-log-kafka``);
 their readers (``read_served``, ``read_served_kafka``) give the records back as one table. ``open_served_log``
@@ -67,12 +78,19 @@ def _plain(v: Any) -> Any:
 
 def _encoded(record: tuple) -> tuple:
     """A queued record (``ServedLog.offer``'s tuple) with its features as JSON text and its scores as float32. The
-    candidates' own JSON bytes where the scorer has them (a JSON body's candidates as sent): nothing decoded."""
+    candidates as the join gave them to FG (``JoinedCandidates``: made here, from the references the scorer handed
+    over); else (no item table: FG saw them as sent) their own JSON bytes where the scorer has them: nothing decoded."""
     import numpy as np
 
+    from offgraph.feature_tables.join import JoinedCandidates
+
     rid, t, model, version, arm, request, candidates, scores = record
-    raws = getattr(candidates, "json_raws", None)
-    texts = [b.decode() for b in raws] if raws is not None else [_json(c) for c in candidates]
+    if isinstance(candidates, JoinedCandidates):
+        texts = [_json(c) for c in candidates.dicts()]
+    elif (raws := getattr(candidates, "json_raws", None)) is not None:
+        texts = [b.decode() for b in raws]
+    else:
+        texts = [_json(c) for c in candidates]
     return (rid, t, model, version, arm, _json(request), texts, np.asarray(scores, np.float32))
 
 

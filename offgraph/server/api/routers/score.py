@@ -104,7 +104,7 @@ async def _answer(body: Any, holder: Any, state: Any, request: Request) -> Respo
     if joined is None:  # the prior arm: the features as sent (no model, no join)
         state.log_served(holder.name, version, arm_name, body.request, body.candidates, scores)
     else:
-        state.log_served(holder.name, version, arm_name, joined.request, joined.candidates, scores)
+        state.log_served(holder.name, version, arm_name, joined.request, joined.as_seen, scores)
     out = ScoreResponse(
         model=holder.name,
         version=version,
