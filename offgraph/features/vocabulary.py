@@ -31,11 +31,15 @@ from offgraph.features.hashing import hash_strings
 UNKNOWN_ROW = 0
 """The row of every value a vocabulary does not hold."""
 
+VOCABULARY_UNKNOWN = "vocabulary_unknown:"
+"""Prefix of a scorer's per-field count of unknown-row values (``vocabulary_unknown:FIELD`` in its stats)."""
+
 KEY_HASH = "xxh64"
 """The hash of the lookup's index (fixed: the rows come from the file, not from the spec's hash)."""
 
 __all__ = [
     "UNKNOWN_ROW",
+    "VOCABULARY_UNKNOWN",
     "Vocabulary",
     "VocabularyError",
     "read_vocabulary",

@@ -34,6 +34,7 @@ from offgraph.calibration import calibrate, score_kind
 from offgraph.feature_tables.join import FeatureJoin, Joined, JoinedCandidates, check_not_ids_only, ids_only_checks
 from offgraph.features.fg import FeatureGenerator, FeatureValueError
 from offgraph.features.segment import check_segmenters
+from offgraph.features.vocabulary import VOCABULARY_UNKNOWN
 from offgraph.modeldir.manifest import (
     ModelDirError,
     check_negative_rate,
@@ -475,7 +476,7 @@ class Scorer:
         """Cumulative counters (ints) and freshness of this scorer: ``store_rows_read``,
         ``cache_hits``, ``cache_misses``, ``cache_entries``, ``candidate_cache_hits`` / ``candidate_cache_misses``
         (candidates looked up in the candidate cache: ``offgraph.scoring.candidate_cache``), ``vocabulary_unknown``
-        (values of vocabulary fields scored on their unknown row), ``block_cache_hits`` / ``block_cache_misses``
+        (values of vocabulary fields scored on their unknown row; ``vocabulary_unknown:FIELD`` per field), ``block_cache_hits`` / ``block_cache_misses``
         (RocksDB's block cache, with ``store_statistics``; else 0); when following:
         ``last_feed_poll_unix`` (when the follower last read the write feed: rows the writer
         fed before it are served; 0.0 before its first step), ``last_catch_up_unix`` (when
@@ -491,6 +492,7 @@ class Scorer:
         cs = self.row_cache.stats() if self.row_cache is not None else None
         out["candidate_cache_hits"], out["candidate_cache_misses"] = self.candidates.hits, self.candidates.misses
         out["vocabulary_unknown"] = sum(self.fg.vocabulary_unknown.values())
+        out.update({VOCABULARY_UNKNOWN + k: v for k, v in self.fg.vocabulary_unknown.items()})
         out["cache_entries"] = cs["entries"] if cs else 0
         out["cache_capacity_rows"] = cs["capacity_rows"] if cs else 0
         out["cache_bytes"] = cs["bytes"] if cs else 0

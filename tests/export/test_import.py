@@ -199,7 +199,7 @@ def test_whole_keras_model_fp32_served_equals_keras(trained, whole, tmp_path):
     unseen = sum(str(u) not in users for u in held.column("user_id").to_pylist())
     movies = set(trained["vocabs"]["movie"])
     unseen_movies = sum(str(m) not in movies for m in held.column("movie_id").to_pylist())
-    assert unseen_movies + unseen > 0
+    assert unseen_movies > 0 and unseen > 0
     with model_server(whole, tmp_path) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
         served = np.zeros(HELD_OUT, np.float32)
         for request, cands, rows in _requests(held):
@@ -208,10 +208,22 @@ def test_whole_keras_model_fp32_served_equals_keras(trained, whole, tmp_path):
             served[rows] = r.json()["scores"]
         metrics = c.get("/metrics").text
     assert np.abs(served.astype(np.float64) - p_keras).max() <= 1e-5
-    line = next(x for x in metrics.splitlines() if x.startswith('offgraph_vocabulary_unknown_total{model="ml"}'))
-    # each unseen user once per request (request fields are computed once), each unseen movie once per
-    # candidate the item cache did not hold: at least the distinct unseen movies, at most every row
-    assert float(line.split()[-1]) >= 1
+    unknown = {
+        x.split('field="')[1].split('"')[0]: float(x.split()[-1])
+        for x in metrics.splitlines()
+        if x.startswith("offgraph_vocabulary_unknown_total{") and 'model="ml"' in x
+    }
+    # request fields are computed once a request: each request of an unseen user counts once; a movie once
+    # per candidate the item cache did not hold (at least once per distinct unseen movie, at most every row)
+    requests_unseen = {
+        r
+        for r, u in zip(held.column("request_id").to_pylist(), held.column("user_id").to_pylist())
+        if str(u) not in users
+    }
+    distinct_movies = {m for m in held.column("movie_id").to_pylist() if str(m) not in movies}
+    assert unknown.get("user", 0.0) == len(requests_unseen)
+    assert len(distinct_movies) <= unknown["movie"] <= unseen_movies
+    assert "occupation" not in unknown  # every occupation is in its vocabulary
     m = json.loads((whole / "ml" / "2" / "manifest.json").read_text())
     assert m["vocabularies"]["movie"]["keys"] == len(movies)
     assert (whole / "ml" / "2" / m["vocabularies"]["movie"]["path"]).read_text().splitlines() == trained["vocabs"][

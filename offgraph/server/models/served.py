@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from offgraph.features.vocabulary import VOCABULARY_UNKNOWN
 from offgraph.scoring.memory_budget import MemorySplit
 from offgraph.server.models.pacing import Pacer
 from offgraph.store import StoreReadError, StoreUnavailable
@@ -46,8 +47,12 @@ COUNTERS = (
     "unusable_feature_rows",
     "candidate_cache_hits",
     "candidate_cache_misses",
-    "vocabulary_unknown",
 )
+
+
+def _counted(stats: dict[str, Any]):
+    """The ``COUNTERS`` keys, then the per-field counts of vocabulary fields (``vocabulary_unknown:FIELD``)."""
+    return (*COUNTERS, *(k for k in stats if k.startswith(VOCABULARY_UNKNOWN)))
 
 
 class NotServing(LookupError):
@@ -348,7 +353,7 @@ class ModelHolder:
     def _close(self, sv: ServedVersion) -> None:
         stats = sv.close(1.0 if self.closed else self.release_share)  # shutting down: nothing left to yield to
         with self._lock:
-            for k in COUNTERS:
+            for k in _counted(stats):
                 v = stats.get(k)
                 if isinstance(v, (int, float)):
                     self.retired_totals[k] += v  # type: ignore[assignment]  # a Counter sums floats too
@@ -366,7 +371,7 @@ class ModelHolder:
             totals = dict(self.retired_totals)
         for s in self.served():
             stats = scorer_stats(s.scorer) if not s.closed else {}
-            for k in COUNTERS:
+            for k in _counted(stats):
                 v = stats.get(k)
                 if isinstance(v, (int, float)):
                     totals[k] = totals.get(k, 0) + v

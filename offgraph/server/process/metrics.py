@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.routing import Match
 
+from offgraph.features.vocabulary import VOCABULARY_UNKNOWN
 from offgraph.scoring.read_metrics import STORE_READ_SECONDS
 from offgraph.server.http.route_match import leaf_routes
 from offgraph.server.process.graceful_stop import draining
@@ -293,12 +294,22 @@ MODEL_COUNTERS = {  # cumulative figure of a model (``ModelHolder.counters()``) 
         "offgraph_candidate_cache_misses",
         "Candidates the candidate cache did not hold when a request looked them up",
     ),
-    "vocabulary_unknown": (
-        "offgraph_vocabulary_unknown",
-        "Values of vocabulary fields that the vocabulary does not hold, scored on the field's unknown row "
-        "(an item's once while the item cache holds it; a rise shows ids newer than the vocabulary)",
-    ),
 }
+
+VOCABULARY_UNKNOWN_METRIC = (
+    "offgraph_vocabulary_unknown",
+    "Values of a vocabulary field that its vocabulary does not hold, scored on the field's unknown row "
+    "(an item's once while the item cache holds it; a rise shows ids newer than the vocabulary)",
+)
+
+
+def _vocabulary_figures(models: ModelRegistry):
+    """Per model and vocabulary field with unknown values: (name, field, count)."""
+    for h in models.all():
+        _, c = h.counters()
+        for k, v in sorted(c.items()):
+            if k.startswith(VOCABULARY_UNKNOWN):
+                yield h.name, k[len(VOCABULARY_UNKNOWN) :], v
 
 
 def _model_figures(models: ModelRegistry):
@@ -373,6 +384,9 @@ class _ModelCollector:
         labels = GaugeMetricFamily(*LABEL_VERSION, labels=["model", "label"])
         for name, label, v in _label_figures(self.models):
             labels.add_metric([name, label], v)
+        unknown = CounterMetricFamily(*VOCABULARY_UNKNOWN_METRIC, labels=["model", "field"])
+        for name, field, v in _vocabulary_figures(self.models):
+            unknown.add_metric([name, field], v)
         for name, v, counts, hit_ratio, freshness in _model_figures(self.models):
             version.add_metric([name], v)
             for k, family in counters.items():
@@ -380,7 +394,7 @@ class _ModelCollector:
             ratio.add_metric([name], hit_ratio)
             if freshness is not None:
                 fresh.add_metric([name], freshness)
-        yield from (version, *counters.values(), ratio, fresh, budget, used, labels)
+        yield from (version, *counters.values(), ratio, fresh, budget, used, labels, unknown)
 
 
 class _ModelPublisher:
@@ -419,9 +433,15 @@ class _ModelPublisher:
         )
         self.label_version = Gauge(*LABEL_VERSION, ["model", "label"], multiprocess_mode="livemax", registry=registry)
         self._labels: set[tuple[str, str]] = set()  # label series published, to remove the ones that go
+        self.unknown = Counter(*VOCABULARY_UNKNOWN_METRIC, ["model", "field"], registry=registry)
         self._done: dict[tuple[str, str], float] = {}  # counts already added, per (model, counter)
 
     def publish(self) -> None:
+        for name, field, v in _vocabulary_figures(self.models):
+            delta = v - self._done.get((name, VOCABULARY_UNKNOWN + field), 0.0)
+            if delta > 0:
+                self.unknown.labels(name, field).inc(delta)
+                self._done[(name, VOCABULARY_UNKNOWN + field)] = v
         for name, part, b, u in _memory_figures(self.models):
             self.budget.labels(name, part).set(b)
             self.used.labels(name, part).set(u)
