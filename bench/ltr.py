@@ -4,7 +4,8 @@ beside non-learned orders, with bootstrap 95% intervals over lists.
 Data (``bench/lib/ltr_data.py``): MovieLens-100K with the rating as a graded relevance (grade = rating - 1,
 gain 2^grade - 1; binarised for AUC/MAP/MRR: rating >= 2), held-out = each user's latest 20% of ratings, under
 two protocols: user-day lists (NDCG@10) and the TensorFlow Ranking tutorial's sampled lists of 5 rated movies
-per user (NDCG@5); and a generated data set whose lists differ by a list-level click propensity that says
+per user (NDCG@5); Frappe's app-usage log, one list per (user, context) with binary gains (NDCG@10,
+``bench/lib/ltr_frappe.py``); and a generated data set whose lists differ by a list-level click propensity that says
 nothing about the order within a list (NDCG@10). Losses: ``LOSSES`` (``offgraph.model.losses``), each trained
 by ``offgraph.model.train.Trainer`` as a ranking team would: epochs on the fit rows, the validation lists (carved
 from the training period, never the held-out lists) scored after each by the protocol's graded NDCG, the best
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.lib.ltr_data import VALIDATION, Protocol, generated_protocol, movielens_protocols, with_model
+from bench.lib.ltr_frappe import frappe_protocol
 from bench.lib.ltr_stats import LIST_METRICS, auc_ci, draws, mean_ci, paired_diff_ci, per_list
 from bench.lib.report import write_report
 from offgraph.model.inputs import Encoded
@@ -37,6 +39,7 @@ from offgraph.model.metrics import make_metric_fn
 LOSSES = ("pointwise", "pairwise", "lambdarank", "listwise", "pointwise+pairwise")
 RANKING = ("pairwise", "lambdarank", "listwise")
 BASELINES = ("random", "popularity", "prior")
+CLICKS = ("generated", "frappe")  # protocols whose labels are 0/1 clicks: the pointwise arm's click is grade >= 1
 DRAWS, AUC_DRAWS = 1000, 200
 
 
@@ -296,10 +299,12 @@ def plot(report: dict, path: Path) -> None:
 
 def run_cell(seed: int, name: str, args) -> tuple[int, dict]:
     """(the protocol's NDCG cut-off, its results) of protocol ``name`` under ``seed``: every loss trained with its
-    ``SETTINGS`` (the generated set's labels are clicks: threshold 1), chosen by and recorded with the
+    ``SETTINGS`` (the generated set's and Frappe's labels are clicks: threshold 1), chosen by and recorded with the
     validation lists, and every order scored on the held-out lists."""
     if name == "generated":
         p = generated_protocol(seed)
+    elif name == "frappe":
+        p = frappe_protocol(seed)
     else:
         p = next(
             x for x in movielens_protocols(args.lists_per_user, args.held_lists_per_user, 5, seed) if x.name == name
@@ -309,7 +314,7 @@ def run_cell(seed: int, name: str, args) -> tuple[int, dict]:
     k = f"ndcg@{p.cutoff}"
     chosen: dict = {"prior": {"validation": make_metric_fn(k)(p.val.labels, prior_val, p.val.groups)}}
     for loss in LOSSES:
-        s = SETTINGS[loss] if p.name != "generated" else replace(SETTINGS[loss], threshold=1)
+        s = SETTINGS[loss] if p.name not in CLICKS else replace(SETTINGS[loss], threshold=1)
         trainer, chosen[loss] = train_arm(p, loss, seed, s, args, refit=args.refit)
         scores[loss] = trainer.predict(p.held)
         print(f"{p.name} seed {seed} {loss}: {chosen[loss]['seconds']:.0f}s", flush=True)
@@ -337,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-list-size", type=int, default=100)
     ap.add_argument("--lists-per-user", type=int, default=20, help="sampled protocol: training lists per user")
     ap.add_argument("--held-lists-per-user", type=int, default=2, help="sampled protocol: held-out lists per user")
-    ap.add_argument("--protocols", default="user-day,sampled-5,generated")
+    ap.add_argument("--protocols", default="user-day,sampled-5,generated", help="add frappe for Frappe's lists")
     ap.add_argument("--jobs", type=int, default=1, help="(seed, protocol) cells trained at once, one process each")
     args = ap.parse_args(argv)
     out = Path(args.out)
