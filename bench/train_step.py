@@ -3,10 +3,11 @@ DeepFM, the pointwise objective with its L2 terms, the optimizer) at batch 1,024
 ``--fields`` id fields of R rows EACH (R = ``--sizes``, 10^5 and 10^7), D = 16 and the demo's head (MLP 64-32);
 one id per field per row, drawn uniformly over the R rows (no locality: the hardest case for a big table) or,
 with ``--ids zipf``, Zipf-distributed (exponent 1.1, as ``bench.scale``'s traffic). For each optimizer both sizes
-are built and their steps alternated step by step after a warm-up, medians; each round rebuilds them. Beside
-the time, a step's memory: in a fresh process per optimizer and size, the peak resident size over a few steps
-above the resident size of the built model, less the two Adam slots (2x the tables, which both optimizers
-hold): what the step itself allocates. Then the held-out AUC of the demo's MovieLens training
+are built and their steps alternated step by step after a warm-up, medians of the wall time and of the process's
+CPU time (which other jobs on a shared machine inflate less); each round rebuilds them. Beside
+the time, memory: in a fresh process per optimizer and size, the resident size of the built model and the peak
+over a few steps (both optimizers then hold two slots per table; what differs at the peak is what a step
+allocates). Then the held-out AUC of the demo's MovieLens training
 (``examples/movielens.yaml``, per-key-time split, the default settings otherwise: early stopping and the refit)
 with each optimizer, same seeds. ``--parts`` picks what runs; the parts not run are kept from ``OUT/results.json``.
 
@@ -69,8 +70,8 @@ def _rss_mb() -> tuple[float, float]:
 
 
 def _memory_probe(optimizer: str, fields: int, rows: int, steps: int) -> dict:
-    """In this (fresh) process: resident MB of the built model, and the peak over ``steps`` steps above it, less
-    the optimizer's two slots per table (allocated by the first step, 2x the tables' bytes)."""
+    """In this (fresh) process: resident MB of the built model, and the peak over ``steps`` steps (the optimizer's
+    two slots per table are made by the first)."""
     from offgraph.model.train import TrainConfig, Trainer
 
     trainer = Trainer(_spec(fields, rows), TrainConfig(optimizer=optimizer, batch_size=BATCH, split="random"))
@@ -82,7 +83,7 @@ def _memory_probe(optimizer: str, fields: int, rows: int, steps: int) -> dict:
         step(*b).numpy()
     _, peak = _rss_mb()
     tables_mb = fields * rows * (16 + 1) * 4 / 2**20
-    return {"built_mb": built, "peak_mb": peak, "tables_mb": tables_mb, "step_mb": peak - built - 2 * tables_mb}
+    return {"built_mb": built, "peak_mb": peak, "tables_mb": tables_mb, "peak_above_built_mb": peak - built}
 
 
 def _memory(fields: int, sizes: list[int], steps: int) -> dict:
@@ -108,7 +109,7 @@ def _memory(fields: int, sizes: list[int], steps: int) -> dict:
                 argv + ["--steps", str(steps), "--out", "-"], capture_output=True, text=True, check=True
             )
             out[opt][str(rows)] = json.loads(res.stdout.strip().splitlines()[-1])
-            print(f"memory {opt} R={rows:.0e}: {out[opt][str(rows)]['step_mb']:.0f} MB a step", flush=True)
+            print(f"memory {opt} R={rows:.0e}: peak {out[opt][str(rows)]['peak_mb']:.0f} MB", flush=True)
     return out
 
 
@@ -124,15 +125,16 @@ def _time_steps(optimizer: str, fields: int, sizes: list[int], steps: int, warmu
         trainers[rows] = Trainer(_spec(fields, rows), cfg)
         batches[rows] = _batches(fields, rows, warmup + steps, ids, seed)
         fns[rows] = trainers[rows].prepare({k: v.numpy()[:1] for k, v in batches[rows][0][0].items()}, steps)
-    out: dict = {rows: {"seconds": []} for rows in sizes}
+    out: dict = {rows: {"seconds": [], "cpu_seconds": []} for rows in sizes}
     for rows in sizes:  # the first steps trace the function and build the optimizer's slots
         for b in batches[rows][:warmup]:
             fns[rows](*b).numpy()
     for i in range(warmup, warmup + steps):
         for rows in sizes:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fns[rows](*batches[rows][i]).numpy()
             out[rows]["seconds"].append(time.perf_counter() - t0)
+            out[rows]["cpu_seconds"].append(time.process_time() - c0)
     for rows in sizes:
         out[rows]["median_ms"] = float(np.median(out[rows]["seconds"]) * 1e3)
     del trainers, fns, batches
@@ -171,20 +173,24 @@ def _markdown(report: dict) -> str:
             f"({report['cpus']} CPUs, {report['rounds']} rounds x {report['steps']} alternated steps, Keras Adam "
             f"{report['adam_steps']})",
             "",
-            f"| optimizer | R = {int(small):.0e} ms/step | R = {int(big):.0e} ms/step | ratio |",
-            "|---|---|---|---|",
+            f"| optimizer | R = {int(small):.0e} ms/step | R = {int(big):.0e} ms/step | ratio | "
+            f"R = {int(small):.0e} CPU ms/step | R = {int(big):.0e} CPU ms/step | CPU ratio |",
+            "|---|---|---|---|---|---|---|",
         ]
         for opt in OPTIMIZERS:
             r = t[opt]
-            lines.append(f"| {opt} | {r[small]['median_ms']:.1f} | {r[big]['median_ms']:.1f} | {r['ratio']:.2f} |")
+            lines.append(
+                f"| {opt} | {r[small]['median_ms']:.1f} | {r[big]['median_ms']:.1f} | {r['ratio']:.2f} | "
+                f"{r[small]['median_cpu_ms']:.1f} | {r[big]['median_cpu_ms']:.1f} | {r['cpu_ratio']:.2f} |"
+            )
     if report.get("memory"):
-        lines += ["", "| optimizer | R | tables MB | built model RSS MB | peak RSS MB | a step's own MB |"]
+        lines += ["", "| optimizer | R | tables MB | built model RSS MB | peak RSS MB | peak - built MB |"]
         lines.append("|---|---|---|---|---|---|")
         for opt in OPTIMIZERS:
             for rows, m in report["memory"][opt].items():
                 lines.append(
                     f"| {opt} | {int(rows):.0e} | {m['tables_mb']:.0f} | {m['built_mb']:.0f} | {m['peak_mb']:.0f} | "
-                    f"{m['step_mb']:.0f} |"
+                    f"{m['peak_above_built_mb']:.0f} |"
                 )
     if report.get("auc"):
         lines += ["", "| optimizer | seed | held-out AUC | logloss | epochs (early stopping) | train s |"]
@@ -262,12 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     if "timing" in parts:
         seconds: dict = {opt: {s: [] for s in sizes} for opt in OPTIMIZERS}
+        cpu: dict = {opt: {s: [] for s in sizes} for opt in OPTIMIZERS}
         for r in range(args.rounds):
             for opt in OPTIMIZERS:
                 steps = args.adam_steps if opt == "adam" else args.steps
                 res = _time_steps(opt, args.fields, sizes, steps, args.warmup, args.ids, seed=r)
                 for s in sizes:
                     seconds[opt][s] += res[s]["seconds"]
+                    cpu[opt][s] += res[s]["cpu_seconds"]
                     print(f"round {r} {opt} R={s:.0e}: {res[s]['median_ms']:.1f} ms/step", flush=True)
         timing: dict = {}
         for opt in OPTIMIZERS:
@@ -275,11 +283,13 @@ def main(argv: list[str] | None = None) -> int:
                 str(s): {
                     "median_ms": float(np.median(seconds[opt][s]) * 1e3),
                     "p90_ms": float(np.percentile(seconds[opt][s], 90) * 1e3),
+                    "median_cpu_ms": float(np.median(cpu[opt][s]) * 1e3),
                     "steps": len(seconds[opt][s]),
                 }
                 for s in sizes
             }
             row["ratio"] = row[str(sizes[-1])]["median_ms"] / row[str(sizes[0])]["median_ms"]
+            row["cpu_ratio"] = row[str(sizes[-1])]["median_cpu_ms"] / row[str(sizes[0])]["median_cpu_ms"]
             timing[opt] = row
         report.update(
             fields=args.fields,
