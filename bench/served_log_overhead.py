@@ -33,6 +33,7 @@ from bench.lib.bodies import build_bodies
 from bench.lib.client import metric_value, run_cell
 from bench.lib.report import write_report
 from bench.lib.server import start
+from bench.lib.tiny_model import build_model
 from offgraph.testing.harness import free_port
 from offgraph.testing.tansu import TansuBroker
 
@@ -41,29 +42,6 @@ RATIO_LIMIT = 1.10
 MODEL = "ml"
 SETTINGS = ("off", "broker down", "broker up")
 DROPPED, WRITTEN = "offgraph_served_log_dropped_total", "offgraph_served_log_records_total"
-
-
-def build_model(root: Path, rows: int) -> tuple[Path, Path]:
-    """(MODELS with ml/1, the MovieLens table's parquet): the tiny test model's recipe."""
-    import yaml
-
-    from offgraph.data.datasets import build
-    from offgraph.export.export import export_run
-    from offgraph.features import parse_spec
-    from offgraph.model.train import TrainConfig, train_run
-
-    data = build("movielens-100k", root / "data")
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(data).slice(0, rows)
-    raw = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "movielens.yaml").read_text())
-    for f in raw["fields"]:
-        if "rows" in f:
-            f["rows"] = max(16, f["rows"] // 50)
-    spec = parse_spec(raw, source="bench movielens")
-    train_run(spec, table, TrainConfig(epochs=1, batch_size=512, split="per-key-time"), root / "run", progress=False)
-    export_run(root / "run", root / "models" / MODEL / "1", shards=2, quant="fp32", progress=False)
-    return root / "models", data
 
 
 def plot(report: dict, path: Path) -> None:
@@ -144,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             models, data = Path(args.models), Path(args.data)
         else:
             t0 = time.monotonic()
-            models, data = build_model(Path(tmp), args.rows)
+            models, data = build_model(Path(tmp), args.rows, MODEL)
             print(f"model built in {time.monotonic() - t0:.0f} s", flush=True)
         bodies = build_bodies(data, [args.n], 200, args.seed)[args.n]
         broker = TansuBroker(Path(tmp) / "tansu.log")
