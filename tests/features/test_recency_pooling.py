@@ -100,15 +100,6 @@ def test_training_inputs_carry_the_weights_of_the_kept_values():
     np.testing.assert_array_equal(x["mask_0"], [[1], [1], [1]])  # other fields: 0/1 as before
 
 
-def test_stream_training_scales_by_the_weights():
-    from offgraph.streaming._stream_train import batch_index
-
-    hist = RaggedIds(np.array([7, 3, 9, 4], np.int64), np.array([0, 3, 3, 4]))
-    user = RaggedIds(np.array([1, 2, 3], np.int64), np.array([0, 1, 2, 3]))
-    idx = batch_index(FGBatch(3, (user, hist), (False, False)), ["mean", "recency"], [None, 1.0])
-    np.testing.assert_allclose(idx.scale, [1, 1, 1, 1 / 7, 2 / 7, 4 / 7, 1], rtol=1e-7)
-
-
 @pytest.mark.parametrize(
     "edit, message",
     [

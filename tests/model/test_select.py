@@ -121,9 +121,12 @@ def _lists(n_lists=300, size=6, seed=0):
 
 
 def test_a_listwise_run_keeps_the_epoch_ndcg_chose(capsys, tmp_path):
-    # lists drawn with seed 1: on them, with the trainer's seed 0, AUC and NDCG@10 peak at different epochs
+    # lists drawn with seed 1: on them, with the trainer's seed 0 and Keras Adam, AUC and NDCG@10 peak at different
+    # epochs (the scenario was found for that optimizer; this test is about which metric chooses, not the optimizer)
     spec, table = parse_spec(_raw_spec()), _lists(seed=1)
-    cfg = TrainConfig(epochs=4, batch_size=64, lr=0.05, loss="listwise", patience=1, refit=False, split="random")
+    cfg = TrainConfig(
+        epochs=4, batch_size=64, lr=0.05, loss="listwise", patience=1, refit=False, split="random", optimizer="adam"
+    )
     model, m = train_run(spec, table, cfg, tmp_path / "run", progress=False)
     es, hist = m["early_stopping"], m["history"]
     ndcgs = [h["validation"]["ndcg@10"] for h in hist]

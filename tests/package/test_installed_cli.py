@@ -351,6 +351,39 @@ for _action in ("set", "show", "clear"):
     case("experiment", _action)(lambda i, _a=_action: _experiment(i, _a))
 
 
+@case("experiment", "report")
+def _experiment_report(i: Installed) -> None:
+    """The installed server logs what it served (an experiment of v1 and the prior arm), the installed report joins
+    it with outcomes: each request's first candidate clicked, so every arm's CTR is 1/2 and its UCTR 1."""
+    import httpx
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    served = i.work / "served-log"
+    flags = ("--served-log-rate", "1", "--served-log-dir", str(served))
+    with _served(i, "experiment-report", *flags, env={"OFFGRAPH_ADMIN_TOKEN": TOKEN}) as url:
+        common = ["--url", url, "--model", "ml", "--admin-token", TOKEN, "--sticky-key", "user_id"]
+        i.run("experiment", "set", *common, "--arm", "version=1:0.5", "--arm", "prior:0.5")
+        for u in range(40):
+            body = {"request": {"user_id": 100 + u}, "candidates": [{"movie_id": 242}, {"movie_id": 302}]}
+            r = httpx.post(f"{url}/v1/models/ml:score", json=body, headers={"x-request-id": f"req-{u}"}, timeout=30)
+            assert r.status_code == 200, r.text
+    # the stop wrote what was queued
+    outcomes = i.work / "outcomes.parquet"
+    ids = [f"req-{u}" for u in range(40)]
+    table = {"request_id": ids, "movie_id": [242] * 40, "event": ["click"] * 40, "value": [1.0] * 40}
+    pq.write_table(pa.table(table), outcomes)
+    out = i.work / "report.json"
+    cmd = ["experiment", "report", "--served", served, "--outcomes", outcomes, "--item-field", "movie_id"]
+    r = i.run(*cmd, "--json", out, "--draws", "50")
+    report = json.loads(out.read_text())
+    assert set(report["arms"]) == {"v1", "prior"}, r.stdout
+    for arm in report["arms"].values():
+        assert arm["ctr"]["value"] == 0.5 and arm["uctr"]["value"] == 1.0, arm
+    assert sum(a["requests"] for a in report["arms"].values()) == 40, report
+    i.run("experiment", "report", "--served", served, "--outcomes", i.work / "none.parquet", rc=2)
+
+
 @case("plan")
 def _plan(i: Installed) -> None:
     # the command of issue 48, word for word
