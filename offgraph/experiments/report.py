@@ -44,43 +44,27 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-EVENTS = ("click", "play", "play_share")
+from offgraph.streaming.served_outcomes import (  # noqa: F401 (read_outcomes, json_field, EVENTS: the report's names too)
+    EVENTS,
+    LogError,
+    check_columns,
+    json_field,
+    outcome_pairs,
+    read_outcomes,
+)
+
 METRICS = ("ctr", "uctr", "mean_gain", "ndcg")
 LABELS = {"ctr": "CTR", "uctr": "UCTR", "mean_gain": "mean gain", "ndcg": "NDCG@{k}"}
 SERVED_COLUMNS = ("request_id", "model", "arm", "request", "candidates", "order")
 DRAWS = 1000
 LEVEL = 0.95
-_JSON_SLICE = 200_000
-"""Candidate JSON texts read by one pyarrow.json call (joined into one buffer: well under a string's 2 GiB)."""
 _DRAW_CELLS = 4_000_000
 """Bootstrap weights held at once (draws x users), 32 MB: the draws are made in chunks of this many cells."""
 
 
-class ReportError(ValueError):
-    """Logs the report cannot use (a missing column, an unknown arm, an empty log): `offgraph experiment
-    report` exits 2 naming the problem."""
-
-
-def read_outcomes(path: str | Path) -> pa.Table:
-    """The outcome log at ``path``: Parquet (``.parquet``, ``.pq``) or CSV (``.csv``; ``.tsv`` tab-separated),
-    request ids and events read as text."""
-    p = Path(path)
-    if not p.is_file():
-        raise ReportError(f"{p}: no such outcome log")
-    suffix = p.suffix.lower()
-    if suffix in (".parquet", ".pq"):
-        import pyarrow.parquet as pq
-
-        return pq.read_table(p)
-    if suffix in (".csv", ".tsv"):
-        import pyarrow.csv as pcsv
-
-        return pcsv.read_csv(
-            p,
-            parse_options=pcsv.ParseOptions(delimiter="\t" if suffix == ".tsv" else ","),
-            convert_options=pcsv.ConvertOptions(column_types={"request_id": pa.string(), "event": pa.string()}),
-        )
-    raise ReportError(f"{p}: an outcome log is .parquet, .pq, .csv or .tsv")
+ReportError = LogError
+"""Logs the report cannot use (a missing column, an unknown arm, an empty log): `offgraph experiment report`
+exits 2 naming the problem. One class with the readers' errors it shares with the stream trainer."""
 
 
 def item_field_from_models(models_dir: str | Path, served: pa.Table, model: str | None = None) -> str:
@@ -89,7 +73,7 @@ def item_field_from_models(models_dir: str | Path, served: pa.Table, model: str 
     no version: then any version there)."""
     from offgraph.modeldir.version import ModelVersion
 
-    _check_columns(served, ("model", "version"), "served log")
+    check_columns(served, ("model", "version"), "served log")
     if model is None:
         models = sorted(m for m in pc.unique(served.column("model")).to_pylist() if m is not None)
         if len(models) != 1:
@@ -107,47 +91,6 @@ def item_field_from_models(models_dir: str | Path, served: pa.Table, model: str 
             f"the specs of {model!r}'s versions under {root} name no single item_key ({keys}): --item-field"
         )
     return str(keys.pop())
-
-
-def json_field(texts: pa.Array | pa.ChunkedArray, name: str) -> pa.Array:
-    """The value of the top-level key ``name`` of each JSON object in ``texts``, as text (a number as its
-    digits; null where the key is absent or null). Read by ``pyarrow.json``, ``_JSON_SLICE`` objects a call."""
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
-    parts = [_json_field_slice(texts.slice(i, _JSON_SLICE), name) for i in range(0, len(texts), _JSON_SLICE)]
-    return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
-
-
-def _json_field_slice(texts: pa.Array, name: str) -> pa.Array:
-    import pyarrow.json as pj
-
-    lines = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(texts)], pa.int32()), texts), "\n")
-    buf = lines[0].as_buffer()
-    longest = pc.max(pc.binary_length(texts)).as_py() or 0
-    read = pj.ReadOptions(block_size=max(1 << 20, 2 * longest + 2))
-    error = None
-    # an explicit type: inferring every field would fail on a field whose type varies, and read them all
-    for typ in (pa.int64(), pa.string(), pa.float64(), pa.bool_()):
-        parse = pj.ParseOptions(
-            explicit_schema=pa.schema([(name, typ)]),
-            unexpected_field_behavior="ignore",
-            newlines_in_values=True,  # a candidate is logged as the caller sent its bytes: it may span lines
-        )
-        try:
-            col = pj.read_json(pa.BufferReader(buf), read_options=read, parse_options=parse).column(name)
-        except pa.ArrowInvalid as e:
-            error = e
-            continue
-        return col.combine_chunks().cast(pa.string())
-    raise ReportError(f"the served log's field {name!r} is not one scalar type (number or text): {error}")
-
-
-def _check_columns(table: pa.Table, need: tuple[str, ...] | list[str], what: str) -> None:
-    missing = [c for c in need if c not in table.column_names]
-    if missing:
-        raise ReportError(
-            f"the {what} lacks the column(s) {', '.join(missing)} (it has {', '.join(table.column_names)})"
-        )
 
 
 def _codes(values: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list]:
@@ -178,38 +121,6 @@ def _served_ranks(served: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     if (rank == 0).any():
         raise ReportError("the served log's order is not a permutation of its candidates in some record")
     return n, parent, rank
-
-
-def _outcome_pairs(outcomes: pa.Table, item_field: str, gain_event: str) -> pa.Table:
-    """One row per (request_id, item) of the outcome log: clicked (0/1) and gain (the summed values of its
-    ``gain_event`` events)."""
-    _check_columns(outcomes, ["request_id", item_field, "event"], "outcome log")
-    if outcomes.num_rows == 0:
-        raise ReportError("the outcome log has no rows")
-    event = outcomes.column("event").cast(pa.string())
-    unknown = sorted(set(pc.unique(event).to_pylist()) - set(EVENTS), key=str)
-    if unknown:
-        raise ReportError(f"the outcome log's events are {', '.join(EVENTS)}; it has {unknown}")
-    if "value" in outcomes.column_names:
-        value = outcomes.column("value").cast(pa.float64()).fill_null(1.0)
-        if pc.any(pc.less(value, 0.0)).as_py():
-            raise ReportError("the outcome log has a negative value: a gain is >= 0")
-    elif gain_event == "play_share":
-        raise ReportError("the outcome log has no value column: play_share needs one (or choose --gain-event)")
-    else:
-        value = pa.array(np.ones(outcomes.num_rows))
-    is_gain = pc.equal(event, gain_event).fill_null(False)
-    t = pa.table(
-        {
-            "request_id": outcomes.column("request_id").cast(pa.string()),
-            "item": outcomes.column(item_field).cast(pa.string()),
-            "clicked": pc.equal(event, "click").fill_null(False).cast(pa.int8()),
-            "gain": pc.if_else(is_gain, value, 0.0),
-        }
-    )
-    agg = t.group_by(["request_id", "item"]).aggregate([("clicked", "max"), ("gain", "sum")])
-    names = {"request_id": "request_id", "item": "item", "clicked": "clicked_max", "gain": "gain_sum"}
-    return pa.table({name: agg.column(col) for name, col in names.items()})  # by name: the order varies by version
 
 
 def _ndcg(gain: np.ndarray, rank: np.ndarray, parent: np.ndarray, n: np.ndarray, k: int) -> tuple:
@@ -272,7 +183,7 @@ def experiment_report(
         raise ReportError(f"draws must be >= 1, got {draws}")
     if gain_event not in EVENTS:
         raise ReportError(f"the gain event is one of {', '.join(EVENTS)}, got {gain_event!r}")
-    _check_columns(served, SERVED_COLUMNS, "served log")
+    check_columns(served, SERVED_COLUMNS, "served log")
     models = sorted(m for m in pc.unique(served.column("model")).to_pylist() if m is not None)
     if model is None and len(models) > 1:
         raise ReportError(f"the served log holds the models {', '.join(models)}: name one (--model)")
@@ -292,7 +203,7 @@ def experiment_report(
     if items.null_count == len(items):
         raise ReportError(f"no served candidate has the field {item_field!r} (the item key; see --item-field)")
     users = json_field(served.column("request"), user_field)
-    pairs = _outcome_pairs(outcomes, item_field, gain_event)
+    pairs = outcome_pairs(outcomes, item_field, gain_event)
 
     request_ids = served.column("request_id").cast(pa.string()).combine_chunks()
     cands = pa.table({"request_id": request_ids.take(pa.array(parent)), "item": items, "row": np.arange(len(parent))})
