@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 from offgraph.streaming.served_outcomes import (  # noqa: F401 (read_outcomes, json_field, EVENTS: the report's names too)
     EVENTS,
     LogError,
+    candidate_outcomes,
     check_columns,
     json_field,
     outcome_pairs,
@@ -206,18 +207,7 @@ def experiment_report(
     pairs = outcome_pairs(outcomes, item_field, gain_event)
 
     request_ids = served.column("request_id").cast(pa.string()).combine_chunks()
-    cands = pa.table({"request_id": request_ids.take(pa.array(parent)), "item": items, "row": np.arange(len(parent))})
-    joined = cands.join(pairs, ["request_id", "item"], join_type="inner")
-    row = joined.column("row").to_numpy()
-    clicked, gain = np.zeros(len(parent)), np.zeros(len(parent))
-    clicked[row] = joined.column("clicked").to_numpy(zero_copy_only=False)
-    gain[row] = joined.column("gain").to_numpy(zero_copy_only=False)
-    matched = pairs.join(cands.select(["request_id", "item"]), ["request_id", "item"], join_type="left semi").num_rows
-    if matched == 0:
-        raise ReportError(
-            f"none of the outcome log's {pairs.num_rows} (request_id, {item_field}) pairs is a served candidate: "
-            "are the request ids the served log's, and the item field the right one?"
-        )
+    clicked, gain, matched = candidate_outcomes(request_ids.take(pa.array(parent)), items, pairs, item_field)
 
     clicks_r = np.bincount(parent, clicked, minlength=R)
     gain_r = np.bincount(parent, gain, minlength=R)

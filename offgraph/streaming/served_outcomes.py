@@ -150,3 +150,25 @@ def outcome_pairs(outcomes: pa.Table, item_field: str, gain_event: str) -> pa.Ta
     agg = t.group_by(["request_id", "item"]).aggregate([("clicked", "max"), ("gain", "sum")])
     names = {"request_id": "request_id", "item": "item", "clicked": "clicked_max", "gain": "gain_sum"}
     return pa.table({name: agg.column(col) for name, col in names.items()})  # by name: the order varies by version
+
+
+def candidate_outcomes(
+    request_ids: pa.Array, items: pa.Array, pairs: pa.Table, item_field: str
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(clicked [N], gain [N], matched) of N served candidates, each given by its request id and its item as text
+    (``json_field``), from ``outcome_pairs``: 0 where the outcome log has nothing for the candidate; ``matched``:
+    the pairs that are a served candidate (``LogError`` when none is). A pyarrow hash join."""
+    n = len(items)
+    cands = pa.table({"request_id": request_ids, "item": items, "row": np.arange(n)})
+    joined = cands.join(pairs, ["request_id", "item"], join_type="inner")
+    row = joined.column("row").to_numpy()
+    clicked, gain = np.zeros(n), np.zeros(n)
+    clicked[row] = joined.column("clicked").to_numpy(zero_copy_only=False)
+    gain[row] = joined.column("gain").to_numpy(zero_copy_only=False)
+    matched = pairs.join(cands.select(["request_id", "item"]), ["request_id", "item"], join_type="left semi").num_rows
+    if matched == 0:
+        raise LogError(
+            f"none of the outcome log's {pairs.num_rows} (request_id, {item_field}) pairs is a served candidate: "
+            "are the request ids the served log's, and the item field the right one?"
+        )
+    return clicked, gain, matched
