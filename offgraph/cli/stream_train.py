@@ -1,5 +1,6 @@
 """`offgraph stream-train`: fresh labelled events -> gradient steps on the rows they touch ->
-delta files in a spool (applied to the live store by `offgraph update`)."""
+delta files in a spool (applied to the live store by `offgraph update`). The events: a file (--events), or
+the served log joined with an outcome log (--served --outcomes: ``offgraph.streaming.served_events``)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,23 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--events",
-        required=True,
         help="labelled events: Parquet, CSV/TSV or JSON lines, with the "
-        "spec's input and label columns (time order by its time column)",
+        "spec's input and label columns (time order by its time column); or --served and --outcomes",
+    )
+    p.add_argument(
+        "--served",
+        metavar="DIR",
+        help="instead of --events: the served log's directory (serve --served-log-dir), joined with --outcomes: "
+        "the features the server computed, labelled 1 where clicked",
+    )
+    p.add_argument(
+        "--outcomes",
+        metavar="FILE",
+        help="with --served: outcome log, Parquet or CSV: request_id, the item field, event (click, play, play_share)",
+    )
+    p.add_argument("--arm", help="with --served: only the requests served by this experiment arm (default: all)")
+    p.add_argument(
+        "--item-field", help="with --served: the candidates' item key in both logs (default: the spec's item_key)"
     )
     p.add_argument("--emit", required=True, help="delta sink: spool:DIR or kafka://HOST:PORT/TOPIC")
     p.add_argument(
@@ -48,7 +63,54 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def check_source(args: argparse.Namespace) -> None:
+    """Exactly one source of events: --events FILE, or --served DIR with --outcomes FILE (--arm and --item-field
+    with --served only); a ValueError (one line, exit 2) naming the flags otherwise."""
+    if (args.events is None) == (args.served is None):
+        raise ValueError(
+            "give one source of events: --events FILE, or --served DIR --outcomes FILE"
+            if args.events is None
+            else "--events and --served are two sources of events: give one"
+        )
+    if args.served is not None and args.outcomes is None:
+        raise ValueError("--served needs --outcomes FILE: the outcome log that labels the served candidates")
+    if args.served is None:
+        extra = [flag for flag in ("outcomes", "arm", "item_field") if getattr(args, flag) is not None]
+        if extra:
+            raise ValueError(f"--{extra[0].replace('_', '-')} goes with --served DIR (the served log)")
+
+
+def events_source(args: argparse.Namespace) -> str:
+    return str(args.events) if args.served is None else f"served log {args.served} joined with {args.outcomes}"
+
+
+def served_table(args: argparse.Namespace, trainer, cfg: StreamTrainConfig):
+    """The events of the served log in --served (the trainer's model's records, --arm's only if given) joined with
+    --outcomes (``offgraph.streaming.served_events``), the time in the trainer's --time-unit (auto: ms)."""
+    from pathlib import Path
+
+    from offgraph.server.process.served_log_spool import read_served
+    from offgraph.streaming.served_events import served_events
+    from offgraph.streaming.served_outcomes import read_outcomes
+
+    if not Path(args.served).is_dir():
+        raise ValueError(f"--served {args.served}: no such served-log directory")
+    served = read_served(args.served)
+    if served.num_rows == 0:
+        raise ValueError(f"--served {args.served}: the served log holds no record (no served-*.arrow file)")
+    return served_events(
+        served,
+        read_outcomes(args.outcomes),
+        trainer.spec,
+        item_field=args.item_field,
+        time_unit=cfg.time_unit,
+        model=trainer.model_name,
+        arm=args.arm,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    check_source(args)
     cfg = settings_from_args(StreamTrainConfig, args)
     from offgraph.features.tables import read_table  # TensorFlow: only once the settings are known to be good
     from offgraph.streaming.sinks import open_sink
@@ -56,12 +118,14 @@ def run(args: argparse.Namespace) -> int:
 
     if not (args.emit.startswith("kafka://") or args.emit.startswith("spool:")):
         raise ValueError(f"--emit {args.emit!r}: expected spool:DIR or kafka://HOST:PORT/TOPIC")
-    table = read_table(args.events)
+    table = read_table(args.events) if args.events is not None else None
     with open_trainer(
         model_dir=args.model, run_dir=args.run, config=cfg, model_name=args.model_name, model_version=args.model_version
     ) as trainer:
+        if table is None:  # the served log: read with the trainer's spec, model and time unit
+            table = served_table(args, trainer, cfg)
         with open_sink(args.emit, version_dir=trainer.source.version_dir, partitions=args.partitions) as sink:
-            s = stream_train_table(trainer, table, sink, progress=not args.no_progress, source=str(args.events))
+            s = stream_train_table(trainer, table, sink, progress=not args.no_progress, source=events_source(args))
     print(
         f"stream-train {s['model']}/{s['model_version']}: {s['events']} events, {s['rows_touched']} rows touched, "
         f"{s['files_emitted']} delta batch(es) -> {args.emit}, {s['seconds']:.1f}s ({s['events_per_second']:,.0f} ev/s); "
