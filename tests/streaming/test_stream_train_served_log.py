@@ -7,6 +7,7 @@ outcome log by hand, and
 - ``offgraph stream-train --served DIR --outcomes FILE`` emits the same delta rows and values as ``--events`` on a
   file the test builds by hand from the same requests and clicks (no training/serving skew), while the same file
   with one feature of one request changed emits other values (the comparison can fail);
+- requests sending ids only give events holding the feature tables' values the server joined;
 - the CLI refuses a second source, --served without --outcomes, a served log without a spec input, an unknown
   arm and outcomes of no served candidate, in one line, exit 2.
 """
@@ -189,6 +190,54 @@ def test_stream_train_on_the_served_log_emits_what_a_hand_built_events_file_does
     skewed = by_hand("skewed", {3: {"gender": flipped}})
     same_rows = len(skewed["rows"]) == len(want["rows"]) and (skewed["rows"] == want["rows"]).all()
     assert not (same_rows and np.array_equal(skewed["vectors"], want["vectors"]))
+
+
+def _by_key(table: pa.Table, key: str, columns: list[str]) -> dict:
+    """key -> its columns' values in the source rows (one distinct value per key in MovieLens, checked here)."""
+    out: dict = {}
+    for row in table.select([key, *columns]).to_pylist():
+        values = {c: row[c] for c in columns}
+        assert out.setdefault(row[key], values) == values, row[key]
+    return out
+
+
+def test_ids_only_requests_train_on_the_feature_tables_values_the_server_joined(tiny_model, requests_, tmp_path):
+    """Requests that send ids only (the server fills the rest from its user and item tables): the events hold the
+    tables' values, the features the server scored with, which the caller never sent."""
+    from offgraph.feature_tables.build import build_feature_tables
+    from offgraph.modeldir.version import ModelVersion
+
+    pristine, table = tiny_model
+    models = copy_models(pristine, tmp_path / "models")
+    spec = ModelVersion.open(models / "ml" / "1", verify_dense=False, verify_store=False).spec
+    build_feature_tables(models / "ml", spec, table, progress=False)
+    users, items = _by_key(table, "user_id", REQUEST_IN[1:]), _by_key(table, "movie_id", ITEM_IN[1:])
+    sent = [(req["user_id"], [c["movie_id"] for c in cands[:10]]) for req, cands in requests_[:4]]
+    flags = ("--served-log-rate", "1.0", "--served-log-dir", str(tmp_path / "served"))
+    proc, url = serve_process(models, tmp_path / "serve.log", *flags)
+    try:
+        wait_ready(url, 120, proc, log=str(tmp_path / "serve.log"))
+        with httpx.Client(base_url=url, timeout=30) as http:
+            for i, (user, movies) in enumerate(sent):
+                body = {"request": {"user_id": user}, "candidates": [{"movie_id": m} for m in movies]}
+                r = http.post("/v1/models/ml:score", json=body, headers={"x-request-id": f"ids-{i}"})
+                assert r.status_code == 200 and r.json()["unknown_candidates"] == 0, r.text
+            deadline = time.monotonic() + 30
+            while metric(http.get("/metrics").text, WRITTEN) < len(sent):
+                assert time.monotonic() < deadline, "the served log's records were not all written in 30 s"
+                time.sleep(0.05)
+    finally:
+        stop_server(proc, 60)
+    outcomes = pa.table({"request_id": ["ids-1"], "movie_id": [sent[1][1][2]], "event": ["click"]})
+    events = served_events(read_served(tmp_path / "served"), outcomes, spec)
+    rows = [(i, user, m) for i, (user, movies) in enumerate(sent) for m in movies]
+    assert events.column("user_id").to_pylist() == [user for _, user, _ in rows]
+    assert events.column("movie_id").to_pylist() == [m for _, _, m in rows]
+    for c in REQUEST_IN[1:]:
+        assert events.column(c).to_pylist() == [users[user][c] for _, user, _ in rows], c
+    for c in ITEM_IN[1:]:
+        assert events.column(c).to_pylist() == [items[m][c] for _, _, m in rows], c
+    assert events.column("label").to_pylist() == [int(k == len(sent[0][1]) + 2) for k in range(len(rows))]
 
 
 @pytest.mark.parametrize("case", ["no source", "two sources", "no outcomes", "outcomes without served"])
