@@ -31,9 +31,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--served",
-        metavar="DIR",
-        help="instead of --events: the served log's directory (serve --served-log-dir), joined with --outcomes: "
-        "the features the server computed, labelled 1 where clicked",
+        metavar="DIR|URL",
+        help="instead of --events: the served log, its directory (serve --served-log-dir) or kafka://HOST:PORT/TOPIC "
+        "(serve --served-log-kafka), joined with --outcomes: the features the server computed, labelled 1 where clicked",
     )
     p.add_argument(
         "--outcomes",
@@ -64,11 +64,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def check_source(args: argparse.Namespace) -> None:
-    """Exactly one source of events: --events FILE, or --served DIR with --outcomes FILE (--arm and --item-field
+    """Exactly one source of events: --events FILE, or --served DIR|URL with --outcomes FILE (--arm and --item-field
     with --served only); a ValueError (one line, exit 2) naming the flags otherwise."""
     if (args.events is None) == (args.served is None):
         raise ValueError(
-            "give one source of events: --events FILE, or --served DIR --outcomes FILE"
+            "give one source of events: --events FILE, or --served DIR|URL --outcomes FILE"
             if args.events is None
             else "--events and --served are two sources of events: give one"
         )
@@ -77,7 +77,7 @@ def check_source(args: argparse.Namespace) -> None:
     if args.served is None:
         extra = [flag for flag in ("outcomes", "arm", "item_field") if getattr(args, flag) is not None]
         if extra:
-            raise ValueError(f"--{extra[0].replace('_', '-')} goes with --served DIR (the served log)")
+            raise ValueError(f"--{extra[0].replace('_', '-')} goes with --served (the served log)")
 
 
 def events_source(args: argparse.Namespace) -> str:
@@ -85,19 +85,26 @@ def events_source(args: argparse.Namespace) -> str:
 
 
 def served_table(args: argparse.Namespace, trainer, cfg: StreamTrainConfig):
-    """The events of the served log in --served (the trainer's model's records, --arm's only if given) joined with
-    --outcomes (``offgraph.streaming.served_events``), the time in the trainer's --time-unit (auto: ms)."""
+    """The events of the served log in --served (a spool directory, or a Kafka topic read from its beginning to
+    its end now; the trainer's model's records, --arm's only if given) joined with --outcomes
+    (``offgraph.streaming.served_events``), the time in the trainer's --time-unit (auto: ms)."""
     from pathlib import Path
 
-    from offgraph.server.process.served_log_spool import read_served
     from offgraph.streaming.served_events import served_events
     from offgraph.streaming.served_outcomes import read_outcomes
 
-    if not Path(args.served).is_dir():
-        raise ValueError(f"--served {args.served}: no such served-log directory")
-    served = read_served(args.served)
+    if args.served.startswith("kafka://"):
+        from offgraph.server.process.served_log_kafka import read_served_kafka
+
+        served = read_served_kafka(args.served)
+    else:
+        from offgraph.server.process.served_log_spool import read_served
+
+        if not Path(args.served).is_dir():
+            raise ValueError(f"--served {args.served}: no such served-log directory")
+        served = read_served(args.served)
     if served.num_rows == 0:
-        raise ValueError(f"--served {args.served}: the served log holds no record (no served-*.arrow file)")
+        raise ValueError(f"--served {args.served}: the served log holds no record")
     return served_events(
         served,
         read_outcomes(args.outcomes),

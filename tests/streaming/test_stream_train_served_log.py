@@ -7,6 +7,7 @@ outcome log by hand, and
 - ``offgraph stream-train --served DIR --outcomes FILE`` emits the same delta rows and values as ``--events`` on a
   file the test builds by hand from the same requests and clicks (no training/serving skew), while the same file
   with one feature of one request changed emits other values (the comparison can fail);
+- the same records read from the served log's Kafka topic train the same;
 - requests sending ids only give events holding the feature tables' values the server joined;
 - the CLI refuses a second source, --served without --outcomes, a served log without a spec input, an unknown
   arm and outcomes of no served candidate, in one line, exit 2.
@@ -192,6 +193,36 @@ def test_stream_train_on_the_served_log_emits_what_a_hand_built_events_file_does
     assert not (same_rows and np.array_equal(skewed["vectors"], want["vectors"]))
 
 
+def test_stream_train_reads_the_served_log_from_its_kafka_topic_as_from_its_spool(served, capsys, tmp_path):
+    """The served log's Kafka sink (``--served-log-kafka``): the fixture's records on a topic of two partitions of
+    the real Tansu broker, written by the sink the server uses in two batches; ``--served kafka://...`` emits the
+    deltas ``--served DIR`` does (the records put back in time order whatever the partitions' order)."""
+    from offgraph.server.process.served_log_kafka import KafkaServedSink
+    from offgraph.testing.tansu import TansuBroker
+
+    tmp, models, served_dir, outcomes, _, _ = served
+    log = read_served(served_dir)
+    broker = TansuBroker(tmp_path / "tansu.log")
+    url = f"kafka://{broker.start()}/served"
+    runs = {}
+    try:
+        sink = KafkaServedSink(url, partitions=2)
+        sink.ready()
+        sink.write(log.slice(0, N_REQUESTS // 2))
+        sink.write(log.slice(N_REQUESTS // 2))
+        sink.close()
+        for name, source in (("kafka", url), ("spool", str(served_dir))):
+            (tmp_path / name).mkdir()
+            args = ["stream-train", "--model", str(models / "ml" / "1"), "--served", source]
+            assert main([*args, "--outcomes", str(outcomes), "--emit", f"spool:{tmp_path / name}", *TRAIN_FLAGS]) == 0
+            runs[name] = deltas(tmp_path / name)
+            assert f"{N_REQUESTS * N_CANDIDATES} events" in capsys.readouterr().out
+    finally:
+        broker.kill()
+    for k in runs["spool"]:
+        np.testing.assert_array_equal(runs["kafka"][k], runs["spool"][k], err_msg=k)
+
+
 def _by_key(table: pa.Table, key: str, columns: list[str]) -> dict:
     """key -> its columns' values in the source rows (one distinct value per key in MovieLens, checked here)."""
     out: dict = {}
@@ -255,10 +286,10 @@ def test_stream_train_refuses_a_source_it_cannot_use_at_once(case, tmp_path, cap
         "outcomes without served": [*events, *outcomes],
     }[case]
     message = {
-        "no source": "give one source of events: --events FILE, or --served DIR --outcomes FILE",
+        "no source": "give one source of events: --events FILE, or --served DIR|URL --outcomes FILE",
         "two sources": "--events and --served are two sources of events: give one",
         "no outcomes": "--served needs --outcomes FILE",
-        "outcomes without served": "--outcomes goes with --served DIR",
+        "outcomes without served": "--outcomes goes with --served (the served log)",
     }[case]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
