@@ -1,5 +1,7 @@
 """Calibration after the sigmoid (part of the served model, recorded in the manifest).
 
+p  = sigmoid(logit(p) + b)    (the streamed bias offset b, when the stream trainer has moved the bias: the store's
+                               bias row, ``offgraph.store.keys.BIAS_TABLE``; 0 until then, and then no step)
 p  = sigmoid(logit_scale * logit(p) + logit_shift)   (Platt scaling: a listwise model's fit, offgraph.model.platt)
 p' = p / (p + (1 - p) / r)   (negative down-sampling correction, kept negative rate r)
 p'' = min(1, scale * p'^power)
@@ -34,8 +36,11 @@ def platt(p: np.ndarray, a: float, b: float) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))  # the sigmoid without overflow in exp
 
 
-def calibrate(p: np.ndarray, c: Calibration) -> np.ndarray:
+def calibrate(p: np.ndarray, c: Calibration, bias_offset: float = 0.0) -> np.ndarray:
+    """The served scores of the head's sigmoid outputs ``p``; ``bias_offset``: the streamed bias row's (module doc)."""
     p = np.asarray(p, dtype=np.float64)
+    if bias_offset != 0.0:
+        p = platt(p, 1.0, bias_offset)
     if c.identity:
         return p.astype(np.float32)
     if c.platt:

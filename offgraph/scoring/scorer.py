@@ -53,7 +53,7 @@ from offgraph.scoring.signature_call import SignatureCall
 from offgraph.store import RowCache
 from offgraph.store.feed import file_bytes as feed_file_bytes
 from offgraph.store.follower import NOT_FOLLOWING, Activity, Follower
-from offgraph.store.keys import MAX_TABLE_ID, ROW_BITS, ROW_LIMIT
+from offgraph.store.keys import BIAS_KEY, BIAS_ROW, BIAS_TABLE, ROW_BITS, ROW_LIMIT
 
 
 class Scorer:
@@ -104,8 +104,8 @@ class Scorer:
             raise ModelDirError(f"{self.version_dir}: manifest field order differs from its spec")
         if max(f.rows for f in self.spec.fields) > ROW_LIMIT:
             raise ModelDirError(f"{self.version_dir}: tables of more than 2**{ROW_BITS} rows are not supported")
-        if len(self.spec.fields) > MAX_TABLE_ID + 1:
-            raise ModelDirError(f"{self.version_dir}: {len(self.spec.fields)} fields; at most {MAX_TABLE_ID + 1}")
+        if len(self.spec.fields) > BIAS_TABLE:  # table BIAS_TABLE is the bias row's
+            raise ModelDirError(f"{self.version_dir}: {len(self.spec.fields)} fields; at most {BIAS_TABLE}")
         try:  # a tokenize field's terms depend on its segmenter (and a library's version): refuse another
             check_segmenters(self.spec, m.segmenters, str(self.version_dir))
         except ValueError as e:
@@ -192,7 +192,8 @@ class Scorer:
         field (a request field's one, a cross's groups). ``stats``: lookups, unique_rows, cache_hits,
         store_rows_read and found_rows (of the rows read from the store), store_read_seconds (its wall time,
         also observed as ``offgraph_store_read_seconds``), ``dense`` (the numeric fields' [N, k] values) and
-        ``ignored_keys`` (raw keys the model does not read)."""
+        ``ignored_keys`` (raw keys the model does not read), ``bias_offset`` (the store's bias row, read with the
+        rows: offgraph.store.keys.BIAS_TABLE)."""
         return self._segments_of(self.features(request, candidates, grouped=True))
 
     def _segments_of(self, batch) -> tuple[Segments, dict]:
@@ -200,13 +201,14 @@ class Scorer:
         keys = batch_keys(batch)
         feed = self._follower  # fresh rows from the writer's feed, looked up first
         timing: dict = {}
+        # the bias row goes last: its key is above every field's, so the keys stay ascending, and no lookup reads it
         rows, hits, read, found = read_through_cache(
             self.row_cache,
             self.store,
-            keys.unique_tables,
-            keys.unique_rows,
+            np.append(keys.unique_tables, np.uint32(BIAS_TABLE)),
+            np.append(keys.unique_rows, BIAS_ROW),
             feed,
-            keys.unique_keys,
+            np.append(keys.unique_keys, BIAS_KEY),
             parallel=self.parallel_reads,
             timing=timing,
         )
@@ -230,6 +232,7 @@ class Scorer:
             "dense": batch.dense,
             "ignored_keys": batch.ignored_keys,
             "store_read_seconds": read_s or 0.0,
+            "bias_offset": float(rows[-1, -1]),
         }
         return segments, stats
 
@@ -359,7 +362,7 @@ class Scorer:
                 segments, st = self._segments_of(batch)
             finally:
                 self._count_join(done)
-            return calibrate(self._dense_segments(segments, st["dense"]), self.calibration), done
+            return calibrate(self._dense_segments(segments, st["dense"]), self.calibration, st["bias_offset"]), done
 
     def _refuse(self, request: Mapping[str, Any], cands: RawCandidates) -> None:
         """Raise FG's refusal of the whole body (``FeatureGenerator.transform``: the request's scopes and values

@@ -16,6 +16,13 @@ row cache, the request path, the stream trainer). The all-ones word marks an emp
 in the feed and the row cache, so table 0xFFFF is not used; the store takes the same
 table ids as the feed, and rows below ``ROW_LIMIT`` wherever a combined key is made.
 
+The bias row: table ``BIAS_TABLE`` (= ``MAX_TABLE_ID``, one past any field's table: a model has at most
+``BIAS_TABLE`` fields) row ``BIAS_ROW`` holds the model's streamed bias offset as its first-order weight (its
+vector is zeros). The exporter does not write it (absent, it reads as zeros: offset 0); the stream trainer
+moves the model's bias by writing it like any row (``offgraph.streaming``), so the updater applies it exactly
+once, the feed and the row cache serve it fresh, and every request reads it with its rows
+(``offgraph.scoring.scorer``) and adds it to the head's logit (``offgraph.calibration.calibrate``).
+
 Shard function ``splitmix64-v1`` (recorded by name in store.json and model manifests;
 it must never change silently: a new function gets a new name)::
 
@@ -43,10 +50,13 @@ META_PREFIX = b"\xff"
 TABLE_BITS, ROW_BITS = 16, 48  # of a combined key
 MAX_TABLE_ID = (1 << TABLE_BITS) - 2  # table 0xFFFF with the last row would be the all-ones (empty) key
 ROW_LIMIT = 1 << 48  # rows of a combined key are below this
+BIAS_TABLE = MAX_TABLE_ID  # the streamed bias offset's table (module doc): no field's
+BIAS_ROW = 0
 MAX_ROW = 2**64 - 1
 EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)  # an empty slot of the feed's and the row cache's tables: no combined key
 _ROW_SHIFT = np.uint64(ROW_BITS)
 _ROW_MASK = np.uint64(ROW_LIMIT - 1)
+BIAS_KEY = np.uint64((BIAS_TABLE << ROW_BITS) | BIAS_ROW)  # the bias row's combined key: above every field's
 
 SHARD_FN = "splitmix64-v1"
 

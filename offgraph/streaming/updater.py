@@ -25,6 +25,7 @@ from offgraph.feature_tables.db import FeatureTableError
 from offgraph.modeldir.status_file import write_status
 from offgraph.store import shard_of
 from offgraph.store.errors import StoreRemoteError, StoreUnavailable
+from offgraph.store.keys import BIAS_ROW, BIAS_TABLE
 from offgraph.streaming.deltas import DeltaBatch, DeltaFormatError, FeatureDeltaBatch
 from offgraph.streaming.live_version import LiveModel
 from offgraph.streaming.log_limit import RepeatLimiter
@@ -61,14 +62,19 @@ def check_batch(b: DeltaBatch, lim: ModelLimits) -> str | None:
     if len(b) == 0:
         return None
     n_tables = len(lim.table_rows)
-    bad_t = b.table_ids >= n_tables
+    bias = b.table_ids == BIAS_TABLE  # the model's streamed bias offset (offgraph.store.keys): one row, row 0
+    bad_b = bias & (b.rows != BIAS_ROW)
+    if bad_b.any():
+        i = int(np.argmax(bad_b))
+        return f"delta {i} names row {int(b.rows[i])} of the bias table {BIAS_TABLE}, which has one row, {BIAS_ROW}"
+    bad_t = (b.table_ids >= n_tables) & ~bias
     if bad_t.any():
         i = int(np.argmax(bad_t))
         return (
-            f"{int(bad_t.sum())} deltas name table ids >= {n_tables} (the number of fields); "
+            f"{int(bad_t.sum())} deltas name table ids >= {n_tables} (the number of fields; {BIAS_TABLE}: the bias); "
             f"first: delta {i}, table_id {int(b.table_ids[i])}"
         )
-    bad_r = b.rows >= lim.table_rows[b.table_ids.astype(np.int64)]
+    bad_r = ~bias & (b.rows >= lim.table_rows[np.where(bias, 0, b.table_ids).astype(np.int64)])
     if bad_r.any():
         i = int(np.argmax(bad_r))
         t = int(b.table_ids[i])
