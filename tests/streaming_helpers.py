@@ -182,3 +182,55 @@ def mount_tmpfs(d, size: str) -> None:
     p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True, text=True)
     if p.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {p.stderr.strip()}")
+
+
+def keras_step_gradients(run_dir, table, loss: str = "pointwise") -> dict:
+    """Gradient of the stream trainer's loss of ONE batch (``table``: pointwise, sum_i BCE(label_i, logit_i); a loss
+    over lists, ``make_loss_fn(loss)`` over the rows of each value of the run spec's group, in the table's order, times
+    the number of lists) w.r.t. every table row and the head's bias, by the FULL Keras model (its own lookup, pooling
+    front and head, numeric input included): {combined key: (grad_vector, grad_weight)} and "bias": grad_bias."""
+    import tensorflow as tf
+
+    from offgraph.model.inputs import encode_table, finish_dense
+    from offgraph.model.losses import is_listwise, make_loss_fn
+    from offgraph.model.model import load_run
+    from offgraph.store.keys import combine_keys
+
+    model, run_spec, _ = load_run(run_dir)
+    data = encode_table(run_spec, table)  # the run's spec: with its numeric fields' standardize statistics
+    if run_spec.numeric:
+        finish_dense(run_spec, data)
+    x = {k: tf.constant(v) for k, v in data.x.items()}
+    variables = [t.embeddings for t in model.front.emb_tables] + [t.embeddings for t in model.front.w_tables]
+    variables.append(model.head.bias)
+    if is_listwise(loss):
+        _, first, lists = np.unique(data.groups, return_index=True, return_inverse=True)
+        lists = np.argsort(np.argsort(first))[lists]  # numbered by first appearance, as the trainer does
+    else:
+        lists = np.zeros(len(data.labels), np.int64)
+    with tf.GradientTape() as tape:
+        logits, _ = model.logit_and_l2(x)
+        units = int(lists.max()) + 1 if is_listwise(loss) else len(data.labels)
+        value = make_loss_fn(loss)(tf.constant(data.labels), logits, tf.constant(lists, tf.int32)) * units
+    grads = tape.gradient(value, variables)
+    F = len(run_spec.fields)
+    out: dict = {}
+    for f in range(F):
+        gv = tf.convert_to_tensor(grads[f]).numpy()
+        gw = tf.convert_to_tensor(grads[F + f]).numpy()[:, 0]
+        ids = data.x[f"ids_{f}"][data.x[f"mask_{f}"] > 0]
+        for r in np.unique(ids).tolist():
+            out[int(combine_keys(f, [r])[0])] = (gv[r], gw[r])
+    out["bias"] = float(grads[-1])
+    return out
+
+
+def without_bias(d):
+    """(a delta batch's rows but the bias row, the bias row's offset or None: offgraph.store.keys.BIAS_TABLE)."""
+    from offgraph.store.keys import BIAS_TABLE
+
+    bias = d.table_ids == BIAS_TABLE
+    offset = float(d.first_order[bias][0]) if bias.any() else None
+    keep = ~bias
+    parts = (d.table_ids, d.rows, d.vectors, d.first_order, d.seqs, d.event_time_ms)
+    return d.__class__(d.model, d.model_version, d.dim, *(a[keep] for a in parts)), offset

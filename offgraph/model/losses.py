@@ -39,6 +39,7 @@ __all__ = [
     "PAIR_ROWS_MAX",
     "make_loss_fn",
     "is_listwise",
+    "has_pointwise",
     "uses_pairs",
     "pointwise_loss",
     "listwise_loss",
@@ -186,6 +187,11 @@ def is_listwise(key: str) -> bool:
     """Whether the loss compares a request's candidates (any part but pointwise), so batches must hold whole
     request groups, the rows need a group, and its scores are ranking scores."""
     return any(p != LossKey.POINTWISE for p in _parts(loss_key(key)))
+
+
+def has_pointwise(key: str) -> bool:
+    """Whether the loss has a pointwise part: the only part with a gradient for a shift of every score (the bias)."""
+    return LossKey.POINTWISE in _parts(loss_key(key))
 
 
 def uses_pairs(key: str) -> bool:

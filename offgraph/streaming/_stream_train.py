@@ -1,5 +1,6 @@
 """The incremental trainer's maths: FG batch -> unique rows -> pooled [N, F, D] in TF ->
-frozen head -> sigmoid cross-entropy -> per-row gradients -> SGD / row-wise Adagrad.
+frozen head (with the numeric fields' dense [N, k] input) + the streamed bias -> the model's loss ->
+per-row gradients -> SGD / row-wise Adagrad.
 
 One batch of n events touches U distinct (table, row) pairs through K lookups.
 Everything is vectorized over the K lookups and the U rows:
@@ -13,20 +14,28 @@ pools to zeros). In TF: ``tf.gather`` of the U rows by lookup, then ONE
 ``tf.math.unsorted_segment_sum`` over ``n * F`` segments (segment = i * F + f),
 reshaped to [n, F, D] / [n, F]. The head (the exported dense SavedModel
 signature, or the Keras head of a run) is frozen: the gradient is taken w.r.t.
-its inputs only and flows back into the U rows.
+its inputs only and flows back into the U rows. A model with numeric fields gets their
+[n, k] values as the head's ``dense`` input (the same FG values as serving; not trained:
+they are inputs). The logit is the head's plus the streamed bias offset ``b`` (the store's
+bias row, ``offgraph.store.keys.BIAS_TABLE``: 0 until the trainer first moves it), which is
+trained like a row's first-order weight, so the model's bias moves as Keras's would.
 
-Loss of a batch: ``sum_i BCE(label_i, logit_i) + l2/2 * sum_{touched rows} (|v|^2 + w^2)``.
-It is SUMMED over events (not averaged) so a row's step does not shrink with
-the batch size: each event pushes the rows it touches like one online step.
+Loss of a batch: the model's own training loss (``offgraph.model.losses.make_loss_fn``, the
+manifest's ``training_loss``), scaled to a SUM over the batch's units, so a row's step does
+not shrink with the batch size: each event (pointwise: ``sum_i BCE(label_i, logit_i)``), or
+each list (a loss that compares a list's candidates: the loss times the batch's number of
+lists; batches hold whole lists), pushes the rows it touches like one online step; plus
+``l2/2 * sum_{touched rows} (|v|^2 + w^2)``.
 
-Optimizers (row-wise state kept locally for touched rows only):
+Optimizers (row-wise state kept locally for touched rows only; the bias has its own):
 
-* ``sgd``:      v -= lr * g_v;  w -= lr_w * g_w
+* ``sgd``:      v -= lr * g_v;  w -= lr_w * g_w;  b -= lr_w * g_b
 * ``adagrad``:  row-wise Adagrad (as FBGEMM / TorchRec's ``EXACT_ROWWISE_ADAGRAD``):
                 acc_v += mean_d(g_v^2);  v -= lr * g_v / (sqrt(acc_v) + eps)
                 acc_w += g_w^2;          w -= lr_w * g_w / (sqrt(acc_w) + eps)
                 (the vector and the first-order weight of a row have one
-                accumulator each; accumulators start at ``adagrad_init``).
+                accumulator each; accumulators start at ``adagrad_init``; the
+                bias is a first-order weight with an accumulator of its own).
 
 ``lr_w`` (the first-order weights' learning rate) defaults to ``lr``: the weights
 enter the logit linearly and tolerate larger steps than the embeddings.
@@ -42,6 +51,7 @@ import tensorflow as tf
 
 from offgraph.features.fg import FGBatch
 from offgraph.features.pooling import recency_weights
+from offgraph.model.losses import LossKey, is_listwise, make_loss_fn
 from offgraph.scoring.batch import batch_keys
 from offgraph.store.keys import ROW_LIMIT, combine_keys, split_keys  # noqa: F401 (ROW_LIMIT: stream_train)
 from offgraph.streaming.stream_train_config import TIME_UNITS
@@ -96,7 +106,8 @@ def batch_index(batch: FGBatch, poolings: list[str], half_lives: Sequence[float 
 
 
 # -- the gradient -------------------------------------------------------------------------
-LogitFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+LogitFn = Callable[[tf.Tensor, tf.Tensor, "tf.Tensor | None"], tf.Tensor]
+"""(emb [n, F, D], first_order [n, F], dense [n, k] or None: a model without numeric fields) -> logits [n]."""
 
 
 def pool_tf(vectors, first_order, lookup, segment, scale, n, num_fields: int):
@@ -108,52 +119,64 @@ def pool_tf(vectors, first_order, lookup, segment, scale, n, num_fields: int):
     return tf.reshape(v, tf.stack([n, num_fields, dim])), tf.reshape(w, tf.stack([n, num_fields]))
 
 
-def make_grad_fn(logit_fn: LogitFn, num_fields: int, dim: int):
-    """A compiled ``(vectors, first_order, lookup, segment, scale, labels, l2) ->
-    (bce_sum, logits, grad_vectors [U, D], grad_first_order [U])``; the head is frozen."""
+def _rows_spec(dim: int, num_dense: int) -> list[tf.TensorSpec]:
+    """vectors, first_order, lookup, segment, scale, dense, bias: a batch's rows and the head's other inputs."""
+    return [
+        tf.TensorSpec([None, dim], tf.float32),
+        tf.TensorSpec([None], tf.float32),
+        tf.TensorSpec([None], tf.int64),
+        tf.TensorSpec([None], tf.int32),
+        tf.TensorSpec([None], tf.float32),
+        tf.TensorSpec([None, num_dense], tf.float32),
+        tf.TensorSpec([], tf.float32),
+    ]
+
+
+def _logits(logit_fn: LogitFn, num_fields: int, num_dense: int, n, vectors, first_order, lookup, segment, scale, dense):
+    emb, fo = pool_tf(vectors, first_order, lookup, segment, scale, n, num_fields)
+    return tf.reshape(logit_fn(emb, fo, dense if num_dense else None), [-1])
+
+
+def make_grad_fn(logit_fn: LogitFn, num_fields: int, dim: int, num_dense: int = 0, loss: str = LossKey.POINTWISE):
+    """A compiled ``(vectors, first_order, lookup, segment, scale, dense, bias, labels, lists, l2) ->
+    (loss, logits, grad_vectors [U, D], grad_first_order [U], grad_bias)``; the head is frozen. ``lists``
+    [n] int32 numbers each event's list 0..G-1 (a pointwise loss ignores it); ``dense`` [n, k] (k = 0: none)."""
+    loss_fn = make_loss_fn(loss)
+    per_list = is_listwise(loss)
 
     @tf.function(
         input_signature=[
-            tf.TensorSpec([None, dim], tf.float32),
+            *_rows_spec(dim, num_dense),
             tf.TensorSpec([None], tf.float32),
-            tf.TensorSpec([None], tf.int64),
             tf.TensorSpec([None], tf.int32),
-            tf.TensorSpec([None], tf.float32),
-            tf.TensorSpec([None], tf.float32),
             tf.TensorSpec([], tf.float32),
         ]
     )
-    def grad_fn(vectors, first_order, lookup, segment, scale, labels, l2):
+    def grad_fn(vectors, first_order, lookup, segment, scale, dense, bias, labels, lists, l2):
         n = tf.shape(labels)[0]
         with tf.GradientTape() as tape:
-            tape.watch([vectors, first_order])
-            emb, fo = pool_tf(vectors, first_order, lookup, segment, scale, n, num_fields)
-            logits = tf.reshape(logit_fn(emb, fo), [-1])
-            bce = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+            tape.watch([vectors, first_order, bias])
+            logits = _logits(logit_fn, num_fields, num_dense, n, vectors, first_order, lookup, segment, scale, dense)
+            logits = logits + bias
+            # the loss fns average (over events, lists or pairs): summed over the batch's units (module doc)
+            units = tf.reduce_max(lists) + 1 if per_list else n
+            main = loss_fn(labels, logits, lists) * tf.cast(units, tf.float32)
             reg = 0.5 * l2 * (tf.reduce_sum(tf.square(vectors)) + tf.reduce_sum(tf.square(first_order)))
-            loss = bce + reg
-        gv, gw = tape.gradient(loss, [vectors, first_order], unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return bce, logits, tf.convert_to_tensor(gv), tf.convert_to_tensor(gw)
+            total = main + reg
+        gv, gw, gb = tape.gradient(
+            total, [vectors, first_order, bias], unconnected_gradients=tf.UnconnectedGradients.ZERO
+        )
+        return main, logits, tf.convert_to_tensor(gv), tf.convert_to_tensor(gw), tf.convert_to_tensor(gb)
 
     return grad_fn
 
 
-def make_predict_fn(logit_fn: LogitFn, num_fields: int, dim: int):
-    """A compiled ``(vectors, first_order, lookup, segment, scale, n) -> logits [n]`` (no gradient)."""
+def make_predict_fn(logit_fn: LogitFn, num_fields: int, dim: int, num_dense: int = 0):
+    """A compiled ``(vectors, first_order, lookup, segment, scale, dense, bias, n) -> logits [n]`` (no gradient)."""
 
-    @tf.function(
-        input_signature=[
-            tf.TensorSpec([None, dim], tf.float32),
-            tf.TensorSpec([None], tf.float32),
-            tf.TensorSpec([None], tf.int64),
-            tf.TensorSpec([None], tf.int32),
-            tf.TensorSpec([None], tf.float32),
-            tf.TensorSpec([], tf.int32),
-        ]
-    )
-    def predict_fn(vectors, first_order, lookup, segment, scale, n):
-        emb, fo = pool_tf(vectors, first_order, lookup, segment, scale, n, num_fields)
-        return tf.reshape(logit_fn(emb, fo), [-1])
+    @tf.function(input_signature=[*_rows_spec(dim, num_dense), tf.TensorSpec([], tf.int32)])
+    def predict_fn(vectors, first_order, lookup, segment, scale, dense, bias, n):
+        return _logits(logit_fn, num_fields, num_dense, n, vectors, first_order, lookup, segment, scale, dense) + bias
 
     return predict_fn
 

@@ -36,7 +36,11 @@ from tqdm import tqdm
 
 from offgraph.features.fg import FeatureGenerator, FeatureValueError
 from offgraph.features.spec import FeatureSpec
+from offgraph.model.losses import PAIR_ROWS_MAX, has_pointwise, is_listwise, uses_pairs
 from offgraph.model.metrics import auc, logloss
+from offgraph.model.relevance import binarise
+from offgraph.modeldir.manifest import training_loss
+from offgraph.store.keys import BIAS_ROW, BIAS_TABLE
 from offgraph.streaming import _stream_train as impl
 from offgraph.streaming.stream_train_config import StreamTrainConfig
 
@@ -61,6 +65,8 @@ class ModelSource:
     close: Callable[[], None] = lambda: None
     keep: list = field(default_factory=list)  # objects that must stay alive (the loaded SavedModel)
     version_dir: Path | None = None  # the exported MODELS/NAME/VERSION, when the rows come from one
+    loss: str = "pointwise"  # the loss the model was trained with (offgraph.model.losses): streaming keeps it
+    bias_offset: float = 0.0  # the streamed bias so far (the store's bias row; a run: 0)
 
 
 def exported_source(model_dir: str | Path) -> ModelSource:
@@ -78,10 +84,15 @@ def exported_source(model_dir: str | Path) -> ModelSource:
         v, w, _ = store.read_unique(tables, rows)
         return v, w
 
-    def logit_fn(emb, fo):
-        return serve(emb=emb, first_order=fo)["logit"]
+    def logit_fn(emb, fo, dense):
+        return serve(emb=emb, first_order=fo, **({} if dense is None else {"dense": dense}))["logit"]
 
     version = mv.version
+    try:
+        _, bias_w, _ = store.read_unique(np.array([BIAS_TABLE], np.uint32), np.array([BIAS_ROW], np.int64))
+    except BaseException:
+        store.close()
+        raise
     return ModelSource(
         spec,
         mv.manifest.embedding_dim,
@@ -93,6 +104,8 @@ def exported_source(model_dir: str | Path) -> ModelSource:
         close=store.close,
         keep=[loaded, serve],
         version_dir=Path(vdir),
+        loss=training_loss(mv.manifest, source=str(vdir)),
+        bias_offset=float(bias_w[0]),
     )
 
 
@@ -100,7 +113,7 @@ def run_source(run_dir: str | Path) -> ModelSource:
     """A training run: the Keras DeepFM's tables and (frozen) head."""
     from offgraph.model.model import load_run
 
-    model, spec, _ = load_run(run_dir)
+    model, spec, metrics = load_run(run_dir)
     emb_vars = [t.embeddings for t in model.front.emb_tables]
     w_vars = [t.embeddings for t in model.front.w_tables]
     d = spec.model.embedding_dim
@@ -114,10 +127,13 @@ def run_source(run_dir: str | Path) -> ModelSource:
             w[m] = tf.gather(w_vars[int(t)], rows[m]).numpy()[:, 0]
         return v, w
 
-    def logit_fn(emb, fo):
-        return model.head((emb, fo), training=False)
+    def logit_fn(emb, fo, dense):
+        return model.head((emb, fo) if dense is None else (emb, fo, dense), training=False)
 
-    return ModelSource(spec, d, read_rows, logit_fn, None, None, f"run {run_dir} (Keras head and tables)", keep=[model])
+    loss = training_loss({"training": {"config": metrics.get("config")}}, source=f"run {run_dir}")
+    return ModelSource(
+        spec, d, read_rows, logit_fn, None, None, f"run {run_dir} (Keras head and tables)", keep=[model], loss=loss
+    )
 
 
 # -- the trainer --------------------------------------------------------------------------
@@ -132,12 +148,23 @@ class StreamTrainer:
         spec = source.spec
         if max(f.rows for f in spec.fields) > impl.ROW_LIMIT:
             raise ValueError("tables of more than 2**48 rows are not supported by the stream trainer")
-        if spec.numeric:  # the frozen head would need the dense [N, k] input, which this trainer does not feed
+        self.loss = source.loss
+        self.lists = is_listwise(self.loss)  # batches of whole lists (the spec's group), graded labels allowed
+        if self.lists and not spec.group:
             raise ValueError(
-                f"numeric fields {[f.name for f in spec.numeric]} are not supported by the stream "
-                "trainer yet (it updates table rows; train and export such a model instead)"
+                f"the model was trained with the {self.loss!r} loss, which compares a list's candidates, but its "
+                "spec names no group column to make the events' lists of"
+            )
+        if self.lists and spec.model.calibration.platt:
+            # streaming moves the scores under the Platt fit of the exported ones: its CTRs would be silently off
+            raise ValueError(
+                f"the model was trained with the {self.loss!r} loss and its scores are CTRs through a Platt "
+                "calibration fitted to the exported model's scores; stream training would change the scores under "
+                "it (the calibration is not refitted while streaming): train it without the fit (no validation "
+                "rows), so its scores are ranking scores, or retrain instead"
             )
         self.source, self.cfg, self.spec = source, config, spec
+        self.num_dense = len(spec.numeric)  # the numeric fields' values feed the frozen head's dense input
         self.model_name, self.model_version = model_name, int(model_version)
         self.poolings = [f.pooling for f in spec.fields]
         self.half_lives = [f.half_life for f in spec.fields]
@@ -154,12 +181,17 @@ class StreamTrainer:
             self.trainable = np.ones(len(spec.fields), bool)
         self.fg = FeatureGenerator(spec)
         self.rows = impl.LocalRows(source.dim, config.adagrad_init)
-        self._grad = impl.make_grad_fn(source.logit_fn, len(spec.fields), source.dim)
-        self._predict = impl.make_predict_fn(source.logit_fn, len(spec.fields), source.dim)
+        self._grad = impl.make_grad_fn(source.logit_fn, len(spec.fields), source.dim, self.num_dense, self.loss)
+        self._predict = impl.make_predict_fn(source.logit_fn, len(spec.fields), source.dim, self.num_dense)
+        # the streamed bias offset (offgraph.store.keys.BIAS_TABLE's row): its value, Adagrad accumulator, newest
+        # event, and whether it changed since the last delta
+        self.bias, self.bias_acc, self.bias_ms, self.bias_dirty = source.bias_offset, config.adagrad_init, 0, False
+        # a loss over lists alone is blind to a shift of every score (its gradient is float noise): the bias stays
+        self.bias_trains = config.train_bias and has_pointwise(self.loss)
         self.next_seq = int(config.seq_start if config.seq_start is not None else time.time_ns())
         self.events = 0
         self.files: list[Path] = []
-        self.bce_sum = 0.0
+        self.loss_sum = 0.0
         self._labels: list[np.ndarray] = []
         self._preds: list[np.ndarray] = []
 
@@ -178,7 +210,8 @@ class StreamTrainer:
         """CTRs (before calibration) of n events with the trainer's current rows; no update."""
         if n == 0:
             return np.zeros(0, np.float32)
-        idx = impl.batch_index(self.fg.transform_columns(columns, n), self.poolings, self.half_lives)
+        batch = self.fg.transform_columns(columns, n)
+        idx = impl.batch_index(batch, self.poolings, self.half_lives)
         _, v, w = self._current(idx)
         logits = self._predict(
             tf.constant(v),
@@ -186,31 +219,46 @@ class StreamTrainer:
             tf.constant(idx.lookup),
             tf.constant(idx.segment),
             tf.constant(idx.scale),
+            tf.constant(self._dense(batch)),
+            tf.constant(self.bias, tf.float32),
             tf.constant(n, tf.int32),
         )
         return tf.sigmoid(logits).numpy()
 
+    def _dense(self, batch) -> np.ndarray:
+        """The head's dense input [n, k] (k = 0: a model without numeric fields)."""
+        return batch.dense if self.num_dense else np.zeros((batch.n, 0), np.float32)
+
     # one gradient step
-    def train_batch(self, columns: dict[str, list], labels: np.ndarray, event_ms: np.ndarray) -> dict:
-        """One step on n events (raw columns, 0/1 labels, event times in ms).
-        Returns the batch's pre-update (progressive) predictions and loss."""
+    def train_batch(
+        self, columns: dict[str, list], labels: np.ndarray, event_ms: np.ndarray, lists: np.ndarray | None = None
+    ) -> dict:
+        """One step on n events (raw columns, labels: 0/1, or grades >= 0 for a loss over lists, event times in
+        ms; ``lists`` [n]: each event's list 0..G-1, whole lists, needed by such a loss). Returns the batch's
+        pre-update (progressive) predictions and loss."""
         n = len(labels)
         if n == 0:
-            return {"n": 0, "bce": 0.0, "p": np.zeros(0, np.float32)}
+            return {"n": 0, "loss": 0.0, "p": np.zeros(0, np.float32)}
+        if self.lists and lists is None:
+            raise ValueError(f"the {self.loss!r} loss needs each event's list")
         batch = self.fg.transform_columns(columns, n)
         idx = impl.batch_index(batch, self.poolings, self.half_lives)
         slots, v, w = self._current(idx)
-        bce, logits, gv, gw = self._grad(
+        loss, logits, gv, gw, gb = self._grad(
             tf.constant(v),
             tf.constant(w),
             tf.constant(idx.lookup),
             tf.constant(idx.segment),
             tf.constant(idx.scale),
+            tf.constant(self._dense(batch)),
+            tf.constant(self.bias, tf.float32),
             tf.constant(np.asarray(labels, np.float32)),
+            tf.constant(np.zeros(n, np.int32) if lists is None else np.asarray(lists, np.int32)),
             tf.constant(self.cfg.l2, tf.float32),
         )
         gv, gw = gv.numpy(), gw.numpy()
         c = self.cfg
+        self._step_bias(float(gb), int(np.max(event_ms)))
         if not self.trainable.all():  # rows of frozen fields: read, used, never changed nor emitted
             keep = self.trainable[idx.tables]
             slots, v, w, gv, gw = slots[keep], v[keep], w[keep], gv[keep], gw[keep]
@@ -231,17 +279,37 @@ class StreamTrainer:
         self.rows.touch(slots, impl.newest_per_row(lookup, seg, idx.num_fields, len(slots), event_ms))
         p = tf.sigmoid(logits).numpy()
         self.events += n
-        self.bce_sum += float(bce)
+        self.loss_sum += float(loss)
         self._labels.append(np.asarray(labels, np.float32))
         self._preds.append(p)
-        return {"n": n, "bce": float(bce), "p": p, "rows": len(slots)}
+        return {"n": n, "loss": float(loss), "p": p, "rows": len(slots)}
+
+    def _step_bias(self, g: float, newest_ms: int) -> None:
+        """One step of the bias offset (as a first-order weight: lr_w; Adagrad with its own accumulator)."""
+        c = self.cfg
+        if not self.bias_trains or g == 0.0:
+            return
+        lr_w = c.lr if c.lr_first_order is None else c.lr_first_order
+        if c.optimizer == "sgd":
+            self.bias = float(np.float32(self.bias - lr_w * g))
+        else:
+            self.bias_acc = float(np.float32(self.bias_acc + g * g))
+            self.bias = float(np.float32(self.bias - lr_w * g / (np.sqrt(self.bias_acc) + c.adagrad_eps)))
+        self.bias_ms, self.bias_dirty = max(self.bias_ms, newest_ms), True
 
     # deltas
     def take_delta(self) -> dict | None:
         """The rows touched since the last call as write_delta_file kwargs (None if none)."""
-        if self.rows.pending == 0:
+        if self.rows.pending == 0 and not self.bias_dirty:
             return None
         t, r, v, w, times = self.rows.take_dirty()
+        if self.bias_dirty:  # the bias row's key is above every field's: last, as take_dirty's order asks
+            t = np.append(t, np.uint32(BIAS_TABLE))
+            r = np.append(r, np.int64(BIAS_ROW))
+            v = np.concatenate([v, np.zeros((1, v.shape[1]), np.float32)])
+            w = np.append(w, np.float32(self.bias))
+            times = np.append(times, np.int64(self.bias_ms))
+            self.bias_dirty = False
         seqs = np.arange(self.next_seq, self.next_seq + len(r), dtype=np.int64)
         self.next_seq += len(r)
         return dict(
@@ -280,6 +348,7 @@ class StreamTrainer:
         y, p = self.progressive_predictions()
         if len(y) == 0:
             return {"auc": float("nan"), "logloss": float("nan")}
+        y = binarise(y).astype(np.float32)  # graded labels (a loss over lists): relevant or not, as training's AUC
         return {"auc": auc(y, p) if 0 < y.sum() < len(y) else float("nan"), "logloss": logloss(y, p)}
 
     def close(self) -> None:
@@ -325,9 +394,18 @@ def open_trainer(
 
 
 # -- a table of events --------------------------------------------------------------------
-def prepare_events(spec: FeatureSpec, table: pa.Table, time_unit: str = "auto", source: str = "<events>"):
-    """(table sorted by the spec's time column, labels float32, event times ms int64 or None)."""
-    inputs = sorted({f.input for f in spec.fields if f.input})
+def event_inputs(spec: FeatureSpec) -> list[str]:
+    """The raw columns an event needs: every field's input, the numeric fields' included."""
+    return sorted(set(spec.raw_inputs("request")) | set(spec.raw_inputs("item")))
+
+
+def prepare_events(
+    spec: FeatureSpec, table: pa.Table, time_unit: str = "auto", source: str = "<events>", lists: bool = False
+):
+    """(table in time order, labels float32, event times ms int64 or None, lists int64 [n] or None). ``lists``
+    (a loss over lists): each list (the rows of one value of the spec's group column) is made contiguous, the lists
+    in the order of their first event, each numbered 0..; the labels may be grades >= 0 (else 0 or 1)."""
+    inputs = event_inputs(spec)
     missing = [c for c in inputs if c not in table.column_names]
     if missing:
         raise ValueError(
@@ -338,6 +416,11 @@ def prepare_events(spec: FeatureSpec, table: pa.Table, time_unit: str = "auto", 
         raise ValueError(
             f"events {source}: the spec's label column '{spec.label}' is not in the table "
             f"(columns: {table.column_names})"
+        )
+    if lists and (spec.group is None or spec.group not in table.column_names):
+        raise ValueError(
+            f"events {source}: the model's loss compares a list's candidates; the spec's group column "
+            f"{spec.group!r} (a list: the events of one value) is not in the table (columns: {table.column_names})"
         )
     times = None
     if spec.time and spec.time in table.column_names:
@@ -350,15 +433,48 @@ def prepare_events(spec: FeatureSpec, table: pa.Table, time_unit: str = "auto", 
             table = table.take(pa.array(order))
             raw = raw[order]
         times = impl.to_millis(raw, time_unit)
+    groups = None
+    if lists:
+        col = table.column(spec.group)  # type: ignore[arg-type]  # checked above
+        if col.null_count:
+            raise ValueError(f"events {source}: group column '{spec.group}' has {col.null_count} null value(s)")
+        codes = np.asarray(col.combine_chunks().dictionary_encode().indices, dtype=np.int64)
+        # pyarrow numbers the values in order of first appearance: grouped, each list in time order, the lists by
+        # their first event
+        order = np.argsort(codes, kind="stable")
+        if (np.diff(order) != 1).any():
+            table = table.take(pa.array(order))
+            times = times[order] if times is not None else None
+        codes = codes[order]
+        groups = codes
     raw_labels = table.column(spec.label).to_pylist()
     labels = np.asarray([np.nan if v is None else v for v in raw_labels], dtype=np.float64)
-    bad = np.flatnonzero(~np.isin(labels, (0.0, 1.0)))
+    bad = np.flatnonzero(~(np.isfinite(labels) & (labels >= 0)) if lists else ~np.isin(labels, (0.0, 1.0)))
     if len(bad):
+        want = "a grade >= 0" if lists else "0 or 1"
         raise ValueError(
-            f"events {source}: row {bad[0]} (in time order): label '{spec.label}' must be 0 or 1, "
+            f"events {source}: row {bad[0]} (in time order): label '{spec.label}' must be {want}, "
             f"got {raw_labels[bad[0]]!r} ({len(bad)} bad rows)"
         )
-    return table, labels.astype(np.float32), times
+    return table, labels.astype(np.float32), times, groups
+
+
+def _cuts(n: int, groups: np.ndarray | None) -> np.ndarray | None:
+    """Where a batch may end: every event (None), or the ends of lists (ascending, the last n)."""
+    if groups is None:
+        return None
+    return np.r_[np.flatnonzero(np.diff(groups)) + 1, n]
+
+
+def _end(pos: int, want: int, cuts: np.ndarray | None) -> int:
+    """The end of a batch from ``pos`` of about ``want`` events: ``pos + want``, or with ``cuts`` the last list end
+    within it (at least one whole list, however long)."""
+    if cuts is None:
+        return pos + want
+    i = int(np.searchsorted(cuts, pos + want, side="right")) - 1
+    if i < 0 or cuts[i] <= pos:
+        i = int(np.searchsorted(cuts, pos, side="right"))
+    return int(cuts[i])
 
 
 def stream_train_table(
@@ -371,8 +487,9 @@ def stream_train_table(
     chunk_rows: int = 65536,
     on_emit: Callable[[str], None] | None = None,
 ) -> dict:
-    """Train on every event of ``table`` in time order, emitting to ``sink`` (a DeltaSink, or a
-    spool directory) every K events / T seconds and once at the end. Returns a summary."""
+    """Train on every event of ``table`` in time order (a loss over lists: whole lists a batch, in the order of
+    their first event), emitting to ``sink`` (a DeltaSink, or a spool directory) every K events / T seconds
+    and once at the end. Returns a summary."""
     from offgraph.streaming.sinks import DeltaSink
     from offgraph.streaming.spool.sink import SpoolSink
 
@@ -381,9 +498,17 @@ def stream_train_table(
         if not Path(sink).is_dir():
             raise ValueError(f"spool directory {sink} does not exist")
         sink = SpoolSink(sink)
-    table, labels, times = prepare_events(spec, table, cfg.time_unit, source)
-    inputs = sorted({f.input for f in spec.fields if f.input})
+    table, labels, times, groups = prepare_events(spec, table, cfg.time_unit, source, lists=trainer.lists)
+    inputs = event_inputs(spec)
     n = table.num_rows
+    cuts = _cuts(n, groups)
+    if cuts is not None and uses_pairs(trainer.loss):
+        longest = int(np.diff(np.r_[0, cuts]).max()) if n else 0
+        if longest > PAIR_ROWS_MAX:
+            raise ValueError(
+                f"events {source}: a list of {longest} events; the {trainer.loss!r} loss compares the pairs of a "
+                f"batch of at most {PAIR_ROWS_MAX} rows"
+            )
     t0 = time.perf_counter()
     last_emit = t0
     since_emit = 0
@@ -398,29 +523,35 @@ def stream_train_table(
 
     bar = tqdm(total=n, unit="ev", desc="stream-train", disable=not progress)
     try:
-        for c0 in range(0, n, chunk_rows):
-            chunk = table.slice(c0, chunk_rows)
+        c0 = 0
+        while c0 < n:
+            c1 = min(_end(c0, chunk_rows, cuts), n)
+            chunk = table.slice(c0, c1 - c0)
             cols = {c: chunk.column(c).to_pylist() for c in inputs}
-            m = chunk.num_rows
-            pos = 0
-            while pos < m:
-                take = min(cfg.batch_size, m - pos)
+            pos = c0
+            while pos < c1:
+                take = cfg.batch_size
                 if cfg.every_events is not None:
                     take = min(take, cfg.every_events - since_emit)
-                s, e = c0 + pos, c0 + pos + take
-                ms = times[s:e] if times is not None else np.full(take, time.time_ns() // 1_000_000, np.int64)
+                e = min(_end(pos, take, cuts), c1)
+                ms = times[pos:e] if times is not None else np.full(e - pos, time.time_ns() // 1_000_000, np.int64)
+                lists = None
+                if groups is not None:  # the batch's lists numbered 0..G-1
+                    g = groups[pos:e]
+                    lists = np.r_[0, np.cumsum(np.diff(g) != 0)]
                 try:
-                    trainer.train_batch({c: v[pos : pos + take] for c, v in cols.items()}, labels[s:e], ms)
+                    trainer.train_batch({c: v[pos - c0 : e - c0] for c, v in cols.items()}, labels[pos:e], ms, lists)
                 except FeatureValueError as err:
-                    raise ValueError(f"events {source}: {err} (rows {s}..{e - 1} in time order)") from None
-                pos += take
-                since_emit += take
-                bar.update(take)
+                    raise ValueError(f"events {source}: {err} (rows {pos}..{e - 1} in time order)") from None
+                since_emit += e - pos
+                bar.update(e - pos)
+                pos = e
                 if (cfg.every_events is not None and since_emit >= cfg.every_events) or (
                     cfg.every_seconds is not None and time.perf_counter() - last_emit >= cfg.every_seconds
                 ):
                     emit()
                 bar.set_postfix(rows=trainer.rows.n_trained, files=len(trainer.files), refresh=False)
+            c0 = c1
         emit()
     finally:
         bar.close()
@@ -435,6 +566,8 @@ def stream_train_table(
         "events_per_second": (trainer.events - events0) / max(seconds, 1e-9),
         "progressive_auc": prog["auc"],
         "progressive_logloss": prog["logloss"],
+        "loss": trainer.loss,
+        "bias_offset": trainer.bias,
         "model": trainer.model_name,
         "model_version": trainer.model_version,
         "next_seq": trainer.next_seq,
@@ -450,5 +583,6 @@ __all__ = [
     "exported_source",
     "run_source",
     "prepare_events",
+    "event_inputs",
     "stream_train_table",
 ]

@@ -30,6 +30,7 @@ class StreamTrainConfig(ConfigModel, validate_assignment=True):
     time_unit: unit of the spec's time column: auto, s, ms, us or ns.
     lr_first_order: learning rate of the first-order weights (None: lr).
     fields: fields whose rows are trained (None: all); the others stay frozen.
+    train_bias: whether the model's bias moves (the stream's bias row, offgraph.store.keys.BIAS_TABLE).
     """
 
     lr: float = option(
@@ -61,6 +62,11 @@ class StreamTrainConfig(ConfigModel, validate_assignment=True):
     )
     lr_first_order: float | None = option(
         None, ge=0, flag="--lr-first-order", shown="--lr", description="learning rate of the first-order weights"
+    )
+    train_bias: bool = option(
+        True,
+        flag="--train-bias",
+        description="move the model's bias too (a row of its store that every score adds: offgraph.store.keys)",
     )
     fields: Annotated[tuple[str, ...], Field(strict=False)] | None = option(  # a list too
         None,

@@ -7,18 +7,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import tensorflow as tf
+from streaming_helpers import keras_step_gradients, without_bias
 
 from offgraph.export.check import requests_from_rows
 from offgraph.export.export import export_run
 from offgraph.features import FeatureGenerator, load_spec
-from offgraph.model.inputs import encode_table
-from offgraph.model.model import load_run
 from offgraph.model.train import TrainConfig, train_run
 from offgraph.scoring.batch import batch_keys
 from offgraph.scoring.scorer import Scorer
 from offgraph.store import open_store
-from offgraph.store.keys import combine_keys, split_keys
+from offgraph.store.keys import BIAS_TABLE, combine_keys, split_keys
 from offgraph.streaming._stream_train import LocalRows
 from offgraph.streaming.deltas import read as read_delta_file
 from offgraph.streaming.sinks import open_sink
@@ -55,28 +53,6 @@ def _deltas(spool) -> list:
     return [read_delta_file(p) for p in sorted(spool.glob("*.delta.arrow"))]
 
 
-def _keras_row_gradients(run_dir, table, spec):
-    """Gradient of sum_i BCE(label_i, logit_i) w.r.t. every table row, by the FULL Keras model
-    (its own lookup + pooling front and head): {(table, row): (grad_vector, grad_weight)}."""
-    model, _, _ = load_run(run_dir)
-    data = encode_table(spec, table)
-    x = {k: tf.constant(v) for k, v in data.x.items()}
-    variables = [t.embeddings for t in model.front.emb_tables] + [t.embeddings for t in model.front.w_tables]
-    with tf.GradientTape() as tape:
-        logits, _ = model.logit_and_l2(x)
-        loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=data.labels, logits=logits))
-    grads = tape.gradient(loss, variables)
-    F = len(spec.fields)
-    out = {}
-    for f in range(F):
-        gv = tf.convert_to_tensor(grads[f]).numpy()
-        gw = tf.convert_to_tensor(grads[F + f]).numpy()[:, 0]
-        ids = data.x[f"ids_{f}"][data.x[f"mask_{f}"] > 0]
-        for r in np.unique(ids).tolist():
-            out[int(combine_keys(f, [r])[0])] = (gv[r], gw[r])
-    return out
-
-
 @pytest.mark.parametrize("source", ["model", "run"])
 def test_sgd_step_is_minus_lr_times_the_keras_gradient(tiny, tmp_path, source):
     spec, lr = tiny["spec"], 0.1
@@ -92,10 +68,14 @@ def test_sgd_step_is_minus_lr_times_the_keras_gradient(tiny, tmp_path, source):
         s = stream_train_table(tr, events, spool, progress=False)
     assert s["events"] == 24 and s["files_emitted"] == 1
     (d,) = _deltas(spool)
+    d, offset = without_bias(d)
     with open_store(tiny["version"] / "store") as st:  # fp32: exactly the Keras tables
         old_v, old_w, found = st.read_unique(d.table_ids, d.rows)
     assert found.all()
-    want = _keras_row_gradients(tiny["run"], events, spec)
+    want = keras_step_gradients(tiny["run"], events)
+    want_bias = want["bias"]
+    # the bias moves as Keras's would (from offset 0: the export writes no bias row), lr_w = lr
+    assert abs(want.pop("bias")) > 1e-3 and offset == pytest.approx(-lr * want_bias, rel=2e-3)
     keys = combine_keys(d.table_ids, d.rows).tolist()
     assert set(keys) == set(want) == _keys_of(spec, events)  # exactly the touched rows
     gv = np.stack([want[k][0] for k in keys])
@@ -143,7 +123,9 @@ def test_cli_emits_files_of_touched_rows_with_increasing_seqs(tiny, tmp_path):
     for f, idx in zip(files, chunks):
         chunk = events.take(pa.array(idx))
         assert (f.model, f.model_version, f.dim) == ("ml", 1, spec.model.embedding_dim)
-        assert set(combine_keys(f.table_ids, f.rows).tolist()) == _keys_of(spec, chunk)
+        bias_key = int(combine_keys(BIAS_TABLE, [0])[0])  # each batch moved the bias too: its row, last
+        assert set(combine_keys(f.table_ids, f.rows).tolist()) == _keys_of(spec, chunk) | {bias_key}
+        assert int(combine_keys(f.table_ids[-1:], f.rows[-1:])[0]) == bias_key
         assert f.seqs[0] == last_seq + 1 and (np.diff(f.seqs) == 1).all()
         last_seq = int(f.seqs[-1])
         assert f.event_time_ms.max() == chunk.column("timestamp").to_numpy().max() * 1000
@@ -251,14 +233,14 @@ def test_trainer_predicts_what_the_scorer_serves_and_fields_limit_the_deltas(tin
         for req, cands, pos in requests_from_rows(spec, columns, np.arange(events.num_rows)):
             served[pos] = sc.score(req, cands)
     spool = open_sink(f"spool:{tmp_path / 'spool'}").dir
-    cfg = StreamTrainConfig(lr=0.05, lr_first_order=0.2, fields=("user_id", "movie_id"))
+    cfg = StreamTrainConfig(lr=0.05, lr_first_order=0.2, fields=("user_id", "movie_id"), train_bias=False)
     with open_trainer(model_dir=tiny["version"], config=cfg) as tr:
         np.testing.assert_allclose(tr.predict(columns, events.num_rows), served, rtol=1e-5, atol=1e-6)
         stream_train_table(tr, events, spool, progress=False)
         assert tr.rows.n_trained < len(tr.rows)  # rows of the other fields were read, not trained
     (d,) = _deltas(spool)
     want = {spec.field_index("user_id"), spec.field_index("movie_id")}
-    assert set(d.table_ids.tolist()) == want
+    assert set(d.table_ids.tolist()) == want  # no bias row either: --no-train-bias
     assert len(d) == len({k for k in _keys_of(spec, events) if int(split_keys([k])[0][0]) in want})
     with pytest.raises(ValueError, match="unknown field"):
         open_trainer(model_dir=tiny["version"], config=StreamTrainConfig(fields=("nope",)))
@@ -272,6 +254,8 @@ def test_adagrad_step_is_rowwise_and_bounded(tiny, tmp_path):
     with open_trainer(model_dir=tiny["version"], config=cfg) as tr:
         stream_train_table(tr, events, spool, progress=False)
     (d,) = _deltas(spool)
+    d, offset = without_bias(d)
+    assert offset is not None and abs(offset) == pytest.approx(lr, rel=1e-3)  # the bias: a weight, from 0
     with open_store(tiny["version"] / "store") as st:
         old_v, old_w, _ = st.read_unique(d.table_ids, d.rows)
     # first step from a zero accumulator: |dw| = lr, and the RMS of dv over a row = lr
@@ -309,10 +293,3 @@ def test_bad_arguments_are_named(tiny, tmp_path):
     with open_trainer(model_dir=tiny["version"]) as tr:
         with pytest.raises(ValueError, match="label 'label' must be 0 or 1"):
             stream_train_table(tr, bad, spool, progress=False)
-
-
-def test_numeric_fields_are_refused_by_name(numeric_run):
-    """The stream trainer feeds the frozen head emb and first_order only: a model with numeric fields is
-    refused at start, naming them, not failed inside TensorFlow."""
-    with pytest.raises(ValueError, match=r"numeric fields \['movie_prior_mean'\] are not supported"):
-        open_trainer(run_dir=numeric_run[0], model_name="ml", model_version=1)
