@@ -50,6 +50,7 @@ from offgraph.streaming.served_outcomes import (  # noqa: F401 (read_outcomes, j
     candidate_outcomes,
     check_columns,
     json_field,
+    model_records,
     outcome_pairs,
     read_outcomes,
 )
@@ -185,16 +186,9 @@ def experiment_report(
     if gain_event not in EVENTS:
         raise ReportError(f"the gain event is one of {', '.join(EVENTS)}, got {gain_event!r}")
     check_columns(served, SERVED_COLUMNS, "served log")
-    models = sorted(m for m in pc.unique(served.column("model")).to_pylist() if m is not None)
-    if model is None and len(models) > 1:
-        raise ReportError(f"the served log holds the models {', '.join(models)}: name one (--model)")
-    if model is not None:
-        if model not in models:
-            raise ReportError(f"the served log has no record of the model {model!r} (it has {', '.join(models)})")
-        served = served.filter(pc.equal(served.column("model"), model))
+    served, model = model_records(served, model, "--model")
     if served.num_rows == 0:
         raise ReportError("the served log has no records")
-    model = model or models[0]
 
     if served.column("arm").null_count:
         raise ReportError("the served log has records without an arm")

@@ -38,6 +38,7 @@ from offgraph.streaming.served_outcomes import (
     check_columns,
     json_field,
     json_values,
+    model_records,
     outcome_pairs,
 )
 from offgraph.streaming.stream_train_config import TIME_UNITS
@@ -116,13 +117,7 @@ def served_events(
 def _records(served: pa.Table, model: str | None, version: int | None, arm: str | None) -> pa.Table:
     """The served log's records of ``model`` (the log's one model when None), ``version`` and ``arm`` (each:
     any when None); ``LogError`` naming what the log has when one of them is not in it."""
-    models = sorted(m for m in pc.unique(served.column("model")).to_pylist() if m is not None)
-    if model is None and len(models) > 1:
-        raise LogError(f"the served log holds the models {', '.join(models)}: name one")
-    if model is not None:
-        if model not in models:
-            raise LogError(f"the served log has no record of the model {model!r} (it has {', '.join(models)})")
-        served = served.filter(pc.equal(served.column("model"), model))
+    served, _ = model_records(served, model)
     if version is not None:
         versions = sorted(v for v in pc.unique(served.column("version")).to_pylist() if v is not None)
         if version not in versions:

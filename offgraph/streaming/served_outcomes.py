@@ -67,6 +67,20 @@ def check_columns(table: pa.Table, need: tuple[str, ...] | list[str], what: str)
         raise LogError(f"the {what} lacks the column(s) {', '.join(missing)} (it has {', '.join(table.column_names)})")
 
 
+def model_records(served: pa.Table, model: str | None, flag: str = "") -> tuple[pa.Table, str | None]:
+    """(the served log's records of ``model``, its name): the log's one model when None; ``LogError`` naming the
+    models the log has when it holds several and none is named, or not the one named (``flag``: the option that
+    names it, said in the error)."""
+    models = sorted(m for m in pc.unique(served.column("model")).to_pylist() if m is not None)
+    if model is None and len(models) > 1:
+        raise LogError(f"the served log holds the models {', '.join(models)}: name one{flag and f' ({flag})'}")
+    if model is not None:
+        if model not in models:
+            raise LogError(f"the served log has no record of the model {model!r} (it has {', '.join(models)})")
+        served = served.filter(pc.equal(served.column("model"), model))
+    return served, model or (models[0] if models else None)
+
+
 def json_field(texts: pa.Array | pa.ChunkedArray, name: str) -> pa.Array:
     """The value of the top-level key ``name`` of each JSON object in ``texts``, as text (a number as its
     digits; null where the key is absent or null); each ``_JSON_SLICE`` objects' type found on its own."""

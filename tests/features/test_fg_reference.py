@@ -3,37 +3,14 @@ segmenters of the tokenize op."""
 
 import numpy as np
 import pytest
+from fg_samples import REFERENCE_FIELDS
 
 from offgraph.features import FeatureGenerator, FeatureValueError, parse_spec
 from offgraph.features.fg import ScopeError
 from offgraph.features.hashing import row_of
 from offgraph.features.segment import check_segmenters, segmenter_record
 
-SPEC = parse_spec(
-    {
-        "model": {"embedding_dim": 16, "mlp": [8]},
-        "label": "click",
-        "fields": [
-            {"name": "user", "scope": "request", "op": "id", "input": "user_id", "rows": 1000},
-            {"name": "query", "scope": "request", "op": "tokenize", "input": "query", "segmenter": "cjk", "rows": 500},
-            {"name": "hour", "scope": "request", "op": "id", "input": "hour", "rows": 24},
-            {"name": "gender", "scope": "request", "op": "id", "input": "gender", "rows": 8},
-            {"name": "ad", "scope": "item", "op": "id", "input": "ad_id", "rows": 1000},
-            {"name": "category", "scope": "item", "op": "id", "input": "category", "rows": 100},
-            {"name": "price", "scope": "item", "op": "log_bucket", "input": "price", "base": 2, "rows": 64},
-            {"name": "title", "scope": "item", "op": "id", "input": "title", "rows": 800},
-            {"name": "ctr_7d", "scope": "item", "op": "numeric", "input": "ctr_7d"},
-            {
-                "name": "gender_x_category",
-                "scope": "cross",
-                "op": "cross",
-                "inputs": ["gender", "category"],
-                "rows": 500,
-            },
-            {"name": "query_in_title", "scope": "cross", "op": "match_count", "inputs": ["query", "title"], "rows": 8},
-        ],
-    }
-)
+SPEC = parse_spec({"model": {"embedding_dim": 16, "mlp": [8]}, "label": "click", "fields": REFERENCE_FIELDS})
 REQUEST = {"user_id": "u123", "query": "跑鞋", "hour": 21, "gender": "男"}
 ADS = [
     {"ad_id": 9001, "category": 12, "price": 299, "title": ["男", "跑", "鞋", "透气"], "ctr_7d": 0.031},

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from fg_samples import REFERENCE_FIELDS
 from streaming_helpers import keras_step_gradients, without_bias
 
 from offgraph.export.check import requests_from_rows
@@ -26,26 +27,10 @@ from offgraph.streaming.updater_config import UpdaterConfig
 
 pytestmark = pytest.mark.timeout(600)
 
-# the reference design's worked example (tests/features/test_fg_reference.py), with the README's ctr_7d transform
+# the reference design's worked example, with the README's ctr_7d transform
 FIELDS = [
-    {"name": "user", "scope": "request", "op": "id", "input": "user_id", "rows": 1000},
-    {"name": "query", "scope": "request", "op": "tokenize", "input": "query", "segmenter": "cjk", "rows": 500},
-    {"name": "hour", "scope": "request", "op": "id", "input": "hour", "rows": 24},
-    {"name": "gender", "scope": "request", "op": "id", "input": "gender", "rows": 8},
-    {"name": "ad", "scope": "item", "op": "id", "input": "ad_id", "rows": 1000},
-    {"name": "category", "scope": "item", "op": "id", "input": "category", "rows": 100},
-    {"name": "price", "scope": "item", "op": "log_bucket", "input": "price", "base": 2, "rows": 64},
-    {"name": "title", "scope": "item", "op": "id", "input": "title", "rows": 800},
-    {
-        "name": "ctr_7d",
-        "scope": "item",
-        "op": "numeric",
-        "input": "ctr_7d",
-        "transform": ["clip", "log1p", "standardize"],
-        "clip": [0, 1],
-    },
-    {"name": "gender_x_category", "scope": "cross", "op": "cross", "inputs": ["gender", "category"], "rows": 500},
-    {"name": "query_in_title", "scope": "cross", "op": "match_count", "inputs": ["query", "title"], "rows": 8},
+    {**f, "transform": ["clip", "log1p", "standardize"], "clip": [0, 1]} if f["name"] == "ctr_7d" else f
+    for f in REFERENCE_FIELDS
 ]
 QUERIES = ["跑鞋", "篮球鞋", "男士透气跑鞋", "女鞋", "运动 nike"]
 TITLES = [["男", "跑", "鞋", "透气"], ["篮球", "鞋"], ["女", "鞋"], ["nike", "跑", "鞋"], ["袜子"]]
