@@ -15,6 +15,9 @@ from grpc_helpers import predict_request, tensors
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+DROPPED, WRITTEN = "offgraph_served_log_dropped_total", "offgraph_served_log_records_total"
+"""The served log's /metrics counters: records dropped (a full queue, a sink down), records written."""
+
 
 def _data(arr: np.ndarray) -> list:
     """A tensor's elements as KServe JSON ``data``: flat, BYTES as text."""

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import xxhash
 from polling import wait_for
-from served_log_helpers import check_logged, metric, score_every_protocol
+from served_log_helpers import DROPPED, WRITTEN, check_logged, metric, score_every_protocol
 from server_helpers import TOKEN, ThreadServer, copy_models, serve_process, server_config, stop_server, wait_ready
 
 from offgraph.server.process.served_log import ServedLog, sampled
@@ -24,8 +24,6 @@ from offgraph.server.process.served_log_spool import SpoolSink, read_served
 from offgraph.testing.harness import free_port
 
 pytestmark = pytest.mark.timeout(300)
-
-DROPPED, WRITTEN = "offgraph_served_log_dropped_total", "offgraph_served_log_records_total"
 
 
 def _app(models, log):

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from polling import wait_for
-from served_log_helpers import metric
+from served_log_helpers import WRITTEN, metric
 from server_helpers import copy_models, copy_version, serve_process, stop_server, wait_ready
 
 from offgraph.feature_tables.build import build_feature_tables
@@ -22,7 +22,6 @@ from offgraph.server.process.served_log_spool import read_served
 
 pytestmark = pytest.mark.timeout(300)
 
-WRITTEN = "offgraph_served_log_records_total"
 ITEM = ("genres", "title_words", "release_year")
 
 

@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 from polling import wait_for
-from served_log_helpers import check_logged, metric, score_every_protocol
+from served_log_helpers import DROPPED, WRITTEN, check_logged, metric, score_every_protocol
 from server_helpers import copy_models, serve_process, stop_server, wait_ready
 
 from offgraph.server.process.served_log_kafka import read_served_kafka
@@ -16,8 +16,6 @@ from offgraph.testing.harness import free_port
 from offgraph.testing.tansu import TansuBroker
 
 pytestmark = pytest.mark.timeout(400)
-
-DROPPED, WRITTEN = "offgraph_served_log_dropped_total", "offgraph_served_log_records_total"
 
 
 def test_every_record_reaches_the_topic_from_two_workers(tiny_model, requests_, tmp_path):
