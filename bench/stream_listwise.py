@@ -4,8 +4,8 @@ listwise model streamed on lists keeps NDCG on held-out lists within noise of a 
 MovieLens-100K user-day lists (the spec's ``request_id``) with the grade ``rating - 1`` as the label (graded gains
 2^grade - 1, ``bench/lib/ltr_data.py``'s spec), the lists in order of their first rating: the first share of
 them (A), the next (B), the rest held out (H), per ``--splits``: 70/20/10, the issue's question, and 40/50/10,
-where B holds enough to move held-out NDCG (the retrain's gain over A only is the test's power). Three models, each scored on H through the served path
-(export fp32, then ``offgraph.scoring.scorer.Scorer``):
+where B holds enough to move held-out NDCG (the retrain's gain over A only is the test's power). Three models,
+each scored on H through the served path (export fp32, then ``offgraph.scoring.scorer.Scorer``):
 
 - A only: ``train_run`` with the listwise loss and ``validation=0`` (no Platt fit: the stream trainer refuses a
   listwise model whose scores are CTRs through one), exported;
@@ -20,8 +20,8 @@ B alone, per split and seed: streamed on B's first ``--tune-share`` of lists, sc
 ``predict`` (``tuning`` in the report).
 
 NDCG@10 per held-out list (``bench/lib/ltr_stats.py``: the package's metric one list at a time), the paired
-bootstrap 95% intervals of streamed - retrain, streamed - A only and retrain - A only over lists. The line holds where the
-interval of streamed - retrain contains 0 or lies above it.
+bootstrap 95% intervals of streamed - retrain, streamed - A only and retrain - A only over lists. The line holds
+where the interval of streamed - retrain contains 0 or lies above it.
 
     python -m bench.stream_listwise --out bench/results/stream-listwise
 """
@@ -266,27 +266,37 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> None:
+    """Top: each model's held-out NDCG@10 per split and seed; bottom: the paired differences (what the line reads)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = ("a_only", "streamed", "retrain")
+    diffs = ("streamed_minus_retrain", "streamed_minus_a_only", "retrain_minus_a_only")
     splits = list(report["splits"])
-    fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 4.2), squeeze=False)
-    for ax, split in zip(axes[0], splits, strict=True):
+    fig, axes = plt.subplots(2, len(splits), figsize=(5.5 * len(splits), 7.5), squeeze=False)
+    for col, split in enumerate(splits):
         by_seed = report["splits"][split]
+        top, bottom = axes[0][col], axes[1][col]
         for j, (seed, r) in enumerate(by_seed.items()):
+            x = np.arange(3) + (j - (len(by_seed) - 1) / 2) * 0.2
             m = r[METRIC]
             v = np.array([m[n]["value"] for n in names])
             err = [v - np.array([m[n]["lo"] for n in names]), np.array([m[n]["hi"] for n in names]) - v]
-            x = np.arange(3) + (j - (len(by_seed) - 1) / 2) * 0.2
-            ax.errorbar(x, v, yerr=err, fmt="o", capsize=3, label=f"seed {seed}")
-        ax.set_xticks(np.arange(3), ["A only", "A, streamed on B", "retrain on A+B"])
-        ax.set_ylabel(f"held-out {METRIC.upper()} (95% CI over lists)")
-        ax.set_title(f"listwise DeepFM, MovieLens user-day lists, A/B/H {split}", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+            top.errorbar(x, v, yerr=err, fmt="o", capsize=3, label=f"seed {seed}")
+            d = np.array([r[n]["diff"] for n in diffs])
+            err = [d - np.array([r[n]["lo"] for n in diffs]), np.array([r[n]["hi"] for n in diffs]) - d]
+            bottom.errorbar(x, d, yerr=err, fmt="o", capsize=3, label=f"seed {seed}")
+        top.set_xticks(np.arange(3), ["A only", "A, streamed on B", "retrain on A+B"])
+        top.set_ylabel(f"held-out {METRIC.upper()} (95% CI over lists)")
+        top.set_title(f"listwise DeepFM, MovieLens user-day lists, A/B/H {split}", fontsize=9)
+        bottom.axhline(0, color="grey", lw=0.8)
+        bottom.set_xticks(np.arange(3), ["streamed − retrain", "streamed − A only", "retrain − A only"])
+        bottom.set_ylabel(f"paired difference of {METRIC.upper()} (95% CI)")
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
