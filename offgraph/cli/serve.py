@@ -41,7 +41,9 @@ _TFSERVING_API = f"pip install --no-deps '{_pin(Path(__file__).parents[1] / 'ser
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve every model under MODELS over HTTP (FastAPI + uvicorn)")
-    add_settings_flags(p, ServerConfig, exclude=NOT_FLAGS, defaults={"intra_threads": 1, "inter_threads": 1})
+    add_settings_flags(
+        p, ServerConfig, exclude=NOT_FLAGS, defaults={"intra_threads": 1, "inter_threads": 1, "blas_threads": 1}
+    )
     add_settings_flags(p, ListenConfig)
     add_cpus_argument(p, "the server and its workers")
     add_settings_sources(p, sub)
@@ -71,9 +73,10 @@ def run(args) -> int:
         return STARTUP_FAILURE
     host, port = sock.getsockname()[:2]
     # TF's pools first, before anything can run a TF op
-    from offgraph.server.process.tf_threads import configure_tf_threads
+    from offgraph.server.process.compute_threads import configure_blas_threads, configure_tf_threads
 
     configure_tf_threads(config.intra_threads, config.inter_threads)
+    configure_blas_threads(config.blas_threads)
     from offgraph.server.app import create_app
 
     log.info("serving on http://%s:%d", f"[{host}]" if ":" in host else host, port)
@@ -100,9 +103,10 @@ def serve_worker(config: ServerConfig, listen: ListenConfig) -> None:
 
     verbose = bool(os.environ.get(VERBOSE_ENV))
     configure_logging(getattr(logging, listen.log_level.upper()), verbose=verbose, tag=f"w{config.worker_id}")
-    from offgraph.server.process.tf_threads import configure_tf_threads
+    from offgraph.server.process.compute_threads import configure_blas_threads, configure_tf_threads
 
     configure_tf_threads(config.intra_threads, config.inter_threads)
+    configure_blas_threads(config.blas_threads)
     from offgraph.server.app import create_app
 
     sock = reuseport_socket(listen.host, listen.port)

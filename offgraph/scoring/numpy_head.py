@@ -23,7 +23,6 @@ exported so far has them; a version whose object lacks them keeps the SavedModel
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,13 +62,12 @@ class HeadWeights:
 
 
 def blas_one_thread() -> bool:
-    """Whether NumPy's BLAS runs one thread: OpenBLAS reads OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, when it
-    loads; a one-CPU machine has one either way."""
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(var, "").strip()
-        if value:
-            return value == "1"
-    return os.cpu_count() == 1
+    """Whether NumPy's BLAS runs one thread now, as its library says (threadpoolctl): set by OPENBLAS_NUM_THREADS /
+    OMP_NUM_THREADS when it loaded, or later (``offgraph serve``'s ``--blas-threads``, 1 by default)."""
+    from threadpoolctl import threadpool_info
+
+    counts = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    return bool(counts) and max(counts) == 1
 
 
 def default_max_rows() -> int:

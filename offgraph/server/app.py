@@ -18,10 +18,10 @@ from offgraph.server.http.errors import InternalErrorMiddleware, install_error_h
 from offgraph.server.http.http_limits import BodyTimeoutMiddleware
 from offgraph.server.http.request_id import RequestIdMiddleware
 from offgraph.server.models.experiment import Experiments
+from offgraph.server.process.compute_threads import configure_blas_threads, configure_tf_threads
 from offgraph.server.process.gc_tuning import tune_gc
 from offgraph.server.process.metrics import HttpMetricsMiddleware
 from offgraph.server.process.served_log import ServedLog, open_served_log
-from offgraph.server.process.tf_threads import configure_tf_threads
 
 DESCRIPTION = """\
 DeepFM CTR scoring with the embedding tables out of the TensorFlow graph.
@@ -46,6 +46,7 @@ def create_app(
     ``served_log``: where sampled scored requests are logged (``offgraph.server.process.served_log``; closed with
     the app); by default the one ``config`` asks for (``--served-log-rate`` and its sink; none when off)."""
     configure_tf_threads(config.intra_threads, config.inter_threads)
+    configure_blas_threads(config.blas_threads)
     state = ServerState.build(config)
     if served_log is None:
         served_log = open_served_log(config)

@@ -90,6 +90,8 @@ class ServerConfig(ConfigModel, frozen=True):
     intra_threads / inter_threads: TensorFlow thread pools; None leaves TF's default (an app
         built in a process that already ran TF ops cannot change them; the CLI's fresh process
         sets both to 1).
+    blas_threads: NumPy's BLAS (OpenBLAS) threads, through threadpoolctl; None leaves them (the CLI sets 1: with
+        one, the scorer's NumPy dense head serves every candidate count, ``offgraph.scoring.numpy_head``).
     follow_interval_s: how often a scorer reads its store's write feed (fresh rows from the live
         writer: plain file reads, ``offgraph.store.follower``).
     catch_up_s: how often a scorer's RocksDB secondary catches up with the writer (each catch-up
@@ -224,6 +226,12 @@ class ServerConfig(ConfigModel, frozen=True):
         "--score-threads)",
     )
     inter_threads: int | None = option(None, ge=1, flag="--inter-threads", description="TensorFlow inter-op threads")
+    blas_threads: int | None = option(
+        None,
+        ge=1,
+        flag="--blas-threads",
+        description="NumPy's BLAS threads (the NumPy dense head's matmuls; with 1 it scores every candidate count)",
+    )
     follow_interval_s: float = option(
         0.05,
         ge=0.001,

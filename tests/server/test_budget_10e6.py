@@ -138,7 +138,7 @@ def test_a_small_budget_holds_under_traffic_with_direct_reads_and_library_scores
 LIBRARY_SCORES = f"""
 import sys
 import numpy as np
-from offgraph.server.process.tf_threads import configure_tf_threads
+from offgraph.server.process.compute_threads import configure_tf_threads
 configure_tf_threads(1, 1)
 from bench.lib.traffic import build_requests
 from offgraph.scoring.scorer import Scorer
