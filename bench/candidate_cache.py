@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from offgraph.server.process.tf_threads import configure_tf_threads
+    from offgraph.server.process.compute_threads import configure_tf_threads
 
     configure_tf_threads(1, 1)
     from bench.lib.bodies import build_bodies

@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.lib.report import write_report
 
     if args.tf_threads:
-        from offgraph.server.process.tf_threads import configure_tf_threads
+        from offgraph.server.process.compute_threads import configure_tf_threads
 
         configure_tf_threads(args.tf_threads, args.tf_threads)
 

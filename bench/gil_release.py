@@ -102,7 +102,7 @@ def _parts(model_dir: str, data: str, n: int):
 
     import offgraph
     from offgraph.scoring.batch import batch_keys
-    from offgraph.server.process.tf_threads import configure_tf_threads
+    from offgraph.server.process.compute_threads import configure_tf_threads
 
     configure_tf_threads(1, 1)
     scorer = offgraph.load(model_dir)

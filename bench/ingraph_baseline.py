@@ -145,7 +145,7 @@ def create_baseline_app(scorer: InGraphScorer, score_threads: int, max_candidate
 def _serve(run: str, export_dir: str, host: str, port: int, score_threads: int, intra: int, inter: int) -> None:
     """One server process (the only one, or a worker of several): load, warm up, serve."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from offgraph.server.process.tf_threads import configure_tf_threads
+    from offgraph.server.process.compute_threads import configure_tf_threads
 
     configure_tf_threads(intra, inter)
     scorer = InGraphScorer(run, export_ingraph(run, export_dir))

@@ -59,7 +59,7 @@ MODULES = {
     "scorer": ("offgraph.scoring.scorer", "server.scorer"),
     "schemas": ("offgraph.server.api.schemas", "server.schemas"),
     "score_body": ("offgraph.server.api.score_body", "server.score_body"),
-    "tf_threads": ("offgraph.server.process.tf_threads", "server.tf_threads"),
+    "tf_threads": ("offgraph.server.process.compute_threads", "server.tf_threads"),
 }
 
 

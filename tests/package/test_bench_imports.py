@@ -62,3 +62,23 @@ def test_no_bench_module_imports_an_entry_script():
 def test_the_scan_sees_an_import_of_an_entry_script():
     tree = ast.parse("from bench import serve_latency\ndef f():\n    from bench.scale import main\n")
     assert {"bench.serve_latency", "bench.scale"} <= _imported(tree, "bench.x")
+
+
+def test_every_package_module_a_bench_imports_exists():
+    """A bench imports the package's modules by name inside its functions too, where running a test would not
+    reach them: every ``offgraph.*`` module named is a file or package of the source tree (a module renamed
+    without its benches fails here, not in the middle of a bench run)."""
+    src = BENCH.parent
+    missing = []
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("offgraph"):
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("offgraph")]
+            for name in names:
+                p = src.joinpath(*name.split("."))
+                if not (p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()):
+                    missing.append(f"{module}: {name}")
+    assert not missing, missing
