@@ -38,7 +38,7 @@ from bench.lib.client import run_cell
 from bench.lib.disk import describe, settle
 from bench.lib.scale_predict import PROBE_DEPTHS, perfect_lfu, plan_for, predicted_read, reads_per_request
 from bench.lib.scale_report import acceptance, fraction, load_text, markdown, num, per_bin, plan_cell, plot, warm_text
-from bench.lib.server import BenchServer, cli_module, find_key, hit_ratios
+from bench.lib.server import BenchServer, build_extensions, cli_module, find_key, hit_ratios
 from bench.lib.swap import run_swap, summarize
 from bench.lib.traffic import POPULARITIES, build_requests
 from bench.lib.traffic import bodies as to_bodies
@@ -521,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     baseline = Path(args.baseline_repo).resolve() if args.baseline_repo else None
     if baseline:
         cli_module(baseline)  # a checkout with neither layout's entry point ends the run here
+        build_extensions(baseline)
     baseline_sizes = {count(x) for x in args.baseline_sizes.split(",") if x.strip()} if baseline else set()
     # absolute: the old code's servers run in their own directory
     work, out = Path(args.workdir).resolve(), Path(args.out).resolve()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench.lib.client import run_cell
 from bench.lib.report import write_report
-from bench.lib.server import BenchServer, hit_ratios
+from bench.lib.server import BenchServer, build_extensions, hit_ratios
 from bench.lib.traffic import bodies as to_bodies
 from bench.lib.traffic import build_requests
 from offgraph.cli.synth import count
@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     runs = [measure(args.models.resolve(), None, args, "new")]
     if args.baseline_models:
+        build_extensions(args.baseline_repo.resolve())
         runs.append(measure(args.baseline_models.resolve(), args.baseline_repo.resolve(), args, "old"))
     write_report(args.out, "scale_perf", runs, markdown(runs), plot)
     return 0

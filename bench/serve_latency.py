@@ -60,7 +60,7 @@ from bench.lib.latency_table import (
     rotation,
     table_lines,
 )
-from bench.lib.server import REPO, start
+from bench.lib.server import REPO, build_extensions, start
 from offgraph.testing.harness import ServerProcess, free_port, serve_command
 
 
@@ -174,6 +174,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             and not (args.baseline_repo / "offgraph" / "cli").exists()
         ):
             ap.error(f"--baseline-repo {args.baseline_repo}: neither offgraph_cli.py nor offgraph/cli there")
+        build_extensions(args.baseline_repo)
     return args
 
 

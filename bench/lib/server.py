@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -63,6 +64,21 @@ def cli_module(code: Path | None) -> str:
     if (Path(code) / "offgraph_cli.py").exists():
         return "offgraph_cli"
     raise SystemExit(f"{code}: neither offgraph/cli/ nor offgraph_cli.py (extract the old code's `git archive`)")
+
+
+def build_extensions(code: Path) -> None:
+    """Build checkout ``code``'s compiled parts in place, as the package's install does (``setup.py``'s
+    extensions: the wire-key kernel). A `git archive` of an old revision has the C source but not the built
+    module, and its server would then run the pure-Python fallbacks and be measured slower than that code is."""
+    code = Path(code)
+    setup = code / "setup.py"
+    if not setup.exists() or "ext_modules" not in setup.read_text() or any(code.joinpath("offgraph").rglob("*.so")):
+        return
+    out = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=code, capture_output=True, text=True
+    )
+    if out.returncode != 0 or not any(code.joinpath("offgraph").rglob("*.so")):
+        raise SystemExit(f"{code}: its compiled parts did not build (setup.py build_ext):\n{out.stderr[-2000:]}")
 
 
 class BenchServer:
