@@ -44,6 +44,17 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--item-field", help="with --served: the candidates' item key in both logs (default: the spec's item_key)"
     )
+    p.add_argument(
+        "--label",
+        choices=("click", "gain"),
+        help="with --served: each candidate's label, 1 where clicked (click, the default), or its summed "
+        "--gain-event values (gain: a graded label, for a model trained with a loss over lists)",
+    )
+    p.add_argument(
+        "--gain-event",
+        choices=("click", "play", "play_share"),
+        help="with --served --label gain: the outcome event whose values are the gain (default: play_share)",
+    )
     p.add_argument("--emit", required=True, help="delta sink: spool:DIR or kafka://HOST:PORT/TOPIC")
     p.add_argument(
         "--partitions",
@@ -74,8 +85,12 @@ def check_source(args: argparse.Namespace) -> None:
         )
     if args.served is not None and args.outcomes is None:
         raise ValueError("--served needs --outcomes FILE: the outcome log that labels the served candidates")
+    if args.gain_event is not None and args.label != "gain":
+        raise ValueError("--gain-event goes with --label gain")
     if args.served is None:
-        extra = [flag for flag in ("outcomes", "arm", "item_field") if getattr(args, flag) is not None]
+        extra = [
+            flag for flag in ("outcomes", "arm", "item_field", "label", "gain_event") if getattr(args, flag) is not None
+        ]
         if extra:
             raise ValueError(f"--{extra[0].replace('_', '-')} goes with --served (the served log)")
 
@@ -110,6 +125,8 @@ def served_table(args: argparse.Namespace, trainer, cfg: StreamTrainConfig):
         read_outcomes(args.outcomes),
         trainer.spec,
         item_field=args.item_field,
+        label=args.label or "click",
+        gain_event=args.gain_event or "play_share",
         time_unit=cfg.time_unit,
         model=trainer.model_name,
         arm=args.arm,

@@ -271,7 +271,10 @@ def test_ids_only_requests_train_on_the_feature_tables_values_the_server_joined(
     assert events.column("label").to_pylist() == [int(k == len(sent[0][1]) + 2) for k in range(len(rows))]
 
 
-@pytest.mark.parametrize("case", ["no source", "two sources", "no outcomes", "outcomes without served"])
+@pytest.mark.parametrize(
+    "case",
+    ["no source", "two sources", "no outcomes", "outcomes without served", "label without served", "gain event alone"],
+)
 def test_stream_train_refuses_a_source_it_cannot_use_at_once(case, tmp_path, capsys):
     args = ["stream-train", "--model", str(tmp_path / "nowhere"), "--emit", f"spool:{tmp_path}"]
     served, outcomes, events = (
@@ -284,12 +287,16 @@ def test_stream_train_refuses_a_source_it_cannot_use_at_once(case, tmp_path, cap
         "two sources": [*events, *served, *outcomes],
         "no outcomes": served,
         "outcomes without served": [*events, *outcomes],
+        "label without served": [*events, "--label", "gain"],
+        "gain event alone": [*served, *outcomes, "--gain-event", "play"],
     }[case]
     message = {
         "no source": "give one source of events: --events FILE, or --served DIR|URL --outcomes FILE",
         "two sources": "--events and --served are two sources of events: give one",
         "no outcomes": "--served needs --outcomes FILE",
         "outcomes without served": "--outcomes goes with --served (the served log)",
+        "label without served": "--label goes with --served (the served log)",
+        "gain event alone": "--gain-event goes with --label gain",
     }[case]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
