@@ -59,7 +59,7 @@ MODULES = {
     "scorer": ("offgraph.scoring.scorer", "server.scorer"),
     "schemas": ("offgraph.server.api.schemas", "server.schemas"),
     "score_body": ("offgraph.server.api.score_body", "server.score_body"),
-    "tf_threads": ("offgraph.server.process.compute_threads", "server.tf_threads"),
+    "threads": ("offgraph.server.process.compute_threads", "server.tf_threads"),
 }
 
 
@@ -74,6 +74,18 @@ def _cumulative(stats: pstats.Stats, where: tuple[tuple[str, ...], tuple[str, ..
     files, names = where
     found = [v[3] for (path, _, func), v in stats.stats.items() if func in names and Path(path).name in files]  # type: ignore[attr-defined]
     return sum(found) if found else None
+
+
+def threads_as_the_servers(intra: int | None, inter: int | None, code: str) -> None:
+    """TensorFlow's pools as given, and NumPy's BLAS at the one thread ``offgraph serve`` sets (a checkout from
+    before ``--blas-threads`` leaves OpenBLAS as it loaded, as its server did)."""
+    try:
+        mod = _module("threads", code)
+    except ModuleNotFoundError:  # a package checkout from before the module's rename
+        mod = importlib.import_module("offgraph.server.process.tf_threads")
+    mod.configure_tf_threads(intra, inter)
+    if hasattr(mod, "configure_blas_threads"):
+        mod.configure_blas_threads(1)
 
 
 def route_parser(bodies: list[bytes], code: str = "package"):
@@ -104,7 +116,7 @@ def breakdown(
     code: str = "package",
 ) -> dict:
     """Phases (ms per request) of ``repeats`` requests cycling through ``bodies``, after two warm passes."""
-    _module("tf_threads", code).configure_tf_threads(intra, inter)  # as the servers
+    threads_as_the_servers(intra, inter, code)
     load = _module("scorer", code).load
     parse = route_parser(bodies, code).validate
     s = load(model_dir, row_cache_mb=row_cache_mb)
@@ -171,7 +183,7 @@ def tensor_phases(
         from offgraph.server.grpc.tfserving import tensor_of
     except ImportError as e:
         return {"error": f"no named-tensor path in this checkout ({e})"}
-    _module("tf_threads", "package").configure_tf_threads(intra, inter)
+    threads_as_the_servers(intra, inter, "package")
     s = _module("scorer", "package").load(model_dir, row_cache_mb=row_cache_mb)
     parse = route_parser(bodies).validate
     times: dict[str, dict[str, list[float]]] = {}
