@@ -4,6 +4,13 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# NumPy's BLAS at one thread, as `offgraph serve` sets it (--blas-threads 1), here and in the processes the tests
+# start: a library Scorer in a test then scores through the dense head a server worker does (the NumPy head at
+# every candidate count: offgraph.scoring.numpy_head), so "the server scores as the library" compares like with like
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+from threadpoolctl import threadpool_limits  # noqa: E402 (after the environment it reads)
+
+threadpool_limits(limits=1, user_api="blas")  # numpy may be loaded already (a plugin): its OpenBLAS too
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"

@@ -159,14 +159,15 @@ def test_above_its_bound_the_scorer_calls_the_saved_model(tiny_version, requests
         assert np.abs(bounded.score(request, cands[:2]) - tf_only.score(request, cands[:2])).max() <= PARITY
 
 
-def test_the_default_bound_follows_the_blas_threads(monkeypatch):
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
-    assert default_max_rows() == SINGLE_THREAD_MAX_ROWS
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")  # OpenBLAS reads its own variable first
-    assert default_max_rows() == NUMPY_HEAD_MAX_ROWS == 50
-    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
-    assert default_max_rows() == SINGLE_THREAD_MAX_ROWS
+def test_the_default_bound_follows_the_blas_threads():
+    """The library's threads as they are now (threadpoolctl), not the environment's: 2 -> the SavedModel above 50
+    candidates, 1 -> the NumPy head at every count (tests/server/test_compute_threads.py: set after load)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert default_max_rows() == NUMPY_HEAD_MAX_ROWS == 50
+    with threadpool_limits(limits=1, user_api="blas"):
+        assert default_max_rows() == SINGLE_THREAD_MAX_ROWS > 50
 
 
 def test_a_weight_that_disagrees_keeps_the_saved_model(tiny_version, caplog):
