@@ -154,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         f"stream-train {s['model']}/{s['model_version']}: {s['events']} events, {s['rows_touched']} rows touched, "
         f"{s['files_emitted']} delta batch(es) -> {args.emit}, {s['seconds']:.1f}s ({s['events_per_second']:,.0f} ev/s); "
         f"progressive AUC {s['progressive_auc']:.4f} logloss {s['progressive_logloss']:.4f}"
+        + (f" NDCG@10 {s['progressive_ndcg@10']:.4f}" if "progressive_ndcg@10" in s else "")
     )
     if args.json:
         strict_json.write(args.json, s, indent=2)

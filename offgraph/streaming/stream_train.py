@@ -37,7 +37,7 @@ from tqdm import tqdm
 from offgraph.features.fg import FeatureGenerator, FeatureValueError
 from offgraph.features.spec import FeatureSpec
 from offgraph.model.losses import PAIR_ROWS_MAX, has_pointwise, is_listwise, uses_pairs
-from offgraph.model.metrics import auc, logloss
+from offgraph.model.metrics import auc, logloss, make_metric_fn
 from offgraph.model.relevance import binarise
 from offgraph.modeldir.manifest import training_loss
 from offgraph.store.keys import BIAS_ROW, BIAS_TABLE
@@ -194,6 +194,7 @@ class StreamTrainer:
         self.loss_sum = 0.0
         self._labels: list[np.ndarray] = []
         self._preds: list[np.ndarray] = []
+        self._lists: list[np.ndarray] = []  # a loss over lists: each event's list, numbered across the batches
 
     def _current(self, idx: impl.BatchIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(slots, vectors, first_order) of a batch's unique rows: the trainer's latest values, else
@@ -282,6 +283,9 @@ class StreamTrainer:
         self.loss_sum += float(loss)
         self._labels.append(np.asarray(labels, np.float32))
         self._preds.append(p)
+        if lists is not None:
+            base = int(self._lists[-1].max()) + 1 if self._lists else 0
+            self._lists.append(base + np.asarray(lists, np.int64))
         return {"n": n, "loss": float(loss), "p": p, "rows": len(slots)}
 
     def _step_bias(self, g: float, newest_ms: int) -> None:
@@ -348,8 +352,11 @@ class StreamTrainer:
         y, p = self.progressive_predictions()
         if len(y) == 0:
             return {"auc": float("nan"), "logloss": float("nan")}
+        out = {}
+        if self._lists:  # a loss over lists: how the stream ordered each list before learning from it
+            out["ndcg@10"] = make_metric_fn("ndcg@10")(y, p, np.concatenate(self._lists))
         y = binarise(y).astype(np.float32)  # graded labels (a loss over lists): relevant or not, as training's AUC
-        return {"auc": auc(y, p) if 0 < y.sum() < len(y) else float("nan"), "logloss": logloss(y, p)}
+        return {"auc": auc(y, p) if 0 < y.sum() < len(y) else float("nan"), "logloss": logloss(y, p), **out}
 
     def close(self) -> None:
         self.source.close()
@@ -566,6 +573,7 @@ def stream_train_table(
         "events_per_second": (trainer.events - events0) / max(seconds, 1e-9),
         "progressive_auc": prog["auc"],
         "progressive_logloss": prog["logloss"],
+        **({"progressive_ndcg@10": prog["ndcg@10"]} if "ndcg@10" in prog else {}),
         "loss": trainer.loss,
         "bias_offset": trainer.bias,
         "model": trainer.model_name,

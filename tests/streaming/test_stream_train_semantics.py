@@ -176,6 +176,19 @@ def test_a_listwise_model_streams_with_its_loss_over_the_events_lists(listwise, 
         assert tr.loss == "listwise"
         s = stream_train_table(tr, events, spool, progress=False)
     assert s["loss"] == "listwise" and s["events"] == 48
+    # progressive NDCG@10 over the 6 lists, each scored before its step: graded gains 2^g - 1, by hand
+    y, p = tr.progressive_predictions()
+    lists = np.repeat(np.arange(6), 8)  # the trainer's order: whole lists of 8, by their first event
+    ndcgs = []
+    for g in range(6):
+        yy, pp = y[lists == g], p[lists == g]
+        if yy.max() > 0:
+            disc = 1 / np.log2(np.arange(2, len(yy) + 2))
+            ndcgs.append(
+                ((2 ** yy[np.argsort(-pp, kind="stable")] - 1) * disc).sum()
+                / ((2 ** np.sort(yy)[::-1] - 1) * disc).sum()
+            )
+    assert s["progressive_ndcg@10"] == pytest.approx(np.mean(ndcgs), abs=1e-6)
     d, offset = without_bias(_one_delta(spool))
     assert offset is None  # a softmax over each list has no gradient for a shift of every score: no bias row
     with open_store(listwise["version"] / "store") as st:
