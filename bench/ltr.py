@@ -31,7 +31,7 @@ import numpy as np
 
 from bench.lib.ltr_data import VALIDATION, Protocol, generated_protocol, movielens_protocols, with_model
 from bench.lib.ltr_frappe import frappe_protocol
-from bench.lib.ltr_stats import LIST_METRICS, auc_ci, draws, mean_ci, paired_diff_ci, per_list
+from bench.lib.ltr_stats import LIST_METRICS, auc_ci, ci_text, diff_text, draws, mean_ci, paired_diff_ci, per_list
 from bench.lib.report import write_report
 from offgraph.model.inputs import Encoded
 from offgraph.model.metrics import make_metric_fn
@@ -215,14 +215,6 @@ def acceptance(results: dict) -> list[dict]:
     return lines
 
 
-def _ci(c: dict) -> str:
-    return f"{c['value']:.4f} [{c['lo']:.4f}, {c['hi']:.4f}]"
-
-
-def _d(c: dict) -> str:
-    return f"{c['diff']:+.4f} [{c['lo']:+.4f}, {c['hi']:+.4f}]"
-
-
 def markdown(report: dict) -> str:
     lines = ["# bench.ltr", "", f"command: `{report['command']}`", ""]
     for proto, by_seed in report["results"].items():
@@ -236,7 +228,7 @@ def markdown(report: dict) -> str:
                 "|---|---|---|---|---|---|---|---|",
             ]
             for name, o in r["orders"].items():
-                cells = [_ci(o[m]) for m in (*LIST_METRICS, "auc")]
+                cells = [ci_text(o[m]) for m in (*LIST_METRICS, "auc")]
                 secs = r["validation"].get(name, {}).get("seconds", 0)
                 lines.append(f"| {name} | " + " | ".join(cells) + f" | {secs:.0f} |")
             lines += [
@@ -259,8 +251,8 @@ def markdown(report: dict) -> str:
             lines += ["| loss | vs prior order | vs pointwise |", "|---|---|---|"]
             for name in (n for n in LOSSES if n in r["orders"]):
                 o = r["orders"][name]
-                vp = _d(o["vs_pointwise"][f"ndcg@{k}"]) if "vs_pointwise" in o else "-"
-                lines.append(f"| {name} | {_d(o['vs_prior'][f'ndcg@{k}'])} | {vp} |")
+                vp = diff_text(o["vs_pointwise"][f"ndcg@{k}"]) if "vs_pointwise" in o else "-"
+                lines.append(f"| {name} | {diff_text(o['vs_prior'][f'ndcg@{k}'])} | {vp} |")
             lines.append("")
     lines += ["## Acceptance", "", "| protocol | seed | line | holds |", "|---|---|---|---|"]
     lines += [

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.lib.ltr_data import movielens_spec, with_model
-from bench.lib.ltr_stats import draws, mean_ci, paired_diff_ci, per_list
+from bench.lib.ltr_stats import ci_text, diff_text, draws, mean_ci, paired_diff_ci, per_list
 from bench.lib.report import write_report
 from offgraph.features.spec import FeatureSpec, parse_spec
 
@@ -215,14 +215,6 @@ def run_seed(seed: int, a: float, b: float, args, table: pa.Table, spec: Feature
     }
 
 
-def _ci(c: dict) -> str:
-    return f"{c['value']:.4f} [{c['lo']:.4f}, {c['hi']:.4f}]"
-
-
-def _d(c: dict) -> str:
-    return f"{c['diff']:+.4f} [{c['lo']:+.4f}, {c['hi']:+.4f}]"
-
-
 def markdown(report: dict) -> str:
     lines = ["# bench.stream_listwise", "", f"command: `{report['command']}` ({report['seconds']:.0f} s)", ""]
     lines += [
@@ -236,9 +228,9 @@ def markdown(report: dict) -> str:
         for seed, r in by_seed.items():
             m = r[METRIC]
             lines.append(
-                f"| {split} | {seed} | {_ci(m['a_only'])} | {_ci(m['streamed'])} | {_ci(m['retrain'])} | "
-                f"{_d(r['streamed_minus_retrain'])} | {_d(r['streamed_minus_a_only'])} | "
-                f"{_d(r['retrain_minus_a_only'])} | {'yes' if r['holds'] else 'NO'} |"
+                f"| {split} | {seed} | {ci_text(m['a_only'])} | {ci_text(m['streamed'])} | {ci_text(m['retrain'])} | "
+                f"{diff_text(r['streamed_minus_retrain'])} | {diff_text(r['streamed_minus_a_only'])} | "
+                f"{diff_text(r['retrain_minus_a_only'])} | {'yes' if r['holds'] else 'NO'} |"
             )
     for split, by_seed in report["splits"].items():
         for seed, r in by_seed.items():

@@ -73,3 +73,13 @@ def auc_ci(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, n_draws: 
         vals.append(fn(y[rows], s[rows]))
     lo, hi = np.nanpercentile(vals, [2.5, 97.5])
     return {"value": float(fn(labels, scores)), "lo": float(lo), "hi": float(hi)}
+
+
+def ci_text(c: dict) -> str:
+    """A ``mean_ci`` as "value [lo, hi]"."""
+    return f"{c['value']:.4f} [{c['lo']:.4f}, {c['hi']:.4f}]"
+
+
+def diff_text(c: dict) -> str:
+    """A ``paired_diff_ci`` as "+diff [+lo, +hi]"."""
+    return f"{c['diff']:+.4f} [{c['lo']:+.4f}, {c['hi']:+.4f}]"
