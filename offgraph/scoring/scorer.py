@@ -405,7 +405,7 @@ class Scorer:
 
     def hot_rows(self, limit: int) -> dict[str, Any] | None:
         """What the next version warms up with (:meth:`warm_rows`, :meth:`warm_features`): the
-        ``limit`` hottest rows of the row cache (``RowCache.hot_keys``) with the tables they belong to
+        ``limit`` hottest field rows of the row cache (``RowCache.hot_keys``; not the bias row) with the tables they belong to
         (``"tables"``, ``"rows"``, ``"fields"``: {table id: (name, rows)}; none without a row cache)
         and a copy of the FG item cache (``"fg"``, its ``limit`` most recent items at most)."""
         if limit <= 0:
@@ -413,7 +413,9 @@ class Scorer:
         with self._fg_lock:
             out: dict[str, Any] = {"fg": self.fg.item_cache_state(limit)}
         if self.row_cache is not None:
-            t, r = self.row_cache.hot_keys(limit)
+            t, r = self.row_cache.hot_keys(limit + 1)
+            field = t != BIAS_TABLE  # the bias row is this version's own: no other version's row means the same
+            t, r = t[field][:limit], r[field][:limit]
             out.update(
                 tables=t,
                 rows=r,
