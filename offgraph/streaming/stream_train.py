@@ -452,8 +452,7 @@ def prepare_events(
         if (np.diff(order) != 1).any():
             table = table.take(pa.array(order))
             times = times[order] if times is not None else None
-        codes = codes[order]
-        groups = codes
+        groups = codes[order]
     raw_labels = table.column(spec.label).to_pylist()
     labels = np.asarray([np.nan if v is None else v for v in raw_labels], dtype=np.float64)
     bad = np.flatnonzero(~(np.isfinite(labels) & (labels >= 0)) if lists else ~np.isin(labels, (0.0, 1.0)))

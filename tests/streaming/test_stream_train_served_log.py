@@ -366,14 +366,12 @@ def test_gain_labels_versions_and_one_type_per_feature(tmp_path):
     records (1 and "1") is refused, naming it."""
     a = {"item": 1, "tags": ["x", "y"]}
     b = {"item": "2", "tags": []}  # an item as text: matched to the outcome log's 2
-    _write_served(
-        tmp_path / "s",
-        [
-            ("r1", "m", 1, "none", {"user": 7}, [a, b]),
-            ("r2", "m", 2, "none", {"user": 8.5}, [b]),
-            ("r3", "m", 2, "none", {}, [a]),
-        ],
-    )
+    records = [
+        ("r1", "m", 1, "none", {"user": 7}, [a, b]),
+        ("r2", "m", 2, "none", {"user": 8.5}, [b]),
+        ("r3", "m", 2, "none", {}, [a]),
+    ]
+    _write_served(tmp_path / "s", records)
     log = read_served(tmp_path / "s")
     outcomes = pa.table(
         {
@@ -385,15 +383,8 @@ def test_gain_labels_versions_and_one_type_per_feature(tmp_path):
     )
     with pytest.raises(LogError, match=r"'item' is not one JSON type"):  # 1 and "2": not one type
         served_events(log, outcomes, SPEC)
-    b["item"] = 2
-    _write_served(
-        tmp_path / "t",
-        [
-            ("r1", "m", 1, "none", {"user": 7}, [a, b]),
-            ("r2", "m", 2, "none", {"user": 8.5}, [b]),
-            ("r3", "m", 2, "none", {}, [a]),
-        ],
-    )
+    b["item"] = 2  # the same records, the item now a number in every one
+    _write_served(tmp_path / "t", records)
     log = read_served(tmp_path / "t")
     clicks = served_events(log, outcomes, SPEC)
     assert clicks.column_names == ["user", "item", "tags", "clicked", "ts", "list"]
