@@ -29,7 +29,7 @@ lists; batches hold whole lists), pushes the rows it touches like one online ste
 
 Optimizers (row-wise state kept locally for touched rows only; the bias has its own):
 
-* ``sgd``:      v -= lr * g_v;  w -= lr_w * g_w;  b -= lr_w * g_b
+* ``sgd``:      v -= lr * g_v;  w -= lr_w * g_w;  b -= lr_b * g_b
 * ``adagrad``:  row-wise Adagrad (as FBGEMM / TorchRec's ``EXACT_ROWWISE_ADAGRAD``):
                 acc_v += mean_d(g_v^2);  v -= lr * g_v / (sqrt(acc_v) + eps)
                 acc_w += g_w^2;          w -= lr_w * g_w / (sqrt(acc_w) + eps)
@@ -38,7 +38,8 @@ Optimizers (row-wise state kept locally for touched rows only; the bias has its 
                 bias is a first-order weight with an accumulator of its own).
 
 ``lr_w`` (the first-order weights' learning rate) defaults to ``lr``: the weights
-enter the logit linearly and tolerate larger steps than the embeddings.
+enter the logit linearly and tolerate larger steps than the embeddings. ``lr_b`` (the bias's) defaults to
+``lr`` too, never to ``lr_w``: every event of a batch pushes the bias, a batch's worth of a row's step.
 """
 
 from __future__ import annotations

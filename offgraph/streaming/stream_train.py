@@ -289,16 +289,16 @@ class StreamTrainer:
         return {"n": n, "loss": float(loss), "p": p, "rows": len(slots)}
 
     def _step_bias(self, g: float, newest_ms: int) -> None:
-        """One step of the bias offset (as a first-order weight: lr_w; Adagrad with its own accumulator)."""
+        """One step of the bias offset (``lr_bias``, else ``lr``; Adagrad with its own accumulator)."""
         c = self.cfg
         if not self.bias_trains or g == 0.0:
             return
-        lr_w = c.lr if c.lr_first_order is None else c.lr_first_order
+        lr_b = c.lr if c.lr_bias is None else c.lr_bias  # every event pushes it: the small rate (StreamTrainConfig)
         if c.optimizer == "sgd":
-            self.bias = float(np.float32(self.bias - lr_w * g))
+            self.bias = float(np.float32(self.bias - lr_b * g))
         else:
             self.bias_acc = float(np.float32(self.bias_acc + g * g))
-            self.bias = float(np.float32(self.bias - lr_w * g / (np.sqrt(self.bias_acc) + c.adagrad_eps)))
+            self.bias = float(np.float32(self.bias - lr_b * g / (np.sqrt(self.bias_acc) + c.adagrad_eps)))
         self.bias_ms, self.bias_dirty = max(self.bias_ms, newest_ms), True
 
     # deltas

@@ -121,6 +121,19 @@ def test_reference_model_with_ctr_7d_streams_like_a_keras_step_and_its_bias_move
     assert abs(g_bias) > 1e-2 and offset == pytest.approx(-lr * g_bias, rel=2e-3)
 
 
+def test_the_bias_steps_with_the_embeddings_rate_not_the_first_order_one(ref, tmp_path):
+    """Every event of a batch pushes the bias: by default it takes lr (small), not lr_first_order (large)."""
+    lr, lr_w = 0.01, 0.5
+    events = _ads_events(40, 7)
+    spool = open_sink(f"spool:{tmp_path / 'spool'}").dir
+    cfg = StreamTrainConfig(lr=lr, lr_first_order=lr_w, batch_size=64)  # ONE step
+    with open_trainer(model_dir=ref["version"], config=cfg) as tr:
+        stream_train_table(tr, events, spool, progress=False)
+    _, offset = without_bias(_one_delta(spool))
+    g_bias = keras_step_gradients(ref["run"], events)["bias"]
+    assert abs(g_bias) > 1e-2 and offset == pytest.approx(-lr * g_bias, rel=2e-3)
+
+
 def test_the_streamed_bias_reaches_the_served_scores(ref, tmp_path):
     """After `offgraph update` applies a stream's deltas, the scorer serves what the trainer predicts (rows AND
     bias); with the bias row taken out of the delta the scores differ by the bias."""
@@ -133,12 +146,12 @@ def test_the_streamed_bias_reaches_the_served_scores(ref, tmp_path):
     events, probe = _ads_events(200, 11), _ads_events(30, 12)
     cols = {c: probe.column(c).to_pylist() for c in probe.column_names}
     spool = open_sink(f"spool:{tmp_path / 'spool'}").dir
-    with open_trainer(model_dir=version, config=StreamTrainConfig(lr=0.05, lr_first_order=0.5)) as tr:
+    with open_trainer(model_dir=version, config=StreamTrainConfig(lr=0.05, lr_first_order=0.5, lr_bias=0.5)) as tr:
         before = tr.predict(cols, probe.num_rows)
         stream_train_table(tr, events, spool, progress=False)
         after = tr.predict(cols, probe.num_rows)
         bias = tr.bias
-    assert abs(bias) > 0.05  # 200 events at lr_w 0.5 move it
+    assert abs(bias) > 0.05  # 200 events at lr_bias 0.5 move it
     Updater(models, "ads", open_source(f"spool:{spool}"), UpdaterConfig()).run(once=True)
     served = np.zeros(probe.num_rows, np.float32)
     with Scorer(version) as sc:
