@@ -27,7 +27,7 @@ from offgraph.features.ops import DERIVED_OPS, RAW_OPS, FeatureValueError, Value
 from offgraph.features.segment import prepare
 from offgraph.features.spec import LIST_OPS, FeatureSpec, FieldSpec
 from offgraph.features.value_limits import Bound, TooManyValues, keep_last
-from offgraph.features.vocabulary import UNKNOWN_ROW
+from offgraph.features.vocabulary import UNKNOWN_ROW, AppendedKeys
 
 __all__ = ["FeatureGenerator", "RaggedIds", "FGBatch", "FeatureValueError", "ScopeError", "TooManyValues"]
 
@@ -294,6 +294,13 @@ class FeatureGenerator:
         # values of vocabulary fields that fell to the unknown row, per field (an item's once while the item
         # cache holds it, a cross's once per memoized group)
         self.vocabulary_unknown: dict[str, int] = {}
+        # keys appended to the vocabulary fields with a capacity (offgraph.store.vocabulary_appends): the served
+        # version's, read from its store, or those a stream trainer gives its new values (``grow``)
+        self.appended = {
+            f.name: AppendedKeys(f.name, f.appendable.start, f.capacity) for f in spec.fields if f.capacity
+        }
+        self._growing: set[str] = set()
+        self._new_keys: dict[str, list[str]] = {}
         # Serving cross fields are computed once per distinct (request values, item value
         # sets) and memoized. A value-set id names one item field's value list; ids are
         # never reused (the intern table may be cleared, the counter is not), so a memo
@@ -354,7 +361,16 @@ class FeatureGenerator:
         first = n - (n if limit is None else min(n, limit))
         keys = np.fromiter(dict.keys(self._cache), dtype=object, count=n)[first:]
         entries = np.fromiter(dict.values(self._cache), dtype=object, count=n)[first:]
-        return {"spec": self.spec.fingerprint(), "keys": keys, "entries": entries, "vid_next": self._vid_next}
+        return {
+            "spec": self.spec.fingerprint(),
+            "appended": self._appended_state(),
+            "keys": keys,
+            "entries": entries,
+            "vid_next": self._vid_next,
+        }
+
+    def _appended_state(self) -> dict[str, tuple[str, ...]]:
+        return {name: tuple(a.keys) for name, a in self.appended.items() if a.keys}
 
     def adopt_item_cache(self, state: dict[str, Any] | None, pace: Callable[[], None] | None = None) -> int:
         """Start from another generator's :meth:`item_cache_state` if it ran the same spec (the same
@@ -363,6 +379,8 @@ class FeatureGenerator:
         predecessor served recently. Built in chunks, ``pace()`` between them (a loader yielding to
         serving)."""
         if not state or state["spec"] != self.spec.fingerprint() or self._cache_size <= 0:
+            return 0
+        if state.get("appended", {}) != self._appended_state():  # the same values, other rows
             return 0
         keys, entries = state["keys"][-self._cache_size :], state["entries"][-self._cache_size :]
         cache: OrderedDict = OrderedDict()
@@ -442,11 +460,57 @@ class FeatureGenerator:
         if f.vocabulary is None:
             ids = rows_of(chain.from_iterable(vals), self.hash, f.rows)
         else:  # no hashing: the vocabulary's rows, the unknown row for values it lacks (counted)
-            ids = f.vocabulary.rows_of(list(chain.from_iterable(vals)))
+            strings = list(chain.from_iterable(vals))
+            ids = f.vocabulary.rows_of(strings)
+            if f.capacity:
+                ids = self._appended_rows(f, strings, ids)
             unknown = int(np.count_nonzero(ids == UNKNOWN_ROW))
             if unknown:
                 self.vocabulary_unknown[f.name] = self.vocabulary_unknown.get(f.name, 0) + unknown
         return RaggedIds(ids, _offsets(lengths))
+
+    # -- keys appended to a served vocabulary (``capacity``) ---------------------------------
+    def _appended_rows(self, f: FieldSpec, strings: list[str], ids: np.ndarray) -> np.ndarray:
+        """``ids`` with the appended keys' rows; a growing field's other unknown values get the next free rows
+        (first seen, first given) while its capacity lasts."""
+        app = self.appended[f.name]
+        lost = app.fill(strings, ids)
+        if len(lost) and f.name in self._growing and app.free:
+            new = list(dict.fromkeys(strings[i] for i in lost))[: app.free]
+            self.append_keys(f.name, new)
+            self._new_keys.setdefault(f.name, []).extend(new)
+            app.fill(strings, ids)
+        return ids
+
+    def append_keys(self, field: str, keys: list[str]) -> None:
+        """Give ``keys`` (values the field's vocabulary file lacks) the field's next free rows, as the store's
+        appends record them. The item cache and the cross memos go: their ids may name the unknown row."""
+        self.appended[field].extend(keys)
+        self._cache = OrderedDict()
+        self._cross_memo = [{} for _ in self._cross]
+        self._cross_memo_len = [0] * len(self._cross)
+
+    def grow(self, fields: Sequence[str]) -> None:
+        """From now on the unknown values of these fields (with a capacity) take the next free rows, kept for
+        :meth:`take_new_keys` (the stream trainer: each new id gets a row of its own, and the updater appends it
+        to the served vocabulary)."""
+        missing = sorted(set(fields) - set(self.appended))
+        if missing:
+            raise ValueError(f"fields {missing} have no vocabulary capacity to append keys to")
+        self._growing = set(fields)
+
+    @property
+    def has_new_keys(self) -> bool:
+        return bool(self._new_keys)
+
+    def take_new_keys(self) -> dict[str, tuple[int, list[str]]]:
+        """The keys given rows since the last call, per field: (the first one's row, keys in row order)."""
+        out = {}
+        for name, keys in self._new_keys.items():
+            app = self.appended[name]
+            out[name] = (app.next_row - len(keys), keys)
+        self._new_keys = {}
+        return out
 
     # -- training ---------------------------------------------------------------------------
     def transform_columns(self, columns: Mapping[str, Sequence[Any]], n: int, dense: bool = True) -> FGBatch:

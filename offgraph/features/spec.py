@@ -42,8 +42,8 @@ OPS = RAW_OPS + DERIVED_OPS + NUMERIC_OPS
 
 # parameters each op accepts besides name/scope/op/input(s)/rows/pooling
 _OP_PARAMS: dict[str, set[str]] = {
-    "id": {"separator", "max_values", "overflow", "vocabulary"},
-    "tokenize": {"separator", "lowercase", "max_values", "overflow", "segmenter", "vocabulary"},
+    "id": {"separator", "max_values", "overflow", "vocabulary", "capacity"},
+    "tokenize": {"separator", "lowercase", "max_values", "overflow", "segmenter", "vocabulary", "capacity"},
     "bucketize": {"boundaries"},
     "log_bucket": {"base"},
     "cross": {"separator", "max_values"},
@@ -131,6 +131,13 @@ class FieldSpec:
     half_life: float | None = None
     # ``vocabulary: FILE`` (offgraph.features.vocabulary): values map to its rows 1..V, the unknown to row 0
     vocabulary: Vocabulary | None = field(default=None, compare=False, repr=False)
+    # ``capacity: K`` (a vocabulary field): rows V+1..V+K wait for keys appended while serving (streaming)
+    capacity: int = 0
+
+    @property
+    def appendable(self) -> range:
+        """The rows keys appended to the vocabulary take, in order (empty: none may be appended)."""
+        return range(self.rows - self.capacity, self.rows)
 
 
 @dataclass(frozen=True)
@@ -376,10 +383,17 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
     if op in NUMERIC_OPS:
         return _parse_numeric(fr, name, scope, fail)
     vocab = _vocabulary(fr, where, base, fail) if "vocabulary" in fr else None
-    rows = fr.get("rows", vocab.rows if vocab is not None else None)
-    if vocab is not None and rows != vocab.rows:
+    capacity = fr.get("capacity", 0)
+    if "capacity" in fr and vocab is None:
+        fail(f"{where}: 'capacity' reserves rows for keys appended to a vocabulary: the field has no vocabulary")
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+        fail(f"{where}: capacity must be an integer >= 0 (rows for appended keys), got {capacity!r}")
+    rows = fr.get("rows", vocab.rows + capacity if vocab is not None else None)
+    if vocab is not None and rows != vocab.rows + capacity:
         fail(
-            f"{where}: rows {rows!r} but its vocabulary {vocab.source} has {vocab.size} keys: rows must be {vocab.rows}"
+            f"{where}: rows {rows!r} but its vocabulary {vocab.source} has {vocab.size} keys"
+            + (f" and capacity {capacity}" if capacity else "")
+            + f": rows must be {vocab.rows + capacity}"
         )
     if rows is None:
         fail(f"{where}: 'rows' is required (an integer >= 1: the rows of its embedding table, which ids hash into)")
@@ -475,6 +489,7 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
         if seg != "whitespace" and "separator" in params:
             fail(f"{where}: 'separator' is for the whitespace segmenter; segmenter '{seg}' finds its own terms")
     params.pop("vocabulary", None)  # held as the field's Vocabulary
+    params.pop("capacity", None)  # likewise
     return FieldSpec(
         name=name,
         scope=scope,
@@ -485,6 +500,7 @@ def _parse_field(fr: Any, i: int, model: ModelConfig, known: dict[str, FieldSpec
         inputs=inputs_t,
         params=params,
         vocabulary=vocab,
+        capacity=capacity,
         half_life=None if half_life is None else float(half_life),
     )
 

@@ -83,7 +83,14 @@ _FIELD_PROPS: dict[str, dict[str, Any]] = {
     "vocabulary": {
         **_COLUMN,
         "description": "a file of keys, one a line, relative to the spec: values map to rows 1..V by it, values it "
-        "lacks to row 0 (no hashing; rows, when given, must be V + 1)",
+        "lacks to row 0 (no hashing; rows, when given, must be V + 1 + capacity)",
+    },
+    "capacity": {
+        "type": "integer",
+        "minimum": 0,
+        "description": "a vocabulary field's rows V+1..V+capacity, for ids first seen after the file was written: "
+        "the stream trainer gives such an id the next free row and offgraph update appends it to the served "
+        "vocabulary",
     },
     "segmenter": {"enum": list(SEGMENTERS)},
     "boundaries": {**_NUMBERS, "description": "strictly increasing bucket boundaries"},

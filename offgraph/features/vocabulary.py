@@ -38,6 +38,7 @@ KEY_HASH = "xxh64"
 """The hash of the lookup's index (fixed: the rows come from the file, not from the spec's hash)."""
 
 __all__ = [
+    "AppendedKeys",
     "UNKNOWN_ROW",
     "VOCABULARY_UNKNOWN",
     "Vocabulary",
@@ -84,9 +85,12 @@ class Vocabulary:
         return np.where(hit, self._sorted_rows[pos], UNKNOWN_ROW).astype(np.int64)
 
 
-def vocabulary_from_keys(keys: list[str], source: str, sha256: str | None = None) -> Vocabulary:
-    """The vocabulary of ``keys`` (row i + 1 for ``keys[i]``); VocabularyError naming ``source`` and the key
-    for a duplicate or an empty key."""
+def vocabulary_from_keys(
+    keys: list[str], source: str, sha256: str | None = None, rows: np.ndarray | None = None
+) -> Vocabulary:
+    """The vocabulary of ``keys`` (row i + 1 for ``keys[i]``, or ``rows[i]``: the keys appended to a served
+    vocabulary, ``offgraph.store.vocabulary_appends``); VocabularyError naming ``source`` and the key for a
+    duplicate or an empty key."""
     arr = np.asarray(keys, dtype=object)
     if len(arr):
         empty = np.flatnonzero(arr == "")
@@ -110,7 +114,49 @@ def vocabulary_from_keys(keys: list[str], source: str, sha256: str | None = None
         )
     if sha256 is None:
         sha256 = hashlib.sha256("".join(f"{k}\n" for k in keys).encode("utf-8")).hexdigest()  # as the file
-    return Vocabulary(source, sha256, arr, hs, ks, (order + 1).astype(np.int64))
+    at = (order + 1) if rows is None else np.asarray(rows, np.int64)[order]
+    return Vocabulary(source, sha256, arr, hs, ks, at.astype(np.int64))
+
+
+class AppendedKeys:
+    """The keys appended to one field's served vocabulary (``capacity: K``): key i has row ``first + i``
+    (first = V + 1), at most ``capacity`` of them. Looked up only for the values the file's vocabulary
+    lacks, in a second small index rebuilt on each append (appends are rare next to lookups; the file's
+    index, which may hold millions of keys, is never rebuilt)."""
+
+    def __init__(self, field: str, first: int, capacity: int) -> None:
+        self.field, self.first, self.capacity = field, int(first), int(capacity)
+        self.keys: list[str] = []
+        self._index: Vocabulary | None = None
+
+    @property
+    def free(self) -> int:
+        return self.capacity - len(self.keys)
+
+    @property
+    def next_row(self) -> int:
+        return self.first + len(self.keys)
+
+    def extend(self, keys: list[str]) -> None:
+        """Append ``keys`` (rows ``next_row``, ...). VocabularyError: past the capacity, a duplicate."""
+        if len(keys) > self.free:
+            raise VocabularyError(
+                f"field '{self.field}': {len(keys)} more keys, but only {self.free} of its capacity "
+                f"{self.capacity} rows are free"
+            )
+        new = self.keys + list(keys)
+        rows = np.arange(self.first, self.first + len(new), dtype=np.int64)
+        self._index = vocabulary_from_keys(new, f"appended keys of field '{self.field}'", rows=rows)
+        self.keys = new
+
+    def fill(self, strings: list[str], ids: np.ndarray) -> np.ndarray:
+        """Positions of ``ids`` still on the unknown row after the appended keys among ``strings`` (the values of
+        ``ids``, as ``Vocabulary.rows_of`` took them) were given their rows, in place."""
+        lost = np.flatnonzero(ids == UNKNOWN_ROW)
+        if len(lost) and self._index is not None:
+            ids[lost] = self._index.rows_of([strings[i] for i in lost])
+            lost = lost[ids[lost] == UNKNOWN_ROW]
+        return lost
 
 
 _CACHE: OrderedDict[tuple, Vocabulary] = OrderedDict()
