@@ -314,6 +314,13 @@ class EmbeddingStore:
         ((k, _),) = self._meta_items({key: b""})
         return self.storage._multi_get(self._check_shard(shard), [k])[0]
 
+    def get_metas(self, keys: list[bytes], shard: int = 0) -> list[bytes | None]:
+        """The meta records ``keys`` of ``shard`` (None where absent), in one read."""
+        self._check_open()
+        items = self._meta_items(dict.fromkeys(keys, b""))
+        got = dict(zip((k for k, _ in items), self.storage._multi_get(self._check_shard(shard), [k for k, _ in items])))
+        return [got[META_PREFIX + k] for k in keys]
+
     def get_meta_per_shard(self, key: bytes) -> list[bytes | None]:
         """The meta record ``key`` of every shard, by shard index."""
         self._check_open()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -100,7 +101,10 @@ class Follower:
         spread_s: float = 5.0,
         shard_pause_s: float = 0.05,
         idle: Activity | None = None,
+        on_catch_up: Callable[[], None] | None = None,
     ):
+        """``on_catch_up``: called after each catch-up of the store view (the scorer reads the keys appended to
+        its vocabularies, which the view holds as meta records)."""
         for name, val in (("poll_s", poll_s), ("catch_up_s", catch_up_s)):
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not val > 0:
                 raise ValueError(f"{name} must be a number > 0, got {val!r}")
@@ -118,6 +122,7 @@ class Follower:
         self.cpu_seconds = 0.0  # CPU time of this thread (mapping, catch-ups, invalidations)
         self._last_rocksdb_catch_up = -float("inf")
         self._clear_cache = False
+        self._on_catch_up = on_catch_up
         self._catch_up_now = False
         self._stop = threading.Event()
         # a store shared over machines tells of the rows its writer writes (the feed is the writer's
@@ -200,6 +205,8 @@ class Follower:
             self._yield(self.shard_pause_s)
             self.store.catch_up(s)
         self._last_rocksdb_catch_up = time.monotonic()
+        if self._on_catch_up is not None:
+            self._on_catch_up()
         clear, self._clear_cache = self._clear_cache, False
         if clear and self.cache is not None:
             self.cache.clear()
