@@ -128,7 +128,11 @@ def _table_with(col, arr, dim=4):
         ("zero bytes", "0-byte"),
         ("stream format", "not an Arrow IPC file"),
         ("no version", "not an offgraph delta file"),
-        ("version 2", "delta format version"),
+        ("version 3", "delta format version"),
+        ("version 2 without appends", "version 2 file without"),
+        ("appends in version 1", "appends need version 2"),
+        ("appends not json", "is not UTF-8 JSON"),
+        ("appends without keys", "at least one key"),
         ("no model", "'model'"),
         ("bad model_version", "decimal int"),
         ("missing column", "missing column 'seq'"),
@@ -154,8 +158,16 @@ def test_malformed_files_are_rejected_with_a_reason(tmp_path, case, match):
         p = _raw(tmp_path, name, stream=True)
     elif case == "no version":
         p = _raw(tmp_path, name, meta={b"offgraph.delta.version": None})
-    elif case == "version 2":
+    elif case == "version 3":
+        p = _raw(tmp_path, name, meta={b"offgraph.delta.version": b"3"})
+    elif case == "version 2 without appends":
         p = _raw(tmp_path, name, meta={b"offgraph.delta.version": b"2"})
+    elif case == "appends in version 1":
+        p = _raw(tmp_path, name, meta={b"vocabulary_appends": b'{"0": [5, ["a"]]}'})
+    elif case == "appends not json":
+        p = _raw(tmp_path, name, meta={b"offgraph.delta.version": b"2", b"vocabulary_appends": b"{0: [5"})
+    elif case == "appends without keys":
+        p = _raw(tmp_path, name, meta={b"offgraph.delta.version": b"2", b"vocabulary_appends": b'{"0": [5, []]}'})
     elif case == "no model":
         p = _raw(tmp_path, name, meta={b"model": None})
     elif case == "bad model_version":

@@ -3,6 +3,7 @@ keys every kind of delta file shares. Public API: ``offgraph.streaming.deltas``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable
@@ -13,6 +14,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 FORMAT_VERSION = 1
+APPENDS_VERSION = 2  # a file that appends keys to a vocabulary: a reader of version 1 would drop them silently
+META_APPENDS = b"vocabulary_appends"  # JSON {"table_id": [first row, [key, ...]]}
 SUFFIX = ".delta.arrow"
 META_VERSION = b"offgraph.delta.version"
 META_MODEL = b"model"
@@ -55,7 +58,38 @@ def _ints(name: str, x, k: int | None) -> np.ndarray:
     return a
 
 
-def build_table(*, model, model_version, table_ids, rows, vectors, first_order, seqs, event_time_ms) -> pa.Table:
+def check_appends(appends) -> dict[int, tuple[int, tuple[str, ...]]]:
+    """``vocabulary_appends`` as the batch holds it: table id -> (first row, keys); DeltaFormatError otherwise."""
+    if not isinstance(appends, dict):
+        raise DeltaFormatError(f"vocabulary_appends must map table ids to [first row, keys], got {appends!r}")
+    out = {}
+    for t, v in appends.items():
+        try:
+            tid = int(t)
+            first, keys = v
+            ok = (
+                0 <= tid < 2**32
+                and isinstance(first, int)
+                and not isinstance(first, bool)
+                and first >= 1
+                and isinstance(keys, (list, tuple))
+                and len(keys) > 0
+                and all(isinstance(k, str) and k for k in keys)
+            )
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise DeltaFormatError(
+                f"vocabulary_appends[{t!r}] must be [first row >= 1, [non-empty key, ...]] (at least one key), "
+                f"got {v!r}"
+            )
+        out[tid] = (int(first), tuple(keys))
+    return out
+
+
+def build_table(
+    *, model, model_version, table_ids, rows, vectors, first_order, seqs, event_time_ms, vocabulary_appends=None
+) -> pa.Table:
     if not isinstance(model, str) or not model:
         raise DeltaFormatError(f"model must be a non-empty string, got {model!r}")
     if isinstance(model_version, bool) or not isinstance(model_version, (int, np.integer)) or model_version < 0:
@@ -95,6 +129,10 @@ def build_table(*, model, model_version, table_ids, rows, vectors, first_order, 
         META_MODEL_VERSION: str(int(model_version)).encode(),
         META_DIM: str(dim).encode(),
     }
+    if vocabulary_appends:
+        appends = check_appends(vocabulary_appends)
+        meta[META_VERSION] = str(APPENDS_VERSION).encode()
+        meta[META_APPENDS] = json.dumps({str(t): [f, list(k)] for t, (f, k) in appends.items()}).encode()
     arrays = [
         pa.array(cols["table_id"]),
         pa.array(cols["row"]),
@@ -162,9 +200,10 @@ def _check_schema(sch: pa.Schema) -> tuple[str, int, int]:
     meta = sch.metadata or {}
     if META_VERSION not in meta:
         raise DeltaFormatError(f"not an offgraph delta file: schema metadata lacks {META_VERSION!r}")
-    if meta[META_VERSION] != str(FORMAT_VERSION).encode():
+    if meta[META_VERSION] not in (str(FORMAT_VERSION).encode(), str(APPENDS_VERSION).encode()):
         raise DeltaFormatError(
-            f"delta format version {meta[META_VERSION]!r}; this offgraph reads version {FORMAT_VERSION}"
+            f"delta format version {meta[META_VERSION]!r}; this offgraph reads versions {FORMAT_VERSION} and "
+            f"{APPENDS_VERSION} (with vocabulary appends)"
         )
     try:
         model = meta.get(META_MODEL, b"").decode("utf-8")
@@ -282,9 +321,26 @@ def is_feature_table(table: pa.Table) -> bool:
     return (table.schema.metadata or {}).get(META_KIND) == KIND_FEATURES
 
 
+def _appends(meta: dict) -> dict[int, tuple[int, tuple[str, ...]]]:
+    """The file's vocabulary appends (version 2 carries them; version 1 has none)."""
+    raw = meta.get(META_APPENDS)
+    if meta[META_VERSION] == str(FORMAT_VERSION).encode():
+        if raw is not None:
+            raise DeltaFormatError(f"version {FORMAT_VERSION} file with {META_APPENDS!r}: appends need version 2")
+        return {}
+    if raw is None:
+        raise DeltaFormatError(f"version {APPENDS_VERSION} file without {META_APPENDS!r}")
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise DeltaFormatError(f"schema metadata {META_APPENDS!r} is not UTF-8 JSON: {e}") from None
+    return check_appends(value)
+
+
 def columns(table: pa.Table) -> dict:
     """The checked columns of a row-delta table, as the fields of ``DeltaBatch``."""
     model, version, dim = _check_schema(table.schema)
+    appends = _appends(table.schema.metadata)
     cols = {name: _np(table.column(name), name) for name in COLUMNS}
     check_values(cols)
     return {
@@ -297,6 +353,7 @@ def columns(table: pa.Table) -> dict:
         "first_order": cols["first_order"],
         "seqs": cols["seq"],
         "event_time_ms": cols["event_time_ms"],
+        "appends": appends,
     }
 
 

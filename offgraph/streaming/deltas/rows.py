@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,9 @@ class DeltaBatch:
     first_order: np.ndarray  # float32 [K]
     seqs: np.ndarray  # int64 [K]
     event_time_ms: np.ndarray  # int64 [K]
+    # keys appended to vocabularies (version 2): table id -> (the first key's row, keys in row order), applied with
+    # the rows in one batch (offgraph.store.vocabulary_appends)
+    appends: dict[int, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
@@ -65,6 +68,7 @@ def write_delta_file(
     first_order,
     seqs,
     event_time_ms,
+    vocabulary_appends=None,
     compression: str | None = None,
     fsync: bool = True,
 ) -> Path:
@@ -73,7 +77,8 @@ def write_delta_file(
     ``vectors`` float [K, D]; ``table_ids``, ``rows``, ``first_order``, ``seqs`` [K];
     ``event_time_ms`` [K] or one int for all. ``compression``: None (default, zero-copy
     reads), "lz4" or "zstd" (Arrow IPC buffer compression; readers handle it).
-    ``fsync``: flush the file and its directory so a power loss cannot lose it.
+    ``fsync``: flush the file and its directory so a power loss cannot lose it. ``vocabulary_appends``:
+    ``{table_id: (first row, [key, ...])}``, keys appended to vocabularies with these rows (format version 2).
     Raises DeltaFormatError (a ValueError) on invalid values.
     """
     path = Path(path)
@@ -86,6 +91,7 @@ def write_delta_file(
         first_order=first_order,
         seqs=seqs,
         event_time_ms=event_time_ms,
+        vocabulary_appends=vocabulary_appends,
     )
     tmp = path.with_name(path.name + ".tmp")
     _format.write_table(tmp, table, compression=compression, fsync=fsync)
