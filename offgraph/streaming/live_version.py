@@ -8,6 +8,7 @@ from pathlib import Path
 from offgraph.modeldir.manifest import check_model_name, complete_versions
 from offgraph.modeldir.version import ModelVersion
 from offgraph.streaming.model_limits import ModelLimits
+from offgraph.streaming.vocabulary_state import VocabularyState
 
 log = logging.getLogger("offgraph.update")
 
@@ -23,6 +24,7 @@ class LiveModel:
         self.store = None
         self.limits: ModelLimits | None = None
         self.spec = None  # the live version's FeatureSpec (its feature tables)
+        self.appends: VocabularyState | None = None  # the keys appended to its vocabularies
 
     def newest(self) -> int | None:
         v = complete_versions(self.model_dir)
@@ -38,11 +40,13 @@ class LiveModel:
             spec = mv.spec
             if store.config.dim != limits.dim:
                 raise ValueError(f"{vdir}: store dim {store.config.dim} differs from the manifest's {limits.dim}")
+            appends = VocabularyState(spec, store)
         except BaseException:
             store.close()
             raise
         self.close()
         self.version, self.store, self.limits, self.spec = int(version), store, limits, spec
+        self.appends = appends
         log.info("live version of %s: %d (%s, %d shards)", self.name, version, store.config.quant, store.config.shards)
 
     def close(self) -> None:

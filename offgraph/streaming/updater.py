@@ -347,6 +347,8 @@ class Updater:
                 self._apply_features(item, batch)
                 handled += 1
                 continue
+            if batch.appends:  # checked against, and applied after, the appends before it
+                self._flush_pending()
             verdict = self._route(item, batch)
             if verdict == SWITCH:
                 self._flush_pending()
@@ -365,6 +367,9 @@ class Updater:
             if not item.late and len(lag) < len(shard_pos):
                 self._flush_pending()  # recovery: some shards already hold this file
                 self._apply_to_shards(item, batch, lag)
+                continue
+            if batch.appends:  # alone: its appends are then the state the next file is checked against
+                self._flush([(item, batch)])
                 continue
             self._pending.append((item, batch))
             self._pending_rows += len(batch)
@@ -402,7 +407,7 @@ class Updater:
                 )
             return WAIT
         self._first_seen.pop((item.key, item.position), None)
-        return check_batch(b, self.live.limits) or APPLY
+        return check_batch(b, self.live.limits) or self.live.appends.refusal(b) or APPLY
 
     # ------------------------------------------------------------------ writes
     def _flush(self, pending: list[tuple[SourceItem, DeltaBatch]]) -> None:
@@ -412,6 +417,7 @@ class Updater:
         pos: dict[bytes, str] = {}  # the batch's last position under each key it advances
         for item, _ in pending:
             pos[item.key] = max(pos.get(item.key) or max(self._shard_positions(item.key)), item.position)
+        appends = self.live.appends.meta(b)  # a file with appends is flushed alone
         try:
             res = self.live.store.write(
                 b.table_ids,
@@ -419,7 +425,7 @@ class Updater:
                 b.vectors,
                 b.first_order,
                 seqs=b.seqs,
-                meta={k: p.encode() for k, p in pos.items()},
+                meta={**{k: p.encode() for k, p in pos.items()}, **appends},
                 meta_shards="all",
                 feed=True,
                 sync=self.config.sync,
@@ -437,6 +443,7 @@ class Updater:
             return
         for k, p in pos.items():
             self.positions[k] = [p] * self.live.store.config.shards
+        self.live.appends.commit(b)
         for item, _ in pending:
             self.source.ack(item)
         self._applied(len(pending), res, b)
@@ -447,6 +454,7 @@ class Updater:
             log.info("%s: re-applying to shards %s only (the others recorded it before a restart)", item.name, shards)
         applied = stale = 0
         shard_pos = self._shard_positions(item.key)
+        appends = self.live.appends.meta(b, whole=True)
         for s, idx in shard_subset(b, len(shard_pos), shards).items():
             res = self.live.store.write(
                 b.table_ids[idx],
@@ -454,7 +462,7 @@ class Updater:
                 b.vectors[idx],
                 b.first_order[idx],
                 seqs=b.seqs[idx],
-                meta={item.key: item.position.encode()},
+                meta={item.key: item.position.encode(), **appends},
                 meta_shards=s,
                 feed=True,
                 sync=self.config.sync,
@@ -462,6 +470,7 @@ class Updater:
             )
             shard_pos[s] = item.position
             applied, stale = applied + res.applied, stale + res.skipped_stale
+        self.live.appends.commit(b)
         self.metrics.applied(1, len(b), applied, stale, _newest(b))
         self.source.ack(item)
 
