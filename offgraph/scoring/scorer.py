@@ -54,6 +54,7 @@ from offgraph.store import RowCache
 from offgraph.store.feed import file_bytes as feed_file_bytes
 from offgraph.store.follower import NOT_FOLLOWING, Activity, Follower
 from offgraph.store.keys import BIAS_KEY, BIAS_ROW, BIAS_TABLE, ROW_BITS, ROW_LIMIT
+from offgraph.store.vocabulary_appends import read_appended
 
 
 class Scorer:
@@ -148,7 +149,9 @@ class Scorer:
         self._item_key_only = next(((k, o) for sc, k, o in self._ids_only_checks if sc == "item"), None)
         self._item_numeric = sum(1 for f in self.spec.numeric if f.scope != "request")
         self.activity = Activity()
+        self._appended_gen = 0  # moves when keys are appended to a vocabulary: held candidates' ids may be older
         try:
+            self._read_appended()
             if self.spec.tables:
                 self.join = FeatureJoin(
                     self.version_dir, self.spec, store_mode, record_cache_bytes=item_cache_size * JOIN_RECORD_BYTES
@@ -157,7 +160,9 @@ class Scorer:
             # what each candidate sent as bytes makes (offgraph/scoring/candidate_cache.py), one entry per item
             self.candidates = CandidateCache(
                 item_cache_size * CANDIDATE_BYTES,
-                (lambda: join.generation) if join is not None else (lambda: 0),
+                (lambda: (join.generation, self._appended_gen))
+                if join is not None
+                else (lambda: (0, self._appended_gen)),
                 self.fg.crossed_item_fields,
             )
             self._loaded, serve = mv.dense
@@ -172,13 +177,30 @@ class Scorer:
             pace()
             if store_mode == "follow":
                 self._follower = Follower(
-                    self.store, self.row_cache, float(follow_interval_s), catch_up_s=catch_up_s, idle=self.activity
+                    self.store,
+                    self.row_cache,
+                    float(follow_interval_s),
+                    catch_up_s=catch_up_s,
+                    idle=self.activity,
+                    on_catch_up=self._read_appended if self.fg.appended else None,
                 )
         except BaseException:
             if self.join is not None:
                 self.join.close()
             self.store.close()
             raise
+
+    def _read_appended(self) -> None:
+        """The keys appended to the vocabularies since the last read (``offgraph.store.vocabulary_appends``; the
+        updater writes them with the rows of the stream trainer's new ids): FG maps them to their rows from now on,
+        and the candidates held with older ids go."""
+        for t, f in enumerate(self.spec.fields):
+            if f.capacity:
+                keys = read_appended(self.store, t, len(self.fg.appended[f.name].keys))
+                if keys:
+                    with self._fg_lock:
+                        self.fg.append_keys(f.name, keys)
+                    self._appended_gen += 1
 
     # -- the request path -------------------------------------------------------------------
     def features(self, request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]], grouped: bool = False):
