@@ -146,6 +146,27 @@ def copy_vocabularies(out: Path, spec) -> dict[str, dict]:
     return records
 
 
+def unknown_in_reserved(f, chunks):
+    """A vocabulary field's chunks with the rows reserved for appended keys (``capacity``) holding the unknown
+    row's values: an id appended before its own row is trained scores as it did on the unknown row."""
+    if not f.capacity:
+        return chunks
+    start = f.appendable.start
+
+    def filled():
+        unknown = None
+        for rows, v, w in chunks:
+            if unknown is None:  # ascending rows: the first chunk starts at row 0, the unknown row
+                unknown = (np.array(v[0], np.float32), np.float32(w[0]))
+            m = rows >= start
+            if m.any():
+                v, w = np.array(v, np.float32), np.array(w, np.float32)
+                v[m], w[m] = unknown
+            yield rows, v, w
+
+    return filled()
+
+
 def write_version(
     out: Path,
     spec,
@@ -173,7 +194,10 @@ def write_version(
     fields, row_counts = [], {}
     with open_store(out / STORE_DIR, config, mode="w") as store:
         loaded = store.bulk_load_tables(
-            list(enumerate(tables)), total_rows=sum(f.rows for f in spec.fields), progress=progress, workers=workers
+            [(i, unknown_in_reserved(f, t)) for i, (f, t) in enumerate(zip(spec.fields, tables))],
+            total_rows=sum(f.rows for f in spec.fields),
+            progress=progress,
+            workers=workers,
         )
         for i, f in enumerate(spec.fields):
             row_counts[f.name] = loaded[i]

@@ -145,7 +145,8 @@ def field_table(spec, f, table, source: str) -> FieldTable:
     fo = fo_col.to_numpy().astype(np.float32).reshape(-1)
     if "row" in cols:
         rows = table.column("row").to_numpy().astype(np.int64)
-        expected = f.rows
+        # a vocabulary field's rows reserved for appended keys (capacity) may be left out: the unknown row's values
+        expected = f.rows if len(rows) == f.rows else f.rows - f.capacity
     else:
         if f.vocabulary is None:
             raise ImportRefused(f"{where}: keyed by 'key', but field '{f.name}' has no vocabulary (give 'row')")
@@ -157,9 +158,13 @@ def field_table(spec, f, table, source: str) -> FieldTable:
         lost = np.flatnonzero(rows[at] == 0)
         if len(lost):
             raise ImportRefused(f"{where}: key {known[int(lost[0])]!r} is not in the vocabulary {f.vocabulary.source}")
-        expected = f.rows if len(at) < len(keys) else f.rows - 1  # the unknown row may be left out: zeros
+        # the unknown row may be left out (zeros); the rows reserved for appended keys are
+        expected = f.rows - f.capacity - (0 if len(at) < len(keys) else 1)
     if len(rows) != expected:
-        raise ImportRefused(f"{where}: {len(rows):,} rows, but the spec's table has {f.rows:,} (rows: {f.rows})")
+        reserved = f" and {f.capacity:,} reserved for appended keys, which may be left out" if f.capacity else ""
+        raise ImportRefused(
+            f"{where}: {len(rows):,} rows, but the spec's table has {f.rows:,} (rows: {f.rows}{reserved})"
+        )
     if len(rows) and (rows.min() < 0 or rows.max() >= f.rows):
         bad_row = int(rows[(rows < 0) | (rows >= f.rows)][0])
         raise ImportRefused(f"{where}: row {bad_row} is outside the spec's rows 0..{f.rows - 1}")
@@ -293,13 +298,16 @@ def split_keras_model(model, spec, source: str) -> tuple[list[FieldTable], Any]:
             if layer is None:
                 raise ImportRefused(f"keras model {source}: field '{f.name}' has no Embedding layer named {name!r}")
             shape = tuple(layer.embeddings.shape)
-            if shape != (f.rows, width):
+            # a vocabulary's rows reserved for appended keys (capacity) may be left out: filled at export
+            if shape not in ((f.rows, width), (f.rows - f.capacity, width)):
+                reserved = f", or ({f.rows - f.capacity}, {width}) without the capacity's rows" if f.capacity else ""
                 raise ImportRefused(
                     f"keras model {source}: layer {name!r} is {shape}, field '{f.name}' needs ({f.rows}, {width}) "
-                    f"(rows: {f.rows}, embedding_dim: {d})"
+                    f"(rows: {f.rows}, embedding_dim: {d}){reserved}"
                 )
             into[id(layer)] = spec.field_index(f.name)
-            weights.append(ops.convert_to_numpy(layer.embeddings).astype(np.float32))
+            w = ops.convert_to_numpy(layer.embeddings).astype(np.float32)
+            weights.append(np.concatenate([w, np.zeros((f.rows - len(w), width), np.float32)]))
         tables.append(FieldTable(weights[0], weights[1][:, 0]))
     if layers:
         raise ImportRefused(f"keras model {source}: Embedding layers {sorted(layers)} match no field of the spec")

@@ -378,3 +378,29 @@ def test_refuses_a_whole_model_without_a_fields_layers(trained, tmp_path):
     model.save(tmp_path / "renamed.keras")
     with pytest.raises(ImportRefused, match=r"field 'movie' has no Embedding layer named 'movie_emb'"):
         _import(trained, tmp_path, tables=None, dense=None, keras_model=tmp_path / "renamed.keras")
+
+
+@pytest.mark.parametrize("source", ["tables", "keras"])
+def test_a_vocabulary_with_capacity_imports_without_its_reserved_rows(trained, tmp_path, source):
+    """``capacity: 5`` on the movie field: the tables (and the whole model's layers) have the vocabulary's rows
+    only; the version has 5 more, each holding the unknown row's values, and serves as the Keras model does."""
+    from offgraph.store import open_store
+
+    root = tmp_path / "spec"
+    shutil.copytree(trained["root"], root, ignore=shutil.ignore_patterns("models*"))
+    text = (root / "spec.yaml").read_text().replace("vocabulary: movie.txt}", "vocabulary: movie.txt, capacity: 5}")
+    (root / "spec.yaml").write_text(text)
+    out = tmp_path / "ml" / "1"
+    if source == "tables":
+        import_model(
+            root / "spec.yaml", out, tables=[root / "tables"], dense=root / "head.keras", quant="fp32", progress=False
+        )
+    else:
+        import_model(root / "spec.yaml", out, keras_model=root / "deepfm.keras", quant="fp32", progress=False)
+    v = len(trained["vocabs"]["movie"])
+    with open_store(out / "store") as st:
+        vec, w, found = st.read_unique(np.full(v + 6, 3, np.uint32), np.arange(v + 6))
+    assert found.all()
+    np.testing.assert_array_equal(vec[v + 1 :], np.repeat(vec[:1], 5, 0))
+    np.testing.assert_array_equal(w[v + 1 :], np.repeat(w[:1], 5))
+    np.testing.assert_allclose(_served(out, trained["held"]), trained["p_keras"], atol=1e-5)
