@@ -41,6 +41,7 @@ from offgraph.model.metrics import auc, logloss, make_metric_fn
 from offgraph.model.relevance import binarise
 from offgraph.modeldir.manifest import training_loss
 from offgraph.store.keys import BIAS_ROW, BIAS_TABLE
+from offgraph.store.vocabulary_appends import read_appended
 from offgraph.streaming import _stream_train as impl
 from offgraph.streaming.stream_train_config import StreamTrainConfig
 
@@ -67,6 +68,7 @@ class ModelSource:
     version_dir: Path | None = None  # the exported MODELS/NAME/VERSION, when the rows come from one
     loss: str = "pointwise"  # the loss the model was trained with (offgraph.model.losses): streaming keeps it
     bias_offset: float = 0.0  # the streamed bias so far (the store's bias row; a run: 0)
+    appended: dict[str, list[str]] = field(default_factory=dict)  # keys appended to its vocabularies (a run: none)
 
 
 def exported_source(model_dir: str | Path) -> ModelSource:
@@ -90,6 +92,7 @@ def exported_source(model_dir: str | Path) -> ModelSource:
     version = mv.version
     try:
         _, bias_w, _ = store.read_unique(np.array([BIAS_TABLE], np.uint32), np.array([BIAS_ROW], np.int64))
+        appended = {f.name: read_appended(store, t) for t, f in enumerate(spec.fields) if f.capacity}
     except BaseException:
         store.close()
         raise
@@ -106,6 +109,7 @@ def exported_source(model_dir: str | Path) -> ModelSource:
         version_dir=Path(vdir),
         loss=training_loss(mv.manifest, source=str(vdir)),
         bias_offset=float(bias_w[0]),
+        appended=appended,
     )
 
 
@@ -118,9 +122,13 @@ def run_source(run_dir: str | Path) -> ModelSource:
     w_vars = [t.embeddings for t in model.front.w_tables]
     d = spec.model.embedding_dim
 
+    # the rows reserved for appended keys hold the unknown row's values once exported: a new key starts from them
+    reserved = np.array([f.appendable.start if f.capacity else f.rows for f in spec.fields], np.int64)
+
     def read_rows(tables, rows):
         v = np.zeros((len(rows), d), np.float32)
         w = np.zeros(len(rows), np.float32)
+        rows = np.where(rows >= reserved[tables.astype(np.int64)], 0, rows)
         for t in np.unique(tables):  # one gather per table, not per row
             m = tables == t
             v[m] = tf.gather(emb_vars[int(t)], rows[m]).numpy()
@@ -180,6 +188,11 @@ class StreamTrainer:
         else:
             self.trainable = np.ones(len(spec.fields), bool)
         self.fg = FeatureGenerator(spec)
+        for name, keys in source.appended.items():
+            if keys:
+                self.fg.append_keys(name, keys)
+        if config.append_ids:  # new ids of a trained vocabulary field take its free rows (emitted as appends)
+            self.fg.grow([f.name for f, on in zip(spec.fields, self.trainable) if f.capacity and on])
         self.rows = impl.LocalRows(source.dim, config.adagrad_init)
         self._grad = impl.make_grad_fn(source.logit_fn, len(spec.fields), source.dim, self.num_dense, self.loss)
         self._predict = impl.make_predict_fn(source.logit_fn, len(spec.fields), source.dim, self.num_dense)
@@ -304,8 +317,9 @@ class StreamTrainer:
     # deltas
     def take_delta(self) -> dict | None:
         """The rows touched since the last call as write_delta_file kwargs (None if none)."""
-        if self.rows.pending == 0 and not self.bias_dirty:
+        if self.rows.pending == 0 and not self.bias_dirty and not self.fg.has_new_keys:
             return None
+        appends = self._take_appends()
         t, r, v, w, times = self.rows.take_dirty()
         if self.bias_dirty:  # the bias row's key is above every field's: last, as take_dirty's order asks
             t = np.append(t, np.uint32(BIAS_TABLE))
@@ -325,7 +339,12 @@ class StreamTrainer:
             first_order=w,
             seqs=seqs,
             event_time_ms=times,
+            **({"vocabulary_appends": appends} if appends else {}),
         )
+
+    def _take_appends(self) -> dict[int, tuple[int, list[str]]]:
+        """The keys given rows since the last delta, by table id: they go in the delta of their rows."""
+        return {self.spec.field_index(name): got for name, got in self.fg.take_new_keys().items()}
 
     def emit(self, sink: DeltaSink | str | Path) -> str | None:
         """Deliver the rows touched since the last emit to ``sink`` (a DeltaSink, or a spool
@@ -575,6 +594,12 @@ def stream_train_table(
         **({"progressive_ndcg@10": prog["ndcg@10"]} if "ndcg@10" in prog else {}),
         "loss": trainer.loss,
         "bias_offset": trainer.bias,
+        # keys appended to each vocabulary field with a capacity (in all: the stored ones and this stream's)
+        **(
+            {"vocabulary_appended": {k: len(a.keys) for k, a in trainer.fg.appended.items()}}
+            if trainer.fg.appended
+            else {}
+        ),
         "model": trainer.model_name,
         "model_version": trainer.model_version,
         "next_seq": trainer.next_seq,

@@ -31,6 +31,7 @@ class StreamTrainConfig(ConfigModel, validate_assignment=True):
     lr_first_order: learning rate of the first-order weights (None: lr).
     fields: fields whose rows are trained (None: all); the others stay frozen.
     train_bias: whether the model's bias moves (the stream's bias row, offgraph.store.keys.BIAS_TABLE).
+    append_ids: whether ids new to a vocabulary field with a capacity get rows of their own (appended).
     lr_bias: the bias's learning rate (None: lr). Every event of a batch pushes the bias, so its summed step is
         a batch's worth of a row's: with the first-order weights' larger rate (0.1 on the demo) it swung, the demo's
         progressive logloss 0.648 against 0.601 with lr (0.003) and 0.600 with the bias kept.
@@ -77,6 +78,12 @@ class StreamTrainConfig(ConfigModel, validate_assignment=True):
         True,
         flag="--train-bias",
         description="move the model's bias too (a row of its store that every score adds: offgraph.store.keys)",
+    )
+    append_ids: bool = option(
+        True,
+        flag="--append-ids",
+        description="give an id a vocabulary field (with a capacity) lacks the field's next free row, appended to "
+        "the served vocabulary with the row (offgraph.store.vocabulary_appends); off: it trains the unknown row",
     )
     fields: Annotated[tuple[str, ...], Field(strict=False)] | None = option(  # a list too
         None,
