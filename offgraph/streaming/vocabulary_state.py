@@ -4,8 +4,9 @@
 Appends are dense: the i-th key appended to a field is its row V + 1 + i. A file's appends must continue the
 stored ones (the next free row) or repeat them exactly (a file re-applied after a crash, or to the shards that
 lacked it); anything else is refused by name, since a key on two rows or a row holding two keys would score ids
-on rows trained for others. So is a row of the reserved range that no key holds yet: the producer lost track of
-the appends.
+on rows trained for others. A row of the reserved range that no key holds yet is written like any row: no id maps
+there until its key's append (over Kafka the append rides partition 0, and a newer value of the row may arrive on
+its own partition first: per-row seqs keep the newest).
 """
 
 from __future__ import annotations
@@ -34,21 +35,11 @@ class VocabularyState:
                 self.fields[t] = app
 
     def refusal(self, b: DeltaBatch) -> str | None:
-        """Why ``b``'s appends, or its rows of the reserved ranges, cannot be applied now (None: they can)."""
+        """Why ``b``'s appends cannot be applied now (None: they can)."""
         for t, (first, keys) in sorted(b.appends.items()):
             why = self._append_refusal(t, first, keys)
             if why is not None:
                 return why
-        for t, app in self.fields.items():
-            given = app.next_row + (len(self._new(t, b)) if t in b.appends else 0)
-            bad = (b.table_ids == t) & (b.rows >= given)
-            if bad.any():
-                i = int(np.argmax(bad))
-                return (
-                    f"delta {i} writes row {int(b.rows[i])} of field '{app.field}', one of the rows reserved for "
-                    f"appended keys ({app.first}..{app.first + app.capacity - 1}) that no key holds yet (keys hold "
-                    f"rows up to {given - 1}): a row of a new key must come with or after the key's append"
-                )
         return None
 
     def _append_refusal(self, t: int, first: int, keys: tuple[str, ...]) -> str | None:

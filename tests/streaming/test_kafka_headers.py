@@ -131,9 +131,14 @@ def test_a_present_header_that_is_null_empty_or_malformed_is_refused(name, raw, 
             "Kafka header offgraph.model_version = '4' disagrees with the payload: the payload's model_version is '3'",
         ),
         (
-            [(V, b"2")],
-            "Kafka header offgraph.delta.version = '2': this offgraph reads delta format version 1; "
-            "the payload's offgraph.delta.version is '1'",
+            [(V, b"3")],
+            "Kafka header offgraph.delta.version = '3': this offgraph reads delta format versions 1 and 2 (with "
+            "vocabulary appends); the payload's offgraph.delta.version is '1'",
+        ),
+        (
+            [(V, b"2")],  # a version this offgraph reads, but not the payload's
+            "Kafka header offgraph.delta.version = '2' disagrees with the payload: the payload's "
+            "offgraph.delta.version is '1'",
         ),
         ([(M, "other")], "offgraph.model = 'other' disagrees"),  # a str value (producers accept one)
         ([(M, b"ml"), (M, b"other")], "offgraph.model = 'other' disagrees"),  # every occurrence is checked
@@ -155,8 +160,8 @@ def test_an_unreadable_payload_is_refused_for_itself_unless_a_header_is_malforme
     item = KafkaItem(position="0", key=b"k", payload=b"not arrow", headers=tuple(headers("ml", 3)))
     with pytest.raises(DeltaFormatError, match="not an Arrow IPC file"):
         item.read()
-    why = _refusal([(V, b"2")], b"not arrow")
-    assert "this offgraph reads delta format version 1" in why and "not a readable Arrow IPC file" in why
+    why = _refusal([(V, b"3")], b"not arrow")
+    assert "this offgraph reads delta format versions 1 and 2" in why and "not a readable Arrow IPC file" in why
     assert "is present but null" in _refusal([(M, None)], b"")
 
 
@@ -199,8 +204,8 @@ def test_bad_headers_are_dead_lettered_naming_both_values_and_the_rest_is_applie
             ["offgraph.model_version = '2' disagrees", "the payload's model_version is '1'"],
         ),
         "another format version": (
-            [(V, b"2"), *right[1:]],
-            ["offgraph.delta.version = '2'", "reads delta format version 1", "offgraph.delta.version is '1'"],
+            [(V, b"3"), *right[1:]],
+            ["offgraph.delta.version = '3'", "reads delta format versions 1 and 2", "offgraph.delta.version is '1'"],
         ),
     }
     fine = {

@@ -53,6 +53,7 @@ from offgraph.streaming.deltas import (
 )
 
 FORMAT_VERSION = b"1"
+APPENDS_VERSION = b"2"  # a row delta that appends keys to vocabularies (offgraph.streaming.deltas)
 H_VERSION, H_MODEL, H_MODEL_VERSION = "offgraph.delta.version", "offgraph.model", "offgraph.model_version"
 H_REASON, H_ORIGIN = "offgraph.dead_letter.reason", "offgraph.dead_letter.origin"
 H_DEAD_PREFIX = "offgraph.dead_letter."  # + topic, partition, offset, size: a reference to a payload not copied
@@ -82,9 +83,11 @@ def rows_per_message(dim: int, max_bytes: int = MAX_MESSAGE_BYTES) -> int:
     return max(1, (max_bytes - _OVERHEAD_BYTES) // per_row)
 
 
-def headers(model: str, model_version: int) -> list[tuple[str, bytes]]:
-    """The headers of a row-delta message (what its payload's metadata says)."""
-    return [(H_VERSION, FORMAT_VERSION), (H_MODEL, model.encode()), (H_MODEL_VERSION, str(int(model_version)).encode())]
+def headers(model: str, model_version: int, appends: bool = False) -> list[tuple[str, bytes]]:
+    """The headers of a row-delta message (what its payload's metadata says; ``appends``: it carries
+    vocabulary appends, format version 2)."""
+    version = APPENDS_VERSION if appends else FORMAT_VERSION
+    return [(H_VERSION, version), (H_MODEL, model.encode()), (H_MODEL_VERSION, str(int(model_version)).encode())]
 
 
 def feature_headers(model: str) -> list[tuple[str, bytes]]:
@@ -94,7 +97,11 @@ def feature_headers(model: str) -> list[tuple[str, bytes]]:
 
 # header -> (the payload's metadata key it repeats, what it holds, whether a decimal int)
 _CHECKED: dict[str, tuple[bytes, str, bool]] = {
-    H_VERSION: (META_VERSION, f"the delta format version, {FORMAT_VERSION.decode()}", True),
+    H_VERSION: (
+        META_VERSION,
+        f"the delta format version, {FORMAT_VERSION.decode()} or {APPENDS_VERSION.decode()}",
+        True,
+    ),
     H_MODEL: (META_MODEL, "the model name", False),
     H_MODEL_VERSION: (META_MODEL_VERSION, "the model version, a decimal int", True),
 }
@@ -170,10 +177,10 @@ def header_problem(name: str, raw: bytes | str | None, meta: dict[bytes, bytes] 
             fault = f"= {_show(raw)} is not a decimal int"
     if fault is not None:
         return f"Kafka header {name} {fault} (a present {name} header must hold {holds}); {says}"
-    if name == H_VERSION and raw != FORMAT_VERSION:
+    if name == H_VERSION and raw not in (FORMAT_VERSION, APPENDS_VERSION):
         return (
-            f"Kafka header {name} = {_show(raw)}: this offgraph reads delta format version "
-            f"{FORMAT_VERSION.decode()}; {says}"
+            f"Kafka header {name} = {_show(raw)}: this offgraph reads delta format versions "
+            f"{FORMAT_VERSION.decode()} and {APPENDS_VERSION.decode()} (with vocabulary appends); {says}"
         )
     if meta is not None and not _agrees(key, text, meta):
         return f"Kafka header {name} = {_show(raw)} disagrees with the payload: {says}"
@@ -223,13 +230,24 @@ def encode_messages(delta: dict, partitions: int, max_bytes: int = MAX_MESSAGE_B
         "event_time_ms": times,
     }
     per = rows_per_message(v.shape[1] if v.ndim == 2 else 1, max_bytes)
-    hdr = headers(model, version)
+    hdr, with_appends = headers(model, version), headers(model, version, appends=True)
     part = shard_of(t.astype(np.uint32), r.astype(np.int64), partitions) if k else np.zeros(0, np.int64)
+    # keys appended to vocabularies go in the first message of partition 0, with the rows of this delta's new keys:
+    # appends are dense and in order, which one partition keeps (a row of a new key delivered on another partition
+    # before its append is harmless: no id maps there until the append, and per-row seqs keep the newest value)
+    appends = delta.get("vocabulary_appends") or {}
+    for tid, (first, keys) in appends.items():
+        part[(t == int(tid)) & (r >= first) & (r < first + len(keys))] = 0
     for p in range(partitions):
         idx = np.flatnonzero(part == p)
+        extra = {"vocabulary_appends": appends} if appends and p == 0 else {}
+        if extra and not len(idx):
+            yield p, encode_one(model, version, **{n: a[idx] for n, a in cols.items()}, **extra), with_appends
         for c0 in range(0, len(idx), per):
             sel = idx[c0 : c0 + per]
-            yield p, encode_one(model, version, **{n: a[sel] for n, a in cols.items()}), hdr
+            value = encode_one(model, version, **{n: a[sel] for n, a in cols.items()}, **extra)
+            yield p, value, with_appends if extra else hdr
+            extra = {}
 
 
 def version_start_path(version_dir: str | Path) -> Path:
