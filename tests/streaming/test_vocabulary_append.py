@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from redis_helpers import cluster  # noqa: F401 (the module's fixture)
 
 from offgraph.export.export import export_run
 from offgraph.features import load_spec
@@ -437,3 +438,28 @@ def test_a_kafka_delta_carries_its_appends_on_partition_0_with_the_new_keys_rows
         [b.rows[(b.table_ids == MOVIE) & (b.rows >= 110) & (b.rows <= 112)] for p, b, _ in messages if p == 0]
     )
     assert sorted(new_rows) == [110, 112]  # the even rows 110 and 112 are the movie field's; all on partition 0
+
+
+def test_appends_into_a_redis_cluster_store(ml, tmp_path, cluster):  # noqa: F811
+    """The same stream into a version whose rows live in a real Redis Cluster: the appends are meta records of its
+    shards like the positions, and a scorer opened afterwards serves the new ids on their rows."""
+    models = tmp_path / "models"
+    version = models / "ml" / "1"
+    export_run(ml["root"] / "run", version, shards=3, quant="fp32", progress=False, backend=cluster.url)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    v, new = ml["V"], ml["new"]
+    user, gender = ml["events"].column("user_id")[0].as_py(), ml["events"].column("gender")[0].as_py()
+    probe = [{"movie_id": int(m)} for m in new[:CAPACITY]]
+    cols = {"user_id": [user] * CAPACITY, "gender": [gender] * CAPACITY, "movie_id": [p["movie_id"] for p in probe]}
+    with open_trainer(model_dir=version, config=StreamTrainConfig(lr=0.05, every_events=500)) as tr:
+        stream_train_table(tr, ml["events"], spool, progress=False)
+        predicted = tr.predict(cols, CAPACITY)
+    res = Updater(models, "ml", open_source(f"spool:{spool}"), UpdaterConfig()).run(once=True)
+    assert res["files_dead_lettered"] == 0 and res["files_applied"] >= 4, res
+    with Scorer(version) as sc:
+        assert sc.fg.appended["movie"].keys == new[:CAPACITY]
+        ids = sc.features({"user_id": user, "gender": gender}, probe).fields[MOVIE].ids
+        served = sc.score({"user_id": user, "gender": gender}, probe)
+    np.testing.assert_array_equal(ids, np.arange(v + 1, v + 1 + CAPACITY))
+    np.testing.assert_allclose(served, predicted, rtol=1e-5, atol=1e-6)
