@@ -109,3 +109,39 @@ def test_lookup_is_exact_for_many_keys(tmp_path):
     probe = [keys[i] for i in idx] + [f"q{i}" for i in range(100)]
     expected = np.concatenate([idx + 1, np.zeros(100, np.int64)])
     assert np.array_equal(vocab.rows_of(probe), expected)
+
+
+def test_capacity_rows_take_appended_keys_in_order(tmp_path):
+    """``capacity: 3``: rows 5..7 after the 4 keys and the unknown row; a growing FG gives unknown values those rows,
+    first seen first, until they run out; a serving FG told the keys maps them the same way."""
+    spec = _spec(tmp_path, extra=", capacity: 3")
+    movie = spec.fields[1]
+    assert movie.rows == 8 and list(movie.appendable) == [5, 6, 7]
+    trainer = FeatureGenerator(spec)
+    trainer.grow(["movie"])
+    cols = {"user_id": [1] * 5, "movie_id": ["new1", "m1", "new2", "new1", "new3"], "genres": [None] * 5}
+    assert trainer.transform_columns(cols, 5, dense=False).fields[1].ids.tolist() == [5, 2, 6, 5, 7]
+    assert trainer.take_new_keys() == {"movie": (5, ["new1", "new2", "new3"])} and not trainer.has_new_keys
+    cols = {"user_id": [1] * 2, "movie_id": ["new4", "new2"], "genres": [None] * 2}
+    assert trainer.transform_columns(cols, 2, dense=False).fields[1].ids.tolist() == [0, 6]  # no row left
+    assert trainer.take_new_keys() == {} and trainer.vocabulary_unknown["movie"] == 1
+
+    server = FeatureGenerator(spec, item_cache_size=100)
+    req = {"user_id": 1}
+    before = server.transform(req, [{"movie_id": "new2", "genres": "drama"}]).fields[1].ids.tolist()
+    state = server.item_cache_state()
+    server.append_keys("movie", ["new1", "new2"])  # as the store's appends say
+    assert before == [0] and server.transform(req, [{"movie_id": "new2", "genres": "drama"}]).fields[
+        1
+    ].ids.tolist() == [6]
+    # the item cache goes to the next version's FG only where both map the same keys to the same rows
+    assert FeatureGenerator(spec, item_cache_size=100).adopt_item_cache(state) == 1  # neither has appends
+    assert FeatureGenerator(spec, item_cache_size=100).adopt_item_cache(server.item_cache_state()) == 0
+    other = FeatureGenerator(spec, item_cache_size=100)
+    other.append_keys("movie", ["new1", "new2"])
+    assert other.adopt_item_cache(state) == 0  # held ids of new2: the unknown row, here row 6
+    assert other.adopt_item_cache(server.item_cache_state()) == 1
+    with pytest.raises(VocabularyError, match="only 1 of its capacity 3 rows are free"):
+        other.append_keys("movie", ["a", "b"])
+    with pytest.raises(ValueError, match=r"fields \['genre'\] have no vocabulary capacity"):
+        other.grow(["genre"])
