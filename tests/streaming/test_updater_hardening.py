@@ -359,7 +359,8 @@ def bad_files(rng, d0: dict, good_bytes: bytes) -> dict:
         ),
         "missing column": (raw(first_order=None), ["missing column 'first_order'"]),
         "nulls": (raw(seq=pa.array([None] + d0["seqs"][1:].tolist(), pa.int64())), ["'seq' holds 1 nulls"]),
-        "other format version": (raw({"offgraph.delta.version": "2"}), ["delta format version b'2'"]),
+        "other format version": (raw({"offgraph.delta.version": "3"}), ["delta format version b'3'"]),
+        "version 2 without appends": (raw({"offgraph.delta.version": "2"}), ["version 2 file without"]),
         "duplicate key and seq": (
             raw(table_id=pa.array(dup_t), row=pa.array(dup_r), seq=pa.array(dup_s)),
             ["deltas 0 and 1 both update table_id 0"],
