@@ -513,11 +513,20 @@ class FeatureGenerator:
         return out
 
     # -- training ---------------------------------------------------------------------------
-    def transform_columns(self, columns: Mapping[str, Sequence[Any]], n: int, dense: bool = True) -> FGBatch:
+    def transform_columns(
+        self, columns: Mapping[str, Sequence[Any]], n: int, dense: bool = True, grow: bool = True
+    ) -> FGBatch:
         """Every field for n rows given column-wise raw values (training, offline checks); ``dense``:
-        also the numeric fields' values (their standardize statistics must be in the spec)."""
+        also the numeric fields' values (their standardize statistics must be in the spec). ``grow``: False keeps
+        the fields of :meth:`grow` from giving rows (a prediction, not a step: its new values stay unknown)."""
         known = self._values(self._fields, columns, n, {})
-        fields = tuple(self._ragged(f, known[f.name]) for f in self._fields)
+        growing = self._growing
+        if not grow:
+            self._growing = set()
+        try:
+            fields = tuple(self._ragged(f, known[f.name]) for f in self._fields)
+        finally:
+            self._growing = growing
         values = self.numeric_columns(columns, n) if dense else None
         return FGBatch(n, fields, (False,) * len(fields), values)
 

@@ -224,7 +224,7 @@ class StreamTrainer:
         """CTRs (before calibration) of n events with the trainer's current rows; no update."""
         if n == 0:
             return np.zeros(0, np.float32)
-        batch = self.fg.transform_columns(columns, n)
+        batch = self.fg.transform_columns(columns, n, grow=False)  # ids new to a vocabulary: rows come with a step
         idx = impl.batch_index(batch, self.poolings, self.half_lives)
         _, v, w = self._current(idx)
         logits = self._predict(

@@ -119,12 +119,15 @@ def test_capacity_rows_take_appended_keys_in_order(tmp_path):
     assert movie.rows == 8 and list(movie.appendable) == [5, 6, 7]
     trainer = FeatureGenerator(spec)
     trainer.grow(["movie"])
+    cols = {"user_id": [1], "movie_id": ["new1"], "genres": [None]}
+    assert trainer.transform_columns(cols, 1, dense=False, grow=False).fields[1].ids.tolist() == [0]  # a prediction
+    assert not trainer.has_new_keys
     cols = {"user_id": [1] * 5, "movie_id": ["new1", "m1", "new2", "new1", "new3"], "genres": [None] * 5}
     assert trainer.transform_columns(cols, 5, dense=False).fields[1].ids.tolist() == [5, 2, 6, 5, 7]
     assert trainer.take_new_keys() == {"movie": (5, ["new1", "new2", "new3"])} and not trainer.has_new_keys
     cols = {"user_id": [1] * 2, "movie_id": ["new4", "new2"], "genres": [None] * 2}
     assert trainer.transform_columns(cols, 2, dense=False).fields[1].ids.tolist() == [0, 6]  # no row left
-    assert trainer.take_new_keys() == {} and trainer.vocabulary_unknown["movie"] == 1
+    assert trainer.take_new_keys() == {} and trainer.vocabulary_unknown["movie"] == 2  # the prediction's, new4
 
     server = FeatureGenerator(spec, item_cache_size=100)
     req = {"user_id": 1}
