@@ -104,9 +104,9 @@ def vocabulary_from_keys(
         j = int(same[0])
         first, second = sorted((int(order[j]), int(order[j + 1])))
         if ks[j] == ks[j + 1]:
+            r1, r2 = (first + 1, second + 1) if rows is None else (int(rows[first]), int(rows[second]))
             raise VocabularyError(
-                f"vocabulary {source}: duplicate key {ks[j]!r} (rows {first + 1} and {second + 1}): "
-                "each key must name one row"
+                f"vocabulary {source}: duplicate key {ks[j]!r} (rows {r1} and {r2}): each key must name one row"
             )
         raise VocabularyError(
             f"vocabulary {source}: keys {ks[j]!r} and {ks[j + 1]!r} share one 64-bit hash, which the lookup "
@@ -121,8 +121,9 @@ def vocabulary_from_keys(
 class AppendedKeys:
     """The keys appended to one field's served vocabulary (``capacity: K``): key i has row ``first + i``
     (first = V + 1), at most ``capacity`` of them. Looked up only for the values the file's vocabulary
-    lacks, in a second small index rebuilt on each append (appends are rare next to lookups; the file's
-    index, which may hold millions of keys, is never rebuilt)."""
+    lacks, in a second small index; an append inserts its keys' hashes into it (one ``searchsorted`` and a copy of
+    the arrays, no re-hash of the keys held), and the file's index, which may hold millions of keys, is never
+    touched."""
 
     def __init__(self, field: str, first: int, capacity: int) -> None:
         self.field, self.first, self.capacity = field, int(first), int(capacity)
@@ -144,10 +145,32 @@ class AppendedKeys:
                 f"field '{self.field}': {len(keys)} more keys, but only {self.free} of its capacity "
                 f"{self.capacity} rows are free"
             )
-        new = self.keys + list(keys)
-        rows = np.arange(self.first, self.first + len(new), dtype=np.int64)
-        self._index = vocabulary_from_keys(new, f"appended keys of field '{self.field}'", rows=rows)
-        self.keys = new
+        source = f"appended keys of field '{self.field}'"
+        rows = np.arange(self.next_row, self.next_row + len(keys), dtype=np.int64)
+        part = vocabulary_from_keys(list(keys), source, rows=rows)  # refuses an empty or repeated key among them
+        old = self._index
+        if old is not None and len(keys):
+            at = np.searchsorted(old._hashes, part._hashes)
+            hashes = np.insert(old._hashes, at, part._hashes)
+            same = np.flatnonzero(hashes[1:] == hashes[:-1])
+            if len(same):
+                j = int(same[0])
+                k = np.insert(old._sorted_keys, at, part._sorted_keys)
+                raise VocabularyError(
+                    f"{source}: key {k[j + 1]!r} is appended again (it has a row)"
+                    if k[j] == k[j + 1]
+                    else f"{source}: keys {k[j]!r} and {k[j + 1]!r} share one 64-bit hash; rename one"
+                )
+            part = Vocabulary(
+                source,
+                "",
+                np.concatenate([old.keys, part.keys]),
+                hashes,
+                np.insert(old._sorted_keys, at, part._sorted_keys),
+                np.insert(old._sorted_rows, at, part._sorted_rows),
+            )
+        self._index = part
+        self.keys.extend(keys)
 
     def fill(self, strings: list[str], ids: np.ndarray) -> np.ndarray:
         """Positions of ``ids`` still on the unknown row after the appended keys among ``strings`` (the values of

@@ -148,3 +148,29 @@ def test_capacity_rows_take_appended_keys_in_order(tmp_path):
         other.append_keys("movie", ["a", "b"])
     with pytest.raises(ValueError, match=r"fields \['genre'\] have no vocabulary capacity"):
         other.grow(["genre"])
+
+
+def test_appended_keys_index_grows_by_insertion_and_finds_every_key():
+    """Appends in 200 chunks of random size: each key found at the row of its append order (a dict says which),
+    values never appended unknown; a repeated key refused naming it and both rows."""
+    from offgraph.features.vocabulary import AppendedKeys
+
+    rng = np.random.default_rng(3)
+    app = AppendedKeys("movie", 11, 5000)
+    want: dict[str, int] = {}
+    for _ in range(200):
+        chunk = [f"id{int(x)}" for x in rng.choice(10**9, int(rng.integers(1, 20)), replace=False)]
+        chunk = [k for k in chunk if k not in want]
+        for k in chunk:
+            want[k] = 11 + len(want)
+        app.extend(chunk)
+    probe = list(want)[::7] + ["never", "id-1"]
+    ids = np.zeros(len(probe), np.int64)
+    assert app.fill(probe, ids).tolist() == [len(probe) - 2, len(probe) - 1]
+    assert ids.tolist() == [want.get(k, 0) for k in probe]
+    some = list(want)[5]
+    with pytest.raises(VocabularyError, match=f"key '{some}' is appended again"):
+        app.extend(["fresh", some])
+    with pytest.raises(VocabularyError, match=r"duplicate key 'q' \(rows \d+ and \d+\)"):
+        app.extend(["q", "q"])
+    assert app.keys == list(want)  # a refused append leaves nothing behind
