@@ -10,9 +10,9 @@ numeric values), whether the join found its key unknown, whether it sent only th
 records the join merged into it (references: what the served log writes of it, ``RECORDS``). A
 request whose candidates this cache holds decodes none of them: one dict lookup per candidate.
 
-Exact: the bytes are the candidate, and what they give changes only with the feature tables. A
-version's join (``FeatureJoin.generation``) moves its generation after every catch-up that changed a
-table; a lookup under another generation than the cache's empties the cache first, and an entry is
+Exact: the bytes are the candidate, and what they give changes only with the feature tables and the keys
+appended to vocabularies. A version's join (``FeatureJoin.generation``) moves its generation after every catch-up
+that changed a table, the scorer after every append it read (``Scorer._read_appended``); a lookup under another generation than the cache's empties the cache first, and an entry is
 stored only if the generation is still the one its request began with (what it joined may be older
 than the change). Nothing of a request that fails anywhere (a value FG refuses, a stored row that cannot be
 used, an undecodable or invalid candidate) is stored: the scorer's one path refuses it, or screens it

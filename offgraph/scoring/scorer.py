@@ -160,9 +160,8 @@ class Scorer:
             # what each candidate sent as bytes makes (offgraph/scoring/candidate_cache.py), one entry per item
             self.candidates = CandidateCache(
                 item_cache_size * CANDIDATE_BYTES,
-                (lambda: (join.generation, self._appended_gen))
-                if join is not None
-                else (lambda: (0, self._appended_gen)),
+                # both counters only grow: their sum moves when either does
+                (lambda: join.generation + self._appended_gen) if join is not None else (lambda: self._appended_gen),
                 self.fg.crossed_item_fields,
             )
             self._loaded, serve = mv.dense
