@@ -18,9 +18,11 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from redis_helpers import cluster  # noqa: F401 (the module's fixture)
+from server_helpers import model_server
 
 from offgraph.export.export import export_run
 from offgraph.features import load_spec
@@ -178,6 +180,13 @@ def test_streamed_new_ids_are_appended_once_and_served_on_their_rows(ml, tmp_pat
     assert res["files_applied"] == len(files) and res["files_dead_lettered"] == 0, res
     with open_store(version / "store", mode="r") as st:
         assert read_appended(st, MOVIE) == new[:CAPACITY]
+
+    # /metrics shows the rows a field has left: none after the stream, all of them in the version as exported
+    for pristine, free in ((models, 0), (ml["root"] / "models", CAPACITY)):
+        with model_server(pristine, tmp_path / f"srv{free}") as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+            text = c.get("/metrics").text
+        got = [x for x in text.splitlines() if x.startswith("offgraph_vocabulary_free_rows{")]
+        assert got == [f'offgraph_vocabulary_free_rows{{field="movie",model="ml"}} {float(free)}'], got
 
     # a second stream continues from the stored appends: the trainer reads them, no id gets a second row
     with open_trainer(model_dir=version, config=StreamTrainConfig(lr=0.05)) as tr:

@@ -381,6 +381,15 @@ class ModelHolder:
                         totals[k] = stats[k]
         return (sv.version if sv is not None else None), totals
 
+    def vocabulary_free(self) -> dict[str, int]:
+        """Rows left for appended ids per vocabulary field with a capacity, in the default version (none serving:
+        nothing)."""
+        with self._lock:
+            sv = self.current
+        if sv is None or sv.closed:
+            return {}
+        return {name: a.free for name, a in sv.scorer.fg.appended.items()}
+
     def memory(self) -> dict[str, Any] | None:
         """The serving versions' ``budget_bytes`` and ``used_bytes``, summed over them; None when none serves."""
         parts = [memory_status(s) for s in self.served() if not s.closed]

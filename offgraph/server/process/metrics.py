@@ -312,6 +312,20 @@ def _vocabulary_figures(models: ModelRegistry):
                 yield h.name, k[len(VOCABULARY_UNKNOWN) :], v
 
 
+VOCABULARY_FREE_METRIC = (
+    "offgraph_vocabulary_free_rows",
+    "Rows a vocabulary field with a capacity has left for appended ids (the default version's, as this server last "
+    "read its appends): at 0, ids new to the vocabulary stay on the unknown row until the next version",
+)
+
+
+def _vocabulary_free_figures(models: ModelRegistry):
+    """Per model and vocabulary field with a capacity: (name, field, free rows) of the default version."""
+    for h in models.all():
+        for field, free in sorted(h.vocabulary_free().items()):
+            yield h.name, field, free
+
+
 def _model_figures(models: ModelRegistry):
     """Per model: (name, loaded version or 0, {MODEL_COUNTERS key: value}, hit ratio, freshness s or None)."""
     now = time.time()
@@ -387,6 +401,9 @@ class _ModelCollector:
         unknown = CounterMetricFamily(*VOCABULARY_UNKNOWN_METRIC, labels=["model", "field"])
         for name, field, v in _vocabulary_figures(self.models):
             unknown.add_metric([name, field], v)
+        free = GaugeMetricFamily(*VOCABULARY_FREE_METRIC, labels=["model", "field"])
+        for name, field, v in _vocabulary_free_figures(self.models):
+            free.add_metric([name, field], v)
         for name, v, counts, hit_ratio, freshness in _model_figures(self.models):
             version.add_metric([name], v)
             for k, family in counters.items():
@@ -394,7 +411,7 @@ class _ModelCollector:
             ratio.add_metric([name], hit_ratio)
             if freshness is not None:
                 fresh.add_metric([name], freshness)
-        yield from (version, *counters.values(), ratio, fresh, budget, used, labels, unknown)
+        yield from (version, *counters.values(), ratio, fresh, budget, used, labels, unknown, free)
 
 
 class _ModelPublisher:
@@ -434,6 +451,8 @@ class _ModelPublisher:
         self.label_version = Gauge(*LABEL_VERSION, ["model", "label"], multiprocess_mode="livemax", registry=registry)
         self._labels: set[tuple[str, str]] = set()  # label series published, to remove the ones that go
         self.unknown = Counter(*VOCABULARY_UNKNOWN_METRIC, ["model", "field"], registry=registry)
+        # the worker that read the most appends: the fewest rows left
+        self.free = Gauge(*VOCABULARY_FREE_METRIC, ["model", "field"], multiprocess_mode="livemin", registry=registry)
         self._done: dict[tuple[str, str], float] = {}  # counts already added, per (model, counter)
 
     def publish(self) -> None:
@@ -442,6 +461,8 @@ class _ModelPublisher:
             if delta > 0:
                 self.unknown.labels(name, field).inc(delta)
                 self._done[(name, VOCABULARY_UNKNOWN + field)] = v
+        for name, field, v in _vocabulary_free_figures(self.models):
+            self.free.labels(name, field).set(v)
         for name, part, b, u in _memory_figures(self.models):
             self.budget.labels(name, part).set(b)
             self.used.labels(name, part).set(u)
