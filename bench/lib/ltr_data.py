@@ -148,7 +148,9 @@ def generated_spec() -> FeatureSpec:
     )
 
 
-def generated_protocol(seed: int, n_lists: int = 4000, size: int = 10, n_items: int = 200) -> Protocol:
+def generated_protocol(
+    seed: int, n_lists: int = 4000, size: int = 10, n_items: int = 200, held_lists: int | None = None
+) -> Protocol:
     """Lists of ``size`` items of ``n_items``. An item has a quality q ~ N(0, 1) and a promotion p ~ N(0, 1),
     independent; a list has an offset o ~ N(0, 2), a click propensity of the whole list (exposure, position)
     that says nothing about the order within it. A click: Bernoulli(sigmoid(q + o)), so within a list the order
@@ -156,8 +158,13 @@ def generated_protocol(seed: int, n_lists: int = 4000, size: int = 10, n_items: 
     high-propensity list shows promoted items), as exposure does in a real log, so an item's clicks across lists
     mix its quality with the offsets of the lists it was shown in. The held-out rows are the last 20% of lists
     (the spec's time is the list's number: the 'time' split), the validation rows the last 20% of the training
-    lists. ``ctx``: a list-level id, list mod 997, that carries nothing."""
+    lists. ``ctx``: a list-level id, list mod 997, that carries nothing. ``held_lists``: instead, the ``n_lists`` lists
+    are the training ones and that many more after them are held out (the same training data size, a held-out set
+    as large as the paired intervals need)."""
     rng = np.random.default_rng(1000 + seed)
+    train_lists = n_lists
+    if held_lists is not None:
+        n_lists += held_lists
     quality, promo = rng.normal(0, 1, n_items), rng.normal(0, 1, n_items)
     offset = rng.normal(0, 2, n_lists)
     # exposure: Gumbel top-k over log-weights o * p draws `size` distinct items per list, ∝ exp(o * p)
@@ -169,7 +176,10 @@ def generated_protocol(seed: int, n_lists: int = 4000, size: int = 10, n_items: 
     table = pa.table({"y": y, "list": lst, "t": lst.astype(np.float64), "ctx": lst % 997, "item": item})
     spec = generated_spec()
     data = encode_table(spec, table, "generated")
-    held = held_out_mask("time", data.n, HELD_OUT, seed, time=data.time)
+    if held_lists is None:
+        held = held_out_mask("time", data.n, HELD_OUT, seed, time=data.time)
+    else:
+        held = np.asarray(data.time) >= train_lists
     tr, te = np.flatnonzero(~held), np.flatnonzero(held)
     val = held_out_mask("time", len(tr), VALIDATION, seed, time=data.time[tr])
     fi, va = tr[~val], tr[val]

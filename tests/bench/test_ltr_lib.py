@@ -78,6 +78,14 @@ def test_generated_lists_offset_moves_clicks_not_order():
     assert rates.var() > 3 * mean * (1 - mean) / 10
 
 
+def test_generated_held_lists_come_after_the_training_lists():
+    p = generated_protocol(seed=0, n_lists=480, size=10, n_items=50, held_lists=1000)
+    assert p.train.n == 480 * 10 and p.held.n == 1000 * 10  # the training lists as with 600 and 20% held out
+    assert p.fit.n == 384 * 10 and p.val.n == 96 * 10
+    train_lists, held_lists = np.unique(p.train.groups), np.unique(p.held.groups)
+    assert len(train_lists) == 480 and len(held_lists) == 1000 and train_lists.max() < held_lists.min()
+
+
 def test_generated_validation_is_carved_from_the_training_lists():
     p = generated_protocol(seed=0, n_lists=600, size=10, n_items=50)
     # 480 training lists: the last 20% of them (96) validate, the other 384 fit; the held-out 120 are apart
