@@ -172,6 +172,10 @@ class AppendedKeys:
         self._index = part
         self.keys.extend(keys)
 
+    def rows_of(self, keys: list[str]) -> np.ndarray:
+        """int64 rows of ``keys`` among the appended ones (``UNKNOWN_ROW`` where not appended)."""
+        return np.zeros(len(keys), np.int64) if self._index is None else self._index.rows_of(keys)
+
     def fill(self, strings: list[str], ids: np.ndarray) -> np.ndarray:
         """Positions of ``ids`` still on the unknown row after the appended keys among ``strings`` (the values of
         ``ids``, as ``Vocabulary.rows_of`` took them) were given their rows, in place."""

@@ -75,10 +75,10 @@ class VocabularyState:
             if (in_file != UNKNOWN_ROW).any():
                 j = int(np.argmax(in_file != UNKNOWN_ROW))
                 return f"{where}: key {new[j]!r} is in the vocabulary file already (row {int(in_file[j])})"
-            have = dict(zip(app.keys, range(app.first, app.next_row)))
-            for k in new:
-                if k in have:
-                    return f"{where}: key {k!r} already has row {have[k]}"
+            held_rows = app.rows_of(new)  # the appended keys' index: no pass over every key held
+            if (held_rows != UNKNOWN_ROW).any():
+                j = int(np.argmax(held_rows != UNKNOWN_ROW))
+                return f"{where}: key {new[j]!r} already has row {int(held_rows[j])}"
         return None
 
     def _new(self, t: int, b: DeltaBatch) -> tuple[str, ...]:

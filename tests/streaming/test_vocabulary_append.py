@@ -11,7 +11,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import numpy as np
 import pytest
 from redis_helpers import cluster  # noqa: F401 (the module's fixture)
 from server_helpers import model_server
+from streaming_helpers import kill_at_a_random_point, spool_files
 
 from offgraph.export.export import export_run
 from offgraph.features import load_spec
@@ -296,20 +296,13 @@ def test_appends_survive_kill9_of_the_updater_exactly_once(ml, tmp_path):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     log = open(tmp_path / "update.log", "ab")
     kills, rnd = 0, random.Random(11)
-    applied = lambda: len(list((spool / "applied").glob("*.delta.arrow")))  # noqa: E731
+    applied = lambda: len(spool_files(spool / "applied"))  # noqa: E731
     for _ in range(8):
         if kills >= 3 or applied() == CAPACITY:
             break
         done = applied()
         p = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
-        t_end = time.monotonic() + 60
-        while p.poll() is None and applied() == done and time.monotonic() < t_end:
-            time.sleep(0.01)
-        time.sleep(rnd.uniform(0.0, 0.4))
-        if p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-            kills += 1
-        p.wait()
+        kills += kill_at_a_random_point(p, 2, rnd, lambda: True, lambda: applied() > done)  # mid-apply
     assert kills >= 3, f"the updater finished before it could be killed 3 times ({kills})"
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=log, timeout=120)
     assert p.returncode == 0 and applied() == CAPACITY and not list((spool / "dead").glob("*")), p.stdout
